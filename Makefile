@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine (Python 3.11): `make train` (CPU quickstart) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: train test install install-test clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP) $@
+
+install: $(STAMP)
+install-test: $(TEST_STAMP)
+
+train: $(STAMP)
+	$(PY) train.py --config configs/quickstart.py
+
+# pytest exit code 5 means "no tests collected": a failure here, not a success.
+test: $(TEST_STAMP)
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

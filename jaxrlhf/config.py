@@ -1,0 +1,283 @@
+"""The base config tree (verl's key names, SPEC §6) and its validation.
+
+Every config file does `config = jaxrlhf.config.get_base_config()` and assigns existing keys; the
+tree is locked, so a misspelt key fails at assignment with its name. `validate_config` re-checks a
+finished config (keys, types, sizes) and `resolve_config` fills the values verl derives (critic on
+for GAE, critic PPO sizes inherited from the actor).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+_placeholder = config_dict.placeholder
+
+
+class ConfigError(ValueError):
+  """A config value is missing, unknown, of the wrong type or inconsistent; the message names the key."""
+
+
+def _optim(lr: float) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      lr=lr,
+      betas=(0.9, 0.999),
+      eps=1e-8,
+      weight_decay=0.01,
+      lr_warmup_steps=-1,  # -1: use lr_warmup_steps_ratio
+      lr_warmup_steps_ratio=0.0,
+      lr_scheduler_type="constant",  # constant | cosine
+      min_lr_ratio=0.0,
+  ))
+
+
+def _model() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(dict(
+      path="",  # HF checkpoint directory; "" = initialise from override_config
+      # HF config.json names; used when `path` is empty (tiny models, tests) and to override a loaded config.
+      override_config=dict(
+          vocab_size=_placeholder(int),
+          hidden_size=_placeholder(int),
+          intermediate_size=_placeholder(int),
+          num_hidden_layers=_placeholder(int),
+          num_attention_heads=_placeholder(int),
+          num_key_value_heads=_placeholder(int),
+          head_dim=_placeholder(int),
+          rope_theta=_placeholder(float),
+          rms_norm_eps=_placeholder(float),
+          tie_word_embeddings=_placeholder(bool),
+          max_position_embeddings=_placeholder(int),
+      ),
+      use_remove_padding=False,
+      enable_gradient_checkpointing=False,
+      lora_rank=0,
+      dtype="float32",  # compute dtype
+      param_dtype="float32",
+  ))
+
+
+def get_base_config() -> ml_collections.ConfigDict:
+  """verl's config tree with verl's defaults, locked against new keys."""
+  config = ml_collections.ConfigDict()
+
+  config.data = dict(
+      train_files=("",),
+      val_files=("",),
+      tokenizer="",  # "" = the actor model's path; "builtin:<task>" for the built-in tasks
+      prompt_key="prompt",
+      reward_fn_key="data_source",
+      max_prompt_length=512,
+      max_response_length=512,
+      train_batch_size=1024,
+      val_batch_size=_placeholder(int),  # None = the whole validation set in one batch
+      shuffle=True,
+      seed=1,
+      truncation="error",  # error | left | right | middle
+      filter_overlong_prompts=False,
+  )
+
+  config.actor_rollout_ref = dict(
+      model=_model(),
+      actor=dict(
+          ppo_mini_batch_size=256,  # prompts; times rollout.n sequences
+          ppo_micro_batch_size_per_gpu=_placeholder(int),  # None = the whole per-device mini-batch
+          use_dynamic_bsz=False,
+          ppo_max_token_len_per_gpu=16384,
+          clip_ratio=0.2,
+          clip_ratio_low=_placeholder(float),
+          clip_ratio_high=_placeholder(float),
+          clip_ratio_c=3.0,
+          policy_loss=dict(loss_mode="vanilla"),
+          loss_agg_mode="token-mean",
+          entropy_coeff=0.0,
+          use_kl_loss=False,
+          kl_loss_coef=0.001,
+          kl_loss_type="low_var_kl",
+          ppo_epochs=1,
+          shuffle=False,
+          grad_clip=1.0,
+          optim=_optim(1e-6),
+          fsdp_config=dict(param_offload=False, optimizer_offload=False),
+      ),
+      rollout=dict(
+          name="jax",
+          temperature=1.0,
+          top_k=-1,
+          top_p=1.0,
+          n=1,
+          do_sample=True,
+          tensor_model_parallel_size=1,
+          max_num_batched_tokens=8192,
+          log_prob_micro_batch_size_per_gpu=_placeholder(int),
+          val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
+      ),
+      ref=dict(fsdp_config=dict(param_offload=False)),
+  )
+
+  config.critic = dict(
+      enable=_placeholder(bool),  # None = on exactly when adv_estimator == "gae"
+      model=_model(),
+      optim=_optim(1e-5),
+      cliprange_value=0.5,
+      loss_agg_mode=_placeholder(str),  # None = actor's
+      ppo_mini_batch_size=_placeholder(int),  # None = actor's
+      ppo_micro_batch_size_per_gpu=_placeholder(int),
+      ppo_epochs=_placeholder(int),
+      shuffle=_placeholder(bool),
+      grad_clip=1.0,
+  )
+
+  config.reward_model = dict(enable=False, model=dict(path=""))
+  # verl keeps the custom reward function at the top level of its tree.
+  config.custom_reward_function = dict(path="", name="compute_score")
+
+  config.algorithm = dict(
+      gamma=1.0,
+      lam=1.0,
+      adv_estimator="gae",
+      norm_adv_by_std_in_grpo=True,
+      use_kl_in_reward=False,
+      kl_penalty="kl",
+      kl_ctrl=dict(type="fixed", kl_coef=0.001, horizon=10000, target_kl=0.1),
+  )
+
+  config.trainer = dict(
+      total_epochs=1,
+      total_training_steps=_placeholder(int),  # None = epochs x batches per epoch
+      project_name="jaxrlhf",
+      experiment_name="run",
+      logger=("console", "jsonl"),
+      save_freq=-1,
+      test_freq=-1,
+      val_before_train=True,
+      critic_warmup=0,
+      resume_mode="auto",
+      resume_from_path="",
+      default_local_dir="checkpoints",
+      max_actor_ckpt_to_keep=_placeholder(int),
+      seed=1,
+      plot=True,
+  )
+
+  config.mesh = dict(data=1, fsdp=-1, tensor=1)
+
+  config.lock()
+  return config
+
+
+# Keys whose non-default values belong to later issues: refuse them rather than ignore them.
+_NOT_YET_SUPPORTED = {
+    "actor_rollout_ref.model.use_remove_padding": False,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+    "actor_rollout_ref.model.lora_rank": 0,
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+    "actor_rollout_ref.ref.fsdp_config.param_offload": False,
+    "reward_model.enable": False,
+}
+
+_CHOICES = {
+    "data.truncation": ("error", "left", "right", "middle"),
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
+    "critic.optim.lr_scheduler_type": ("constant", "cosine"),
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    "actor_rollout_ref.model.dtype": ("float32", "bfloat16"),
+    "actor_rollout_ref.model.param_dtype": ("float32", "bfloat16"),
+    "critic.model.dtype": ("float32", "bfloat16"),
+    "critic.model.param_dtype": ("float32", "bfloat16"),
+}
+_LOGGERS = ("console", "jsonl", "wandb")
+
+
+def _flatten(config, prefix=""):
+  out = {}
+  for key in config.keys():
+    value = config[key]
+    path = f"{prefix}{key}"
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      out.update(_flatten(value, path + "."))
+    else:
+      out[path] = value
+  return out
+
+
+def _field_types(config, prefix=""):
+  """The declared type of every leaf (placeholders included) of a ConfigDict."""
+  out = {}
+  for key in config.keys():
+    value = config[key]
+    path = f"{prefix}{key}"
+    if isinstance(value, ml_collections.ConfigDict):
+      out.update(_field_types(value, path + "."))
+    else:
+      out[path] = config.get_type(key)
+  return out
+
+
+def get(config, path: str):
+  node = config
+  for part in path.split("."):
+    node = node[part]
+  return node
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the first bad key: unknown, wrong type, bad choice, unsupported."""
+  base_types = _field_types(get_base_config())
+  values = _flatten(config)
+  for path, value in values.items():
+    if path not in base_types:
+      raise ConfigError(f"unknown config key '{path}' (value {value!r}); see jaxrlhf/config.py for the tree")
+    expected = base_types[path]
+    if value is None or expected is type(None):
+      continue
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+      continue
+    if not isinstance(value, expected):
+      raise ConfigError(f"config key '{path}' expects {expected.__name__}, got {value!r} ({type(value).__name__})")
+  for path, choices in _CHOICES.items():
+    if values[path] not in choices:
+      raise ConfigError(f"config key '{path}' must be one of {choices}, got {values[path]!r}")
+  for name in values["trainer.logger"]:
+    if name not in _LOGGERS:
+      raise ConfigError(f"config key 'trainer.logger' has unknown logger {name!r}; known: {_LOGGERS}")
+  for path, default in _NOT_YET_SUPPORTED.items():
+    if values[path] != default:
+      raise ConfigError(f"config key '{path}'={values[path]!r} is not supported yet (only {default!r})")
+  data = config.data
+  actor = config.actor_rollout_ref.actor
+  for path in ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
+               "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_epochs",
+               "actor_rollout_ref.rollout.n"):
+    if values[path] < 1:
+      raise ConfigError(f"config key '{path}' must be >= 1, got {values[path]}")
+  if data.train_batch_size % actor.ppo_mini_batch_size:
+    raise ConfigError(
+        f"data.train_batch_size={data.train_batch_size} is not divisible by "
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}")
+  rollout = config.actor_rollout_ref.rollout
+  if rollout.temperature <= 0 and rollout.do_sample:
+    raise ConfigError("actor_rollout_ref.rollout.temperature must be > 0 when do_sample=True "
+                      f"(got {rollout.temperature}); use do_sample=False for greedy decoding")
+
+
+def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Validates, then returns a copy with verl's derived values filled in (critic defaults)."""
+  validate_config(config)
+  config = ml_collections.ConfigDict(config.to_dict())
+  actor, critic = config.actor_rollout_ref.actor, config.critic
+  if critic.enable is None:
+    critic.enable = config.algorithm.adv_estimator == "gae"
+  if config.algorithm.adv_estimator == "gae" and not critic.enable:
+    raise ConfigError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False")
+  for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode"):
+    if critic[key] is None:
+      critic[key] = actor[key]
+  if config.data.train_batch_size % critic.ppo_mini_batch_size:
+    raise ConfigError(
+        f"data.train_batch_size={config.data.train_batch_size} is not divisible by "
+        f"critic.ppo_mini_batch_size={critic.ppo_mini_batch_size}")
+  config.lock()
+  return config

@@ -1,0 +1,16 @@
+"""Device mesh `(data, fsdp, tensor)` and the actor's train/generation layouts (DESIGN.md)."""
+
+from jaxrlhf.parallel.mesh import MESH_AXES, make_mesh
+from jaxrlhf.parallel.layouts import (
+    BATCH_AXES,
+    GENERATION_RULES,
+    TRAIN_RULES,
+    batch_sharding,
+    logical_to_shardings,
+    replicated,
+)
+
+__all__ = [
+    "MESH_AXES", "make_mesh", "BATCH_AXES", "GENERATION_RULES", "TRAIN_RULES", "batch_sharding",
+    "logical_to_shardings", "replicated",
+]

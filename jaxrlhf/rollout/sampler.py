@@ -1,0 +1,124 @@
+"""Jitted generation: one prefill over left-padded prompts, then a `lax.while_loop` decode.
+
+The loop stops early once every row has emitted EOS. Sampled tokens' log-probs come from the
+temperature-scaled full distribution (the same `z = logits / temperature` the training forward uses,
+SPEC §4), so the rollout's log-probs equal the actor's recomputed `old_log_prob` for the same weights.
+top-k / top-p only restrict what is sampled. The response mask covers tokens up to and including the
+first EOS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxrlhf.models.decoder import init_cache, positions_from_mask
+
+_NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Static sampling settings (hashable: part of the compiled program)."""
+  max_new_tokens: int
+  eos_token_ids: tuple[int, ...]
+  pad_token_id: int
+  temperature: float = 1.0
+  top_k: int = -1  # -1 = off
+  top_p: float = 1.0
+  do_sample: bool = True
+
+  @classmethod
+  def from_rollout_config(cls, rollout, max_new_tokens: int, eos_token_ids: Sequence[int], pad_token_id: int,
+                          validation: bool = False) -> "SamplingParams":
+    source = rollout.val_kwargs if validation else rollout
+    return cls(max_new_tokens=int(max_new_tokens), eos_token_ids=tuple(int(e) for e in eos_token_ids),
+               pad_token_id=int(pad_token_id), temperature=float(source.temperature), top_k=int(source.top_k),
+               top_p=float(source.top_p), do_sample=bool(source.do_sample))
+
+  @property
+  def logprob_temperature(self) -> float:
+    # Greedy decoding has no sampling temperature; score its tokens under the plain distribution.
+    return self.temperature if self.do_sample and self.temperature > 0 else 1.0
+
+
+def filter_logits(logits_BxV, top_k: int, top_p: float):
+  """Masks tokens outside the top-k and outside the smallest set with cumulative prob >= top_p."""
+  if top_k > 0:
+    kth_B = jax.lax.top_k(logits_BxV, top_k)[0][:, -1]
+    logits_BxV = jnp.where(logits_BxV < kth_B[:, None], _NEG_INF, logits_BxV)
+  if top_p < 1.0:
+    sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
+    probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+    # Keep a sorted token when the mass strictly before it is < top_p (the top token always stays).
+    mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+    kept_BxV = mass_before_BxV < top_p
+    threshold_B = jnp.min(jnp.where(kept_BxV, sorted_BxV, jnp.inf), axis=-1)
+    logits_BxV = jnp.where(logits_BxV < threshold_B[:, None], _NEG_INF, logits_BxV)
+  return logits_BxV
+
+
+def token_log_probs(logits_BxLxV, tokens_BxL, temperature: float):
+  """log softmax(logits / temperature) at the given tokens, fp32."""
+  log_probs_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32) / temperature, axis=-1)
+  return jnp.take_along_axis(log_probs_BxLxV, tokens_BxL[..., None], axis=-1)[..., 0]
+
+
+def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_mask_BxP, rng,
+             sampling: SamplingParams):
+  """Samples up to `max_new_tokens` per left-padded prompt.
+
+  `apply_fn(params, ids_BxL, positions_BxL, kv_mask_BxS, cache, cache_index) -> (logits, cache)`.
+  Returns dict(responses [B,R] int32 (pad after EOS), response_mask [B,R] int32,
+  rollout_log_probs [B,R] fp32, num_steps scalar).
+  """
+  batch, prompt_len = prompt_ids_BxP.shape
+  response_len = sampling.max_new_tokens
+  total_len = prompt_len + response_len
+  eos_E = jnp.asarray(sampling.eos_token_ids, jnp.int32)
+  prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
+
+  cache = init_cache(model_config, batch, total_len)
+  kv_mask_BxS = jnp.concatenate([prompt_mask_BxP, jnp.zeros((batch, response_len), jnp.int32)], axis=1)
+  logits_BxPxV, cache = apply_fn(params, prompt_ids_BxP, positions_from_mask(prompt_mask_BxP),
+                                 kv_mask_BxS, cache, jnp.int32(0))
+  prompt_lengths_B = prompt_mask_BxP.sum(axis=1)
+
+  def choose(logits_BxV, key):
+    if not sampling.do_sample or sampling.temperature <= 0:
+      return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    scaled_BxV = filter_logits(logits_BxV / sampling.temperature, sampling.top_k, sampling.top_p)
+    return jax.random.categorical(key, scaled_BxV, axis=-1).astype(jnp.int32)
+
+  def cond(carry):
+    step, _, _, done_B, *_ = carry
+    return (step < response_len) & ~jnp.all(done_B)
+
+  def body(carry):
+    step, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, logits_BxV = carry
+    token_B = choose(logits_BxV, jax.random.fold_in(rng, step))
+    log_prob_B = token_log_probs(logits_BxV[:, None], token_B[:, None], sampling.logprob_temperature)[:, 0]
+    token_B = jnp.where(done_B, sampling.pad_token_id, token_B)
+    tokens_BxR = jax.lax.dynamic_update_slice(tokens_BxR, token_B[:, None], (0, step))
+    log_probs_BxR = jax.lax.dynamic_update_slice(log_probs_BxR, jnp.where(done_B, 0.0, log_prob_B)[:, None],
+                                                 (0, step))
+    valid_BxR = jax.lax.dynamic_update_slice(valid_BxR, (~done_B).astype(jnp.int32)[:, None], (0, step))
+    done_B = done_B | jnp.isin(token_B, eos_E)
+    kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS, jnp.ones((batch, 1), jnp.int32), (0, prompt_len + step))
+    positions_Bx1 = (prompt_lengths_B + step)[:, None]
+    next_logits_Bx1xV, cache = apply_fn(params, token_B[:, None], positions_Bx1, kv_mask_BxS, cache,
+                                        prompt_len + step)
+    return (step + 1, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, next_logits_Bx1xV[:, 0])
+
+  carry = (jnp.int32(0),
+           jnp.full((batch, response_len), sampling.pad_token_id, jnp.int32),
+           jnp.zeros((batch, response_len), jnp.float32),
+           jnp.zeros((batch,), bool),
+           jnp.zeros((batch, response_len), jnp.int32),
+           cache, kv_mask_BxS, logits_BxPxV[:, -1])
+  steps, tokens_BxR, log_probs_BxR, _, valid_BxR, *_ = jax.lax.while_loop(cond, body, carry)
+  return {"responses": tokens_BxR, "response_mask": valid_BxR, "rollout_log_probs": log_probs_BxR,
+          "num_steps": steps}

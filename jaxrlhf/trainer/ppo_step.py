@@ -1,0 +1,329 @@
+"""The fused PPO step (SPEC §5): `ppo_step(state, batch, rng) -> (state, metrics)`, one program.
+
+Inside: repeat prompts `n` times (interleaved, group ids) -> generate in the generation layout ->
+rule reward via host callback -> old/ref log-probs and values in the train layout -> KL in reward ->
+advantages -> critic update, then actor update (after `critic_warmup`) as `lax.scan` over
+epochs x mini-batches x micro-batches with exact global loss normalisation -> metrics (SPEC §7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrlhf import algos
+from jaxrlhf.models.decoder import Decoder, DecoderConfig, positions_from_mask
+from jaxrlhf.rollout import SamplingParams, generate, token_log_probs
+from jaxrlhf.trainer.state import TrainState, apply_gradients
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayouts:
+  """Shardings the step constrains to: generation-layout actor params and the batch layout."""
+  actor_generation: Any = None  # tree of NamedSharding, or None (single device / no resharding)
+  batch: Callable[[tuple[int, ...]], Any] | None = None  # shape -> NamedSharding of a batch-major array
+
+  def constrain_batch(self, tree):
+    if self.batch is None:
+      return tree
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.batch(x.shape)), tree)
+
+  def to_generation(self, params):
+    if self.actor_generation is None:
+      return params
+    return jax.lax.with_sharding_constraint(params, self.actor_generation)
+
+
+def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
+  x = x.astype(jnp.float32)
+  if mask is None:
+    return {f"{prefix}/mean": jnp.mean(x), f"{prefix}/max": jnp.max(x), f"{prefix}/min": jnp.min(x)}
+  valid = mask > 0
+  return {f"{prefix}/mean": algos.masked_mean(x, mask),
+          f"{prefix}/max": jnp.max(jnp.where(valid, x, -jnp.inf)),
+          f"{prefix}/min": jnp.min(jnp.where(valid, x, jnp.inf))}
+
+
+class PPOStep:
+  """Builds the step function from a resolved config; holds only static things (models, sizes)."""
+
+  def __init__(self, config, model_config: DecoderConfig, reward_fn: Callable, *, eos_token_ids, pad_token_id,
+               lr_schedules: dict[str, Callable], optimizers: dict[str, Any], layouts: StepLayouts,
+               num_batch_shards: int = 1):
+    self.config = config
+    self.model_config = model_config
+    self.actor = Decoder(model_config, head="lm")
+    self.critic = Decoder(model_config, head="value")
+    self.reward_fn = reward_fn
+    self.lr_schedules = lr_schedules
+    self.optimizers = optimizers
+    self.layouts = layouts
+    self.num_batch_shards = num_batch_shards
+    rollout = config.actor_rollout_ref.rollout
+    self.sampling = SamplingParams.from_rollout_config(
+        rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
+    self.temperature = self.sampling.logprob_temperature
+    actor = config.actor_rollout_ref.actor
+    self.use_critic = bool(config.critic.enable)
+    self.use_reference = bool(actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+
+  # ----- model calls -------------------------------------------------------------------------
+
+  def actor_apply(self, params, ids, positions, kv_mask, cache=None, cache_index=None):
+    return self.actor.apply({"params": params}, ids, positions, kv_mask, cache, cache_index)
+
+  def _sequence_inputs(self, prompts_NxP, prompt_mask_NxP, responses_NxR):
+    ids_NxS = jnp.concatenate([prompts_NxP, responses_NxR], axis=1)
+    mask_NxS = jnp.concatenate([prompt_mask_NxP.astype(jnp.int32), jnp.ones_like(responses_NxR)], axis=1)
+    return ids_NxS, positions_from_mask(mask_NxS), mask_NxS
+
+  def response_logits(self, params, prompts_NxP, prompt_mask_NxP, responses_NxR):
+    """Logits that predict each response token (read at the position before it), fp32."""
+    ids_NxS, positions_NxS, mask_NxS = self._sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
+    logits_NxSxV, _ = self.actor.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS)
+    prompt_len, response_len = prompts_NxP.shape[1], responses_NxR.shape[1]
+    return logits_NxSxV[:, prompt_len - 1:prompt_len + response_len - 1]
+
+  def values(self, params, prompts_NxP, prompt_mask_NxP, responses_NxR):
+    """V at the state before each response token (SPEC §4)."""
+    ids_NxS, positions_NxS, mask_NxS = self._sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
+    values_NxS, _ = self.critic.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS)
+    prompt_len, response_len = prompts_NxP.shape[1], responses_NxR.shape[1]
+    return values_NxS[:, prompt_len - 1:prompt_len + response_len - 1]
+
+  def log_probs(self, params, prompts_NxP, prompt_mask_NxP, responses_NxR):
+    logits_NxRxV = self.response_logits(params, prompts_NxP, prompt_mask_NxP, responses_NxR)
+    return token_log_probs(logits_NxRxV, responses_NxR, self.temperature)
+
+  # ----- losses ------------------------------------------------------------------------------
+
+  def actor_loss(self, params, ref_params, micro, normalizers, rng):
+    actor = self.config.actor_rollout_ref.actor
+    mask = micro["response_mask"]
+    logits_NxRxV = self.response_logits(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
+    log_prob = token_log_probs(logits_NxRxV, micro["responses"], self.temperature)
+    pg_loss, pg_metrics = algos.compute_policy_loss(
+        micro["old_log_probs"], log_prob, micro["advantages"], mask,
+        loss_mode=actor.policy_loss.loss_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
+        clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
+        loss_agg_mode=actor.loss_agg_mode, rng=rng, **normalizers)
+    entropy = algos.entropy_from_logits(logits_NxRxV / self.temperature)
+    entropy_loss = algos.agg_loss(entropy, mask, actor.loss_agg_mode, **normalizers)
+    loss = pg_loss - actor.entropy_coeff * entropy_loss
+    metrics = {"actor/pg_loss": pg_loss, "actor/entropy": entropy_loss,
+               "actor/pg_clipfrac": pg_metrics["pg_clipfrac"],
+               "actor/pg_clipfrac_lower": pg_metrics["pg_clipfrac_lower"],
+               "actor/ppo_kl": pg_metrics["ppo_kl"]}
+    if actor.use_kl_loss:
+      kl = algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
+      kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)
+      loss = loss + actor.kl_loss_coef * kl_loss
+      metrics["actor/kl_loss"] = kl_loss
+    return loss, metrics
+
+  def critic_loss(self, params, unused_ref, micro, normalizers, unused_rng):
+    critic = self.config.critic
+    vpreds = self.values(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
+    vf_loss, vf_clipfrac = algos.compute_value_loss(
+        vpreds, micro["values"], micro["returns"], micro["response_mask"], critic.cliprange_value,
+        loss_agg_mode=critic.loss_agg_mode, **normalizers)
+    # vpred_mean is a per-token mean: normalise it like the loss so micro-batches add up.
+    vpred_mean = algos.agg_loss(vpreds, micro["response_mask"], "token-mean",
+                                global_token_count=normalizers["global_token_count"])
+    return vf_loss, {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac, "critic/vpred_mean": vpred_mean}
+
+  # ----- the update loop ---------------------------------------------------------------------
+
+  def _update(self, loss_fn, params, opt_state, ref_params, data, rng, *, tx, lr, mini_batch_rows: int,
+              micro_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str):
+    """`epochs` x mini-batches (one optimizer step each) x micro-batches (grad accumulation)."""
+    num_rows = data["responses"].shape[0]
+    num_mini, num_micro = num_rows // mini_batch_rows, mini_batch_rows // micro_rows
+
+    def split(tree, parts):
+      return jax.tree.map(lambda x: x.reshape((parts, x.shape[0] // parts) + x.shape[1:]), tree)
+
+    def minibatch_step(carry, inputs):
+      params, opt_state = carry
+      minibatch, key = inputs
+      normalizers = algos.loss_normalizers(minibatch["response_mask"], loss_agg_mode)
+
+      def micro_step(grads_acc, inputs):
+        micro, micro_key = inputs
+        micro = self.layouts.constrain_batch(micro)
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, ref_params, micro, normalizers, micro_key)
+        return jax.tree.map(jnp.add, grads_acc, grads), metrics
+
+      zeros = jax.tree.map(jnp.zeros_like, params)
+      grads, micro_metrics = jax.lax.scan(
+          micro_step, zeros, (split(minibatch, num_micro), jax.random.split(key, num_micro)))
+      params, opt_state, grad_norm = apply_gradients(tx, params, opt_state, grads, lr)
+      # Loss-like metrics are globally normalised (they add up over micro-batches); fractions average.
+      metrics = {k: (v.sum() if k.endswith(("_loss", "/entropy", "vpred_mean")) else v.mean())
+                 for k, v in micro_metrics.items()}
+      metrics[f"{prefix}/grad_norm"] = grad_norm
+      return (params, opt_state), metrics
+
+    def epoch_step(carry, key):
+      perm_key, mini_key = jax.random.split(key)
+      order = jax.random.permutation(perm_key, num_rows) if shuffle else jnp.arange(num_rows)
+      epoch_data = jax.tree.map(lambda x: x[order], data)
+      return jax.lax.scan(minibatch_step, carry, (split(epoch_data, num_mini), jax.random.split(mini_key, num_mini)))
+
+    (params, opt_state), metrics = jax.lax.scan(epoch_step, (params, opt_state), jax.random.split(rng, epochs))
+    metrics = {k: v.mean() for k, v in metrics.items()}
+    metrics[f"{prefix}/lr"] = lr
+    return params, opt_state, metrics
+
+  def _micro_rows(self, micro_per_device, mini_batch_rows: int, key: str) -> int:
+    if micro_per_device is None:
+      return mini_batch_rows
+    rows = micro_per_device * self.num_batch_shards
+    if mini_batch_rows % rows:
+      raise ValueError(f"{key}={micro_per_device} x {self.num_batch_shards} batch shards = {rows} rows "
+                       f"does not divide the mini-batch of {mini_batch_rows} sequences")
+    return rows
+
+  # ----- the step ------------------------------------------------------------------------------
+
+  def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
+    config = self.config
+    actor_cfg, critic_cfg, algo = config.actor_rollout_ref.actor, config.critic, config.algorithm
+    n = config.actor_rollout_ref.rollout.n
+    gen_key, actor_key, critic_key = jax.random.split(rng, 3)
+
+    # 1. prompts x n, interleaved; rows of one prompt share a group id.
+    prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
+    prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
+    sample_index_N = jnp.repeat(batch["sample_index"], n, axis=0)
+    group_index_N = jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n)
+    prompts_NxP, prompt_mask_NxP = self.layouts.constrain_batch((prompts_NxP, prompt_mask_NxP))
+
+    # 2. generate in the generation layout (the gathered copy lives only inside this phase).
+    generation_params = self.layouts.to_generation(state.actor_params)
+    rollout = generate(self.actor_apply, generation_params, self.model_config, prompts_NxP, prompt_mask_NxP,
+                       gen_key, self.sampling)
+    responses_NxR, response_mask_NxR = self.layouts.constrain_batch(
+        (rollout["responses"], rollout["response_mask"]))
+    mask_f = response_mask_NxR.astype(jnp.float32)
+
+    # 3. rule reward on the last valid response token.
+    scores_N = self.reward_fn(responses_NxR, response_mask_NxR, sample_index_N)
+    response_lengths_N = response_mask_NxR.sum(axis=1)
+    last_NxR = jax.nn.one_hot(jnp.maximum(response_lengths_N - 1, 0), responses_NxR.shape[1])
+    token_level_scores = last_NxR * scores_N[:, None] * mask_f
+
+    # 4. old / ref log-probs, values (train layout).
+    old_log_probs = self.log_probs(state.actor_params, prompts_NxP, prompt_mask_NxP, responses_NxR)
+    old_log_probs = jax.lax.stop_gradient(old_log_probs)
+    metrics: dict[str, jax.Array] = {}
+    ref_log_probs = None
+    if self.use_reference:
+      ref_log_probs = self.log_probs(state.ref_params, prompts_NxP, prompt_mask_NxP, responses_NxR)
+    values_NxR = None
+    if self.use_critic:
+      values_NxR = self.values(state.critic_params, prompts_NxP, prompt_mask_NxP, responses_NxR) * mask_f
+
+    # 5. KL in reward, then advantages.
+    kl_coef = state.kl_coef
+    if algo.use_kl_in_reward:
+      kl_NxR = algos.kl_penalty(old_log_probs, ref_log_probs, algo.kl_penalty) * mask_f
+      token_level_rewards = token_level_scores - kl_coef * kl_NxR
+      current_kl = jnp.mean(algos.masked_mean(kl_NxR, mask_f, axis=-1))
+      num_sequences = responses_NxR.shape[0]
+      if algo.kl_ctrl.type == "adaptive":
+        kl_coef = algos.adaptive_kl_update(kl_coef, current_kl, num_sequences, algo.kl_ctrl.target_kl,
+                                           algo.kl_ctrl.horizon)
+      else:
+        kl_coef = algos.fixed_kl_update(kl_coef, current_kl, num_sequences)
+      metrics["actor/reward_kl_penalty"] = current_kl
+      metrics["actor/reward_kl_penalty_coeff"] = state.kl_coef
+    else:
+      token_level_rewards = token_level_scores
+    advantages, returns = algos.compute_advantage(
+        algo.adv_estimator, token_level_rewards=token_level_rewards, response_mask=mask_f, values=values_NxR,
+        index=group_index_N, gamma=algo.gamma, lam=algo.lam,
+        norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+
+    data = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
+            "response_mask": response_mask_NxR, "old_log_probs": old_log_probs, "advantages": advantages}
+    if ref_log_probs is not None:
+      data["ref_log_probs"] = ref_log_probs
+
+    # 6. critic update, then actor update.
+    critic_params, critic_opt_state = state.critic_params, state.critic_opt_state
+    if self.use_critic:
+      critic_rows = critic_cfg.ppo_mini_batch_size * n
+      critic_params, critic_opt_state, critic_metrics = self._update(
+          self.critic_loss, critic_params, critic_opt_state, None,
+          dict(data, values=values_NxR, returns=returns), critic_key,
+          tx=self.optimizers["critic"], lr=self.lr_schedules["critic"](state.step), mini_batch_rows=critic_rows,
+          micro_rows=self._micro_rows(critic_cfg.ppo_micro_batch_size_per_gpu, critic_rows,
+                                      "critic.ppo_micro_batch_size_per_gpu"),
+          epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, loss_agg_mode=critic_cfg.loss_agg_mode,
+          prefix="critic")
+      metrics.update(critic_metrics)
+
+    actor_rows = actor_cfg.ppo_mini_batch_size * n
+    update_actor = lambda params, opt_state: self._update(
+        self.actor_loss, params, opt_state, state.ref_params, data, actor_key,
+        tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](state.step), mini_batch_rows=actor_rows,
+        micro_rows=self._micro_rows(actor_cfg.ppo_micro_batch_size_per_gpu, actor_rows,
+                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+        epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, loss_agg_mode=actor_cfg.loss_agg_mode,
+        prefix="actor")
+    if self.use_critic and config.trainer.critic_warmup > 0:
+      metric_shapes = jax.eval_shape(update_actor, state.actor_params, state.actor_opt_state)[2]
+      skip = lambda params, opt_state: (params, opt_state, jax.tree.map(
+          lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
+      actor_params, actor_opt_state, actor_metrics = jax.lax.cond(
+          state.step >= config.trainer.critic_warmup, update_actor, skip, state.actor_params, state.actor_opt_state)
+    else:
+      actor_params, actor_opt_state, actor_metrics = update_actor(state.actor_params, state.actor_opt_state)
+    metrics.update(actor_metrics)
+    if actor_cfg.use_kl_loss:
+      metrics["actor/kl_coef"] = jnp.float32(actor_cfg.kl_loss_coef)
+
+    # 7. batch metrics.
+    metrics.update(_stats("critic/score", scores_N))
+    metrics.update(_stats("critic/rewards", token_level_rewards.sum(axis=1)))
+    metrics.update(_stats("critic/advantages", advantages, mask_f))
+    metrics.update(_stats("critic/returns", returns, mask_f))
+    if values_NxR is not None:
+      metrics.update(_stats("critic/values", values_NxR, mask_f))
+      residual_var = algos.masked_var(returns - values_NxR, mask_f)
+      metrics["critic/vf_explained_var"] = 1.0 - residual_var / (algos.masked_var(returns, mask_f) + 1e-5)
+    metrics.update(_stats("response_length", response_lengths_N))
+    metrics["response_length/clip_ratio"] = jnp.mean(
+        (response_lengths_N == responses_NxR.shape[1]).astype(jnp.float32))
+    prompt_lengths_N = prompt_mask_NxP.sum(axis=1)
+    metrics.update(_stats("prompt_length", prompt_lengths_N))
+    metrics["prompt_length/clip_ratio"] = jnp.mean((prompt_lengths_N == prompts_NxP.shape[1]).astype(jnp.float32))
+    metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + response_lengths_N.sum()).astype(jnp.float32)
+    metrics["perf/decode_steps"] = rollout["num_steps"].astype(jnp.float32)
+
+    new_state = state.replace(step=state.step + 1, actor_params=actor_params, actor_opt_state=actor_opt_state,
+                              critic_params=critic_params, critic_opt_state=critic_opt_state, kl_coef=kl_coef)
+    return new_state, metrics
+
+
+def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Callable, layouts: StepLayouts):
+  """`validate(actor_params, batch, rng) -> (scores_N, response_lengths_N)` with val_kwargs sampling."""
+
+  def validate(actor_params, batch, rng):
+    n = step.config.actor_rollout_ref.rollout.val_kwargs.n
+    prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
+    prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
+    sample_index_N = jnp.repeat(batch["sample_index"], n, axis=0)
+    prompts_NxP, prompt_mask_NxP = layouts.constrain_batch((prompts_NxP, prompt_mask_NxP))
+    rollout = generate(step.actor_apply, layouts.to_generation(actor_params), step.model_config, prompts_NxP,
+                       prompt_mask_NxP, rng, sampling)
+    scores_N = reward_fn(rollout["responses"], rollout["response_mask"], sample_index_N)
+    return scores_N, rollout["response_mask"].sum(axis=1)
+
+  return validate

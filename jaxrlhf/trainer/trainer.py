@@ -1,0 +1,213 @@
+"""The host side of training: build everything from a config, run the fused step, validate, log.
+
+Data flows one way: dataset batch (host) -> `ppo_step` (one compiled program, state donated) ->
+metrics (host) -> sinks. Validation is a second compiled program (greedy by `val_kwargs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jaxrlhf import rewards
+from jaxrlhf.config import resolve_config
+from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset
+from jaxrlhf.data.builtin import build_tokenizer
+from jaxrlhf.models.decoder import Decoder, DecoderConfig, abstract_params, init_params
+from jaxrlhf.parallel import GENERATION_RULES, TRAIN_RULES, batch_sharding, logical_to_shardings, replicated
+from jaxrlhf.parallel.mesh import mesh_from_config
+from jaxrlhf.rollout import SamplingParams
+from jaxrlhf.tracking import Tracking, plot_metrics
+from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
+from jaxrlhf.trainer.reward import make_reward_fn
+from jaxrlhf.trainer.state import TrainState, init_opt_state, make_lr_schedule, make_optimizer
+
+
+def load_tokenizer(config, save_dir: str):
+  name = config.data.tokenizer or config.actor_rollout_ref.model.path
+  if not name:
+    raise ValueError("no tokenizer: set data.tokenizer (e.g. 'builtin:recall') or actor_rollout_ref.model.path")
+  from transformers import AutoTokenizer
+  if name.startswith("builtin:"):
+    build_tokenizer(save_dir=save_dir)  # written next to the run so users can load it the usual way
+    name = save_dir
+  elif not os.path.isdir(name):
+    raise ValueError(f"tokenizer path {name!r} (data.tokenizer or actor_rollout_ref.model.path) is not a directory")
+  return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+
+
+def model_config_from(config, tokenizer) -> DecoderConfig:
+  model = config.actor_rollout_ref.model
+  if model.path:
+    raise NotImplementedError("loading HF checkpoints (actor_rollout_ref.model.path) arrives with the "
+                              "model-family issue; initialise from actor_rollout_ref.model.override_config")
+  values = dict(model.override_config.to_dict(), dtype=model.dtype, param_dtype=model.param_dtype)
+  model_config = DecoderConfig.from_dict(values)
+  if len(tokenizer) > model_config.vocab_size:
+    raise ValueError(f"actor_rollout_ref.model.override_config.vocab_size={model_config.vocab_size} is smaller "
+                     f"than the tokenizer's {len(tokenizer)} tokens")
+  return model_config
+
+
+@dataclasses.dataclass
+class _Layouts:
+  actor_train: object
+  actor_generation: object
+  critic_train: object
+
+
+class Trainer:
+  def __init__(self, config: ml_collections.ConfigDict, devices=None):
+    """`devices`: the devices of the mesh (default: all); tests and notebooks pass a subset."""
+    self.config = config = resolve_config(config)
+    trainer_cfg = config.trainer
+    self.run_dir = os.path.join(trainer_cfg.default_local_dir, trainer_cfg.project_name, trainer_cfg.experiment_name)
+    os.makedirs(self.run_dir, exist_ok=True)
+    self.mesh = mesh_from_config(config.mesh, devices)
+    self.num_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+    self.tokenizer = load_tokenizer(config, os.path.join(self.run_dir, "tokenizer"))
+    data_cfg = config.data
+    dataset_kwargs = dict(max_prompt_length=data_cfg.max_prompt_length, prompt_key=data_cfg.prompt_key,
+                          reward_fn_key=data_cfg.reward_fn_key, truncation=data_cfg.truncation,
+                          filter_overlong_prompts=data_cfg.filter_overlong_prompts)
+    self.train_data = build_dataset(data_cfg.train_files, self.tokenizer, **dataset_kwargs)
+    self.val_data = build_dataset(data_cfg.val_files, self.tokenizer, **dataset_kwargs) \
+        if any(data_cfg.val_files) else None
+    self.schedule = BatchSchedule(len(self.train_data), data_cfg.train_batch_size, seed=data_cfg.seed,
+                                  shuffle=data_cfg.shuffle)
+    self.total_steps = trainer_cfg.total_training_steps or self.schedule.batches_per_epoch * trainer_cfg.total_epochs
+
+    custom = config.custom_reward_function
+    compute_score = rewards.load_custom_reward_function(custom.path, custom.name) if custom.path else None
+    self.model_config = model_config_from(config, self.tokenizer)
+    eos_ids = [self.tokenizer.eos_token_id]
+    pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
+
+    optimizers = {"actor": make_optimizer(config.actor_rollout_ref.actor.optim, config.actor_rollout_ref.actor.grad_clip),
+                  "critic": make_optimizer(config.critic.optim, config.critic.grad_clip)}
+    schedules = {"actor": make_lr_schedule(config.actor_rollout_ref.actor.optim, self.total_steps),
+                 "critic": make_lr_schedule(config.critic.optim, self.total_steps)}
+    self.layouts = self._param_layouts()
+    step_layouts = StepLayouts(actor_generation=self.layouts.actor_generation,
+                               batch=lambda shape: batch_sharding(self.mesh, shape))
+    self.step_fn = PPOStep(config, self.model_config, make_reward_fn(self.tokenizer, self.train_data, compute_score),
+                           eos_token_ids=eos_ids, pad_token_id=pad_id, lr_schedules=schedules,
+                           optimizers=optimizers, layouts=step_layouts, num_batch_shards=self.num_batch_shards)
+    self.state = self._init_state(optimizers)
+    state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
+    self._batch_shardings = None
+    self.ppo_step = jax.jit(self.step_fn, in_shardings=(state_shardings, None, replicated(self.mesh)),
+                            out_shardings=(state_shardings, replicated(self.mesh)), donate_argnums=0)
+    if self.val_data is not None:
+      val_sampling = SamplingParams.from_rollout_config(
+          config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True)
+      validate = make_validation_fn(self.step_fn, val_sampling,
+                                    make_reward_fn(self.tokenizer, self.val_data, compute_score), step_layouts)
+      self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, None, replicated(self.mesh)),
+                                 out_shardings=replicated(self.mesh))
+    self.rng = jax.random.key(trainer_cfg.seed)
+
+  # ----- set-up ----------------------------------------------------------------------------------
+
+  def _param_layouts(self) -> _Layouts:
+    shapes, logical = abstract_params(Decoder(self.model_config, head="lm"))
+    critic_shapes, critic_logical = abstract_params(Decoder(self.model_config, head="value"))
+    return _Layouts(
+        actor_train=logical_to_shardings(logical, shapes, self.mesh, TRAIN_RULES),
+        actor_generation=logical_to_shardings(logical, shapes, self.mesh, GENERATION_RULES),
+        critic_train=logical_to_shardings(critic_logical, critic_shapes, self.mesh, TRAIN_RULES))
+
+  def _init_state(self, optimizers) -> TrainState:
+    config = self.config
+    seed = config.trainer.seed
+    actor_key, critic_key = jax.random.split(jax.random.key(seed))
+    init = lambda model, shardings: jax.jit(lambda key: init_params(model, key)[0], out_shardings=shardings)
+    actor_params = init(Decoder(self.model_config, head="lm"), self.layouts.actor_train)(actor_key)
+    actor_opt_state = init_opt_state(optimizers["actor"], actor_params, self.layouts.actor_train,
+                                     replicated(self.mesh))
+    ref_params = None
+    if self.step_fn.use_reference:
+      ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.layouts.actor_train)(actor_params)
+    critic_params = critic_opt_state = None
+    if self.step_fn.use_critic:
+      critic_params = init(Decoder(self.model_config, head="value"), self.layouts.critic_train)(critic_key)
+      critic_opt_state = init_opt_state(optimizers["critic"], critic_params, self.layouts.critic_train,
+                                        replicated(self.mesh))
+    put = lambda x: jax.device_put(x, replicated(self.mesh))
+    return TrainState(step=put(jnp.int32(0)), actor_params=actor_params, actor_opt_state=actor_opt_state,
+                      critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
+                      kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)))
+
+  def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return {k: jax.device_put(v, batch_sharding(self.mesh, v.shape)) for k, v in arrays.items()}
+
+  # ----- running ---------------------------------------------------------------------------------
+
+  def train_step(self, step: int) -> dict[str, float]:
+    """One fused PPO step on batch `step` of the schedule; returns host metrics."""
+    batch = self._device_batch(batch_arrays(self.train_data, self.schedule.indices(step)))
+    start = time.perf_counter()
+    self.state, device_metrics = self.ppo_step(self.state, batch, jax.random.fold_in(self.rng, step))
+    metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    elapsed = time.perf_counter() - start
+    metrics["timing_s/step"] = elapsed
+    metrics["perf/time_per_step"] = elapsed
+    metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / elapsed / self.mesh.size
+    metrics["training/global_step"] = step + 1
+    metrics["training/epoch"] = self.schedule.epoch_of(step)
+    return metrics
+
+  def validate(self) -> dict[str, float]:
+    data = self.val_data
+    n = self.config.actor_rollout_ref.rollout.val_kwargs.n
+    batch_size = self.config.data.val_batch_size or len(data)
+    num_batches = -(-len(data) // batch_size)
+    # Pad the last batch with repeats of row 0 so every batch has one shape (one compile); drop them after.
+    order = np.concatenate([np.arange(len(data)), np.zeros(num_batches * batch_size - len(data), np.int64)])
+    scores, lengths = [], []
+    for b in range(num_batches):
+      indices = order[b * batch_size:(b + 1) * batch_size]
+      batch = self._device_batch(batch_arrays(data, indices))
+      batch_scores, batch_lengths = jax.device_get(self.validate_fn(self.state.actor_params, batch, self.rng))
+      scores.append(batch_scores)
+      lengths.append(batch_lengths)
+    scores = np.concatenate(scores)[:len(data) * n].reshape(len(data), n)
+    lengths = np.concatenate(lengths)[:len(data) * n]
+    by_source = defaultdict(list)
+    for source, row_scores in zip(data.data_sources, scores):
+      by_source[source].append(row_scores)
+    metrics = {f"val-core/{source}/reward/mean@{n}": float(np.mean(rows)) for source, rows in by_source.items()}
+    metrics["val/response_length/mean"] = float(lengths.mean())
+    return metrics
+
+  def fit(self) -> list[dict]:
+    """Runs `total_steps` steps with validation; writes metrics.jsonl and the plot; returns the records."""
+    config = self.config.trainer
+    tracking = Tracking(config.logger, self.run_dir, total_steps=self.total_steps, config=self.config,
+                        project=config.project_name, experiment=config.experiment_name)
+    history = []
+    try:
+      if self.val_data is not None and config.val_before_train:
+        val = self.validate()
+        tracking.log(val, step=0)
+        history.append({"step": 0, **val})
+      for step in range(self.total_steps):
+        metrics = self.train_step(step)
+        is_last = step + 1 == self.total_steps
+        if self.val_data is not None and config.test_freq > 0 and ((step + 1) % config.test_freq == 0 or is_last):
+          metrics.update(self.validate())
+        tracking.log(metrics, step=step + 1)
+        history.append({"step": step + 1, **metrics})
+    finally:
+      tracking.close()
+    if config.plot and "jsonl" in config.logger and jax.process_index() == 0:
+      plot_metrics(tracking.metrics_path, os.path.join(self.run_dir, "metrics.png"))
+    return history

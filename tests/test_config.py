@@ -1,0 +1,78 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxrlhf.config import ConfigError, get_base_config, resolve_config, validate_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_base_config_is_valid_and_resolves_critic():
+  config = resolve_config(get_base_config())
+  assert config.critic.enable is True  # gae needs a critic
+  assert config.critic.ppo_mini_batch_size == config.actor_rollout_ref.actor.ppo_mini_batch_size
+  grpo = get_base_config()
+  grpo.algorithm.adv_estimator = "grpo"
+  assert resolve_config(grpo).critic.enable is False
+
+
+def test_unknown_key_fails_at_assignment_naming_it():
+  config = get_base_config()
+  with pytest.raises(AttributeError, match="ppo_mini_batch_sze"):
+    config.actor_rollout_ref.actor.ppo_mini_batch_sze = 4
+
+
+def test_wrong_type_names_the_key():
+  config = get_base_config()
+  with pytest.raises(TypeError):
+    config.data.train_batch_size = "many"
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("data.truncation", "sideways", "data.truncation"),
+    ("algorithm.kl_ctrl.type", "pid", "algorithm.kl_ctrl.type"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", True, "use_dynamic_bsz"),
+    ("data.train_batch_size", 10, "not divisible"),
+    ("trainer.logger", ("console", "carrier_pigeon"), "carrier_pigeon"),
+])
+def test_validation_errors_name_key_and_value(key, value, message):
+  config = get_base_config()
+  node = config
+  *parents, leaf = key.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  with pytest.raises(ConfigError, match=message):
+    validate_config(config)
+
+
+def test_gae_without_critic_is_an_error():
+  config = get_base_config()
+  config.critic.enable = False
+  with pytest.raises(ConfigError, match="critic.enable"):
+    resolve_config(config)
+
+
+def _train(*flags):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  return subprocess.run([sys.executable, "train.py", "--config", "configs/quickstart.py", *flags],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_cli_unknown_override_is_an_error_naming_the_key():
+  result = _train("--config.actor_rollout_ref.actor.optim.lrr=3e-4")
+  assert result.returncode != 0
+  assert "lrr" in result.stderr
+
+
+def test_cli_override_reaches_the_trainer(tmp_path):
+  result = _train("--config.actor_rollout_ref.actor.optim.lr=3e-4", "--config.trainer.total_training_steps=1",
+                  "--config.trainer.val_before_train=False", "--config.trainer.test_freq=-1",
+                  f"--config.trainer.default_local_dir={tmp_path}", "--config.trainer.logger=('jsonl',)")
+  assert result.returncode == 0, result.stderr[-2000:]
+  import json
+  with open(tmp_path / "quickstart" / "recall_ppo" / "metrics.jsonl") as f:
+    record = json.loads(f.readline())
+  assert record["actor/lr"] == pytest.approx(3e-4)

@@ -1,0 +1,99 @@
+"""The fused PPO step: compiles once, same numbers on every mesh, ratio exactly 1 at the first update."""
+
+import importlib.util
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrlhf.trainer import Trainer
+
+_QUICKSTART = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "quickstart.py")
+
+
+def small_config(tmp_path, **overrides):
+  spec = importlib.util.spec_from_file_location("quickstart_config", _QUICKSTART)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.data.train_batch_size = 8
+  config.data.val_batch_size = 16
+  config.data.max_response_length = 3
+  config.actor_rollout_ref.actor.ppo_mini_batch_size = 4
+  config.actor_rollout_ref.rollout.n = 2
+  oc = config.actor_rollout_ref.model.override_config
+  oc.hidden_size, oc.intermediate_size = 32, 64
+  config.trainer.default_local_dir = str(tmp_path)
+  config.trainer.total_training_steps = 2
+  config.trainer.logger = ("jsonl",)
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+def _compile_counter():
+  events = []
+  listener = lambda name, *args, **kwargs: events.append(name) if "backend_compile" in name else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  return events, listener
+
+
+def test_step_compiles_once(tmp_path):
+  trainer = Trainer(small_config(tmp_path), devices=jax.devices()[:1])
+  first = trainer.train_step(0)
+  events, listener = _compile_counter()
+  try:
+    second = trainer.train_step(1)  # a different batch of prompts
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert events == [], f"the second PPO step compiled {len(events)} program(s)"
+  assert first["training/global_step"] == 1 and second["training/global_step"] == 2
+  assert int(trainer.state.step) == 2
+
+
+def test_first_update_has_ratio_one(tmp_path):
+  config = small_config(tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+                                     "actor_rollout_ref.actor.ppo_epochs": 1})
+  metrics = Trainer(config, devices=jax.devices()[:1]).train_step(0)
+  assert metrics["actor/ppo_kl"] == 0.0
+  assert metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/pg_clipfrac_lower"] == 0.0
+
+
+SPEC_METRIC_PREFIXES = ("actor/", "critic/", "response_length/", "prompt_length/", "timing_s/", "perf/",
+                        "training/", "val-core/", "val/")
+
+
+def test_metrics_follow_spec_names(tmp_path):
+  metrics = Trainer(small_config(tmp_path), devices=jax.devices()[:1]).train_step(0)
+  for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
+              "actor/kl_loss", "actor/kl_coef", "actor/grad_norm", "actor/lr", "critic/vf_loss",
+              "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr", "critic/score/mean",
+              "critic/rewards/mean", "critic/advantages/max", "critic/returns/min", "critic/values/mean",
+              "critic/vf_explained_var", "response_length/mean", "response_length/clip_ratio",
+              "prompt_length/mean", "prompt_length/clip_ratio", "timing_s/step", "perf/total_num_tokens",
+              "perf/time_per_step", "perf/throughput", "training/global_step", "training/epoch"):
+    assert key in metrics, key
+    assert np.isfinite(metrics[key]), key
+  assert all(k.startswith(SPEC_METRIC_PREFIXES) for k in metrics)
+
+
+@pytest.mark.parametrize("mesh", [(2, 2, 2), (1, 8, 1), (8, 1, 1), (1, 2, 4)])
+def test_same_numbers_on_every_mesh(tmp_path, mesh):
+  reference = Trainer(small_config(tmp_path / "one", **{"mesh.fsdp": 1}), devices=jax.devices()[:1])
+  ref_metrics = reference.train_step(0)
+  data, fsdp, tensor = mesh
+  sharded = Trainer(small_config(tmp_path / "many", **{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor}))
+  assert sharded.mesh.size == 8
+  metrics = sharded.train_step(0)
+  for key, value in ref_metrics.items():
+    if key.startswith(("timing_s/", "perf/time", "perf/throughput")):
+      continue
+    np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
+  ref_params = jax.device_get(reference.state.actor_params)
+  new_params = jax.device_get(sharded.state.actor_params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), ref_params, new_params)

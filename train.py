@@ -1,0 +1,28 @@
+"""jaxrlhf entry point: `python train.py --config configs/X.py [--config.some.key=value ...]`."""
+
+from absl import app
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
+                                          lock_config=True)
+
+
+def main(argv):
+  del argv
+  from jaxrlhf.config import ConfigError
+  from jaxrlhf.trainer import Trainer
+
+  if _CONFIG.value is None:
+    raise app.UsageError("--config is required, e.g. --config configs/quickstart.py")
+  try:
+    trainer = Trainer(_CONFIG.value)
+  except ConfigError as e:
+    raise app.UsageError(str(e)) from e
+  history = trainer.fit()
+  val_keys = [k for k in history[-1] if k.startswith("val-core/")]
+  summary = ", ".join(f"{k}: {history[0].get(k, float('nan')):.3f} -> {history[-1][k]:.3f}" for k in val_keys)
+  print(f"done: {len(history)} records in {trainer.run_dir}/metrics.jsonl; {summary}")
+
+
+if __name__ == "__main__":
+  app.run(main)
