@@ -163,9 +163,8 @@ class PPOStep:
       grads, micro_metrics = jax.lax.scan(
           micro_step, zeros, (split(minibatch, num_micro), jax.random.split(key, num_micro)))
       params, opt_state, grad_norm = apply_gradients(tx, params, opt_state, grads, lr)
-      # Loss-like metrics are globally normalised (they add up over micro-batches); fractions average.
-      metrics = {k: (v.sum() if k.endswith(("_loss", "/entropy", "vpred_mean")) else v.mean())
-                 for k, v in micro_metrics.items()}
+      # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
+      metrics = {k: v.sum() for k, v in micro_metrics.items()}
       metrics[f"{prefix}/grad_norm"] = grad_norm
       return (params, opt_state), metrics
 

@@ -66,7 +66,7 @@ def init_opt_state(tx, params, param_shardings, replicated_sharding):
 
 def apply_gradients(tx, params, opt_state, grads, lr):
   """One AdamW update; a non-finite gradient norm skips the update (params and moments unchanged)."""
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   updates, new_opt_state = tx.update(grads, opt_state, params)
   new_params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), params, updates)
   finite = jnp.isfinite(grad_norm)

@@ -1,0 +1,67 @@
+"""PPO algorithm library (SPEC §1-4): KL estimators and controllers, advantage estimators,
+policy/value losses and loss aggregation, as pure, jittable JAX functions on [B, T] arrays.
+
+Names follow verl's `core_algos`, and the registries are keyed by verl's config strings. This
+package imports no model, rollout or trainer code.
+"""
+
+from jaxrlhf.algos.advantages import (
+    ADV_ESTIMATORS,
+    compute_advantage,
+    compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    get_adv_estimator,
+    register_adv_estimator,
+)
+from jaxrlhf.algos.kl import (
+    KL_PENALTY_TYPES,
+    adaptive_kl_update,
+    entropy_from_logits,
+    fixed_kl_update,
+    full_kl,
+    kl_penalty,
+)
+from jaxrlhf.algos.policy_loss import (
+    POLICY_LOSSES,
+    compute_policy_loss,
+    compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_vanilla,
+    get_policy_loss,
+    register_policy_loss,
+)
+from jaxrlhf.algos.stats import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    loss_normalizers,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from jaxrlhf.algos.value_loss import compute_value_loss
+
+__all__ = [
+    "ADV_ESTIMATORS", "KL_PENALTY_TYPES", "LOSS_AGG_MODES", "POLICY_LOSSES",
+    "adaptive_kl_update", "agg_loss", "compute_advantage", "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage", "compute_grpo_outcome_advantage", "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage", "compute_policy_loss", "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov", "compute_policy_loss_geo_mean", "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo", "compute_policy_loss_kl_cov", "compute_policy_loss_vanilla",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_value_loss",
+    "entropy_from_logits", "fixed_kl_update", "full_kl", "get_adv_estimator", "get_policy_loss", "kl_penalty",
+    "loss_normalizers", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "register_adv_estimator",
+    "register_policy_loss",
+]

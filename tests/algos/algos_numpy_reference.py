@@ -1,0 +1,332 @@
+"""Independent NumPy (float64, plain loops) implementations of the SPEC §2-4 formulas, written
+from the SPEC text (and verl's loops), sharing no code with jaxrlhf.algos. Conventions that are
+ours (see jaxrlhf/algos/advantages.py): rewards are masked, rows without a valid token are padding
+(outside every group, outputs 0), outputs are 0 outside the mask."""
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+
+def f64(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+def random_batch(rng, batch, length, empty_rows=(), dtype=np.float32):
+    """Random mask with a valid prefix per row (right padding) plus a few interior holes."""
+    lengths = rng.integers(1, length + 1, size=batch)
+    mask = (np.arange(length)[None, :] < lengths[:, None]).astype(dtype)
+    holes = rng.random((batch, length)) < 0.1
+    mask[holes] = 0
+    mask[:, 0] = 1
+    for row in empty_rows:
+        mask[row] = 0
+    return mask
+
+
+# ---------------------------------------------------------------- masked statistics / agg_loss
+def masked_mean(x, m):
+    x, m = f64(x), f64(m)
+    n = m.sum()
+    return 0.0 if n == 0 else float((x * m).sum() / n)
+
+
+def masked_var(x, m, unbiased=True):
+    x, m = f64(x), f64(m)
+    vals = [x.flat[i] for i in range(x.size) if m.flat[i] != 0]
+    n = len(vals)
+    if n == 0 or (unbiased and n == 1):
+        return 0.0
+    mu = sum(vals) / n
+    ss = sum((v - mu) ** 2 for v in vals)
+    return ss / (n - 1) if unbiased else ss / n
+
+
+def masked_whiten(x, m, shift_mean=True):
+    mu, var = masked_mean(x, m), masked_var(x, m)
+    out = (f64(x) - mu) / math.sqrt(var + 1e-8)
+    return out + mu if not shift_mean else out
+
+
+def agg_loss(loss, m, mode, loss_scale_factor=None):
+    loss, m = f64(loss), f64(m)
+    B, T = loss.shape
+    if mode == "token-mean":
+        return masked_mean(loss, m)
+    if mode == "seq-mean-token-sum-norm":
+        return float((loss * m).sum() / (T if loss_scale_factor is None else loss_scale_factor))
+    rows = []
+    for b in range(B):
+        n = m[b].sum()
+        if n == 0:
+            continue
+        s = sum(loss[b, t] for t in range(T) if m[b, t] != 0)
+        rows.append(s if mode == "seq-mean-token-sum" else s / n)
+    return float(np.mean(rows)) if rows else 0.0
+
+
+# ---------------------------------------------------------------- KL
+def kl_penalty(lp, ref, name):
+    lp, ref = f64(lp), f64(ref)
+    base = name.rstrip("+")
+    if base in ("kl", "k1"):
+        return lp - ref
+    if base == "abs":
+        return np.abs(lp - ref)
+    if base in ("mse", "k2"):
+        return 0.5 * (lp - ref) ** 2
+    x = np.clip(ref - lp, -20, 20)
+    return np.clip(np.exp(x) - x - 1, -10, 10)
+
+
+def full_kl(logits, ref_logits):
+    logits, ref_logits = f64(logits), f64(ref_logits)
+    out = np.zeros(logits.shape[:-1])
+    for idx in np.ndindex(*logits.shape[:-1]):
+        z, q = logits[idx], ref_logits[idx]
+        logp = z - (np.log(np.sum(np.exp(z - z.max()))) + z.max())
+        logq = q - (np.log(np.sum(np.exp(q - q.max()))) + q.max())
+        out[idx] = sum(math.exp(logp[v]) * (logp[v] - logq[v]) for v in range(len(z)))
+    return out
+
+
+def entropy(logits):
+    logits = f64(logits)
+    out = np.zeros(logits.shape[:-1])
+    for idx in np.ndindex(*logits.shape[:-1]):
+        z = logits[idx]
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        out[idx] = -sum(p[v] * math.log(p[v]) for v in range(len(z)) if p[v] > 0)
+    return out
+
+
+# ---------------------------------------------------------------- losses
+def ratio_of(old, lp):
+    return np.exp(np.clip(f64(lp) - f64(old), -20, 20))
+
+
+def policy_vanilla(old, lp, adv, m, lo, hi, c, mode="token-mean"):
+    old, lp, adv, m = f64(old), f64(lp), f64(adv), f64(m)
+    B, T = lp.shape
+    loss = np.zeros((B, T))
+    clip, lower = np.zeros((B, T)), np.zeros((B, T))
+    for b in range(B):
+        for t in range(T):
+            r = math.exp(min(max(lp[b, t] - old[b, t], -20), 20))
+            a = adv[b, t]
+            l1, l2 = -a * r, -a * min(max(r, 1 - lo), 1 + hi)
+            lc = max(l1, l2)
+            l3 = -a * c
+            loss[b, t] = min(l3, lc) if a < 0 else lc
+            clip[b, t] = float(l2 > l1)
+            lower[b, t] = float(lc > l3 and a < 0)
+    return agg_loss(loss, m, mode), dict(
+        pg_clipfrac=masked_mean(clip, m), pg_clipfrac_lower=masked_mean(lower, m),
+        ppo_kl=masked_mean(-np.clip(lp - old, -20, 20), m))
+
+
+def policy_gspo(old, lp, adv, m, lo, hi):
+    old, lp, adv, m = f64(old), f64(lp), f64(adv), f64(m)
+    B, T = lp.shape
+    loss = np.zeros((B, T))
+    for b in range(B):
+        n = m[b].sum()
+        s_log = sum((lp[b, t] - old[b, t]) for t in range(T) if m[b, t]) / n if n else 0.0
+        s = math.exp(min(s_log, 10.0))
+        for t in range(T):
+            a = adv[b, t]
+            loss[b, t] = max(-a * s, -a * min(max(s, 1 - lo), 1 + hi))
+    return agg_loss(loss, m, "seq-mean-token-mean")
+
+
+def policy_gpg(old, lp, adv, m, mode):
+    return agg_loss(-f64(lp) * f64(adv), m, mode)
+
+
+def policy_cispo(old, lp, adv, m, lo, hi, mode):
+    w = np.clip(ratio_of(old, lp), 1 - lo, 1 + hi)
+    return agg_loss(-w * f64(adv) * f64(lp), m, mode)
+
+
+def policy_geo_mean(old, lp, adv, m, lo, hi):
+    old, lp, adv, m = f64(old), f64(lp), f64(adv), f64(m)
+    B, T = lp.shape
+    rows = []
+    for b in range(B):
+        n = m[b].sum()
+        if n == 0:
+            continue
+        acc, adv_sum = 0.0, 0.0
+        for t in range(T):
+            if not m[b, t]:
+                continue
+            x = min(max(lp[b, t] - old[b, t], -20), 20)
+            a = adv[b, t]
+            if a > 0:
+                x = min(x, hi)        # only the upside is clipped for a good action
+            elif a < 0:
+                x = max(x, -lo)
+            else:
+                x = 0.0
+            acc += x
+            adv_sum += a
+        rows.append(-(adv_sum / n) * math.exp(acc / n))
+    return float(np.mean(rows)) if rows else 0.0
+
+
+def policy_kl_cov(old, lp, adv, m, ratio, coef, mode):
+    old, lp, adv, m = f64(old), f64(lp), f64(adv), f64(m)
+    B, T = lp.shape
+    valid = [(b, t) for b in range(B) for t in range(T) if m[b, t]]
+    loss = -adv * ratio_of(old, lp)
+    if valid:
+        a_mean = np.mean([adv[i] for i in valid])
+        l_mean = np.mean([lp[i] for i in valid])
+        cov = [(adv[i] - a_mean) * (lp[i] - l_mean) for i in valid]
+        k = max(1, int(len(valid) * ratio))
+        order = sorted(range(len(valid)), key=lambda j: -cov[j])  # stable: ties by position
+        for j in order[:k]:
+            b, t = valid[j]
+            loss[b, t] += coef * abs(min(max(lp[b, t] - old[b, t], -20), 20))
+    return agg_loss(loss, m, mode)
+
+
+def value_loss(vpreds, values, returns, m, c, mode="token-mean"):
+    v, vo, ret, m = f64(vpreds), f64(values), f64(returns), f64(m)
+    vclip = np.clip(v, vo - c, vo + c)
+    l1, l2 = (v - ret) ** 2, (vclip - ret) ** 2
+    return 0.5 * agg_loss(np.maximum(l1, l2), m, mode), masked_mean((l2 > l1).astype(float), m)
+
+
+# ---------------------------------------------------------------- advantages
+def _scores(r, m):
+    r, m = f64(r), f64(m)
+    return np.array([sum(r[b, t] for t in range(r.shape[1]) if m[b, t]) for b in range(r.shape[0])])
+
+
+def _groups(index, m):
+    """group id -> list of real rows (rows with >= 1 valid token)."""
+    groups = defaultdict(list)
+    for b in range(len(index)):
+        if f64(m)[b].sum() > 0:
+            groups[int(index[b])].append(b)
+    return groups
+
+
+def _broadcast(score, m):
+    return f64(score)[:, None] * f64(m)
+
+
+def gae(r, v, m, gamma, lam):
+    r, v, m = f64(r) * f64(m), f64(v) * f64(m), f64(m)
+    B, T = r.shape
+    adv = np.zeros((B, T))
+    for b in range(B):
+        next_v, last = 0.0, 0.0
+        for t in reversed(range(T)):
+            delta = r[b, t] + gamma * next_v - v[b, t]
+            g = delta + gamma * lam * last
+            if m[b, t]:
+                next_v, last = v[b, t], g
+            adv[b, t] = last
+    returns = (adv + v) * m
+    return masked_whiten(adv, m) * m, returns
+
+
+def grpo(r, m, index, norm=True, eps=1e-6):
+    s = _scores(r, m)
+    out = np.zeros(len(s))
+    for rows in _groups(index, m).values():
+        vals = s[rows]
+        if len(rows) == 1:
+            mean, std = 0.0, 1.0
+        else:
+            mean, std = vals.mean(), vals.std(ddof=1)
+        for b in rows:
+            out[b] = (s[b] - mean) / (std + eps) if norm else s[b] - mean
+    return _broadcast(out, m)
+
+
+def grpo_passk(r, m, index, norm=True, eps=1e-6):
+    s = _scores(r, m)
+    out = np.zeros(len(s))
+    for rows in _groups(index, m).values():
+        if len(rows) < 2:
+            continue
+        vals = [s[b] for b in rows]
+        best = rows[int(np.argmax(vals))]          # first of the tied maxima
+        second = max(s[b] for b in rows if b != best)
+        a = s[best] - second
+        if norm:
+            a /= np.std(vals, ddof=1) + eps
+        out[best] = a
+    return _broadcast(out, m)
+
+
+def rloo(r, m, index):
+    s = _scores(r, m)
+    out = np.zeros(len(s))
+    for rows in _groups(index, m).values():
+        for b in rows:
+            others = [s[j] for j in rows if j != b]
+            out[b] = s[b] - np.mean(others) if others else s[b]
+    return _broadcast(out, m)
+
+
+def reinforce_pp(r, m, gamma):
+    r, m = f64(r) * f64(m), f64(m)
+    B, T = r.shape
+    ret = np.zeros((B, T))
+    for b in range(B):
+        running = 0.0
+        for t in reversed(range(T)):
+            running = r[b, t] + gamma * running
+            ret[b, t] = running * m[b, t]
+            running *= m[b, t]
+    return masked_whiten(ret, m) * m, ret
+
+
+def reinforce_pp_baseline(r, m, index):
+    s = _scores(r, m)
+    out = np.zeros(len(s))
+    for rows in _groups(index, m).values():
+        mean = 0.0 if len(rows) == 1 else np.mean(s[rows])
+        for b in rows:
+            out[b] = s[b] - mean
+    a = _broadcast(out, m)
+    return masked_whiten(a, m) * f64(m)
+
+
+def remax(r, m, baselines):
+    r, m = f64(r) * f64(m), f64(m)
+    B, T = r.shape
+    ret = np.zeros((B, T))
+    for b in range(B):
+        for t in range(T):
+            ret[b, t] = r[b, t:].sum() * m[b, t]
+    return ret - f64(baselines)[:, None] * m, ret
+
+
+def opo(r, m, index):
+    s = _scores(r, m)
+    lengths = f64(m).sum(-1)
+    out = np.zeros(len(s))
+    for rows in _groups(index, m).values():
+        bsl = 0.0 if len(rows) == 1 else sum(lengths[b] * s[b] for b in rows) / sum(lengths[b] for b in rows)
+        for b in rows:
+            out[b] = s[b] - bsl
+    return _broadcast(out, m)
+
+
+def gpg(r, m, index):
+    s = _scores(r, m)
+    real = [b for b in range(len(s)) if f64(m)[b].sum() > 0]
+    alpha = len(real) / max(1, sum(1 for b in real if s[b] != 0))
+    out = np.zeros(len(s))
+    for rows in _groups(index, m).values():
+        mean = 0.0 if len(rows) == 1 else np.mean(s[rows])
+        for b in rows:
+            out[b] = alpha * (s[b] - mean)
+    return _broadcast(out, m)

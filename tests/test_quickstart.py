@@ -1,0 +1,46 @@
+"""The README's main job, run the way a user runs it: `python train.py --config configs/quickstart.py`."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VAL_KEY = "val-core/jaxrlhf/recall/reward/mean@1"
+
+
+def _run_quickstart(tmp_path, *flags):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as `make train`
+  result = subprocess.run(
+      [sys.executable, "train.py", "--config", "configs/quickstart.py",
+       f"--config.trainer.default_local_dir={tmp_path}", *flags],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  run_dir = tmp_path / "quickstart" / "recall_ppo"
+  with open(run_dir / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  return run_dir, records, result
+
+
+def test_short_quickstart_improves_validation_reward(tmp_path):
+  _, records, _ = _run_quickstart(tmp_path, "--config.trainer.total_training_steps=60",
+                                  "--config.trainer.test_freq=60", "--config.trainer.logger=('jsonl',)")
+  val = [r[VAL_KEY] for r in records if VAL_KEY in r]
+  assert len(val) == 2
+  assert val[1] >= val[0] + 0.15, val
+
+
+@pytest.mark.slow
+def test_full_quickstart_learns_and_writes_metrics_and_plot(tmp_path):
+  run_dir, records, result = _run_quickstart(tmp_path)
+  val = [r[VAL_KEY] for r in records if VAL_KEY in r]
+  assert val[0] <= 0.2 and val[-1] >= val[0] + 0.5, val
+  train = [r for r in records if "training/global_step" in r]
+  assert len(train) == 300 and [r["step"] for r in train] == list(range(1, 301))
+  for record in train:
+    for key in ("critic/score/mean", "actor/kl_loss", "actor/pg_loss", "critic/vf_loss", "perf/throughput"):
+      assert key in record and record[key] == record[key] and abs(record[key]) < 1e6, (key, record.get(key))
+  assert (run_dir / "metrics.png").stat().st_size > 10_000
+  assert "recall_ppo" in result.stderr and "reward=" in result.stderr  # the progress bar
