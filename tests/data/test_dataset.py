@@ -1,0 +1,103 @@
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jaxrlhf.data import BatchSchedule, DataError, build_dataset, load_rows
+from jaxrlhf.data.builtin import RECALL_DATA_SOURCE, build_tokenizer, recall_rows
+from jaxrlhf.trainer.reward import decode_responses, make_reward_fn
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+  from transformers import AutoTokenizer
+  path = tmp_path_factory.mktemp("tok")
+  build_tokenizer(save_dir=str(path))
+  return AutoTokenizer.from_pretrained(str(path))
+
+
+def _row(content, truth="7", source=RECALL_DATA_SOURCE):
+  return {"data_source": source, "prompt": [{"role": "user", "content": content}], "ability": "recall",
+          "reward_model": {"style": "rule", "ground_truth": truth}, "extra_info": {"index": 0}}
+
+
+def test_tokenizer_round_trips_through_save_pretrained(tokenizer):
+  text = tokenizer.apply_chat_template([{"role": "user", "content": "last : 5 8 2 7"}], add_generation_prompt=True,
+                                       tokenize=False)
+  ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+  assert tokenizer.convert_ids_to_tokens(ids) == ["<|user|>", "last", ":", "5", "8", "2", "7", "<|assistant|>"]
+  assert tokenizer.decode(tokenizer("#### 7")["input_ids"]) == "#### 7"
+
+
+def test_parquet_and_jsonl_rows_are_left_padded(tmp_path, tokenizer):
+  rows = [_row("last : 1 2 3 4"), _row("first : 9 9")]
+  pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+  with open(tmp_path / "train.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  for name in ("train.parquet", "train.jsonl"):
+    data = build_dataset(str(tmp_path / name), tokenizer, max_prompt_length=10)
+    assert data.input_ids.shape == (2, 10)
+    np.testing.assert_array_equal(data.attention_mask.sum(1), [8, 6])
+    assert data.attention_mask[1, :4].sum() == 0 and data.input_ids[1, 0] == tokenizer.pad_token_id
+    assert data.ground_truths == ["7", "7"] and data.data_sources == [RECALL_DATA_SOURCE] * 2
+
+
+def test_overlong_prompts_truncate_filter_or_error(tmp_path, tokenizer):
+  path = tmp_path / "rows.jsonl"
+  path.write_text(json.dumps(_row("last : 1 2 3 4 5 6")) + "\n" + json.dumps(_row("first : 1")) + "\n")
+  with pytest.raises(DataError, match="max_prompt_length=6"):
+    build_dataset(str(path), tokenizer, max_prompt_length=6)
+  filtered = build_dataset(str(path), tokenizer, max_prompt_length=6, filter_overlong_prompts=True)
+  assert len(filtered) == 1 and filtered.num_filtered == 1
+  left = build_dataset(str(path), tokenizer, max_prompt_length=6, truncation="left")
+  assert tokenizer.convert_ids_to_tokens(left.input_ids[0].tolist())[-1] == "<|assistant|>"
+
+
+def test_bad_inputs_name_file_and_column(tmp_path, tokenizer):
+  with pytest.raises(DataError, match="missing.parquet"):
+    load_rows(str(tmp_path / "missing.parquet"))
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps({"question": "x", "data_source": "gsm8k"}) + "\n")
+  with pytest.raises(DataError, match="'prompt'"):
+    build_dataset(str(bad), tokenizer, max_prompt_length=8)
+  with pytest.raises(ValueError, match="unknown built-in task"):
+    load_rows("builtin:nope:train")
+
+
+def test_recall_split_is_disjoint_and_answers_are_right():
+  train, test = recall_rows("train"), recall_rows("test")
+  assert len(test) == 256 and len(train) == 2 * 10**4 - 256
+  prompts = lambda rows: {r["prompt"][0]["content"] for r in rows}
+  assert not prompts(train) & prompts(test)
+  for row in test[:20]:
+    which, _, *digits = row["prompt"][0]["content"].split()
+    assert row["reward_model"]["ground_truth"] == (digits[0] if which == "first" else digits[-1])
+
+
+def test_batch_schedule_is_deterministic_and_reshuffles_each_epoch():
+  a, b = BatchSchedule(10, 4, seed=3), BatchSchedule(10, 4, seed=3)
+  assert a.batches_per_epoch == 2  # drop_last
+  np.testing.assert_array_equal(a.indices(5), b.indices(5))
+  epoch0 = np.concatenate([a.indices(0), a.indices(1)])
+  epoch1 = np.concatenate([a.indices(2), a.indices(3)])
+  assert len(set(epoch0)) == 8 and len(set(epoch1)) == 8 and not np.array_equal(epoch0, epoch1)
+  np.testing.assert_array_equal(BatchSchedule(10, 5, seed=0, shuffle=False).indices(1), np.arange(5, 10))
+
+
+def test_reward_callback_decodes_and_scores_by_sample_index(tmp_path, tokenizer):
+  import jax
+  import jax.numpy as jnp
+  rows = [_row("last : 1 2 3 7"), _row("first : 4 1 1 1", truth="4")]
+  path = tmp_path / "rows.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  dataset = build_dataset(str(path), tokenizer, max_prompt_length=10)
+  ids = lambda text: tokenizer(text)["input_ids"]
+  responses = np.array([ids("#### 7 <eos>"), ids("#### 5 <eos>")], np.int32)
+  mask = np.ones_like(responses)
+  assert decode_responses(tokenizer, responses, mask) == ["#### 7", "#### 5"]
+  reward_fn = jax.jit(make_reward_fn(tokenizer, dataset))
+  scores = reward_fn(jnp.asarray(responses), jnp.asarray(mask), jnp.asarray([0, 1], jnp.int32))
+  np.testing.assert_array_equal(np.asarray(scores), [1.0, 0.0])
+
