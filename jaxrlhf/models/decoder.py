@@ -1,7 +1,13 @@
-"""Llama-style decoder: RMSNorm, rotate-half RoPE, GQA attention, SwiGLU MLP, optional KV cache.
+"""Decoder family (Llama, Qwen2/2.5, Qwen3, Mistral): RMSNorm, rotate-half RoPE, GQA attention, SwiGLU MLP.
+
+One module family with config switches instead of one copy per model: biases on q/k/v (Qwen2,
+Llama `attention_bias`), on o_proj and the MLP (Llama `attention_bias` / `mlp_bias`), per-head q/k
+RMSNorm (Qwen3), an explicit `head_dim`, a sliding attention window (Mistral), Llama-3 / linear RoPE
+scaling, tied or untied embeddings.
 
 One backbone serves three heads: the language-model head (actor, reference), a scalar value head
-(critic, named `score` as in HF token classification) and, later, a reward head. Every parameter
+(critic; `score` with a bias, HF `*ForTokenClassification` with num_labels=1, verl's critic format)
+and a scalar reward head (`score` without bias, HF `*ForSequenceClassification`). Every parameter
 carries logical axis names (`embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `vocab`); the layouts in
 `jaxrlhf.parallel.layouts` map them to mesh axes.
 
@@ -9,24 +15,37 @@ Attention works in two modes with one code path:
 - no cache: causal self-attention over the given tokens, keys masked by `kv_mask_BxS` (padding);
 - cache: the new keys/values are written at `cache_index` into a preallocated cache of length S and
   queries attend to every cached position <= their own index that `kv_mask_BxS` marks valid.
+The sliding window, like HF's, counts sequence (cache) indices, not token positions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _MASK_VALUE = -1e9  # finite, so a query with no valid key (a left pad) gives no NaN
+HEADS = ("lm", "value", "reward")
+ROPE_TYPES = ("default", "linear", "llama3")
+# Gradient checkpointing of each decoder layer: which intermediates the backward pass may keep.
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
-  """Hyper-parameters with HF config.json names."""
+  """Hyper-parameters with HF config.json names where HF has one (`hf_io.load_hf_config` maps the rest)."""
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -38,8 +57,28 @@ class DecoderConfig:
   rms_norm_eps: float = 1e-6
   tie_word_embeddings: bool = False
   max_position_embeddings: int = 2048
-  dtype: str = "float32"
+  dtype: str = "float32"  # compute dtype
   param_dtype: str = "float32"
+  model_type: str = "llama"  # HF model_type, written back on export
+  qkv_bias: bool = False  # Qwen2 always, Llama/Qwen3 with attention_bias
+  o_bias: bool = False  # Llama/Qwen3 attention_bias (Qwen2 never)
+  mlp_bias: bool = False  # Llama mlp_bias
+  qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+  sliding_window: int | None = None  # keys with index <= query index - window are masked
+  sliding_window_start_layer: int = 0  # Qwen2/3 max_window_layers: first layer that uses the window
+  rope_type: str = "default"  # one of ROPE_TYPES
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0  # llama3
+  rope_high_freq_factor: float = 4.0  # llama3
+  rope_original_max_position_embeddings: int = 8192  # llama3
+  remat_policy: str = "none"  # one of REMAT_POLICIES
+
+  def __post_init__(self):
+    for name, value, allowed in (("dtype", self.dtype, _DTYPES), ("param_dtype", self.param_dtype, _DTYPES),
+                                 ("rope_type", self.rope_type, ROPE_TYPES),
+                                 ("remat_policy", self.remat_policy, REMAT_POLICIES)):
+      if value not in allowed:
+        raise ValueError(f"model config {name}={value!r} is not supported; expected one of {list(allowed)}")
 
   @property
   def resolved_head_dim(self) -> int:
@@ -67,18 +106,48 @@ class RMSNorm(nn.Module):
   eps: float
   dtype: Any
   param_dtype: Any
+  axis_name: str = "embed"
 
   @nn.compact
   def __call__(self, x):
-    weight = self.param("weight", _init(nn.initializers.ones, ("embed",)), (x.shape[-1],), self.param_dtype)
+    weight = self.param("weight", _init(nn.initializers.ones, (self.axis_name,)), (x.shape[-1],), self.param_dtype)
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return (x32 * weight.astype(jnp.float32)).astype(self.dtype)
 
 
-def rope_cos_sin(positions_BxL, head_dim: int, theta: float):
-  """HF rotate-half RoPE tables, fp32: cos/sin of shape [B, L, head_dim]."""
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+def rope_inv_freq(config: DecoderConfig) -> np.ndarray:
+  """Inverse frequencies [head_dim/2] fp32, with the config's scaling (HF `ROPE_INIT_FUNCTIONS`)."""
+  head_dim = config.resolved_head_dim
+  exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+  inv_freq = (1.0 / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
+  if config.rope_type == "linear":
+    inv_freq = inv_freq / np.float32(config.rope_factor)
+  elif config.rope_type == "llama3":
+    # Llama 3.1: long wavelengths slowed down by `factor`, short ones kept, a smooth blend in between.
+    factor, low, high = config.rope_factor, config.rope_low_freq_factor, config.rope_high_freq_factor
+    old_context = config.rope_original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    inv_freq = np.where(is_medium, smoothed, scaled)
+  return inv_freq.astype(np.float32)
+
+
+def rope_cos_sin(positions_BxL, head_dim_or_config, theta: float | None = None):
+  """HF rotate-half RoPE tables, fp32: cos/sin of shape [B, L, head_dim].
+
+  Takes a DecoderConfig (any rope scaling) or, as before, `head_dim, theta` (unscaled).
+  """
+  if isinstance(head_dim_or_config, DecoderConfig):
+    inv_freq = jnp.asarray(rope_inv_freq(head_dim_or_config))
+  else:
+    inv_freq = jnp.asarray(rope_inv_freq(DecoderConfig(
+        vocab_size=1, hidden_size=head_dim_or_config, intermediate_size=1, num_hidden_layers=1,
+        num_attention_heads=1, num_key_value_heads=1, rope_theta=theta)))
   freqs_BxLxH2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
   emb_BxLxH = jnp.concatenate([freqs_BxLxH2, freqs_BxLxH2], axis=-1)
   return jnp.cos(emb_BxLxH), jnp.sin(emb_BxLxH)
@@ -95,6 +164,7 @@ def apply_rope(x_BxLxNxH, cos_BxLxH, sin_BxLxH):
 
 class Attention(nn.Module):
   config: DecoderConfig
+  sliding_window: int | None = None
 
   @nn.compact
   def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None):
@@ -102,11 +172,16 @@ class Attention(nn.Module):
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     num_heads, num_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.resolved_head_dim
     dense = lambda features, names, name: nn.DenseGeneral(
-        features, use_bias=False, dtype=dtype, param_dtype=param_dtype, name=name,
-        kernel_init=_init(nn.initializers.normal(0.02), names))
+        features, use_bias=cfg.qkv_bias, dtype=dtype, param_dtype=param_dtype, name=name,
+        kernel_init=_init(nn.initializers.normal(0.02), names),
+        bias_init=_init(nn.initializers.zeros_init(), names[1:]))
     q_BxLxNxH = dense((num_heads, head_dim), ("embed", "heads", "head_dim"), "q_proj")(x_BxLxD)
     k_BxLxKxH = dense((num_kv, head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")(x_BxLxD)
     v_BxLxKxH = dense((num_kv, head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")(x_BxLxD)
+    if cfg.qk_norm:
+      head_norm = lambda name: RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, axis_name="head_dim", name=name)
+      q_BxLxNxH = head_norm("q_norm")(q_BxLxNxH)
+      k_BxLxKxH = head_norm("k_norm")(k_BxLxKxH)
     q_BxLxNxH = apply_rope(q_BxLxNxH, cos_BxLxH, sin_BxLxH)
     k_BxLxKxH = apply_rope(k_BxLxKxH, cos_BxLxH, sin_BxLxH)
 
@@ -117,7 +192,7 @@ class Attention(nn.Module):
       new_cache = None
     else:
       zero = jnp.zeros((), jnp.int32)
-      start = (zero, cache_index.astype(jnp.int32), zero, zero)
+      start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
       keys_BxSxKxH = jax.lax.dynamic_update_slice(cache["k"], k_BxLxKxH.astype(cache["k"].dtype), start)
       values_BxSxKxH = jax.lax.dynamic_update_slice(cache["v"], v_BxLxKxH.astype(cache["v"].dtype), start)
       query_index_L = cache_index + jnp.arange(length)
@@ -128,14 +203,18 @@ class Attention(nn.Module):
     q_BxLxKxGxH = q_BxLxNxH.reshape(batch, length, num_kv, group, head_dim)
     scores_BxKxGxLxS = jnp.einsum("blkgh,bskh->bkgls", q_BxLxKxGxH, keys_BxSxKxH.astype(dtype),
                                   preferred_element_type=jnp.float32) / jnp.sqrt(head_dim).astype(jnp.float32)
-    allowed_BxLxS = (key_index_S[None, None, :] <= query_index_L[None, :, None]) & (kv_mask_BxS[:, None, :] > 0)
+    allowed_LxS = key_index_S[None, :] <= query_index_L[:, None]
+    if self.sliding_window is not None:
+      allowed_LxS &= key_index_S[None, :] > query_index_L[:, None] - self.sliding_window
+    allowed_BxLxS = allowed_LxS[None] & (kv_mask_BxS[:, None, :] > 0)
     scores_BxKxGxLxS = jnp.where(allowed_BxLxS[:, None, None], scores_BxKxGxLxS, _MASK_VALUE)
     probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(dtype)
     out_BxLxKxGxH = jnp.einsum("bkgls,bskh->blkgh", probs_BxKxGxLxS, values_BxSxKxH.astype(dtype))
     out_BxLxNxH = out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim)
     out_BxLxD = nn.DenseGeneral(
-        cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=dtype, param_dtype=param_dtype, name="o_proj",
-        kernel_init=_init(nn.initializers.normal(0.02), ("heads", "head_dim", "embed")))(out_BxLxNxH)
+        cfg.hidden_size, axis=(-2, -1), use_bias=cfg.o_bias, dtype=dtype, param_dtype=param_dtype, name="o_proj",
+        kernel_init=_init(nn.initializers.normal(0.02), ("heads", "head_dim", "embed")),
+        bias_init=_init(nn.initializers.zeros_init(), ("embed",)))(out_BxLxNxH)
     return out_BxLxD, new_cache
 
 
@@ -147,8 +226,9 @@ class MLP(nn.Module):
     cfg = self.config
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     dense = lambda features, names, name: nn.Dense(
-        features, use_bias=False, dtype=dtype, param_dtype=param_dtype, name=name,
-        kernel_init=_init(nn.initializers.normal(0.02), names))
+        features, use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=param_dtype, name=name,
+        kernel_init=_init(nn.initializers.normal(0.02), names),
+        bias_init=_init(nn.initializers.zeros_init(), names[1:]))
     gate_BxLxF = dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj")(x_BxLxD)
     up_BxLxF = dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj")(x_BxLxD)
     return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj")(nn.silu(gate_BxLxF) * up_BxLxF)
@@ -156,22 +236,31 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
   config: DecoderConfig
+  sliding_window: int | None = None
 
   @nn.compact
   def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None):
     cfg = self.config
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], name=name)
-    attn_BxLxD, new_cache = Attention(cfg, name="self_attn")(
+    attn_BxLxD, new_cache = Attention(cfg, self.sliding_window, name="self_attn")(
         norm("input_layernorm")(x_BxLxD), cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index)
     x_BxLxD = x_BxLxD + attn_BxLxD
     x_BxLxD = x_BxLxD + MLP(cfg, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
     return x_BxLxD, new_cache
 
 
+def _layer_class(config: DecoderConfig):
+  policy = REMAT_POLICIES[config.remat_policy]
+  if policy is None:
+    return DecoderLayer
+  return nn.remat(DecoderLayer, policy=policy, prevent_cse=True)
+
+
 class Decoder(nn.Module):
   """Backbone plus one head.
 
-  head="lm": returns (logits_BxLxV fp32, cache); head="value": returns (values_BxL fp32, cache).
+  head="lm": returns (logits_BxLxV fp32, cache); head="value" / "reward": returns (scores_BxL fp32, cache)
+  (a reward model's score of a sequence is the score at its last valid token: `reward_model_scores`).
   `positions_BxL` are token positions (left padding makes them differ per row); `kv_mask_BxS` marks
   valid keys: the attention mask without cache, the whole cache's validity with one.
   """
@@ -181,26 +270,30 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, input_ids_BxL, positions_BxL, kv_mask_BxS, cache=None, cache_index=None):
     cfg = self.config
+    if self.head not in HEADS:
+      raise ValueError(f"Decoder head={self.head!r} is not one of {HEADS}")
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
                      embedding_init=_init(nn.initializers.normal(0.02), ("vocab", "embed")),
                      name="embed_tokens")
     x_BxLxD = embed(input_ids_BxL)
-    cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg.resolved_head_dim, cfg.rope_theta)
+    cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
+    layer_class = _layer_class(cfg)
     new_cache = [] if cache is not None else None
     for i in range(cfg.num_hidden_layers):
-      x_BxLxD, layer_cache = DecoderLayer(cfg, name=f"layers_{i}")(
+      window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
+      x_BxLxD, layer_cache = layer_class(cfg, window, name=f"layers_{i}")(
           x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS,
           None if cache is None else cache[i], cache_index)
       if cache is not None:
         new_cache.append(layer_cache)
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
 
-    if self.head == "value":
-      values_BxLx1 = nn.Dense(1, use_bias=False, dtype=jnp.float32, param_dtype=param_dtype, name="score",
-                              kernel_init=_init(nn.initializers.normal(0.02), ("embed", None)))(
-                                  x_BxLxD.astype(jnp.float32))
-      return values_BxLx1[..., 0], new_cache
+    if self.head in ("value", "reward"):
+      scores_BxLx1 = nn.Dense(1, use_bias=self.head == "value", dtype=jnp.float32, param_dtype=param_dtype,
+                              name="score", kernel_init=_init(nn.initializers.normal(0.02), ("embed", None)),
+                              bias_init=_init(nn.initializers.zeros_init(), (None,)))(x_BxLxD.astype(jnp.float32))
+      return scores_BxLx1[..., 0], new_cache
     if cfg.tie_word_embeddings:
       logits_BxLxV = embed.attend(x_BxLxD)
     else:
@@ -225,12 +318,30 @@ def positions_from_mask(mask_BxL):
   return jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def last_valid_index(mask_BxL):
+  """Index of each row's rightmost valid token (right or left padding alike); 0 for an empty row."""
+  index_L = jnp.arange(mask_BxL.shape[-1], dtype=jnp.int32)
+  return jnp.argmax(jnp.where(mask_BxL > 0, index_L, -1), axis=-1)
+
+
+def reward_model_scores(model: Decoder, params, input_ids_BxL, attention_mask_BxL):
+  """Reward model (head="reward") score of each sequence at its last valid token: [B] fp32."""
+  if model.head != "reward":
+    raise ValueError(f"reward_model_scores needs a Decoder with head='reward', got head={model.head!r}")
+  mask_BxL = attention_mask_BxL.astype(jnp.int32)
+  scores_BxL, _ = model.apply({"params": params}, input_ids_BxL, positions_from_mask(mask_BxL), mask_BxL)
+  return jnp.take_along_axis(scores_BxL, last_valid_index(mask_BxL)[:, None], axis=-1)[:, 0]
+
+
+def _logical_axes(boxed):
+  return jax.tree.map(lambda b: tuple(b.names), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
 def init_params(model: Decoder, rng, seq_len: int = 8):
   """Returns (params, logical_axes): raw arrays and a same-shaped tree of logical-axis tuples."""
   ids = jnp.zeros((1, seq_len), jnp.int32)
   boxed = model.init(rng, ids, positions_from_mask(jnp.ones_like(ids)), jnp.ones_like(ids))["params"]
-  logical_axes = jax.tree.map(lambda b: tuple(b.names), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
-  return nn.unbox(boxed), logical_axes
+  return nn.unbox(boxed), _logical_axes(boxed)
 
 
 def abstract_params(model: Decoder, seq_len: int = 8):
@@ -238,6 +349,4 @@ def abstract_params(model: Decoder, seq_len: int = 8):
   boxed = jax.eval_shape(
       lambda: model.init(jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32),
                          jnp.zeros((1, seq_len), jnp.int32), jnp.ones((1, seq_len), jnp.int32))["params"])
-  logical_axes = jax.tree.map(lambda b: tuple(b.names), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
-  shapes = nn.unbox(boxed)
-  return shapes, logical_axes
+  return nn.unbox(boxed), _logical_axes(boxed)

@@ -68,10 +68,11 @@ def token_log_probs(logits_BxLxV, tokens_BxL, temperature: float):
 
 
 def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_mask_BxP, rng,
-             sampling: SamplingParams):
+             sampling: SamplingParams, constrain_cache: Callable | None = None):
   """Samples up to `max_new_tokens` per left-padded prompt.
 
   `apply_fn(params, ids_BxL, positions_BxL, kv_mask_BxS, cache, cache_index) -> (logits, cache)`.
+  `constrain_cache(cache) -> cache` pins the KV cache's sharding (batch and kv-heads) on a mesh.
   Returns dict(responses [B,R] int32 (pad after EOS), response_mask [B,R] int32,
   rollout_log_probs [B,R] fp32, num_steps scalar).
   """
@@ -81,7 +82,8 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
   eos_E = jnp.asarray(sampling.eos_token_ids, jnp.int32)
   prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
 
-  cache = init_cache(model_config, batch, total_len)
+  constrain_cache = constrain_cache or (lambda cache: cache)
+  cache = constrain_cache(init_cache(model_config, batch, total_len))
   kv_mask_BxS = jnp.concatenate([prompt_mask_BxP, jnp.zeros((batch, response_len), jnp.int32)], axis=1)
   logits_BxPxV, cache = apply_fn(params, prompt_ids_BxP, positions_from_mask(prompt_mask_BxP),
                                  kv_mask_BxS, cache, jnp.int32(0))
@@ -111,6 +113,7 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
     positions_Bx1 = (prompt_lengths_B + step)[:, None]
     next_logits_Bx1xV, cache = apply_fn(params, token_B[:, None], positions_Bx1, kv_mask_BxS, cache,
                                         prompt_len + step)
+    cache = constrain_cache(cache)
     return (step + 1, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, next_logits_Bx1xV[:, 0])
 
   carry = (jnp.int32(0),

@@ -23,14 +23,26 @@ from jaxrlhf.trainer.state import TrainState, apply_gradients
 
 @dataclasses.dataclass(frozen=True)
 class StepLayouts:
-  """Shardings the step constrains to: generation-layout actor params and the batch layout."""
-  actor_generation: Any = None  # tree of NamedSharding, or None (single device / no resharding)
-  batch: Callable[[tuple[int, ...]], Any] | None = None  # shape -> NamedSharding of a batch-major array
+  """Shardings the step constrains to; all None on a single device (nothing to constrain)."""
+  actor_generation: Any = None  # tree of NamedSharding: the actor's generation layout
+  batch: Callable[[tuple[int, ...]], Any] | None = None  # shape -> sharding of a batch-major array (train)
+  generation_batch: Callable[[tuple[int, ...]], Any] | None = None  # the same during generation
+  cache: Callable[[tuple[int, ...]], Any] | None = None  # shape -> sharding of a KV-cache array
+
+  @staticmethod
+  def _constrain(tree, sharding_of):
+    if sharding_of is None:
+      return tree
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding_of(x.shape)), tree)
 
   def constrain_batch(self, tree):
-    if self.batch is None:
-      return tree
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.batch(x.shape)), tree)
+    return self._constrain(tree, self.batch)
+
+  def constrain_generation_batch(self, tree):
+    return self._constrain(tree, self.generation_batch or self.batch)
+
+  def constrain_cache(self, cache):
+    return self._constrain(cache, self.cache)
 
   def to_generation(self, params):
     if self.actor_generation is None:
@@ -70,6 +82,9 @@ class PPOStep:
     actor = config.actor_rollout_ref.actor
     self.use_critic = bool(config.critic.enable)
     self.use_reference = bool(actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+    # One mini-batch, one epoch: every gradient is taken at the rollout policy itself. As verl does,
+    # use the current log-prob (stopped) as the old one, so the ratio is exactly 1, not 1 +- rounding.
+    self.actor_on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
 
   # ----- model calls -------------------------------------------------------------------------
 
@@ -106,8 +121,9 @@ class PPOStep:
     mask = micro["response_mask"]
     logits_NxRxV = self.response_logits(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
     log_prob = token_log_probs(logits_NxRxV, micro["responses"], self.temperature)
+    old_log_prob = jax.lax.stop_gradient(log_prob) if self.actor_on_policy else micro["old_log_probs"]
     pg_loss, pg_metrics = algos.compute_policy_loss(
-        micro["old_log_probs"], log_prob, micro["advantages"], mask,
+        old_log_prob, log_prob, micro["advantages"], mask,
         loss_mode=actor.policy_loss.loss_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
         clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
         loss_agg_mode=actor.loss_agg_mode, rng=rng, **normalizers)
@@ -201,12 +217,13 @@ class PPOStep:
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
     sample_index_N = jnp.repeat(batch["sample_index"], n, axis=0)
     group_index_N = jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n)
-    prompts_NxP, prompt_mask_NxP = self.layouts.constrain_batch((prompts_NxP, prompt_mask_NxP))
 
     # 2. generate in the generation layout (the gathered copy lives only inside this phase).
     generation_params = self.layouts.to_generation(state.actor_params)
-    rollout = generate(self.actor_apply, generation_params, self.model_config, prompts_NxP, prompt_mask_NxP,
-                       gen_key, self.sampling)
+    rollout = generate(self.actor_apply, generation_params, self.model_config,
+                       *self.layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP)),
+                       gen_key, self.sampling, constrain_cache=self.layouts.constrain_cache)
+    prompts_NxP, prompt_mask_NxP = self.layouts.constrain_batch((prompts_NxP, prompt_mask_NxP))
     responses_NxR, response_mask_NxR = self.layouts.constrain_batch(
         (rollout["responses"], rollout["response_mask"]))
     mask_f = response_mask_NxR.astype(jnp.float32)
@@ -319,9 +336,9 @@ def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Calla
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
     sample_index_N = jnp.repeat(batch["sample_index"], n, axis=0)
-    prompts_NxP, prompt_mask_NxP = layouts.constrain_batch((prompts_NxP, prompt_mask_NxP))
+    prompts_NxP, prompt_mask_NxP = layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP))
     rollout = generate(step.actor_apply, layouts.to_generation(actor_params), step.model_config, prompts_NxP,
-                       prompt_mask_NxP, rng, sampling)
+                       prompt_mask_NxP, rng, sampling, constrain_cache=layouts.constrain_cache)
     scores_N = reward_fn(rollout["responses"], rollout["response_mask"], sample_index_N)
     return scores_N, rollout["response_mask"].sum(axis=1)
 

@@ -21,8 +21,11 @@ from jaxrlhf.config import resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models.decoder import Decoder, DecoderConfig, abstract_params, init_params
-from jaxrlhf.parallel import GENERATION_RULES, TRAIN_RULES, batch_sharding, logical_to_shardings, replicated
+from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
+from jaxrlhf.parallel import TRAIN_RULES, batch_sharding, logical_to_shardings, replicated
+from jaxrlhf.parallel.layouts import activation_sharding, generation_rules
 from jaxrlhf.parallel.mesh import mesh_from_config
+from jaxrlhf.parallel.report import layout_report, per_device_bytes
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.tracking import Tracking, plot_metrics
 from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
@@ -61,6 +64,7 @@ class _Layouts:
   actor_train: object
   actor_generation: object
   critic_train: object
+  generation_rules: tuple
 
 
 class Trainer:
@@ -96,8 +100,12 @@ class Trainer:
     schedules = {"actor": make_lr_schedule(config.actor_rollout_ref.actor.optim, self.total_steps),
                  "critic": make_lr_schedule(config.critic.optim, self.total_steps)}
     self.layouts = self._param_layouts()
-    step_layouts = StepLayouts(actor_generation=self.layouts.actor_generation,
-                               batch=lambda shape: batch_sharding(self.mesh, shape))
+    gen_rules = self.layouts.generation_rules
+    step_layouts = StepLayouts(
+        actor_generation=self.layouts.actor_generation,
+        batch=lambda shape: batch_sharding(self.mesh, shape),
+        generation_batch=lambda shape: batch_sharding(self.mesh, shape, dict(gen_rules)["batch"]),
+        cache=lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, gen_rules))
     self.step_fn = PPOStep(config, self.model_config, make_reward_fn(self.tokenizer, self.train_data, compute_score),
                            eos_token_ids=eos_ids, pad_token_id=pad_id, lr_schedules=schedules,
                            optimizers=optimizers, layouts=step_layouts, num_batch_shards=self.num_batch_shards)
@@ -120,10 +128,35 @@ class Trainer:
   def _param_layouts(self) -> _Layouts:
     shapes, logical = abstract_params(Decoder(self.model_config, head="lm"))
     critic_shapes, critic_logical = abstract_params(Decoder(self.model_config, head="value"))
+    gen_rules = generation_rules(self.mesh, self.config.actor_rollout_ref.rollout.tensor_model_parallel_size)
     return _Layouts(
         actor_train=logical_to_shardings(logical, shapes, self.mesh, TRAIN_RULES),
-        actor_generation=logical_to_shardings(logical, shapes, self.mesh, GENERATION_RULES),
-        critic_train=logical_to_shardings(critic_logical, critic_shapes, self.mesh, TRAIN_RULES))
+        actor_generation=logical_to_shardings(logical, shapes, self.mesh, gen_rules),
+        critic_train=logical_to_shardings(critic_logical, critic_shapes, self.mesh, TRAIN_RULES),
+        generation_rules=gen_rules)
+
+  def layout_report(self) -> str:
+    """Mesh, per-layout sharding of each parameter group, per-device bytes (printed at start-up)."""
+    state = self.state
+    data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
+    rows = data_cfg.train_batch_size * n
+    cache_shape = (rows, data_cfg.max_prompt_length + data_cfg.max_response_length,
+                   self.model_config.num_key_value_heads, self.model_config.resolved_head_dim)
+    cache_sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, cache_shape, self.layouts.generation_rules)
+    cache_leaf = jax.ShapeDtypeStruct(cache_shape, jnp.dtype(self.model_config.dtype))
+    counts = {
+        "actor params": per_device_bytes(state.actor_params),
+        "actor params (generation copy)": per_device_bytes(state.actor_params, self.layouts.actor_generation),
+        "actor optimizer": per_device_bytes(state.actor_opt_state),
+        "KV cache": 2 * self.model_config.num_hidden_layers * per_device_bytes(cache_leaf, cache_sharding),
+    }
+    if state.ref_params is not None:
+      counts["ref params"] = per_device_bytes(state.ref_params)
+    if state.critic_params is not None:
+      counts["critic params"] = per_device_bytes(state.critic_params)
+      counts["critic optimizer"] = per_device_bytes(state.critic_opt_state)
+    return layout_report(self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation},
+                         counts)
 
   def _init_state(self, optimizers) -> TrainState:
     config = self.config
@@ -191,6 +224,8 @@ class Trainer:
   def fit(self) -> list[dict]:
     """Runs `total_steps` steps with validation; writes metrics.jsonl and the plot; returns the records."""
     config = self.config.trainer
+    if jax.process_index() == 0 and "console" in config.logger:
+      print(self.layout_report(), flush=True)
     tracking = Tracking(config.logger, self.run_dir, total_steps=self.total_steps, config=self.config,
                         project=config.project_name, experiment=config.experiment_name)
     history = []

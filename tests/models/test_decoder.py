@@ -9,7 +9,7 @@ from jaxrlhf.models import Decoder, DecoderConfig, init_cache, init_params, posi
 
 
 def _forward(model, params, ids, mask):
-  return model.apply({"params": params}, ids, positions_from_mask(mask), mask)[0]
+  return jax.jit(model.apply)({"params": params}, ids, positions_from_mask(mask), mask)[0]
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +66,13 @@ def test_kv_cache_decode_matches_full_forward(tiny_model_config, tied):
   cache = init_cache(config, batch, total)
   kv_mask = jnp.concatenate([mask[:, :prompt_len], jnp.zeros((batch, total - prompt_len), jnp.int32)], axis=1)
   positions = positions_from_mask(mask)
-  prefill, cache = model.apply({"params": params}, ids[:, :prompt_len], positions[:, :prompt_len], kv_mask,
+  apply = jax.jit(model.apply)
+  prefill, cache = apply({"params": params}, ids[:, :prompt_len], positions[:, :prompt_len], kv_mask,
                                cache, jnp.int32(0))
   pieces = [prefill]
   for t in range(prompt_len, total):
     kv_mask = kv_mask.at[:, t].set(1)
-    step_logits, cache = model.apply({"params": params}, ids[:, t:t + 1], positions[:, t:t + 1], kv_mask,
+    step_logits, cache = apply({"params": params}, ids[:, t:t + 1], positions[:, t:t + 1], kv_mask,
                                      cache, jnp.int32(t))
     pieces.append(step_logits)
   incremental = jnp.concatenate(pieces, axis=1)

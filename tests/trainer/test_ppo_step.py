@@ -23,7 +23,8 @@ def small_config(tmp_path, **overrides):
   config.actor_rollout_ref.actor.ppo_mini_batch_size = 4
   config.actor_rollout_ref.rollout.n = 2
   oc = config.actor_rollout_ref.model.override_config
-  oc.hidden_size, oc.intermediate_size = 32, 64
+  # 16 query / 8 kv heads: every mesh axis of 8 devices divides heads, kv heads, mlp and vocab.
+  oc.hidden_size, oc.intermediate_size, oc.num_attention_heads, oc.num_key_value_heads = 64, 64, 16, 8
   config.trainer.default_local_dir = str(tmp_path)
   config.trainer.total_training_steps = 2
   config.trainer.logger = ("jsonl",)
@@ -82,18 +83,27 @@ def test_metrics_follow_spec_names(tmp_path):
   assert all(k.startswith(SPEC_METRIC_PREFIXES) for k in metrics)
 
 
-@pytest.mark.parametrize("mesh", [(2, 2, 2), (1, 8, 1), (8, 1, 1), (1, 2, 4)])
-def test_same_numbers_on_every_mesh(tmp_path, mesh):
-  reference = Trainer(small_config(tmp_path / "one", **{"mesh.fsdp": 1}), devices=jax.devices()[:1])
-  ref_metrics = reference.train_step(0)
+@pytest.fixture(scope="module")
+def one_device_step(tmp_path_factory):
+  trainer = Trainer(small_config(tmp_path_factory.mktemp("one"), **{"mesh.fsdp": 1}), devices=jax.devices()[:1])
+  metrics = trainer.train_step(0)
+  return metrics, jax.device_get(trainer.state.actor_params), jax.device_get(trainer.state.critic_params)
+
+
+@pytest.mark.parametrize("mesh,generation_tp", [
+    ((8, 1, 1), 1), ((1, 8, 1), 1), ((1, 1, 8), 1), ((2, 2, 2), 1), ((1, 2, 4), 1), ((1, 2, 4), 8)])
+def test_same_numbers_on_every_mesh(tmp_path, one_device_step, mesh, generation_tp):
+  ref_metrics, ref_actor, ref_critic = one_device_step
   data, fsdp, tensor = mesh
-  sharded = Trainer(small_config(tmp_path / "many", **{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor}))
+  sharded = Trainer(small_config(tmp_path, **{
+      "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor,
+      "actor_rollout_ref.rollout.tensor_model_parallel_size": generation_tp}))
   assert sharded.mesh.size == 8
   metrics = sharded.train_step(0)
   for key, value in ref_metrics.items():
     if key.startswith(("timing_s/", "perf/time", "perf/throughput")):
       continue
     np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
-  ref_params = jax.device_get(reference.state.actor_params)
-  new_params = jax.device_get(sharded.state.actor_params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), ref_params, new_params)
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  jax.tree.map(close, ref_actor, jax.device_get(sharded.state.actor_params))
+  jax.tree.map(close, ref_critic, jax.device_get(sharded.state.critic_params))

@@ -1,0 +1,496 @@
+"""Hugging Face checkpoints in and out: config.json <-> DecoderConfig, *.safetensors <-> param trees.
+
+Reading never runs checkpoint code (no `trust_remote_code`) and never unpickles (`.bin` weights are
+refused). Each tensor is read once on the host with `safetensors.safe_open(framework="numpy")`,
+converted to our layout (HF linears are [out, in]; ours are [in, out], with q/k/v/o split into
+[embed, heads, head_dim]) and placed straight into its target sharding with
+`jax.make_array_from_callback`, so each device receives only its slice and the host holds one tensor
+at a time, never a copy of the model per device.
+
+Heads and HF classes: head="lm" <-> `*ForCausalLM`, head="value" <-> `*ForTokenClassification`
+(num_labels=1, `score.weight` + `score.bias`: verl's critic format), head="reward" <->
+`*ForSequenceClassification` (num_labels=1, `score.weight`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+import shutil
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from jaxrlhf.models.decoder import HEADS, Decoder, DecoderConfig, abstract_params
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
+HEAD_ARCHITECTURE_SUFFIX = {"lm": "ForCausalLM", "value": "ForTokenClassification",
+                            "reward": "ForSequenceClassification"}
+SUPPORTED_ARCHITECTURES = tuple(prefix + suffix for prefix in SUPPORTED_MODEL_TYPES.values()
+                                for suffix in HEAD_ARCHITECTURE_SUFFIX.values())
+_NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+_PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+_INDEX_FILE = "model.safetensors.index.json"
+# Tensors some checkpoints carry that we recompute or do not use.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+  """A checkpoint directory that cannot be loaded as asked; the message names the file/tensor."""
+
+
+# ----- config ------------------------------------------------------------------------------------
+
+def _read_json(path: str) -> dict[str, Any]:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise CheckpointError(f"{path} not found: a Hugging Face checkpoint directory needs a config.json") from None
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+
+
+def _rope_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
+  """RoPE settings from transformers-v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`."""
+  params = dict(hf.get("rope_parameters") or {})
+  if params and all(isinstance(v, dict) for v in params.values()):
+    raise CheckpointError(f"{where}: per-layer-type rope_parameters {sorted(params)} are not supported")
+  scaling = dict(hf.get("rope_scaling") or {})
+  merged = {**scaling, **params}
+  theta = merged.get("rope_theta", hf.get("rope_theta"))
+  rope_type = merged.get("rope_type", merged.get("type")) or "default"
+  fields: dict[str, Any] = {"rope_theta": float(theta) if theta is not None else 10000.0, "rope_type": rope_type}
+  partial = merged.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+  if partial not in (None, 1, 1.0):
+    raise CheckpointError(f"{where}: partial_rotary_factor={partial} is not supported (only 1.0)")
+  if rope_type == "default":
+    return fields
+  if rope_type == "linear":
+    return {**fields, "rope_factor": float(merged["factor"])}
+  if rope_type == "llama3":
+    try:
+      return {**fields, "rope_factor": float(merged["factor"]),
+              "rope_low_freq_factor": float(merged["low_freq_factor"]),
+              "rope_high_freq_factor": float(merged["high_freq_factor"]),
+              "rope_original_max_position_embeddings": int(merged.get(
+                  "original_max_position_embeddings", hf.get("max_position_embeddings", 8192)))}
+    except KeyError as e:
+      raise CheckpointError(f"{where}: llama3 rope scaling is missing {e.args[0]!r}") from None
+  raise CheckpointError(f"{where}: rope_type={rope_type!r} is not supported; supported: default, linear, llama3")
+
+
+def _sliding_window_fields(hf: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
+  window = hf.get("sliding_window")
+  if model_type == "mistral":
+    return {"sliding_window": int(window)} if window else {}
+  if model_type in ("qwen2", "qwen3"):
+    layer_types = hf.get("layer_types")
+    if layer_types and "sliding_attention" in layer_types:
+      start = layer_types.index("sliding_attention")
+      if any(t != "sliding_attention" for t in layer_types[start:]) or not window:
+        raise CheckpointError(f"{where}: layer_types {layer_types} (sliding window {window}) are not supported: "
+                              "only sliding attention on a final run of layers")
+      return {"sliding_window": int(window), "sliding_window_start_layer": start}
+    if hf.get("use_sliding_window") and window and not layer_types:
+      return {"sliding_window": int(window), "sliding_window_start_layer": int(hf.get("max_window_layers", 0))}
+  return {}
+
+
+def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overrides) -> DecoderConfig:
+  """DecoderConfig from the contents of an HF config.json; `overrides` set our own fields (dtype, ...)."""
+  model_type = hf.get("model_type")
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise CheckpointError(f"{where}: model_type={model_type!r} is not supported; supported model types: "
+                          f"{sorted(SUPPORTED_MODEL_TYPES)}")
+  architectures = hf.get("architectures") or []
+  unknown = [a for a in architectures if a not in SUPPORTED_ARCHITECTURES]
+  if unknown:
+    raise CheckpointError(f"{where}: architectures {unknown} are not supported; supported architectures: "
+                          f"{list(SUPPORTED_ARCHITECTURES)}")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise CheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} is not supported (only 'silu')")
+  head_dim = hf.get("head_dim")
+  if head_dim is None and model_type == "qwen3":
+    head_dim = 128  # Qwen3Config's default
+  if head_dim is None and hf.get("hidden_size") and hf.get("num_attention_heads"):
+    head_dim = hf["hidden_size"] // hf["num_attention_heads"]  # explicit, so a config equals its export's
+  attention_bias = bool(hf.get("attention_bias", False))
+  fields: dict[str, Any] = dict(
+      vocab_size=hf.get("vocab_size"), hidden_size=hf.get("hidden_size"),
+      intermediate_size=hf.get("intermediate_size"), num_hidden_layers=hf.get("num_hidden_layers"),
+      num_attention_heads=hf.get("num_attention_heads"),
+      num_key_value_heads=hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
+      head_dim=head_dim, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      max_position_embeddings=int(hf.get("max_position_embeddings", 2048)), model_type=model_type,
+      qkv_bias=True if model_type == "qwen2" else attention_bias and model_type != "mistral",
+      o_bias=attention_bias and model_type in ("llama", "qwen3"),
+      mlp_bias=bool(hf.get("mlp_bias", False)) and model_type == "llama",
+      qk_norm=model_type == "qwen3",
+      **_rope_fields(hf, where), **_sliding_window_fields(hf, model_type, where))
+  fields.update(overrides)
+  try:
+    return DecoderConfig.from_dict(fields)
+  except (TypeError, ValueError) as e:
+    raise CheckpointError(f"{where}: {e}") from None
+
+
+def load_hf_config(path: str, **overrides) -> DecoderConfig:
+  """Reads `path/config.json`; `overrides` set fields HF does not have (dtype, param_dtype, remat_policy)."""
+  config_path = os.path.join(path, "config.json")
+  return config_from_hf_dict(_read_json(config_path), config_path, **overrides)
+
+
+def hf_config_dict(config: DecoderConfig, head: str = "lm", base: dict[str, Any] | None = None,
+                   dtype: str | None = None) -> dict[str, Any]:
+  """An HF config.json dict for `config` (v4 `rope_theta`/`rope_scaling` form, which v4 and v5 both read).
+
+  `base` (e.g. the source checkpoint's config) keeps keys we do not model: token ids, names, ...
+  """
+  _check_head(head)
+  model_type = config.model_type
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise CheckpointError(f"model_type={model_type!r} cannot be exported; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
+  problems = []
+  if model_type == "qwen2" and (not config.qkv_bias or config.o_bias or config.mlp_bias):
+    problems.append("qwen2 needs qkv_bias=True, o_bias=False, mlp_bias=False")
+  if model_type in ("llama", "qwen3") and config.qkv_bias != config.o_bias:
+    problems.append(f"{model_type} has one attention_bias for q/k/v and o (qkv_bias == o_bias)")
+  if model_type != "llama" and config.mlp_bias:
+    problems.append(f"{model_type} has no mlp_bias")
+  if model_type == "mistral" and (config.qkv_bias or config.o_bias):
+    problems.append("mistral has no attention biases")
+  if config.qk_norm != (model_type == "qwen3"):
+    problems.append("q/k norm exists in qwen3 only, and always")
+  if config.sliding_window and model_type == "llama":
+    problems.append("llama has no sliding window")
+  if config.sliding_window and model_type == "mistral" and config.sliding_window_start_layer:
+    problems.append("mistral's sliding window covers every layer")
+  if problems:
+    raise CheckpointError(f"config cannot be written as HF model_type={model_type!r}: " + "; ".join(problems))
+
+  hf = {k: v for k, v in (base or {}).items()
+        if k not in ("rope_parameters", "rope_scaling", "auto_map", "num_labels", "id2label", "label2id",
+                     "layer_types", "torch_dtype", "dtype", "transformers_version")}
+  hf.update(
+      architectures=[SUPPORTED_MODEL_TYPES[model_type] + HEAD_ARCHITECTURE_SUFFIX[head]], model_type=model_type,
+      vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+      num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+      num_key_value_heads=config.num_key_value_heads, head_dim=config.resolved_head_dim,
+      hidden_act="silu", rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_word_embeddings,
+      max_position_embeddings=config.max_position_embeddings, rope_theta=config.rope_theta,
+      torch_dtype=dtype or config.param_dtype)
+  if config.rope_type == "linear":
+    hf["rope_scaling"] = {"rope_type": "linear", "factor": config.rope_factor}
+  elif config.rope_type == "llama3":
+    hf["rope_scaling"] = {"rope_type": "llama3", "factor": config.rope_factor,
+                          "low_freq_factor": config.rope_low_freq_factor,
+                          "high_freq_factor": config.rope_high_freq_factor,
+                          "original_max_position_embeddings": config.rope_original_max_position_embeddings}
+  else:
+    hf["rope_scaling"] = None
+  if model_type in ("llama", "qwen3"):
+    hf["attention_bias"] = config.qkv_bias
+  if model_type == "llama":
+    hf["mlp_bias"] = config.mlp_bias
+  if model_type == "mistral":
+    hf["sliding_window"] = config.sliding_window
+  if model_type in ("qwen2", "qwen3"):
+    hf["use_sliding_window"] = config.sliding_window is not None
+    hf["sliding_window"] = config.sliding_window
+    hf["max_window_layers"] = config.sliding_window_start_layer if config.sliding_window else \
+        config.num_hidden_layers
+  if head != "lm":
+    hf["id2label"] = {"0": "LABEL_0"}
+    hf["label2id"] = {"LABEL_0": 0}
+  return hf
+
+
+# ----- the name map ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _TensorSpec:
+  hf_name: str
+  path: tuple[str, ...]  # key path in our param tree
+  kind: str  # "copy" | "linear" (HF [out,in] <-> ours [in,out]) | "in_heads" | "out_heads"
+
+
+def _check_head(head: str):
+  if head not in HEADS:
+    raise ValueError(f"head={head!r} is not one of {HEADS}")
+
+
+def _flatten(tree, prefix=()):
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _flatten(value, prefix + (key,))
+    else:
+      yield prefix + (key,), value
+
+
+def _tensor_specs(shapes) -> list[_TensorSpec]:
+  """One spec per leaf of our param tree (flattened), with its HF name."""
+  specs = []
+  for path, _ in _flatten(shapes):
+    module, leaf = path[:-1], path[-1]
+    hf_leaf = "weight" if leaf in ("kernel", "embedding", "weight") else "bias"
+    if module[0].startswith("layers_"):
+      hf_module = "model.layers." + module[0][len("layers_"):] + "".join("." + m for m in module[1:])
+    elif module[0] in ("embed_tokens", "norm"):
+      hf_module = "model." + module[0]
+    else:  # lm_head, score
+      hf_module = module[0]
+    name = module[-1]
+    if leaf == "embedding" or "norm" in name or leaf == "weight":
+      kind = "copy"
+    elif name in ("q_proj", "k_proj", "v_proj"):
+      kind = "in_heads"
+    elif name == "o_proj":
+      kind = "out_heads" if leaf == "kernel" else "copy"
+    else:
+      kind = "linear" if leaf == "kernel" else "copy"
+    specs.append(_TensorSpec(f"{hf_module}.{hf_leaf}", path, kind))
+  return specs
+
+
+def _hf_shape(spec: _TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+  leaf = spec.path[-1]
+  if spec.kind == "linear":
+    return shape[::-1]
+  if spec.kind == "in_heads":  # ours [D, N, H] / bias [N, H]; HF [N*H, D] / [N*H]
+    return (shape[1] * shape[2], shape[0]) if leaf == "kernel" else (shape[0] * shape[1],)
+  if spec.kind == "out_heads":  # ours [N, H, D]; HF [D, N*H]
+    return (shape[2], shape[0] * shape[1])
+  return tuple(shape)
+
+
+def _to_ours(spec: _TensorSpec, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+  if spec.kind == "linear":
+    return array.T
+  if spec.kind == "in_heads":
+    return (array.T if array.ndim == 2 else array).reshape(shape)
+  if spec.kind == "out_heads":
+    return array.T.reshape(shape)
+  return array
+
+
+def _to_hf(spec: _TensorSpec, array: np.ndarray) -> np.ndarray:
+  if spec.kind == "linear":
+    return array.T
+  if spec.kind == "in_heads":
+    return array.reshape(array.shape[0], -1).T if array.ndim == 3 else array.reshape(-1)
+  if spec.kind == "out_heads":
+    return array.reshape(-1, array.shape[-1]).T
+  return array
+
+
+# ----- reading -----------------------------------------------------------------------------------
+
+def refuse_pickled_weights(path: str) -> None:
+  """Raises if `path` has pickle-based weights and no safetensors (we never unpickle)."""
+  if glob.glob(os.path.join(path, "*.safetensors")):
+    return
+  pickled = sorted({os.path.basename(p) for pattern in _PICKLE_PATTERNS for p in glob.glob(os.path.join(path, pattern))})
+  if pickled:
+    raise CheckpointError(
+        f"{path} holds pickled PyTorch weights {pickled}; jaxrlhf never unpickles checkpoints. Convert them to "
+        "safetensors first, e.g. in a trusted environment: AutoModelForCausalLM.from_pretrained(path)"
+        ".save_pretrained(path, safe_serialization=True)")
+  raise CheckpointError(f"{path} has no *.safetensors weight files")
+
+
+def _weight_files(path: str) -> dict[str, str]:
+  """HF tensor name -> safetensors file, from the index if there is one, else from the files' headers."""
+  from safetensors import safe_open
+  refuse_pickled_weights(path)
+  index_path = os.path.join(path, _INDEX_FILE)
+  if os.path.exists(index_path):
+    weight_map = _read_json(index_path).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise CheckpointError(f"{index_path} has no 'weight_map'")
+    files = {name: os.path.join(path, file) for name, file in weight_map.items()}
+    for file in sorted(set(files.values())):
+      if not os.path.exists(file):
+        raise CheckpointError(f"{index_path} lists {os.path.basename(file)}, which is not in {path}")
+    return files
+  files = {}
+  # `consolidated*.safetensors` (Mistral's own naming) duplicates the HF-named files next to it.
+  for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+    if os.path.basename(file).startswith("consolidated"):
+      continue
+    with safe_open(file, framework="numpy") as f:
+      files.update({name: file for name in f.keys()})
+  return files
+
+
+def _place(array: np.ndarray, sharding):
+  if sharding is None:
+    return jax.device_put(array)
+  # Each device's callback slices only its shard out of the one host copy.
+  return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardings=None, dtype: str | None = None,
+                   rng=None):
+  """Reads the checkpoint at `path` into our param tree for `Decoder(config, head)`.
+
+  shardings: None (default device) or a tree like the params of `jax.sharding.Sharding`s (e.g. from
+    `jaxrlhf.parallel.logical_to_shardings`); each tensor goes straight into its sharding.
+  dtype: parameter dtype ("float32" | "bfloat16"); default `config.param_dtype`.
+  rng: key for a fresh value head when the checkpoint has none (an actor checkpoint used for the
+    critic, as verl does); default key 0. A reward model's head must be in the checkpoint.
+  """
+  from safetensors import safe_open
+  _check_head(head)
+  dtype = dtype or config.param_dtype
+  if dtype not in _NUMPY_DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not one of {list(_NUMPY_DTYPES)}")
+  np_dtype = _NUMPY_DTYPES[dtype]
+  shapes, _ = abstract_params(Decoder(config, head=head))
+  specs = _tensor_specs(shapes)
+  files = _weight_files(path)
+  shape_of = dict(_flatten(shapes))
+  sharding_of = dict(_flatten(shardings)) if shardings is not None else {}
+
+  missing = [s.hf_name for s in specs if s.hf_name not in files]
+  fresh_head = head == "value" and set(missing) <= {"score.weight", "score.bias"} and "score.weight" in missing
+  if fresh_head:
+    log.info("%s has no value head (score.weight): the critic starts from a fresh one", path)
+    specs = [s for s in specs if s.path[0] != "score"]
+    missing = []
+  elif head == "value" and missing == ["score.bias"]:
+    specs = [s for s in specs if s.hf_name != "score.bias"]  # a bias-free head: ours starts at zero
+    missing = []
+    fresh_head = "bias"
+  if missing:
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    raise CheckpointError(f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
+                          f"tie_word_embeddings={config.tie_word_embeddings})")
+
+  flat: dict[tuple[str, ...], Any] = {}
+  by_file: dict[str, list[_TensorSpec]] = {}
+  for spec in specs:
+    by_file.setdefault(files[spec.hf_name], []).append(spec)
+  for file, file_specs in sorted(by_file.items()):
+    with safe_open(file, framework="numpy") as f:
+      for spec in file_specs:
+        shape = tuple(shape_of[spec.path].shape)
+        expected = _hf_shape(spec, shape)
+        found = tuple(f.get_slice(spec.hf_name).get_shape())
+        if found != expected:
+          raise CheckpointError(f"tensor {spec.hf_name} in {file} has shape {list(found)}, but the config "
+                                f"expects {list(expected)}")
+        array = np.ascontiguousarray(_to_ours(spec, f.get_tensor(spec.hf_name), shape).astype(np_dtype))
+        flat[spec.path] = _place(array, sharding_of.get(spec.path))
+
+  if fresh_head:
+    d = config.hidden_size
+    rng = jax.random.key(0) if rng is None else rng
+    fresh = {("score", "kernel"): np.asarray(0.02 * jax.random.normal(rng, (d, 1), np.float32)),
+             ("score", "bias"): np.zeros((1,), np.float32)}
+    for key, value in fresh.items():
+      if key not in flat:
+        flat[key] = _place(value.astype(np_dtype), sharding_of.get(key))
+
+  used = {s.hf_name for s in specs}
+  unused = [n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
+            and not (n == "lm_head.weight" and (config.tie_word_embeddings or head != "lm"))]
+  if unused:
+    log.warning("%s: %d tensor(s) not used for head=%r: %s", path, len(unused), head, unused[:8])
+  return _unflatten(flat)
+
+
+def _unflatten(flat: dict[tuple[str, ...], Any]):
+  tree: dict[str, Any] = {}
+  for path, value in flat.items():
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = value
+  return tree
+
+
+# ----- writing -----------------------------------------------------------------------------------
+
+def _to_host(array) -> np.ndarray:
+  if isinstance(array, jax.Array) and not array.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    array = multihost_utils.process_allgather(array, tiled=True)
+  return np.asarray(jax.device_get(array))
+
+
+def hf_state_dict(params, config: DecoderConfig, head: str = "lm", dtype: str | None = None) -> dict[str, np.ndarray]:
+  """Our param tree -> {HF tensor name: numpy array} (HF layout)."""
+  _check_head(head)
+  np_dtype = _NUMPY_DTYPES[dtype or config.param_dtype]
+  shapes, _ = abstract_params(Decoder(config, head=head))
+  flat = dict(_flatten(params))
+  shape_of = dict(_flatten(shapes))
+  tensors = {}
+  for spec in _tensor_specs(shapes):
+    if spec.path not in flat:
+      raise CheckpointError(f"params have no {'/'.join(spec.path)} (HF {spec.hf_name}) for head={head!r}")
+    expected = tuple(shape_of[spec.path].shape)
+    value = _to_host(flat[spec.path])
+    if tuple(value.shape) != expected:
+      raise CheckpointError(f"param {'/'.join(spec.path)} has shape {list(value.shape)}, but the config "
+                            f"expects {list(expected)}")
+    tensors[spec.hf_name] = np.ascontiguousarray(_to_hf(spec, value).astype(np_dtype))
+  return tensors
+
+
+def save_hf_checkpoint(params, config: DecoderConfig, out_dir: str, *, head: str = "lm", dtype: str | None = None,
+                       source_dir: str | None = None, max_shard_size: int = 5 * 2**30) -> str:
+  """Writes config.json + model.safetensors (sharded with an index above `max_shard_size` bytes).
+
+  `transformers.AutoModelForCausalLM` (head="lm"), `AutoModelForTokenClassification` ("value") or
+  `AutoModelForSequenceClassification` ("reward") load the result. `source_dir`: the checkpoint the
+  run started from; its config.json keys we do not model (token ids, ...) are kept and its tokenizer
+  and generation_config files are copied. Only process 0 writes. Returns `out_dir`.
+  """
+  from safetensors.numpy import save_file
+  tensors = hf_state_dict(params, config, head, dtype)
+  if jax.process_index() != 0:
+    return out_dir
+  os.makedirs(out_dir, exist_ok=True)
+  base = _read_json(os.path.join(source_dir, "config.json")) if source_dir else None
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(hf_config_dict(config, head, base, dtype), f, indent=2)
+
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for name, array in tensors.items():
+    if shards[-1] and size + array.nbytes > max_shard_size:
+      shards.append({})
+      size = 0
+    shards[-1][name] = array
+    size += array.nbytes
+  for stale in glob.glob(os.path.join(out_dir, "*.safetensors")) + glob.glob(os.path.join(out_dir, _INDEX_FILE)):
+    os.remove(stale)
+  if len(shards) == 1:
+    save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+  else:
+    weight_map = {}
+    for i, shard in enumerate(shards):
+      file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+      save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
+      weight_map.update({name: file for name in shard})
+    with open(os.path.join(out_dir, _INDEX_FILE), "w") as f:
+      json.dump({"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map},
+                f, indent=2)
+
+  if source_dir:
+    for file in sorted(os.listdir(source_dir)):
+      source = os.path.join(source_dir, file)
+      weights = file.endswith((".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")) or file == _INDEX_FILE
+      if os.path.isfile(source) and not weights and file != "config.json":
+        shutil.copy2(source, os.path.join(out_dir, file))
+  return out_dir

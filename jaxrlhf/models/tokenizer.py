@@ -1,0 +1,48 @@
+"""The checkpoint's tokenizer and the token ids generation needs (eos set, pad).
+
+Chat models stop on more than one token (Llama-3 Instruct: `<|eot_id|>` and `<|end_of_text|>`,
+Qwen2.5 Instruct: `<|im_end|>` and `<|endoftext|>`); the full set lives in generation_config.json,
+not in the tokenizer, so both are read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def load_tokenizer(path: str):
+  """`transformers.AutoTokenizer` from a local checkpoint directory, never running repository code."""
+  if not os.path.isdir(path):
+    raise ValueError(f"tokenizer path {path!r} is not a directory")
+  from transformers import AutoTokenizer
+  return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+def _as_ids(value) -> list[int]:
+  if value is None:
+    return []
+  return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def generation_eos_ids(path: str | None, tokenizer) -> tuple[int, ...]:
+  """EOS ids: the tokenizer's eos first, then generation_config.json's `eos_token_id` (int or list)."""
+  ids = _as_ids(getattr(tokenizer, "eos_token_id", None))
+  config_path = os.path.join(path, "generation_config.json") if path else None
+  if config_path and os.path.exists(config_path):
+    with open(config_path) as f:
+      try:
+        generation_config = json.load(f)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path} is not valid JSON: {e}") from None
+    ids += _as_ids(generation_config.get("eos_token_id"))
+  ids = tuple(dict.fromkeys(ids))  # de-duplicated, order kept
+  if not ids:
+    raise ValueError(f"no eos token id: neither the tokenizer nor {config_path or 'a generation_config.json'} "
+                     "defines eos_token_id")
+  return ids
+
+
+def pad_token_id(tokenizer, eos_ids: tuple[int, ...]) -> int:
+  """The tokenizer's pad id, else the first eos id (Llama tokenizers have no pad token)."""
+  return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else int(eos_ids[0])
