@@ -172,8 +172,6 @@ _NOT_YET_SUPPORTED = {
     "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.fsdp_config.param_offload": False,
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
-    "actor_rollout_ref.ref.fsdp_config.param_offload": False,
     "reward_model.enable": False,
 }
 

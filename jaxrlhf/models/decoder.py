@@ -137,17 +137,9 @@ def rope_inv_freq(config: DecoderConfig) -> np.ndarray:
   return inv_freq.astype(np.float32)
 
 
-def rope_cos_sin(positions_BxL, head_dim_or_config, theta: float | None = None):
-  """HF rotate-half RoPE tables, fp32: cos/sin of shape [B, L, head_dim].
-
-  Takes a DecoderConfig (any rope scaling) or, as before, `head_dim, theta` (unscaled).
-  """
-  if isinstance(head_dim_or_config, DecoderConfig):
-    inv_freq = jnp.asarray(rope_inv_freq(head_dim_or_config))
-  else:
-    inv_freq = jnp.asarray(rope_inv_freq(DecoderConfig(
-        vocab_size=1, hidden_size=head_dim_or_config, intermediate_size=1, num_hidden_layers=1,
-        num_attention_heads=1, num_key_value_heads=1, rope_theta=theta)))
+def rope_cos_sin(positions_BxL, config: DecoderConfig):
+  """HF rotate-half RoPE tables, fp32: cos/sin of shape [B, L, head_dim]."""
+  inv_freq = jnp.asarray(rope_inv_freq(config))
   freqs_BxLxH2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
   emb_BxLxH = jnp.concatenate([freqs_BxLxH2, freqs_BxLxH2], axis=-1)
   return jnp.cos(emb_BxLxH), jnp.sin(emb_BxLxH)

@@ -298,7 +298,8 @@ def refuse_pickled_weights(path: str) -> None:
   """Raises if `path` has pickle-based weights and no safetensors (we never unpickle)."""
   if glob.glob(os.path.join(path, "*.safetensors")):
     return
-  pickled = sorted({os.path.basename(p) for pattern in _PICKLE_PATTERNS for p in glob.glob(os.path.join(path, pattern))})
+  pickled = sorted({os.path.basename(file) for pattern in _PICKLE_PATTERNS
+                    for file in glob.glob(os.path.join(path, pattern))})
   if pickled:
     raise CheckpointError(
         f"{path} holds pickled PyTorch weights {pickled}; jaxrlhf never unpickles checkpoints. Convert them to "

@@ -28,6 +28,10 @@ class StepLayouts:
   batch: Callable[[tuple[int, ...]], Any] | None = None  # shape -> sharding of a batch-major array (train)
   generation_batch: Callable[[tuple[int, ...]], Any] | None = None  # the same during generation
   cache: Callable[[tuple[int, ...]], Any] | None = None  # shape -> sharding of a KV-cache array
+  # Offload (memory_kind='pinned_host'): device-memory shardings to fetch into, host ones to return to.
+  ref_device: Any = None
+  actor_opt_device: Any = None
+  actor_opt_host: Any = None
 
   @staticmethod
   def _constrain(tree, sharding_of):
@@ -43,6 +47,11 @@ class StepLayouts:
 
   def constrain_cache(self, cache):
     return self._constrain(cache, self.cache)
+
+  @staticmethod
+  def move(tree, shardings):
+    """Moves a host-offloaded tree into device memory (or back); identity without offload."""
+    return tree if shardings is None else jax.device_put(tree, shardings)
 
   def to_generation(self, params):
     if self.actor_generation is None:
@@ -116,7 +125,7 @@ class PPOStep:
 
   # ----- losses ------------------------------------------------------------------------------
 
-  def actor_loss(self, params, ref_params, micro, normalizers, rng):
+  def actor_loss(self, params, unused_ref, micro, normalizers, rng):
     actor = self.config.actor_rollout_ref.actor
     mask = micro["response_mask"]
     logits_NxRxV = self.response_logits(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
@@ -240,7 +249,8 @@ class PPOStep:
     metrics: dict[str, jax.Array] = {}
     ref_log_probs = None
     if self.use_reference:
-      ref_log_probs = self.log_probs(state.ref_params, prompts_NxP, prompt_mask_NxP, responses_NxR)
+      ref_params = self.layouts.move(state.ref_params, self.layouts.ref_device)
+      ref_log_probs = self.log_probs(ref_params, prompts_NxP, prompt_mask_NxP, responses_NxR)
     values_NxR = None
     if self.use_critic:
       values_NxR = self.values(state.critic_params, prompts_NxP, prompt_mask_NxP, responses_NxR) * mask_f
@@ -286,13 +296,17 @@ class PPOStep:
       metrics.update(critic_metrics)
 
     actor_rows = actor_cfg.ppo_mini_batch_size * n
-    update_actor = lambda params, opt_state: self._update(
-        self.actor_loss, params, opt_state, state.ref_params, data, actor_key,
-        tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](state.step), mini_batch_rows=actor_rows,
-        micro_rows=self._micro_rows(actor_cfg.ppo_micro_batch_size_per_gpu, actor_rows,
-                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
-        epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, loss_agg_mode=actor_cfg.loss_agg_mode,
-        prefix="actor")
+    def update_actor(params, opt_state):
+      opt_state = self.layouts.move(opt_state, self.layouts.actor_opt_device)
+      params, opt_state, metrics = self._update(
+          self.actor_loss, params, opt_state, None, data, actor_key,
+          tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](state.step), mini_batch_rows=actor_rows,
+          micro_rows=self._micro_rows(actor_cfg.ppo_micro_batch_size_per_gpu, actor_rows,
+                                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+          epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, loss_agg_mode=actor_cfg.loss_agg_mode,
+          prefix="actor")
+      return params, self.layouts.move(opt_state, self.layouts.actor_opt_host), metrics
+
     if self.use_critic and config.trainer.critic_warmup > 0:
       metric_shapes = jax.eval_shape(update_actor, state.actor_params, state.actor_opt_state)[2]
       skip = lambda params, opt_state: (params, opt_state, jax.tree.map(

@@ -56,12 +56,12 @@ def make_lr_schedule(optim, total_steps: int):
   return schedule
 
 
-def init_opt_state(tx, params, param_shardings, replicated_sharding):
-  """Optimizer state laid out like the params it tracks (moments), scalars (count) replicated."""
-  abstract_state = jax.eval_shape(tx.init, params)
-  shardings = optax.tree_map_params(tx, lambda _, sharding: sharding, abstract_state, param_shardings,
-                                    transform_non_params=lambda _: replicated_sharding)
-  return jax.jit(tx.init, out_shardings=shardings)(params)
+def opt_state_shardings(tx, param_shardings, replicated_sharding):
+  """Optimizer state laid out like the params it tracks (moments); scalars (count) replicated."""
+  abstract_params = jax.tree.map(lambda s: jax.ShapeDtypeStruct((1,), jnp.float32), param_shardings)
+  abstract_state = jax.eval_shape(tx.init, abstract_params)
+  return optax.tree_map_params(tx, lambda _, sharding: sharding, abstract_state, param_shardings,
+                               transform_non_params=lambda _: replicated_sharding)
 
 
 def apply_gradients(tx, params, opt_state, grads, lr):

@@ -7,6 +7,7 @@ metrics (host) -> sinks. Validation is a second compiled program (greedy by `val
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections import defaultdict
@@ -30,7 +31,7 @@ from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.tracking import Tracking, plot_metrics
 from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
 from jaxrlhf.trainer.reward import make_reward_fn
-from jaxrlhf.trainer.state import TrainState, init_opt_state, make_lr_schedule, make_optimizer
+from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
 
 
 def load_tokenizer(config, save_dir: str):
@@ -100,8 +101,13 @@ class Trainer:
     schedules = {"actor": make_lr_schedule(config.actor_rollout_ref.actor.optim, self.total_steps),
                  "critic": make_lr_schedule(config.critic.optim, self.total_steps)}
     self.layouts = self._param_layouts()
+    self._opt_shardings = {
+        "actor": opt_state_shardings(optimizers["actor"], self.layouts.actor_train, replicated(self.mesh)),
+        "critic": opt_state_shardings(optimizers["critic"], self.layouts.critic_train, replicated(self.mesh))}
     gen_rules = self.layouts.generation_rules
+    offload = self._offload_shardings()
     step_layouts = StepLayouts(
+        **offload,
         actor_generation=self.layouts.actor_generation,
         batch=lambda shape: batch_sharding(self.mesh, shape),
         generation_batch=lambda shape: batch_sharding(self.mesh, shape, dict(gen_rules)["batch"]),
@@ -109,7 +115,7 @@ class Trainer:
     self.step_fn = PPOStep(config, self.model_config, make_reward_fn(self.tokenizer, self.train_data, compute_score),
                            eos_token_ids=eos_ids, pad_token_id=pad_id, lr_schedules=schedules,
                            optimizers=optimizers, layouts=step_layouts, num_batch_shards=self.num_batch_shards)
-    self.state = self._init_state(optimizers)
+    self.state = self._init_state(optimizers, offload)
     state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
     self._batch_shardings = None
     self.ppo_step = jax.jit(self.step_fn, in_shardings=(state_shardings, None, replicated(self.mesh)),
@@ -135,6 +141,28 @@ class Trainer:
         critic_train=logical_to_shardings(critic_logical, critic_shapes, self.mesh, TRAIN_RULES),
         generation_rules=gen_rules)
 
+  def _offload_shardings(self) -> dict:
+    """Device/host sharding pairs for `ref...param_offload` and `actor...optimizer_offload`."""
+    rollout_ref = self.config.actor_rollout_ref
+    wanted = {"ref": rollout_ref.ref.fsdp_config.param_offload,
+              "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload}
+    if not any(wanted.values()):
+      return {}
+    kinds = {m.kind for m in self.mesh.devices.flat[0].addressable_memories()}
+    if "pinned_host" not in kinds:
+      logging.warning("offload requested (%s) but %s devices have no 'pinned_host' memory (only %s); "
+                      "keeping everything in device memory", [k for k, v in wanted.items() if v],
+                      self.mesh.devices.flat[0].platform, sorted(kinds))
+      return {}
+    on = lambda tree, kind: jax.tree.map(lambda s: s.with_memory_kind(kind), tree)
+    out = {}
+    if wanted["ref"]:
+      out["ref_device"] = on(self.layouts.actor_train, "device")
+    if wanted["actor_opt"]:
+      opt = self._opt_shardings["actor"]
+      out["actor_opt_device"], out["actor_opt_host"] = on(opt, "device"), on(opt, "pinned_host")
+    return out
+
   def layout_report(self) -> str:
     """Mesh, per-layout sharding of each parameter group, per-device bytes (printed at start-up)."""
     state = self.state
@@ -158,22 +186,24 @@ class Trainer:
     return layout_report(self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation},
                          counts)
 
-  def _init_state(self, optimizers) -> TrainState:
+  def _init_state(self, optimizers, offload: dict) -> TrainState:
     config = self.config
     seed = config.trainer.seed
     actor_key, critic_key = jax.random.split(jax.random.key(seed))
     init = lambda model, shardings: jax.jit(lambda key: init_params(model, key)[0], out_shardings=shardings)
     actor_params = init(Decoder(self.model_config, head="lm"), self.layouts.actor_train)(actor_key)
-    actor_opt_state = init_opt_state(optimizers["actor"], actor_params, self.layouts.actor_train,
-                                     replicated(self.mesh))
+    actor_opt_state = jax.jit(optimizers["actor"].init,
+                              out_shardings=offload.get("actor_opt_host", self._opt_shardings["actor"]))(actor_params)
     ref_params = None
     if self.step_fn.use_reference:
-      ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.layouts.actor_train)(actor_params)
+      ref_shardings = self.layouts.actor_train
+      if "ref_device" in offload:
+        ref_shardings = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), ref_shardings)
+      ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=ref_shardings)(actor_params)
     critic_params = critic_opt_state = None
     if self.step_fn.use_critic:
       critic_params = init(Decoder(self.model_config, head="value"), self.layouts.critic_train)(critic_key)
-      critic_opt_state = init_opt_state(optimizers["critic"], critic_params, self.layouts.critic_train,
-                                        replicated(self.mesh))
+      critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=self._opt_shardings["critic"])(critic_params)
     put = lambda x: jax.device_put(x, replicated(self.mesh))
     return TrainState(step=put(jnp.int32(0)), actor_params=actor_params, actor_opt_state=actor_opt_state,
                       critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,

@@ -1,5 +1,6 @@
 """HF IO beyond the causal LM: sharded files, critic and reward heads, meshes, dtypes, config forms, errors."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from jaxrlhf.models import (  # noqa: E402
     CheckpointError,
     Decoder,
+    DecoderConfig,
     abstract_params,
     init_params,
     config_from_hf_dict,
@@ -92,6 +94,13 @@ def test_bf16_checkpoint_and_bf16_params(qwen2, tmp_path):
   _assert_same_params(from_bf16, expected)
   as_bf16 = load_hf_params(path, config, dtype="bfloat16")
   assert {x.dtype for x in jax.tree.leaves(as_bf16)} == {jnp.dtype(jnp.bfloat16)}
+  # bf16 parameters and compute stay close to the fp32 model.
+  bf16_model = Decoder(dataclasses.replace(config, dtype="bfloat16", param_dtype="bfloat16"))
+  ids, mask, positions = left_padded_batch(seed=11)
+  logits = jax.jit(bf16_model.apply)({"params": as_bf16}, ids, positions_from_mask(mask), mask)[0]
+  assert logits.dtype == jnp.float32
+  expected = hf_forward(model, ids, mask, positions)
+  assert np.abs(np.asarray(logits) - expected)[mask.astype(bool)].max() <= 0.1 * np.abs(expected).max()
 
 
 def test_rope_config_v4_and_v5_forms_agree():
@@ -107,7 +116,6 @@ def test_rope_config_v4_and_v5_forms_agree():
 
 
 def test_remat_policies_give_the_same_gradients(tiny_model_config):
-  import dataclasses
   config = dataclasses.replace(tiny_model_config, num_hidden_layers=1)
   ids = jax.random.randint(jax.random.key(0), (2, 6), 0, config.vocab_size)
   mask = jnp.ones_like(ids)
@@ -170,10 +178,10 @@ def test_reward_model_scores_last_valid_token(tmp_path, padding):
     ids = np.stack([np.concatenate([row[m > 0][::-1], row[m == 0]]) for row, m in zip(ids, mask)])
     positions = np.maximum(mask.cumsum(-1) - 1, 0)
   scores = reward_model_scores(Decoder(config, head="reward"), params, jnp.asarray(ids), jnp.asarray(mask))
-  import torch as t
-  with t.no_grad():  # HF picks the rightmost non-pad token itself (pad id 0 is never a real token here)
-    expected = hf_reward(input_ids=t.tensor(ids, dtype=t.long), attention_mask=t.tensor(mask, dtype=t.long),
-                         position_ids=t.tensor(positions, dtype=t.long)).logits[:, 0].numpy()
+  as_torch = lambda x: torch.tensor(x, dtype=torch.long)
+  with torch.no_grad():  # HF picks the rightmost non-pad token itself (pad id 0 is never a real token here)
+    expected = hf_reward(input_ids=as_torch(ids), attention_mask=as_torch(mask),
+                         position_ids=as_torch(positions)).logits[:, 0].numpy()
   assert scores.shape == (3,)
   assert np.abs(np.asarray(scores) - expected).max() <= 1e-4
 
@@ -241,8 +249,7 @@ def test_missing_config_and_weights(tmp_path):
   with pytest.raises(CheckpointError, match="config.json not found"):
     load_hf_config(str(tmp_path))
   with pytest.raises(CheckpointError, match=r"has no \*.safetensors weight files"):
-    from jaxrlhf.models.hf_io import refuse_pickled_weights
-    refuse_pickled_weights(str(tmp_path))
+    load_hf_params(str(tmp_path), DecoderConfig(8, 8, 8, 1, 2, 1))
 
 
 # ----- tokenizer ---------------------------------------------------------------------------------

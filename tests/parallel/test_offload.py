@@ -1,0 +1,28 @@
+"""Reference params and optimizer state in host memory (memory_kind='pinned_host')."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrlhf.trainer import Trainer
+from tests.trainer.test_ppo_step import small_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def test_offloaded_ref_and_optimizer_live_on_host_and_give_the_same_step(tmp_path):
+  mesh = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
+  plain = Trainer(small_config(tmp_path / "plain", **mesh))
+  offloaded = Trainer(small_config(tmp_path / "offload", **mesh, **{
+      "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+      "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True}))
+  kinds = lambda tree: {x.sharding.memory_kind for x in jax.tree.leaves(tree)}
+  assert kinds(offloaded.state.ref_params) == {"pinned_host"}
+  assert kinds(offloaded.state.actor_opt_state[1].mu) == {"pinned_host"}
+  assert kinds(offloaded.state.actor_params) == {"device"}
+  expected, got = plain.train_step(0), offloaded.train_step(0)
+  for key in ("actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "actor/grad_norm"):
+    np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, err_msg=key)
+  assert kinds(offloaded.state.actor_opt_state[1].mu) == {"pinned_host"}  # and it stays there
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               jax.device_get(plain.state.actor_params), jax.device_get(offloaded.state.actor_params))
