@@ -1,5 +1,7 @@
 """jaxrlhf entry point: `python train.py --config configs/X.py [--config.some.key=value ...]`."""
 
+import sys
+
 from absl import app
 from ml_collections import config_flags
 
@@ -11,6 +13,7 @@ def main(argv):
   del argv
   from jaxrlhf.config import ConfigError
   from jaxrlhf.trainer import Trainer
+  from jaxrlhf.trainer.guards import GuardError
 
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config configs/quickstart.py")
@@ -18,7 +21,10 @@ def main(argv):
     trainer = Trainer(_CONFIG.value)
   except ConfigError as e:
     raise app.UsageError(str(e)) from e
-  history = trainer.fit()
+  try:
+    history = trainer.fit()
+  except GuardError as e:
+    sys.exit(f"jaxrlhf: {e}")
   val_keys = [k for k in history[-1] if k.startswith("val-core/")]
   summary = ", ".join(f"{k}: {history[0].get(k, float('nan')):.3f} -> {history[-1][k]:.3f}" for k in val_keys)
   print(f"done: {len(history)} records in {trainer.run_dir}/metrics.jsonl; {summary}")

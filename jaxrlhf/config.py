@@ -50,6 +50,7 @@ def _model() -> ml_collections.ConfigDict:
       ),
       use_remove_padding=False,
       enable_gradient_checkpointing=False,
+      remat_policy="full",  # with gradient checkpointing: full | dots_saveable | nothing_saveable | ...
       lora_rank=0,
       dtype="float32",  # compute dtype
       param_dtype="float32",
@@ -157,6 +158,17 @@ def get_base_config() -> ml_collections.ConfigDict:
       max_actor_ckpt_to_keep=_placeholder(int),
       seed=1,
       plot=True,
+      # Seeds' stable-pipeline practice, automated: on a KL blow-up or a reward collapse, restore the
+      # last checkpoint, scale the learning rate by lr_backoff and continue; stop after max_rollbacks.
+      guard=dict(
+          enable=False,
+          kl_max=0.1,  # seeds: 0.1 -> roll back (0.3 -> pause)
+          reward_drop=0.2,  # relative drop of critic/score/mean below its moving average
+          reward_window=10,  # steps in the moving average
+          lr_backoff=0.5,
+          max_rollbacks=3,
+          kl_warmup_steps_ratio=0.0,  # no KL term (loss or reward) for this fraction of the first steps
+      ),
   )
 
   config.mesh = dict(data=1, fsdp=-1, tensor=1)
@@ -168,7 +180,6 @@ def get_base_config() -> ml_collections.ConfigDict:
 # Keys whose non-default values belong to later issues: refuse them rather than ignore them.
 _NOT_YET_SUPPORTED = {
     "actor_rollout_ref.model.use_remove_padding": False,
-    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
     "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.fsdp_config.param_offload": False,

@@ -74,16 +74,18 @@ class PPOStep:
 
   def __init__(self, config, model_config: DecoderConfig, reward_fn: Callable, *, eos_token_ids, pad_token_id,
                lr_schedules: dict[str, Callable], optimizers: dict[str, Any], layouts: StepLayouts,
-               num_batch_shards: int = 1):
+               num_batch_shards: int = 1, kl_warmup_steps: int = 0,
+               critic_model_config: DecoderConfig | None = None):
     self.config = config
     self.model_config = model_config
     self.actor = Decoder(model_config, head="lm")
-    self.critic = Decoder(model_config, head="value")
+    self.critic = Decoder(critic_model_config or model_config, head="value")
     self.reward_fn = reward_fn
     self.lr_schedules = lr_schedules
     self.optimizers = optimizers
     self.layouts = layouts
     self.num_batch_shards = num_batch_shards
+    self.kl_warmup_steps = kl_warmup_steps
     rollout = config.actor_rollout_ref.rollout
     self.sampling = SamplingParams.from_rollout_config(
         rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
@@ -125,7 +127,8 @@ class PPOStep:
 
   # ----- losses ------------------------------------------------------------------------------
 
-  def actor_loss(self, params, unused_ref, micro, normalizers, rng):
+  def actor_loss(self, params, aux, micro, normalizers, rng):
+    """aux: per-step scalars (`kl_scale`: 0 during the KL warm-up, else 1)."""
     actor = self.config.actor_rollout_ref.actor
     mask = micro["response_mask"]
     logits_NxRxV = self.response_logits(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
@@ -146,11 +149,11 @@ class PPOStep:
     if actor.use_kl_loss:
       kl = algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
       kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)
-      loss = loss + actor.kl_loss_coef * kl_loss
+      loss = loss + aux["kl_scale"] * actor.kl_loss_coef * kl_loss
       metrics["actor/kl_loss"] = kl_loss
     return loss, metrics
 
-  def critic_loss(self, params, unused_ref, micro, normalizers, unused_rng):
+  def critic_loss(self, params, unused_aux, micro, normalizers, unused_rng):
     critic = self.config.critic
     vpreds = self.values(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
     vf_loss, vf_clipfrac = algos.compute_value_loss(
@@ -163,7 +166,7 @@ class PPOStep:
 
   # ----- the update loop ---------------------------------------------------------------------
 
-  def _update(self, loss_fn, params, opt_state, ref_params, data, rng, *, tx, lr, mini_batch_rows: int,
+  def _update(self, loss_fn, params, opt_state, aux, data, rng, *, tx, lr, mini_batch_rows: int,
               micro_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str):
     """`epochs` x mini-batches (one optimizer step each) x micro-batches (grad accumulation)."""
     num_rows = data["responses"].shape[0]
@@ -181,16 +184,17 @@ class PPOStep:
         micro, micro_key = inputs
         micro = self.layouts.constrain_batch(micro)
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, ref_params, micro, normalizers, micro_key)
+            params, aux, micro, normalizers, micro_key)
         return jax.tree.map(jnp.add, grads_acc, grads), metrics
 
       zeros = jax.tree.map(jnp.zeros_like, params)
       grads, micro_metrics = jax.lax.scan(
           micro_step, zeros, (split(minibatch, num_micro), jax.random.split(key, num_micro)))
-      params, opt_state, grad_norm = apply_gradients(tx, params, opt_state, grads, lr)
+      params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
       # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
       metrics = {k: v.sum() for k, v in micro_metrics.items()}
       metrics[f"{prefix}/grad_norm"] = grad_norm
+      metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied
       return (params, opt_state), metrics
 
     def epoch_step(carry, key):
@@ -257,9 +261,10 @@ class PPOStep:
 
     # 5. KL in reward, then advantages.
     kl_coef = state.kl_coef
+    kl_scale = (state.step >= self.kl_warmup_steps).astype(jnp.float32)  # KL warm-up: no KL term at first
     if algo.use_kl_in_reward:
       kl_NxR = algos.kl_penalty(old_log_probs, ref_log_probs, algo.kl_penalty) * mask_f
-      token_level_rewards = token_level_scores - kl_coef * kl_NxR
+      token_level_rewards = token_level_scores - kl_scale * kl_coef * kl_NxR
       current_kl = jnp.mean(algos.masked_mean(kl_NxR, mask_f, axis=-1))
       num_sequences = responses_NxR.shape[0]
       if algo.kl_ctrl.type == "adaptive":
@@ -288,7 +293,7 @@ class PPOStep:
       critic_params, critic_opt_state, critic_metrics = self._update(
           self.critic_loss, critic_params, critic_opt_state, None,
           dict(data, values=values_NxR, returns=returns), critic_key,
-          tx=self.optimizers["critic"], lr=self.lr_schedules["critic"](state.step), mini_batch_rows=critic_rows,
+          tx=self.optimizers["critic"], lr=self.lr_schedules["critic"](state.step) * state.lr_scale, mini_batch_rows=critic_rows,
           micro_rows=self._micro_rows(critic_cfg.ppo_micro_batch_size_per_gpu, critic_rows,
                                       "critic.ppo_micro_batch_size_per_gpu"),
           epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, loss_agg_mode=critic_cfg.loss_agg_mode,
@@ -299,8 +304,8 @@ class PPOStep:
     def update_actor(params, opt_state):
       opt_state = self.layouts.move(opt_state, self.layouts.actor_opt_device)
       params, opt_state, metrics = self._update(
-          self.actor_loss, params, opt_state, None, data, actor_key,
-          tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](state.step), mini_batch_rows=actor_rows,
+          self.actor_loss, params, opt_state, {"kl_scale": kl_scale}, data, actor_key,
+          tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](state.step) * state.lr_scale, mini_batch_rows=actor_rows,
           micro_rows=self._micro_rows(actor_cfg.ppo_micro_batch_size_per_gpu, actor_rows,
                                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
           epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, loss_agg_mode=actor_cfg.loss_agg_mode,
@@ -317,7 +322,7 @@ class PPOStep:
       actor_params, actor_opt_state, actor_metrics = update_actor(state.actor_params, state.actor_opt_state)
     metrics.update(actor_metrics)
     if actor_cfg.use_kl_loss:
-      metrics["actor/kl_coef"] = jnp.float32(actor_cfg.kl_loss_coef)
+      metrics["actor/kl_coef"] = kl_scale * actor_cfg.kl_loss_coef
 
     # 7. batch metrics.
     metrics.update(_stats("critic/score", scores_N))

@@ -26,6 +26,7 @@ class TrainState:
   critic_opt_state: Any
   ref_params: Any  # None when no KL term needs the reference policy
   kl_coef: jax.Array  # KL-in-reward coefficient beta, updated by the KL controller
+  lr_scale: jax.Array  # multiplies both learning-rate schedules; guards lower it after a rollback
 
 
 def make_optimizer(optim, grad_clip: float) -> optax.GradientTransformation:
@@ -65,10 +66,13 @@ def opt_state_shardings(tx, param_shardings, replicated_sharding):
 
 
 def apply_gradients(tx, params, opt_state, grads, lr):
-  """One AdamW update; a non-finite gradient norm skips the update (params and moments unchanged)."""
+  """One AdamW update; a non-finite gradient norm skips the update (params and moments unchanged).
+
+  Returns (params, opt_state, grad_norm, skipped) with skipped = 1.0 for a skipped update.
+  """
   grad_norm = optax.tree.norm(grads)
   updates, new_opt_state = tx.update(grads, opt_state, params)
   new_params = jax.tree.map(lambda p, u: (p - lr * u).astype(p.dtype), params, updates)
   finite = jnp.isfinite(grad_norm)
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-  return keep(new_params, params), keep(new_opt_state, opt_state), grad_norm
+  return keep(new_params, params), keep(new_opt_state, opt_state), grad_norm, 1.0 - finite.astype(jnp.float32)

@@ -7,6 +7,7 @@ metrics (host) -> sinks. Validation is a second compiled program (greedy by `val
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -18,10 +19,12 @@ import ml_collections
 import numpy as np
 
 from jaxrlhf import rewards
+from jaxrlhf.checkpoint import Checkpointer, split_step_dir
 from jaxrlhf.config import resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset
 from jaxrlhf.data.builtin import build_tokenizer
-from jaxrlhf.models.decoder import Decoder, DecoderConfig, abstract_params, init_params
+from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, config_from_hf_dict, generation_eos_ids,
+                            init_params, load_hf_params, load_tokenizer, pad_token_id)
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
 from jaxrlhf.parallel import TRAIN_RULES, batch_sharding, logical_to_shardings, replicated
 from jaxrlhf.parallel.layouts import activation_sharding, generation_rules
@@ -30,33 +33,43 @@ from jaxrlhf.parallel.report import layout_report, per_device_bytes
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.tracking import Tracking, plot_metrics
 from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
+from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.reward import make_reward_fn
 from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
 
 
-def load_tokenizer(config, save_dir: str):
+def tokenizer_from_config(config, save_dir: str):
+  """data.tokenizer, else the actor's model path; `builtin:<task>` builds and saves the built-in one."""
   name = config.data.tokenizer or config.actor_rollout_ref.model.path
   if not name:
     raise ValueError("no tokenizer: set data.tokenizer (e.g. 'builtin:recall') or actor_rollout_ref.model.path")
-  from transformers import AutoTokenizer
   if name.startswith("builtin:"):
     build_tokenizer(save_dir=save_dir)  # written next to the run so users can load it the usual way
     name = save_dir
-  elif not os.path.isdir(name):
-    raise ValueError(f"tokenizer path {name!r} (data.tokenizer or actor_rollout_ref.model.path) is not a directory")
-  return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+  return load_tokenizer(name)
 
 
-def model_config_from(config, tokenizer) -> DecoderConfig:
-  model = config.actor_rollout_ref.model
+def model_config_from(model, tokenizer=None) -> DecoderConfig:
+  """A model section (actor_rollout_ref.model or critic.model) -> DecoderConfig.
+
+  With `path`: the checkpoint's config.json, then any non-empty override_config key on top.
+  Without: override_config alone (a model initialised from scratch).
+  """
+  overrides = {k: v for k, v in model.override_config.to_dict().items() if v is not None}
+  extra = dict(dtype=model.dtype, param_dtype=model.param_dtype,
+               remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none")
   if model.path:
-    raise NotImplementedError("loading HF checkpoints (actor_rollout_ref.model.path) arrives with the "
-                              "model-family issue; initialise from actor_rollout_ref.model.override_config")
-  values = dict(model.override_config.to_dict(), dtype=model.dtype, param_dtype=model.param_dtype)
-  model_config = DecoderConfig.from_dict(values)
-  if len(tokenizer) > model_config.vocab_size:
-    raise ValueError(f"actor_rollout_ref.model.override_config.vocab_size={model_config.vocab_size} is smaller "
-                     f"than the tokenizer's {len(tokenizer)} tokens")
+    config_path = os.path.join(model.path, "config.json")
+    if not os.path.exists(config_path):
+      raise ValueError(f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint directory)")
+    with open(config_path) as f:
+      hf = json.load(f)
+    model_config = config_from_hf_dict({**hf, **overrides}, where=config_path, **extra)
+  else:
+    model_config = DecoderConfig.from_dict({**overrides, **extra})
+  if tokenizer is not None and len(tokenizer) > model_config.vocab_size:
+    raise ValueError(f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+                     f"{len(tokenizer)} tokens")
   return model_config
 
 
@@ -78,7 +91,7 @@ class Trainer:
     self.mesh = mesh_from_config(config.mesh, devices)
     self.num_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
-    self.tokenizer = load_tokenizer(config, os.path.join(self.run_dir, "tokenizer"))
+    self.tokenizer = tokenizer_from_config(config, os.path.join(self.run_dir, "tokenizer"))
     data_cfg = config.data
     dataset_kwargs = dict(max_prompt_length=data_cfg.max_prompt_length, prompt_key=data_cfg.prompt_key,
                           reward_fn_key=data_cfg.reward_fn_key, truncation=data_cfg.truncation,
@@ -92,9 +105,14 @@ class Trainer:
 
     custom = config.custom_reward_function
     compute_score = rewards.load_custom_reward_function(custom.path, custom.name) if custom.path else None
-    self.model_config = model_config_from(config, self.tokenizer)
-    eos_ids = [self.tokenizer.eos_token_id]
-    pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_ids[0]
+    actor_model = config.actor_rollout_ref.model
+    self.model_config = model_config_from(actor_model, self.tokenizer)
+    self.critic_model_path = config.critic.model.path or actor_model.path
+    self.critic_model_config = self.model_config
+    if config.critic.model.path and config.critic.model.path != actor_model.path:
+      self.critic_model_config = model_config_from(config.critic.model, self.tokenizer)
+    eos_ids = generation_eos_ids(actor_model.path or None, self.tokenizer)
+    pad_id = pad_token_id(self.tokenizer, eos_ids)
 
     optimizers = {"actor": make_optimizer(config.actor_rollout_ref.actor.optim, config.actor_rollout_ref.actor.grad_clip),
                   "critic": make_optimizer(config.critic.optim, config.critic.grad_clip)}
@@ -114,10 +132,11 @@ class Trainer:
         cache=lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, gen_rules))
     self.step_fn = PPOStep(config, self.model_config, make_reward_fn(self.tokenizer, self.train_data, compute_score),
                            eos_token_ids=eos_ids, pad_token_id=pad_id, lr_schedules=schedules,
-                           optimizers=optimizers, layouts=step_layouts, num_batch_shards=self.num_batch_shards)
+                           optimizers=optimizers, layouts=step_layouts, num_batch_shards=self.num_batch_shards,
+                           kl_warmup_steps=int(trainer_cfg.guard.kl_warmup_steps_ratio * self.total_steps),
+                           critic_model_config=self.critic_model_config)
     self.state = self._init_state(optimizers, offload)
     state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
-    self._batch_shardings = None
     self.ppo_step = jax.jit(self.step_fn, in_shardings=(state_shardings, None, replicated(self.mesh)),
                             out_shardings=(state_shardings, replicated(self.mesh)), donate_argnums=0)
     if self.val_data is not None:
@@ -133,7 +152,7 @@ class Trainer:
 
   def _param_layouts(self) -> _Layouts:
     shapes, logical = abstract_params(Decoder(self.model_config, head="lm"))
-    critic_shapes, critic_logical = abstract_params(Decoder(self.model_config, head="value"))
+    critic_shapes, critic_logical = abstract_params(Decoder(self.critic_model_config, head="value"))
     gen_rules = generation_rules(self.mesh, self.config.actor_rollout_ref.rollout.tensor_model_parallel_size)
     return _Layouts(
         actor_train=logical_to_shardings(logical, shapes, self.mesh, TRAIN_RULES),
@@ -191,7 +210,11 @@ class Trainer:
     seed = config.trainer.seed
     actor_key, critic_key = jax.random.split(jax.random.key(seed))
     init = lambda model, shardings: jax.jit(lambda key: init_params(model, key)[0], out_shardings=shardings)
-    actor_params = init(Decoder(self.model_config, head="lm"), self.layouts.actor_train)(actor_key)
+    actor_path = config.actor_rollout_ref.model.path
+    if actor_path:
+      actor_params = load_hf_params(actor_path, self.model_config, head="lm", shardings=self.layouts.actor_train)
+    else:
+      actor_params = init(Decoder(self.model_config, head="lm"), self.layouts.actor_train)(actor_key)
     actor_opt_state = jax.jit(optimizers["actor"].init,
                               out_shardings=offload.get("actor_opt_host", self._opt_shardings["actor"]))(actor_params)
     ref_params = None
@@ -202,12 +225,16 @@ class Trainer:
       ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=ref_shardings)(actor_params)
     critic_params = critic_opt_state = None
     if self.step_fn.use_critic:
-      critic_params = init(Decoder(self.model_config, head="value"), self.layouts.critic_train)(critic_key)
+      if self.critic_model_path:  # verl's critic format, or the actor's checkpoint with a fresh value head
+        critic_params = load_hf_params(self.critic_model_path, self.critic_model_config, head="value",
+                                       shardings=self.layouts.critic_train, rng=critic_key)
+      else:
+        critic_params = init(Decoder(self.critic_model_config, head="value"), self.layouts.critic_train)(critic_key)
       critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=self._opt_shardings["critic"])(critic_params)
     put = lambda x: jax.device_put(x, replicated(self.mesh))
     return TrainState(step=put(jnp.int32(0)), actor_params=actor_params, actor_opt_state=actor_opt_state,
                       critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
-                      kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)))
+                      kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)), lr_scale=put(jnp.float32(1.0)))
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return {k: jax.device_put(v, batch_sharding(self.mesh, v.shape)) for k, v in arrays.items()}
@@ -227,6 +254,48 @@ class Trainer:
     metrics["training/global_step"] = step + 1
     metrics["training/epoch"] = self.schedule.epoch_of(step)
     return metrics
+
+  # ----- checkpoints and guards -------------------------------------------------------------------
+
+  def save(self, checkpointer: Checkpointer, step: int) -> None:
+    meta = {"step": step, "epoch": self.schedule.epoch_of(step), "data_seed": self.config.data.seed,
+            "seed": self.config.trainer.seed, "config": self.config.to_json()}
+    checkpointer.save(step, self.state, meta)
+
+  def resume(self, checkpointer: Checkpointer) -> int:
+    """Restores per `trainer.resume_mode`; returns the step to continue from (0 for a fresh run)."""
+    config = self.config.trainer
+    if config.resume_mode == "disable":
+      return 0
+    if config.resume_mode == "resume_path":
+      directory, step = split_step_dir(config.resume_from_path)
+      source = Checkpointer(directory)
+      try:
+        self.state, _ = source.restore(step, self.state)
+      finally:
+        source.close()
+    else:
+      step = checkpointer.latest_step()
+      if step is None:
+        return 0
+      self.state, _ = checkpointer.restore(step, self.state)
+    logging.info("resumed from %s step %d", self.run_dir, step)
+    return int(step)
+
+  def rollback(self, checkpointer: Checkpointer, guard: Guard, reason: str, metrics: dict, tracking) -> int:
+    """Guard event: restore the last checkpoint, lower the lr, log the event; returns the step to redo."""
+    guard.record_rollback(reason)  # raises GuardError past max_rollbacks
+    checkpointer.wait()
+    step = checkpointer.latest_step()
+    lr_scale = float(self.state.lr_scale) * self.config.trainer.guard.lr_backoff
+    self.state, _ = checkpointer.restore(step, self.state)
+    self.state = self.state.replace(lr_scale=jax.device_put(jnp.float32(lr_scale), self.state.lr_scale.sharding))
+    metrics.update({"guard/rollback": 1.0, "guard/rollback_to_step": float(step), "guard/lr_scale": lr_scale,
+                    "guard/rollbacks": float(guard.rollbacks)})
+    tracking.log(metrics, step=int(metrics["training/global_step"]))
+    if jax.process_index() == 0:
+      print(f"guard: {reason}; rolled back to step {step}, lr scale now {lr_scale:g}", flush=True)
+    return int(step)
 
   def validate(self) -> dict[str, float]:
     data = self.val_data
@@ -252,26 +321,44 @@ class Trainer:
     return metrics
 
   def fit(self) -> list[dict]:
-    """Runs `total_steps` steps with validation; writes metrics.jsonl and the plot; returns the records."""
+    """Runs to `total_steps` with validation, checkpoints and guards; returns the step records.
+
+    Resumes per `trainer.resume_mode`; writes metrics.jsonl (appending on resume) and the plot.
+    """
     config = self.config.trainer
     if jax.process_index() == 0 and "console" in config.logger:
       print(self.layout_report(), flush=True)
+    checkpointer = Checkpointer(self.run_dir, max_to_keep=config.max_actor_ckpt_to_keep)
+    start_step = self.resume(checkpointer)
     tracking = Tracking(config.logger, self.run_dir, total_steps=self.total_steps, config=self.config,
                         project=config.project_name, experiment=config.experiment_name)
+    guard = Guard(config.guard)
+    if guard.enabled and checkpointer.latest_step() is None:
+      self.save(checkpointer, start_step)  # a rollback needs somewhere to go back to
     history = []
     try:
       if self.val_data is not None and config.val_before_train:
         val = self.validate()
-        tracking.log(val, step=0)
-        history.append({"step": 0, **val})
-      for step in range(self.total_steps):
+        tracking.log(val, step=start_step)
+        history.append({"step": start_step, **val})
+      step = start_step
+      while step < self.total_steps:
         metrics = self.train_step(step)
-        is_last = step + 1 == self.total_steps
-        if self.val_data is not None and config.test_freq > 0 and ((step + 1) % config.test_freq == 0 or is_last):
+        reason = guard.check(metrics)
+        if reason is not None:
+          step = self.rollback(checkpointer, guard, reason, metrics, tracking)
+          history.append({"step": step, **metrics})
+          continue
+        step += 1
+        is_last = step == self.total_steps
+        if self.val_data is not None and config.test_freq > 0 and (step % config.test_freq == 0 or is_last):
           metrics.update(self.validate())
-        tracking.log(metrics, step=step + 1)
-        history.append({"step": step + 1, **metrics})
+        tracking.log(metrics, step=step)
+        history.append({"step": step, **metrics})
+        if (config.save_freq > 0 and step % config.save_freq == 0) or (is_last and config.save_freq > 0):
+          self.save(checkpointer, step)
     finally:
+      checkpointer.close()
       tracking.close()
     if config.plot and "jsonl" in config.logger and jax.process_index() == 0:
       plot_metrics(tracking.metrics_path, os.path.join(self.run_dir, "metrics.png"))

@@ -173,9 +173,9 @@ def test_reward_model_scores_last_valid_token(tmp_path, padding):
   config = load_hf_config(path)
   params = load_hf_params(path, config, head="reward")
   ids, mask, positions = left_padded_batch(seed=10)
-  if padding == "right":
-    ids, mask = ids[:, ::-1].copy(), mask[:, ::-1].copy()
-    ids = np.stack([np.concatenate([row[m > 0][::-1], row[m == 0]]) for row, m in zip(ids, mask)])
+  if padding == "right":  # the same tokens, pads moved to the end
+    ids = np.stack([np.concatenate([row[m > 0], row[m == 0]]) for row, m in zip(ids, mask)])
+    mask = np.sort(mask, axis=1)[:, ::-1].copy()
     positions = np.maximum(mask.cumsum(-1) - 1, 0)
   scores = reward_model_scores(Decoder(config, head="reward"), params, jnp.asarray(ids), jnp.asarray(mask))
   as_torch = lambda x: torch.tensor(x, dtype=torch.long)

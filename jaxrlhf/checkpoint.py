@@ -1,0 +1,75 @@
+"""Orbax checkpoints of the train state under `<default_local_dir>/<project>/<experiment>/global_step_N`.
+
+What a checkpoint holds: the TrainState (actor and critic params and optimizer states, KL-controller
+coefficient, lr scale, step) and a JSON record (step, data-iterator position, seed, the config).
+The reference policy is not saved: it is rebuilt from its source (the seed or the model path), as
+verl does. Batches and per-step RNG are pure functions of (seed, step), so the step is the whole
+iterator state.
+
+Saves are asynchronous and atomic: Orbax writes into a temporary directory and renames it when the
+write has finished, so an interrupted save is never picked up by `latest_step()`. Restoring takes
+the target shardings, so a checkpoint saved on one mesh restores onto another.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+STEP_PREFIX = "global_step"
+
+
+class CheckpointError(ValueError):
+  """A checkpoint path does not exist or is not a jaxrlhf checkpoint; the message names it."""
+
+
+def _without_reference(state):
+  return state.replace(ref_params=None)
+
+
+class Checkpointer:
+  def __init__(self, directory: str, *, max_to_keep: int | None = None, async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, step_prefix=STEP_PREFIX,
+                                             enable_async_checkpointing=async_save, create=True),
+        item_names=("state", "meta"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state, meta: dict) -> None:
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(_without_reference(state)), meta=ocp.args.JsonSave(meta)))
+
+  def restore(self, step: int, target_state):
+    """Restores onto the shardings of `target_state` (arrays or ShapeDtypeStructs); keeps its ref params."""
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state))
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    return restored.state.replace(ref_params=target_state.ref_params), restored.meta
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def split_step_dir(path: str) -> tuple[str, int]:
+  """'/runs/p/e/global_step_40' -> ('/runs/p/e', 40); errors name the path."""
+  path = os.path.abspath(path.rstrip("/"))
+  name = os.path.basename(path)
+  if not name.startswith(STEP_PREFIX + "_") or not name[len(STEP_PREFIX) + 1:].isdigit():
+    raise CheckpointError(f"trainer.resume_from_path={path!r} must be a '{STEP_PREFIX}_<N>' checkpoint directory")
+  if not os.path.isdir(path):
+    raise CheckpointError(f"trainer.resume_from_path={path!r} does not exist")
+  return os.path.dirname(path), int(name[len(STEP_PREFIX) + 1:])

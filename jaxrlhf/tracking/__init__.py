@@ -1,0 +1,13 @@
+"""Metric sinks chosen by `trainer.logger`, the Prometheus endpoint, plots and the step profiler.
+
+`Tracking` is the one object the trainer talks to: it turns a step's metrics (SPEC.md §7 names,
+JAX or NumPy scalars) into plain Python numbers once and hands them to each backend, one module
+per backend. Only process 0 writes; on other processes every call is a no-op.
+"""
+
+from jaxrlhf.tracking.jsonl import read_metrics
+from jaxrlhf.tracking.plots import plot_metrics
+from jaxrlhf.tracking.profiling import maybe_profile
+from jaxrlhf.tracking.tracking import LOGGERS, Tracking
+
+__all__ = ["LOGGERS", "Tracking", "maybe_profile", "plot_metrics", "read_metrics"]

@@ -1,0 +1,143 @@
+"""Real Orbax checkpoints: round trip, resume across meshes, keep-N, SIGKILL + auto resume, guards."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
+from jaxrlhf.trainer import Trainer
+from jaxrlhf.trainer.guards import GuardError
+from tests.trainer.test_ppo_step import small_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _leaves_equal(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+               jax.device_get(a), jax.device_get(b))
+
+
+def test_round_trip_and_resume_onto_another_mesh(tmp_path):
+  mesh_a = {"mesh.data": 1, "mesh.fsdp": 8, "mesh.tensor": 1}
+  trainer = Trainer(small_config(tmp_path, **mesh_a))
+  trainer.train_step(0)
+  checkpointer = Checkpointer(str(tmp_path / "ckpt"))
+  trainer.save(checkpointer, 1)
+  checkpointer.wait()
+  assert checkpointer.all_steps() == [1] and os.path.isdir(tmp_path / "ckpt" / "global_step_1")
+
+  other = Trainer(small_config(tmp_path, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}))
+  restored, meta = checkpointer.restore(1, other.state)
+  checkpointer.close()
+  assert meta["step"] == 1 and json.loads(meta["config"])["mesh"]["fsdp"] == 8
+  _leaves_equal(restored.actor_params, trainer.state.actor_params)
+  _leaves_equal(restored.critic_opt_state, trainer.state.critic_opt_state)
+  assert int(restored.step) == 1 and float(restored.kl_coef) == float(trainer.state.kl_coef)
+  spec = lambda tree: [x.sharding.spec for x in jax.tree.leaves(tree)]
+  assert spec(restored.actor_params) == spec(other.state.actor_params)  # the new mesh's layout
+
+
+def test_keep_n_prunes_old_checkpoints(tmp_path):
+  trainer = Trainer(small_config(tmp_path), devices=jax.devices()[:1])
+  checkpointer = Checkpointer(str(tmp_path / "ckpt"), max_to_keep=2)
+  for step in (1, 2, 3):
+    trainer.save(checkpointer, step)
+  checkpointer.close()
+  assert sorted(os.listdir(tmp_path / "ckpt")) == ["global_step_2", "global_step_3"]
+
+
+def test_unfinished_checkpoint_is_ignored_and_bad_paths_are_named(tmp_path):
+  os.makedirs(tmp_path / "run" / "global_step_7.orbax-checkpoint-tmp-123")
+  assert Checkpointer(str(tmp_path / "run")).latest_step() is None
+  with pytest.raises(CheckpointError, match="global_step_<N>"):
+    split_step_dir(str(tmp_path / "run"))
+  with pytest.raises(CheckpointError, match="does not exist"):
+    split_step_dir(str(tmp_path / "run" / "global_step_3"))
+
+
+def _train_cmd(run_root, *flags):
+  return [sys.executable, "train.py", "--config", "configs/quickstart.py",
+          f"--config.trainer.default_local_dir={run_root}", "--config.trainer.logger=('jsonl',)",
+          "--config.trainer.total_training_steps=6", "--config.trainer.save_freq=2",
+          "--config.trainer.test_freq=-1", "--config.trainer.val_before_train=False",
+          "--config.trainer.resume_mode=auto", "--config.trainer.plot=False", *flags]
+
+
+def _records(run_root):
+  with open(os.path.join(run_root, "quickstart", "recall_ppo", "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  return {r["step"]: r for r in records if "training/global_step" in r}  # last record per step wins
+
+
+def test_sigkill_after_a_save_then_auto_resume_reproduces_the_run(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  straight = tmp_path / "straight"
+  subprocess.run(_train_cmd(straight), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+
+  killed = tmp_path / "killed"
+  process = subprocess.Popen(_train_cmd(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  run_dir = killed / "quickstart" / "recall_ppo"
+  deadline = time.time() + 600
+  while not (run_dir / "global_step_2").is_dir() and process.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert (run_dir / "global_step_2").is_dir()
+  subprocess.run(_train_cmd(killed), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+
+  expected, resumed = _records(straight), _records(killed)
+  assert sorted(resumed) == sorted(expected) == list(range(1, 7))
+  for step in range(3, 7):
+    for key, value in expected[step].items():
+      if key.startswith(("timing_s/", "perf/time", "perf/throughput")):
+        continue
+      assert resumed[step][key] == value, (step, key)
+  final = lambda root: Checkpointer(str(root / "quickstart" / "recall_ppo"))
+  a, b = final(straight), final(killed)
+  assert a.latest_step() == b.latest_step() == 6
+  template = Trainer(_quickstart_config(tmp_path), devices=jax.devices()[:1]).state
+  _leaves_equal(a.restore(6, template)[0].actor_params, b.restore(6, template)[0].actor_params)
+  a.close(), b.close()
+
+
+def _quickstart_config(tmp_path):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("quickstart_config", os.path.join(ROOT, "configs", "quickstart.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.trainer.default_local_dir = str(tmp_path / "template")
+  return config
+
+
+def test_non_finite_gradients_skip_the_update(tmp_path):
+  trainer = Trainer(small_config(tmp_path), devices=jax.devices()[:1])
+  # A poisoned batch: every reward is NaN, so advantages, losses and gradients are NaN.
+  trainer.step_fn.reward_fn = lambda responses, mask, index: jax.numpy.full(responses.shape[:1], jax.numpy.nan)
+  before = jax.device_get(trainer.state.actor_params)
+  metrics = trainer.train_step(0)
+  assert metrics["actor/update_skipped"] == 1.0 and metrics["critic/update_skipped"] == 1.0
+  _leaves_equal(trainer.state.actor_params, before)
+
+
+def test_kl_blow_up_rolls_back_with_halved_lr_then_stops(tmp_path):
+  config = small_config(tmp_path, **{
+      "trainer.total_training_steps": 6, "trainer.save_freq": 1, "trainer.test_freq": -1,
+      "trainer.val_before_train": False, "trainer.guard.enable": True, "trainer.guard.kl_max": 1e-4,
+      "trainer.guard.max_rollbacks": 2, "actor_rollout_ref.actor.optim.lr": 0.05})
+  trainer = Trainer(config, devices=jax.devices()[:1])
+  with pytest.raises(GuardError, match="max_rollbacks=2"):
+    trainer.fit()
+  with open(os.path.join(trainer.run_dir, "metrics.jsonl")) as f:
+    events = [r for r in map(json.loads, f) if r.get("guard/rollback")]
+  assert [r["guard/lr_scale"] for r in events] == [0.5, 0.25]
+  assert all("actor/kl_loss" in r and r["actor/kl_loss"] > 1e-4 for r in events)
