@@ -1,0 +1,78 @@
+"""Export a training checkpoint's actor (and critic) as Hugging Face checkpoints.
+
+    python -m jaxrlhf.export --checkpoint runs/proj/exp/global_step_40 --out exported/actor \
+        [--critic_out exported/critic] [--dtype bfloat16]
+
+The actor is written as a causal LM (config.json + safetensors) that
+`transformers.AutoModelForCausalLM.from_pretrained` loads; the critic as a token-classification
+model with one label (verl's critic format). When the run started from an HF checkpoint, that
+checkpoint's tokenizer and generation config are copied alongside; the built-in tokenizer of a
+from-scratch run is copied from the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+
+import ml_collections
+import orbax.checkpoint as ocp
+
+from jaxrlhf.checkpoint import CheckpointError, split_step_dir
+from jaxrlhf.models import save_hf_checkpoint
+
+
+def read_checkpoint(step_dir: str):
+  """(raw state dict of numpy/jax arrays, meta dict, config) of a `global_step_N` directory."""
+  run_dir, step = split_step_dir(step_dir)
+  with ocp.CheckpointManager(run_dir, options=ocp.CheckpointManagerOptions(step_prefix="global_step"),
+                             item_names=("state", "meta")) as manager:
+    if step not in manager.all_steps():
+      raise CheckpointError(f"{step_dir!r} is not a finished jaxrlhf checkpoint")
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                             meta=ocp.args.JsonRestore()))
+  config = ml_collections.ConfigDict(json.loads(restored.meta["config"]))
+  return restored.state, restored.meta, config
+
+
+def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None, dtype: str | None = None):
+  from jaxrlhf.trainer.trainer import model_config_from
+
+  state, _, config = read_checkpoint(step_dir)
+  actor_model = config.actor_rollout_ref.model
+  model_config = model_config_from(actor_model)
+  save_hf_checkpoint(state["actor_params"], model_config, out_dir, head="lm", dtype=dtype,
+                     source_dir=actor_model.path or None)
+  if not actor_model.path:
+    tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
+    if os.path.isdir(tokenizer_dir):
+      for name in os.listdir(tokenizer_dir):
+        shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
+  if critic_out:
+    if state.get("critic_params") is None:
+      raise CheckpointError(f"{step_dir!r} has no critic (critic.enable was off)")
+    critic_model = config.critic.model
+    critic_config = model_config_from(critic_model) if critic_model.path else model_config
+    save_hf_checkpoint(state["critic_params"], critic_config, critic_out, head="value", dtype=dtype,
+                       source_dir=critic_model.path or actor_model.path or None)
+  return out_dir
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--checkpoint", required=True, help="a global_step_N checkpoint directory")
+  parser.add_argument("--out", required=True, help="output directory for the actor (causal LM)")
+  parser.add_argument("--critic_out", default=None, help="output directory for the critic (token classification)")
+  parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="weights dtype (default: as trained)")
+  args = parser.parse_args(argv)
+  try:
+    export_checkpoint(args.checkpoint, args.out, args.critic_out, args.dtype)
+  except (CheckpointError, ValueError) as e:
+    parser.exit(2, f"jaxrlhf.export: error: {e}\n")
+  print(f"exported {args.checkpoint} -> {args.out}" + (f", critic -> {args.critic_out}" if args.critic_out else ""))
+
+
+if __name__ == "__main__":
+  main()
