@@ -158,6 +158,8 @@ def get_base_config() -> ml_collections.ConfigDict:
       max_actor_ckpt_to_keep=_placeholder(int),
       seed=1,
       plot=True,
+      prometheus_port=_placeholder(int),  # None = off; 0 = any free port
+      profile_steps=(),  # global steps (from 1) to trace with jax.profiler into <run dir>/profile
       # Seeds' stable-pipeline practice, automated: on a KL blow-up or a reward collapse, restore the
       # last checkpoint, scale the learning rate by lr_backoff and continue; stop after max_rollbacks.
       guard=dict(
@@ -197,7 +199,7 @@ _CHOICES = {
     "critic.model.dtype": ("float32", "bfloat16"),
     "critic.model.param_dtype": ("float32", "bfloat16"),
 }
-_LOGGERS = ("console", "jsonl", "wandb")
+_LOGGERS = ("console", "jsonl", "wandb", "tensorboard", "mlflow")
 
 
 def _flatten(config, prefix=""):
@@ -252,6 +254,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   for name in values["trainer.logger"]:
     if name not in _LOGGERS:
       raise ConfigError(f"config key 'trainer.logger' has unknown logger {name!r}; known: {_LOGGERS}")
+  port = values["trainer.prometheus_port"]
+  if port is not None and not 0 <= port <= 65535:
+    raise ConfigError(f"config key 'trainer.prometheus_port' must be in 0..65535, got {port}")
   for path, default in _NOT_YET_SUPPORTED.items():
     if values[path] != default:
       raise ConfigError(f"config key '{path}'={values[path]!r} is not supported yet (only {default!r})")

@@ -68,11 +68,17 @@ def test_cli_unknown_override_is_an_error_naming_the_key():
 
 
 def test_cli_override_reaches_the_trainer(tmp_path):
-  result = _train("--config.actor_rollout_ref.actor.optim.lr=3e-4", "--config.trainer.total_training_steps=1",
+  result = _train("--config.actor_rollout_ref.actor.optim.lr=3e-4", "--config.trainer.total_training_steps=2",
                   "--config.trainer.val_before_train=False", "--config.trainer.test_freq=-1",
-                  f"--config.trainer.default_local_dir={tmp_path}", "--config.trainer.logger=('jsonl',)")
+                  f"--config.trainer.default_local_dir={tmp_path}",
+                  "--config.trainer.logger=('console','jsonl','tensorboard')", "--config.trainer.profile_steps=(2,)")
   assert result.returncode == 0, result.stderr[-2000:]
   import json
-  with open(tmp_path / "quickstart" / "recall_ppo" / "metrics.jsonl") as f:
+  run_dir = tmp_path / "quickstart" / "recall_ppo"
+  with open(run_dir / "metrics.jsonl") as f:
     record = json.loads(f.readline())
   assert record["actor/lr"] == pytest.approx(3e-4)
+  assert "step 2/2" in result.stdout and "mesh {'data': 1" in result.stdout  # console line, layout report
+  assert any(name.startswith("events.out.tfevents") for name in os.listdir(run_dir / "tensorboard"))
+  assert any(files for _, _, files in os.walk(run_dir / "profile"))
+  assert (run_dir / "metrics.png").exists()

@@ -13,6 +13,10 @@ import time
 from jaxrlhf.tracking.record import is_number, kl, tokens_per_second
 
 
+def _is_guard_event(key: str) -> bool:
+  return key.startswith("guard/") or key.endswith("/update_skipped")
+
+
 def _format(value: float) -> str:
   return f"{value:.4g}" if math.isfinite(value) else str(value)
 
@@ -65,7 +69,7 @@ class ConsoleLogger:
     parts += [f"{key.removeprefix('val-core/')} {_format(value)}" for key, value in record.items()
               if key.startswith("val-core/") and is_number(value)]
     parts += [f"{key} {_format(value)}" for key, value in record.items()
-              if key.startswith("guard/") and is_number(value) and value != 0]
+              if _is_guard_event(key) and is_number(value) and value != 0]
     if len(parts) > 1 or "training/global_step" in record:
       self.write(" | ".join(parts))
 

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 from collections import defaultdict
 
@@ -31,7 +32,7 @@ from jaxrlhf.parallel.layouts import activation_sharding, generation_rules
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.parallel.report import layout_report, per_device_bytes
 from jaxrlhf.rollout import SamplingParams
-from jaxrlhf.tracking import Tracking, plot_metrics
+from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics
 from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.reward import make_reward_fn
@@ -293,8 +294,7 @@ class Trainer:
     metrics.update({"guard/rollback": 1.0, "guard/rollback_to_step": float(step), "guard/lr_scale": lr_scale,
                     "guard/rollbacks": float(guard.rollbacks)})
     tracking.log(metrics, step=int(metrics["training/global_step"]))
-    if jax.process_index() == 0:
-      print(f"guard: {reason}; rolled back to step {step}, lr scale now {lr_scale:g}", flush=True)
+    tracking.write(f"guard: {reason}; rolled back to step {step}, lr scale now {lr_scale:g}")
     return int(step)
 
   def validate(self) -> dict[str, float]:
@@ -331,7 +331,8 @@ class Trainer:
     checkpointer = Checkpointer(self.run_dir, max_to_keep=config.max_actor_ckpt_to_keep)
     start_step = self.resume(checkpointer)
     tracking = Tracking(config.logger, self.run_dir, total_steps=self.total_steps, config=self.config,
-                        project=config.project_name, experiment=config.experiment_name)
+                        project=config.project_name, experiment=config.experiment_name,
+                        prometheus_port=config.prometheus_port, start_step=start_step)
     guard = Guard(config.guard)
     if guard.enabled and checkpointer.latest_step() is None:
       self.save(checkpointer, start_step)  # a rollback needs somewhere to go back to
@@ -343,7 +344,8 @@ class Trainer:
         history.append({"step": start_step, **val})
       step = start_step
       while step < self.total_steps:
-        metrics = self.train_step(step)
+        with maybe_profile(step + 1, config.profile_steps, self.run_dir):
+          metrics = self.train_step(step)  # returns host values: the profiled step has finished
         reason = guard.check(metrics)
         if reason is not None:
           step = self.rollback(checkpointer, guard, reason, metrics, tracking)
@@ -359,7 +361,7 @@ class Trainer:
           self.save(checkpointer, step)
     finally:
       checkpointer.close()
-      tracking.close()
+      tracking.close(failed=sys.exc_info()[0] is not None)
     if config.plot and "jsonl" in config.logger and jax.process_index() == 0:
       plot_metrics(tracking.metrics_path, os.path.join(self.run_dir, "metrics.png"))
     return history

@@ -30,7 +30,8 @@ def _step_metrics(step, score):
 
 def _log_two_steps(run):
   run.log(_step_metrics(1, 0.5), step=1)
-  run.log({**_step_metrics(2, 0.75), "val-core/gsm8k/reward/mean@4": 0.6}, step=2)
+  run.log({**_step_metrics(2, 0.75), "val-core/gsm8k/reward/mean@4": 0.6, "actor/update_skipped": 1.0,
+           "critic/update_skipped": 0.0}, step=2)
 
 
 def test_jsonl_writes_null_for_non_finite_and_plots(tmp_path):
@@ -61,7 +62,8 @@ def test_console_prints_one_concise_line_per_step(tmp_path, capsys):
   assert len(out) == 3
   assert out[0].startswith("step 1/4 eta ")
   assert "reward 0.5" in out[0] and "kl 0.01" in out[0] and "tok/s 500" in out[0] and "2.00s/step" in out[0]
-  assert "gsm8k/reward/mean@4 0.6" in out[1]
+  assert "gsm8k/reward/mean@4 0.6" in out[1] and "actor/update_skipped 1" in out[1]
+  assert "critic/update_skipped" not in out[1]  # only events that happened
   assert out[2] == "guard: skipped update at step 2"
   assert not (tmp_path / "metrics.jsonl").exists()
 
@@ -140,6 +142,7 @@ def test_wandb_offline_run_has_metrics_and_config(tmp_path, monkeypatch):
 
 def test_mlflow_file_store_has_metrics_and_params(tmp_path, monkeypatch):
   monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # the logger must opt in to the file store itself
   with Tracking(["mlflow"], str(tmp_path), total_steps=2, config={"trainer": {"seed": 7}}, project="proj",
                 experiment="exp") as run:
     _log_two_steps(run)
