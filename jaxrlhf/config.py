@@ -156,6 +156,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       resume_from_path="",
       default_local_dir="checkpoints",
       max_actor_ckpt_to_keep=_placeholder(int),
+      save_hf=False,  # also export the actor (and critic) in HF format at every save: <run dir>/huggingface/
       seed=1,
       plot=True,
       prometheus_port=_placeholder(int),  # None = off; 0 = any free port

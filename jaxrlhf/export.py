@@ -37,27 +37,36 @@ def read_checkpoint(step_dir: str):
   return restored.state, restored.meta, config
 
 
-def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None, dtype: str | None = None):
+def write_hf(actor_params, config, out_dir: str, *, critic_params=None, critic_out: str | None = None,
+             tokenizer_dir: str | None = None, dtype: str | None = None) -> str:
+  """Writes the actor (and the critic when `critic_out`) of a run with `config` in HF format.
+
+  A run started from an HF checkpoint keeps that checkpoint's other config keys, tokenizer and
+  generation config; a from-scratch run gets the tokenizer files from `tokenizer_dir`.
+  """
   from jaxrlhf.trainer.trainer import model_config_from
 
-  state, _, config = read_checkpoint(step_dir)
   actor_model = config.actor_rollout_ref.model
   model_config = model_config_from(actor_model)
-  save_hf_checkpoint(state["actor_params"], model_config, out_dir, head="lm", dtype=dtype,
-                     source_dir=actor_model.path or None)
-  if not actor_model.path:
-    tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
-    if os.path.isdir(tokenizer_dir):
-      for name in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
+  save_hf_checkpoint(actor_params, model_config, out_dir, head="lm", dtype=dtype, source_dir=actor_model.path or None)
+  if not actor_model.path and tokenizer_dir and os.path.isdir(tokenizer_dir):
+    for name in os.listdir(tokenizer_dir):
+      shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
   if critic_out:
-    if state.get("critic_params") is None:
-      raise CheckpointError(f"{step_dir!r} has no critic (critic.enable was off)")
+    if critic_params is None:
+      raise CheckpointError("the run has no critic (critic.enable was off)")
     critic_model = config.critic.model
     critic_config = model_config_from(critic_model) if critic_model.path else model_config
-    save_hf_checkpoint(state["critic_params"], critic_config, critic_out, head="value", dtype=dtype,
+    save_hf_checkpoint(critic_params, critic_config, critic_out, head="value", dtype=dtype,
                        source_dir=critic_model.path or actor_model.path or None)
   return out_dir
+
+
+def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None, dtype: str | None = None):
+  state, _, config = read_checkpoint(step_dir)
+  tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
+  return write_hf(state["actor_params"], config, out_dir, critic_params=state.get("critic_params"),
+                  critic_out=critic_out, tokenizer_dir=tokenizer_dir, dtype=dtype)
 
 
 def main(argv=None):

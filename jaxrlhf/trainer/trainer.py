@@ -262,6 +262,16 @@ class Trainer:
     meta = {"step": step, "epoch": self.schedule.epoch_of(step), "data_seed": self.config.data.seed,
             "seed": self.config.trainer.seed, "config": self.config.to_json()}
     checkpointer.save(step, self.state, meta)
+    if self.config.trainer.save_hf:
+      self.export_hf(os.path.join(self.run_dir, "huggingface", f"global_step_{step}"))
+
+  def export_hf(self, out_dir: str) -> None:
+    """The current actor as an HF causal LM in `out_dir` (the critic in `out_dir`/critic)."""
+    from jaxrlhf.export import write_hf
+    has_critic = self.state.critic_params is not None
+    write_hf(self.state.actor_params, self.config, out_dir, critic_params=self.state.critic_params,
+             critic_out=os.path.join(out_dir, "critic") if has_critic else None,
+             tokenizer_dir=os.path.join(self.run_dir, "tokenizer"))
 
   def resume(self, checkpointer: Checkpointer) -> int:
     """Restores per `trainer.resume_mode`; returns the step to continue from (0 for a fresh run)."""
