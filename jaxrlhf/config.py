@@ -70,6 +70,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       max_prompt_length=512,
       max_response_length=512,
       train_batch_size=1024,
+      gen_batch_size=_placeholder(int),  # DAPO dynamic sampling: prompts generated per round (None = train_batch_size)
       val_batch_size=_placeholder(int),  # None = the whole validation set in one batch
       shuffle=True,
       seed=1,
@@ -88,7 +89,9 @@ def get_base_config() -> ml_collections.ConfigDict:
           clip_ratio_low=_placeholder(float),
           clip_ratio_high=_placeholder(float),
           clip_ratio_c=3.0,
-          policy_loss=dict(loss_mode="vanilla"),
+          # loss_mode: vanilla | gspo | gpg | cispo | geo_mean | clip_cov | kl_cov (+ registered ones)
+          policy_loss=dict(loss_mode="vanilla", clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0,
+                           kl_cov_ratio=0.0002, ppo_kl_coef=0.1),
           loss_agg_mode="token-mean",
           entropy_coeff=0.0,
           use_kl_loss=False,
@@ -128,7 +131,13 @@ def get_base_config() -> ml_collections.ConfigDict:
       grad_clip=1.0,
   )
 
-  config.reward_model = dict(enable=False, model=dict(path=""))
+  config.reward_model = dict(
+      enable=False,
+      model=dict(path=""),
+      on_error="raise",  # raise | zero: a reward function that fails scores 0 and is counted (reward/errors)
+      # DAPO overlong shaping: a linear penalty over the last `len` tokens before max_response_length.
+      overlong_buffer=dict(enable=False, len=4096, penalty_factor=1.0),
+  )
   # verl keeps the custom reward function at the top level of its tree.
   config.custom_reward_function = dict(path="", name="compute_score")
 
@@ -140,6 +149,8 @@ def get_base_config() -> ml_collections.ConfigDict:
       use_kl_in_reward=False,
       kl_penalty="kl",
       kl_ctrl=dict(type="fixed", kl_coef=0.001, horizon=10000, target_kl=0.1),
+      # DAPO dynamic sampling: drop groups whose `metric` is equal for every sample, refill the batch.
+      filter_groups=dict(enable=False, metric="score", max_num_gen_batches=0),  # 0 = no limit
   )
 
   config.trainer = dict(
@@ -159,6 +170,8 @@ def get_base_config() -> ml_collections.ConfigDict:
       save_hf=False,  # also export the actor (and critic) in HF format at every save: <run dir>/huggingface/
       seed=1,
       plot=True,
+      fuse_step=True,  # False: phased mode, one jit per stage with timing_s/* per phase (same numbers)
+      log_val_generations=0,  # validation samples written to <run dir>/val_generations.jsonl
       prometheus_port=_placeholder(int),  # None = off; 0 = any free port
       profile_steps=(),  # global steps (from 1) to trace with jax.profiler into <run dir>/profile
       # Seeds' stable-pipeline practice, automated: on a KL blow-up or a reward collapse, restore the
@@ -187,10 +200,13 @@ _NOT_YET_SUPPORTED = {
     "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.fsdp_config.param_offload": False,
     "reward_model.enable": False,
+    "trainer.log_val_generations": 0,
 }
 
 _CHOICES = {
     "data.truncation": ("error", "left", "right", "middle"),
+    "reward_model.on_error": ("raise", "zero"),
+    "algorithm.filter_groups.metric": ("score", "seq_reward"),
     "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
     "critic.optim.lr_scheduler_type": ("constant", "cosine"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
@@ -272,6 +288,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(
         f"data.train_batch_size={data.train_batch_size} is not divisible by "
         f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}")
+  if data.gen_batch_size is not None and data.gen_batch_size < data.train_batch_size:
+    raise ConfigError(f"data.gen_batch_size={data.gen_batch_size} must be >= data.train_batch_size="
+                      f"{data.train_batch_size}")
+  overlong = config.reward_model.overlong_buffer
+  if overlong.enable and not 0 < overlong.len <= data.max_response_length:
+    raise ConfigError(f"reward_model.overlong_buffer.len={overlong.len} must be in 1..data.max_response_length="
+                      f"{data.max_response_length}")
   rollout = config.actor_rollout_ref.rollout
   if rollout.temperature <= 0 and rollout.do_sample:
     raise ConfigError("actor_rollout_ref.rollout.temperature must be > 0 when do_sample=True "

@@ -29,6 +29,7 @@ from jaxrlhf.algos.kl import (
     kl_penalty,
 )
 from jaxrlhf.algos.policy_loss import (
+    POLICY_LOSS_CONFIG_KEYS,
     POLICY_LOSSES,
     compute_policy_loss,
     compute_policy_loss_cispo,
@@ -53,7 +54,7 @@ from jaxrlhf.algos.stats import (
 from jaxrlhf.algos.value_loss import compute_value_loss
 
 __all__ = [
-    "ADV_ESTIMATORS", "KL_PENALTY_TYPES", "LOSS_AGG_MODES", "POLICY_LOSSES",
+    "ADV_ESTIMATORS", "KL_PENALTY_TYPES", "LOSS_AGG_MODES", "POLICY_LOSSES", "POLICY_LOSS_CONFIG_KEYS",
     "adaptive_kl_update", "agg_loss", "compute_advantage", "compute_gae_advantage_return",
     "compute_gpg_outcome_advantage", "compute_grpo_outcome_advantage", "compute_grpo_passk_outcome_advantage",
     "compute_opo_outcome_advantage", "compute_policy_loss", "compute_policy_loss_cispo",

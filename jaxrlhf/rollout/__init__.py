@@ -1,5 +1,27 @@
-"""Generation: jitted prefill + while-loop decode with a KV cache."""
+"""Generation: jitted prefill + while-loop decode with a KV cache, prompt buckets, a JetStream-style engine."""
 
-from jaxrlhf.rollout.sampler import SamplingParams, filter_logits, generate, token_log_probs
+from jaxrlhf.rollout.buckets import (
+    DEFAULT_BATCH_BUCKETS,
+    DEFAULT_LENGTH_BUCKETS,
+    PaddedPrompts,
+    pad_prompts,
+    pick_bucket,
+    repeat_interleave,
+    response_lengths_and_clip,
+)
+from jaxrlhf.rollout.engine import DecodeState, Engine, Prefix, ResultTokens, SlotData
+from jaxrlhf.rollout.sampler import (
+    SamplingParams,
+    choose_tokens,
+    filter_logits,
+    generate,
+    prefill_cache,
+    token_log_probs,
+)
 
-__all__ = ["SamplingParams", "filter_logits", "generate", "token_log_probs"]
+__all__ = [
+    "DEFAULT_BATCH_BUCKETS", "DEFAULT_LENGTH_BUCKETS", "PaddedPrompts", "pad_prompts", "pick_bucket",
+    "repeat_interleave", "response_lengths_and_clip",
+    "DecodeState", "Engine", "Prefix", "ResultTokens", "SlotData",
+    "SamplingParams", "choose_tokens", "filter_logits", "generate", "prefill_cache", "token_log_probs",
+]

@@ -67,41 +67,70 @@ def token_log_probs(logits_BxLxV, tokens_BxL, temperature: float):
   return jnp.take_along_axis(log_probs_BxLxV, tokens_BxL[..., None], axis=-1)[..., 0]
 
 
+def choose_tokens(logits_BxV, key, sampling: SamplingParams):
+  """Greedy argmax, or a sample from softmax(filter(logits / T)); `key` is one key or one per row."""
+  if not sampling.do_sample or sampling.temperature <= 0:
+    return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+  scaled_BxV = filter_logits(logits_BxV / sampling.temperature, sampling.top_k, sampling.top_p)
+  if key.ndim == 0:
+    return jax.random.categorical(key, scaled_BxV, axis=-1).astype(jnp.int32)
+  return jax.vmap(lambda k, row_V: jax.random.categorical(k, row_V))(key, scaled_BxV).astype(jnp.int32)
+
+
+def prefill_cache(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_mask_BxP, cache_length: int,
+                  constrain_cache: Callable | None = None):
+  """KV cache of every prompt token but the last, whose forward is the first decode step.
+
+  Only the cache of this call is used, so XLA drops its language-model head: no [B, P, V] logits.
+  Left padding puts every row's last prompt token in the last column. Returns (cache, kv_mask_BxS).
+  """
+  batch, prompt_len = prompt_ids_BxP.shape
+  constrain_cache = constrain_cache or (lambda cache: cache)
+  cache = constrain_cache(init_cache(model_config, batch, cache_length))
+  prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
+  kv_mask_BxS = jnp.concatenate(
+      [prompt_mask_BxP, jnp.zeros((batch, cache_length - prompt_len), jnp.int32)], axis=1)
+  if prompt_len > 1:
+    # Causal masking keeps these queries off column P-1, which the first decode step writes.
+    _, cache = apply_fn(params, prompt_ids_BxP[:, :-1], positions_from_mask(prompt_mask_BxP)[:, :-1],
+                        kv_mask_BxS, cache, jnp.int32(0))
+    cache = constrain_cache(cache)
+  return cache, kv_mask_BxS
+
+
 def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_mask_BxP, rng,
-             sampling: SamplingParams, constrain_cache: Callable | None = None):
+             sampling: SamplingParams, constrain_cache: Callable | None = None, active_B=None):
   """Samples up to `max_new_tokens` per left-padded prompt.
 
   `apply_fn(params, ids_BxL, positions_BxL, kv_mask_BxS, cache, cache_index) -> (logits, cache)`.
   `constrain_cache(cache) -> cache` pins the KV cache's sharding (batch and kv-heads) on a mesh.
+  `active_B` (bool, optional): rows marked False (batch padding) start finished and stay empty.
   Returns dict(responses [B,R] int32 (pad after EOS), response_mask [B,R] int32,
-  rollout_log_probs [B,R] fp32, num_steps scalar).
+  rollout_log_probs [B,R] fp32, response_lengths [B] int32, num_steps scalar).
+
+  Step s feeds one token (the last prompt token, then each sampled one) at cache index P-1+s and
+  samples from its logits, so no forward is spent on a token that is never fed back.
   """
   batch, prompt_len = prompt_ids_BxP.shape
   response_len = sampling.max_new_tokens
-  total_len = prompt_len + response_len
   eos_E = jnp.asarray(sampling.eos_token_ids, jnp.int32)
   prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
-
   constrain_cache = constrain_cache or (lambda cache: cache)
-  cache = constrain_cache(init_cache(model_config, batch, total_len))
-  kv_mask_BxS = jnp.concatenate([prompt_mask_BxP, jnp.zeros((batch, response_len), jnp.int32)], axis=1)
-  logits_BxPxV, cache = apply_fn(params, prompt_ids_BxP, positions_from_mask(prompt_mask_BxP),
-                                 kv_mask_BxS, cache, jnp.int32(0))
-  prompt_lengths_B = prompt_mask_BxP.sum(axis=1)
-
-  def choose(logits_BxV, key):
-    if not sampling.do_sample or sampling.temperature <= 0:
-      return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-    scaled_BxV = filter_logits(logits_BxV / sampling.temperature, sampling.top_k, sampling.top_p)
-    return jax.random.categorical(key, scaled_BxV, axis=-1).astype(jnp.int32)
+  cache, kv_mask_BxS = prefill_cache(apply_fn, params, model_config, prompt_ids_BxP, prompt_mask_BxP,
+                                     prompt_len + response_len - 1, constrain_cache)
+  last_position_B = jnp.maximum(prompt_mask_BxP.sum(axis=1) - 1, 0)
 
   def cond(carry):
     step, _, _, done_B, *_ = carry
     return (step < response_len) & ~jnp.all(done_B)
 
   def body(carry):
-    step, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, logits_BxV = carry
-    token_B = choose(logits_BxV, jax.random.fold_in(rng, step))
+    step, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, input_B = carry
+    logits_Bx1xV, cache = apply_fn(params, input_B[:, None], (last_position_B + step)[:, None], kv_mask_BxS, cache,
+                                   prompt_len - 1 + step)
+    cache = constrain_cache(cache)
+    logits_BxV = logits_Bx1xV[:, 0]
+    token_B = choose_tokens(logits_BxV, jax.random.fold_in(rng, step), sampling)
     log_prob_B = token_log_probs(logits_BxV[:, None], token_B[:, None], sampling.logprob_temperature)[:, 0]
     token_B = jnp.where(done_B, sampling.pad_token_id, token_B)
     tokens_BxR = jax.lax.dynamic_update_slice(tokens_BxR, token_B[:, None], (0, step))
@@ -109,19 +138,18 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
                                                  (0, step))
     valid_BxR = jax.lax.dynamic_update_slice(valid_BxR, (~done_B).astype(jnp.int32)[:, None], (0, step))
     done_B = done_B | jnp.isin(token_B, eos_E)
-    kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS, jnp.ones((batch, 1), jnp.int32), (0, prompt_len + step))
-    positions_Bx1 = (prompt_lengths_B + step)[:, None]
-    next_logits_Bx1xV, cache = apply_fn(params, token_B[:, None], positions_Bx1, kv_mask_BxS, cache,
-                                        prompt_len + step)
-    cache = constrain_cache(cache)
-    return (step + 1, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, next_logits_Bx1xV[:, 0])
+    # The next input lands in column P + step; the last step's update falls off the end (clamped, unused).
+    kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS, jnp.ones((batch, 1), jnp.int32),
+                                               (0, jnp.minimum(prompt_len + step, kv_mask_BxS.shape[1] - 1)))
+    return step + 1, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, token_B
 
+  done_B = jnp.zeros((batch,), bool) if active_B is None else ~jnp.asarray(active_B, bool)
   carry = (jnp.int32(0),
            jnp.full((batch, response_len), sampling.pad_token_id, jnp.int32),
            jnp.zeros((batch, response_len), jnp.float32),
-           jnp.zeros((batch,), bool),
+           done_B,
            jnp.zeros((batch, response_len), jnp.int32),
-           cache, kv_mask_BxS, logits_BxPxV[:, -1])
+           cache, kv_mask_BxS, prompt_ids_BxP[:, -1].astype(jnp.int32))
   steps, tokens_BxR, log_probs_BxR, _, valid_BxR, *_ = jax.lax.while_loop(cond, body, carry)
   return {"responses": tokens_BxR, "response_mask": valid_BxR, "rollout_log_probs": log_probs_BxR,
-          "num_steps": steps}
+          "response_lengths": valid_BxR.sum(axis=1), "num_steps": steps}

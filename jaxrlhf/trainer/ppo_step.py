@@ -138,7 +138,8 @@ class PPOStep:
         old_log_prob, log_prob, micro["advantages"], mask,
         loss_mode=actor.policy_loss.loss_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
         clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
-        loss_agg_mode=actor.loss_agg_mode, rng=rng, **normalizers)
+        loss_agg_mode=actor.loss_agg_mode, rng=rng, **normalizers,
+        **{key: actor.policy_loss[key] for key in algos.POLICY_LOSS_CONFIG_KEYS})
     entropy = algos.entropy_from_logits(logits_NxRxV / self.temperature)
     entropy_loss = algos.agg_loss(entropy, mask, actor.loss_agg_mode, **normalizers)
     loss = pg_loss - actor.entropy_coeff * entropy_loss
@@ -217,56 +218,80 @@ class PPOStep:
                        f"does not divide the mini-batch of {mini_batch_rows} sequences")
     return rows
 
-  # ----- the step ------------------------------------------------------------------------------
+  # ----- the phases of a step (SPEC §5); fused = their composition in one program ----------------
 
-  def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
-    config = self.config
-    actor_cfg, critic_cfg, algo = config.actor_rollout_ref.actor, config.critic, config.algorithm
-    n = config.actor_rollout_ref.rollout.n
-    gen_key, actor_key, critic_key = jax.random.split(rng, 3)
+  def rollout(self, actor_params, batch, rng) -> dict:
+    """Phase `gen`: prompts x n (interleaved, group ids) -> responses in the generation layout.
 
-    # 1. prompts x n, interleaved; rows of one prompt share a group id.
+    ReMax also decodes each prompt greedily once: its reward is the baseline.
+    """
+    n = self.config.actor_rollout_ref.rollout.n
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
-    sample_index_N = jnp.repeat(batch["sample_index"], n, axis=0)
-    group_index_N = jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n)
-
-    # 2. generate in the generation layout (the gathered copy lives only inside this phase).
-    generation_params = self.layouts.to_generation(state.actor_params)
-    rollout = generate(self.actor_apply, generation_params, self.model_config,
-                       *self.layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP)),
-                       gen_key, self.sampling, constrain_cache=self.layouts.constrain_cache)
+    generation_params = self.layouts.to_generation(actor_params)  # the gathered copy lives only in this phase
+    out = generate(self.actor_apply, generation_params, self.model_config,
+                   *self.layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP)),
+                   rng, self.sampling, constrain_cache=self.layouts.constrain_cache)
+    responses_NxR, response_mask_NxR = self.layouts.constrain_batch((out["responses"], out["response_mask"]))
     prompts_NxP, prompt_mask_NxP = self.layouts.constrain_batch((prompts_NxP, prompt_mask_NxP))
-    responses_NxR, response_mask_NxR = self.layouts.constrain_batch(
-        (rollout["responses"], rollout["response_mask"]))
-    mask_f = response_mask_NxR.astype(jnp.float32)
+    rollout = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
+               "response_mask": response_mask_NxR,
+               "sample_index": jnp.repeat(batch["sample_index"], n, axis=0),
+               "group_index": jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
+               "decode_steps": out["num_steps"]}
+    if self.config.algorithm.adv_estimator == "remax":
+      greedy = dataclasses.replace(self.sampling, do_sample=False)
+      baseline = generate(self.actor_apply, generation_params, self.model_config,
+                          *self.layouts.constrain_generation_batch((batch["input_ids"], batch["attention_mask"])),
+                          rng, greedy, constrain_cache=self.layouts.constrain_cache)
+      rollout["baseline_responses"] = jnp.repeat(baseline["responses"], n, axis=0)
+      rollout["baseline_response_mask"] = jnp.repeat(baseline["response_mask"], n, axis=0)
+    return rollout
 
-    # 3. rule reward on the last valid response token.
-    scores_N = self.reward_fn(responses_NxR, response_mask_NxR, sample_index_N)
-    response_lengths_N = response_mask_NxR.sum(axis=1)
-    last_NxR = jax.nn.one_hot(jnp.maximum(response_lengths_N - 1, 0), responses_NxR.shape[1])
-    token_level_scores = last_NxR * scores_N[:, None] * mask_f
+  def score(self, rollout: dict) -> dict:
+    """Phase `reward`: rule reward on the last valid token (+ DAPO overlong penalty) -> token_level_scores."""
+    responses_NxR, response_mask_NxR = rollout["responses"], rollout["response_mask"]
+    scores_N, errors_N = self.reward_fn(responses_NxR, response_mask_NxR, rollout["sample_index"])
+    lengths_N = response_mask_NxR.sum(axis=1)
+    overlong = self.config.reward_model.overlong_buffer
+    if overlong.enable:
+      # DAPO: no penalty up to max_len - len, then linear down to -penalty_factor at max_len.
+      expected = responses_NxR.shape[1] - overlong.len
+      scores_N = scores_N + jnp.minimum(-(lengths_N - expected) / overlong.len * overlong.penalty_factor, 0.0)
+    last_NxR = jax.nn.one_hot(jnp.maximum(lengths_N - 1, 0), responses_NxR.shape[1])
+    out = {"scores": scores_N, "reward_errors": errors_N,
+           "token_level_scores": last_NxR * scores_N[:, None] * response_mask_NxR.astype(jnp.float32)}
+    if "baseline_responses" in rollout:
+      out["reward_baselines"] = self.reward_fn(rollout["baseline_responses"], rollout["baseline_response_mask"],
+                                               rollout["sample_index"])[0]
+    return out
 
-    # 4. old / ref log-probs, values (train layout).
-    old_log_probs = self.log_probs(state.actor_params, prompts_NxP, prompt_mask_NxP, responses_NxR)
-    old_log_probs = jax.lax.stop_gradient(old_log_probs)
-    metrics: dict[str, jax.Array] = {}
-    ref_log_probs = None
-    if self.use_reference:
-      ref_params = self.layouts.move(state.ref_params, self.layouts.ref_device)
-      ref_log_probs = self.log_probs(ref_params, prompts_NxP, prompt_mask_NxP, responses_NxR)
-    values_NxR = None
-    if self.use_critic:
-      values_NxR = self.values(state.critic_params, prompts_NxP, prompt_mask_NxP, responses_NxR) * mask_f
+  def old_log_prob(self, actor_params, rollout: dict):
+    return jax.lax.stop_gradient(
+        self.log_probs(actor_params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"]))
 
-    # 5. KL in reward, then advantages.
-    kl_coef = state.kl_coef
-    kl_scale = (state.step >= self.kl_warmup_steps).astype(jnp.float32)  # KL warm-up: no KL term at first
+  def ref_log_prob(self, ref_params, rollout: dict):
+    ref_params = self.layouts.move(ref_params, self.layouts.ref_device)
+    return self.log_probs(ref_params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"])
+
+  def critic_values(self, critic_params, rollout: dict):
+    mask_f = rollout["response_mask"].astype(jnp.float32)
+    return self.values(critic_params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"]) * mask_f
+
+  def kl_scale(self, step):
+    return (step >= self.kl_warmup_steps).astype(jnp.float32)  # KL warm-up: no KL term at first
+
+  def advantages(self, state: TrainState, rollout: dict, scored: dict, old_log_probs, ref_log_probs, values):
+    """Phase `adv`: KL in reward (+ controller update), then the configured estimator."""
+    algo = self.config.algorithm
+    mask_f = rollout["response_mask"].astype(jnp.float32)
+    kl_coef, metrics = state.kl_coef, {}
+    token_level_rewards = scored["token_level_scores"]
     if algo.use_kl_in_reward:
       kl_NxR = algos.kl_penalty(old_log_probs, ref_log_probs, algo.kl_penalty) * mask_f
-      token_level_rewards = token_level_scores - kl_scale * kl_coef * kl_NxR
+      token_level_rewards = token_level_rewards - self.kl_scale(state.step) * kl_coef * kl_NxR
       current_kl = jnp.mean(algos.masked_mean(kl_NxR, mask_f, axis=-1))
-      num_sequences = responses_NxR.shape[0]
+      num_sequences = mask_f.shape[0]
       if algo.kl_ctrl.type == "adaptive":
         kl_coef = algos.adaptive_kl_update(kl_coef, current_kl, num_sequences, algo.kl_ctrl.target_kl,
                                            algo.kl_ctrl.horizon)
@@ -274,77 +299,118 @@ class PPOStep:
         kl_coef = algos.fixed_kl_update(kl_coef, current_kl, num_sequences)
       metrics["actor/reward_kl_penalty"] = current_kl
       metrics["actor/reward_kl_penalty_coeff"] = state.kl_coef
-    else:
-      token_level_rewards = token_level_scores
     advantages, returns = algos.compute_advantage(
-        algo.adv_estimator, token_level_rewards=token_level_rewards, response_mask=mask_f, values=values_NxR,
-        index=group_index_N, gamma=algo.gamma, lam=algo.lam,
-        norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+        algo.adv_estimator, token_level_rewards=token_level_rewards, response_mask=mask_f, values=values,
+        index=rollout["group_index"], reward_baselines=scored.get("reward_baselines"), gamma=algo.gamma,
+        lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+    return {"advantages": advantages, "returns": returns, "token_level_rewards": token_level_rewards,
+            "kl_coef": kl_coef, "metrics": metrics}
 
-    data = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
-            "response_mask": response_mask_NxR, "old_log_probs": old_log_probs, "advantages": advantages}
+  def _update_data(self, rollout, old_log_probs, ref_log_probs, adv):
+    data = {key: rollout[key] for key in ("prompts", "prompt_mask", "responses", "response_mask")}
+    data.update(old_log_probs=old_log_probs, advantages=adv["advantages"])
     if ref_log_probs is not None:
       data["ref_log_probs"] = ref_log_probs
+    return data
 
-    # 6. critic update, then actor update.
-    critic_params, critic_opt_state = state.critic_params, state.critic_opt_state
-    if self.use_critic:
-      critic_rows = critic_cfg.ppo_mini_batch_size * n
-      critic_params, critic_opt_state, critic_metrics = self._update(
-          self.critic_loss, critic_params, critic_opt_state, None,
-          dict(data, values=values_NxR, returns=returns), critic_key,
-          tx=self.optimizers["critic"], lr=self.lr_schedules["critic"](state.step) * state.lr_scale, mini_batch_rows=critic_rows,
-          micro_rows=self._micro_rows(critic_cfg.ppo_micro_batch_size_per_gpu, critic_rows,
-                                      "critic.ppo_micro_batch_size_per_gpu"),
-          epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, loss_agg_mode=critic_cfg.loss_agg_mode,
-          prefix="critic")
-      metrics.update(critic_metrics)
+  def update_critic(self, state: TrainState, data: dict, values, returns, rng):
+    """Phase `update_critic`: PPO epochs of clipped value loss."""
+    critic_cfg = self.config.critic
+    rows = critic_cfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+    return self._update(
+        self.critic_loss, state.critic_params, state.critic_opt_state, None, dict(data, values=values, returns=returns),
+        rng, tx=self.optimizers["critic"], lr=self.lr_schedules["critic"](state.step) * state.lr_scale,
+        mini_batch_rows=rows,
+        micro_rows=self._micro_rows(critic_cfg.ppo_micro_batch_size_per_gpu, rows, "critic.ppo_micro_batch_size_per_gpu"),
+        epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, loss_agg_mode=critic_cfg.loss_agg_mode,
+        prefix="critic")
 
-    actor_rows = actor_cfg.ppo_mini_batch_size * n
-    def update_actor(params, opt_state):
+  def update_actor(self, state: TrainState, data: dict, rng):
+    """Phase `update_actor`: PPO epochs of the policy loss (skipped during `critic_warmup`)."""
+    actor_cfg = self.config.actor_rollout_ref.actor
+    rows = actor_cfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+    kl_scale = self.kl_scale(state.step)
+
+    def run(params, opt_state):
       opt_state = self.layouts.move(opt_state, self.layouts.actor_opt_device)
       params, opt_state, metrics = self._update(
-          self.actor_loss, params, opt_state, {"kl_scale": kl_scale}, data, actor_key,
-          tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](state.step) * state.lr_scale, mini_batch_rows=actor_rows,
-          micro_rows=self._micro_rows(actor_cfg.ppo_micro_batch_size_per_gpu, actor_rows,
+          self.actor_loss, params, opt_state, {"kl_scale": kl_scale}, data, rng, tx=self.optimizers["actor"],
+          lr=self.lr_schedules["actor"](state.step) * state.lr_scale, mini_batch_rows=rows,
+          micro_rows=self._micro_rows(actor_cfg.ppo_micro_batch_size_per_gpu, rows,
                                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
           epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, loss_agg_mode=actor_cfg.loss_agg_mode,
           prefix="actor")
+      if actor_cfg.use_kl_loss:
+        metrics["actor/kl_coef"] = kl_scale * actor_cfg.kl_loss_coef
       return params, self.layouts.move(opt_state, self.layouts.actor_opt_host), metrics
 
-    if self.use_critic and config.trainer.critic_warmup > 0:
-      metric_shapes = jax.eval_shape(update_actor, state.actor_params, state.actor_opt_state)[2]
-      skip = lambda params, opt_state: (params, opt_state, jax.tree.map(
-          lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
-      actor_params, actor_opt_state, actor_metrics = jax.lax.cond(
-          state.step >= config.trainer.critic_warmup, update_actor, skip, state.actor_params, state.actor_opt_state)
-    else:
-      actor_params, actor_opt_state, actor_metrics = update_actor(state.actor_params, state.actor_opt_state)
-    metrics.update(actor_metrics)
-    if actor_cfg.use_kl_loss:
-      metrics["actor/kl_coef"] = kl_scale * actor_cfg.kl_loss_coef
+    warmup = self.config.trainer.critic_warmup
+    if not (self.use_critic and warmup > 0):
+      return run(state.actor_params, state.actor_opt_state)
+    metric_shapes = jax.eval_shape(run, state.actor_params, state.actor_opt_state)[2]
+    skip = lambda params, opt_state: (params, opt_state, jax.tree.map(
+        lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
+    return jax.lax.cond(state.step >= warmup, run, skip, state.actor_params, state.actor_opt_state)
 
-    # 7. batch metrics.
-    metrics.update(_stats("critic/score", scores_N))
-    metrics.update(_stats("critic/rewards", token_level_rewards.sum(axis=1)))
-    metrics.update(_stats("critic/advantages", advantages, mask_f))
-    metrics.update(_stats("critic/returns", returns, mask_f))
-    if values_NxR is not None:
-      metrics.update(_stats("critic/values", values_NxR, mask_f))
-      residual_var = algos.masked_var(returns - values_NxR, mask_f)
-      metrics["critic/vf_explained_var"] = 1.0 - residual_var / (algos.masked_var(returns, mask_f) + 1e-5)
-    metrics.update(_stats("response_length", response_lengths_N))
-    metrics["response_length/clip_ratio"] = jnp.mean(
-        (response_lengths_N == responses_NxR.shape[1]).astype(jnp.float32))
-    prompt_lengths_N = prompt_mask_NxP.sum(axis=1)
+  def batch_metrics(self, rollout, scored, adv, values) -> dict:
+    """SPEC §7 batch statistics of one step."""
+    mask_f = rollout["response_mask"].astype(jnp.float32)
+    lengths_N = rollout["response_mask"].sum(axis=1)
+    prompt_lengths_N = rollout["prompt_mask"].sum(axis=1)
+    metrics = {}
+    metrics.update(_stats("critic/score", scored["scores"]))
+    metrics.update(_stats("critic/rewards", adv["token_level_rewards"].sum(axis=1)))
+    metrics.update(_stats("critic/advantages", adv["advantages"], mask_f))
+    metrics.update(_stats("critic/returns", adv["returns"], mask_f))
+    if values is not None:
+      metrics.update(_stats("critic/values", values, mask_f))
+      residual_var = algos.masked_var(adv["returns"] - values, mask_f)
+      metrics["critic/vf_explained_var"] = 1.0 - residual_var / (algos.masked_var(adv["returns"], mask_f) + 1e-5)
+    metrics.update(_stats("response_length", lengths_N))
+    metrics["response_length/clip_ratio"] = jnp.mean((lengths_N == mask_f.shape[1]).astype(jnp.float32))
     metrics.update(_stats("prompt_length", prompt_lengths_N))
-    metrics["prompt_length/clip_ratio"] = jnp.mean((prompt_lengths_N == prompts_NxP.shape[1]).astype(jnp.float32))
-    metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + response_lengths_N.sum()).astype(jnp.float32)
-    metrics["perf/decode_steps"] = rollout["num_steps"].astype(jnp.float32)
+    metrics["prompt_length/clip_ratio"] = jnp.mean(
+        (prompt_lengths_N == rollout["prompt_mask"].shape[1]).astype(jnp.float32))
+    metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + lengths_N.sum()).astype(jnp.float32)
+    metrics["perf/decode_steps"] = jnp.asarray(rollout["decode_steps"], jnp.float32)
+    metrics["reward/num_errors"] = scored["reward_errors"].sum()
+    return metrics
 
+  @staticmethod
+  def split_rng(rng):
+    gen_key, actor_key, critic_key = jax.random.split(rng, 3)
+    return {"gen": gen_key, "actor": actor_key, "critic": critic_key}
+
+  def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng) -> tuple[TrainState, dict]:
+    """Everything after the reward, in one program (used by the fused step and by DAPO's rounds)."""
+    keys = self.split_rng(rng)
+    old_log_probs = self.old_log_prob(state.actor_params, rollout)
+    ref_log_probs = self.ref_log_prob(state.ref_params, rollout) if self.use_reference else None
+    values = self.critic_values(state.critic_params, rollout) if self.use_critic else None
+    adv = self.advantages(state, rollout, scored, old_log_probs, ref_log_probs, values)
+    return self.finish(state, rollout, scored, old_log_probs, ref_log_probs, values, adv, keys)
+
+  def finish(self, state, rollout, scored, old_log_probs, ref_log_probs, values, adv, keys,
+             critic_result=None, actor_result=None):
+    """Updates (unless given, as in phased mode) and the new state + metrics."""
+    data = self._update_data(rollout, old_log_probs, ref_log_probs, adv)
+    metrics = dict(adv["metrics"])
+    critic_params, critic_opt_state = state.critic_params, state.critic_opt_state
+    if self.use_critic:
+      critic_params, critic_opt_state, critic_metrics = critic_result or self.update_critic(
+          state, data, values, adv["returns"], keys["critic"])
+      metrics.update(critic_metrics)
+    actor_params, actor_opt_state, actor_metrics = actor_result or self.update_actor(state, data, keys["actor"])
+    metrics.update(actor_metrics)
+    metrics.update(self.batch_metrics(rollout, scored, adv, values))
     new_state = state.replace(step=state.step + 1, actor_params=actor_params, actor_opt_state=actor_opt_state,
-                              critic_params=critic_params, critic_opt_state=critic_opt_state, kl_coef=kl_coef)
+                              critic_params=critic_params, critic_opt_state=critic_opt_state, kl_coef=adv["kl_coef"])
     return new_state, metrics
+
+  def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
+    """The fused step: every phase in one program."""
+    rollout = self.rollout(state.actor_params, batch, self.split_rng(rng)["gen"])
+    return self.train_on_rollout(state, rollout, self.score(rollout), rng)
 
 
 def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Callable, layouts: StepLayouts):
@@ -358,7 +424,7 @@ def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Calla
     prompts_NxP, prompt_mask_NxP = layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP))
     rollout = generate(step.actor_apply, layouts.to_generation(actor_params), step.model_config, prompts_NxP,
                        prompt_mask_NxP, rng, sampling, constrain_cache=layouts.constrain_cache)
-    scores_N = reward_fn(rollout["responses"], rollout["response_mask"], sample_index_N)
+    scores_N, _ = reward_fn(rollout["responses"], rollout["response_mask"], sample_index_N)
     return scores_N, rollout["response_mask"].sum(axis=1)
 
   return validate

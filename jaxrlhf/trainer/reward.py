@@ -22,22 +22,30 @@ def decode_responses(tokenizer, responses_NxR: np.ndarray, response_mask_NxR: np
   return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
-def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | None = None):
-  """Returns `reward_fn(responses_NxR, response_mask_NxR, sample_index_N) -> scores_N` (jittable)."""
+def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | None = None,
+                   on_error: str = "raise"):
+  """Returns `reward_fn(responses_NxR, response_mask_NxR, sample_index_N) -> (scores_N, errors_N)` (jittable).
+
+  on_error="raise": a reward function that raises or returns a non-number fails the step, naming the
+  sample and its data_source; "zero": that sample scores 0 and errors_N marks it.
+  """
 
   def host_score(responses_NxR, response_mask_NxR, sample_index_N):
     texts = decode_responses(tokenizer, responses_NxR, response_mask_NxR)
     rows = np.asarray(sample_index_N).tolist()
-    scores_N, _ = rewards.score_batch(
+    scores_N, extras = rewards.score_batch(
         compute_score_fn,
         [dataset.data_sources[i] for i in rows],
         texts,
         [dataset.ground_truths[i] for i in rows],
-        [dataset.extra_infos[i] for i in rows])
-    return scores_N.astype(np.float32)
+        [dataset.extra_infos[i] for i in rows],
+        extra_keys=(), on_error=on_error)
+    errors_N = extras.get(rewards.ERROR_KEY, np.zeros_like(scores_N))
+    return scores_N.astype(np.float32), errors_N.astype(np.float32)
 
   def reward_fn(responses_NxR, response_mask_NxR, sample_index_N):
-    result = jax.ShapeDtypeStruct((responses_NxR.shape[0],), jnp.float32)
+    row = jax.ShapeDtypeStruct((responses_NxR.shape[0],), jnp.float32)
+    result = (row, row)
     return jax.pure_callback(host_score, result, responses_NxR, response_mask_NxR, sample_index_N,
                              vmap_method="sequential")
 

@@ -35,6 +35,7 @@ from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics
 from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
 from jaxrlhf.trainer.guards import Guard
+from jaxrlhf.trainer.phased import PhasedStep, select_groups
 from jaxrlhf.trainer.reward import make_reward_fn
 from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
 
@@ -131,7 +132,8 @@ class Trainer:
         batch=lambda shape: batch_sharding(self.mesh, shape),
         generation_batch=lambda shape: batch_sharding(self.mesh, shape, dict(gen_rules)["batch"]),
         cache=lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, gen_rules))
-    self.step_fn = PPOStep(config, self.model_config, make_reward_fn(self.tokenizer, self.train_data, compute_score),
+    self.step_fn = PPOStep(config, self.model_config, make_reward_fn(self.tokenizer, self.train_data, compute_score,
+                                                                     config.reward_model.on_error),
                            eos_token_ids=eos_ids, pad_token_id=pad_id, lr_schedules=schedules,
                            optimizers=optimizers, layouts=step_layouts, num_batch_shards=self.num_batch_shards,
                            kl_warmup_steps=int(trainer_cfg.guard.kl_warmup_steps_ratio * self.total_steps),
@@ -144,9 +146,15 @@ class Trainer:
       val_sampling = SamplingParams.from_rollout_config(
           config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True)
       validate = make_validation_fn(self.step_fn, val_sampling,
-                                    make_reward_fn(self.tokenizer, self.val_data, compute_score), step_layouts)
+                                    make_reward_fn(self.tokenizer, self.val_data, compute_score,
+                                                   config.reward_model.on_error), step_layouts)
       self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, None, replicated(self.mesh)),
                                  out_shardings=replicated(self.mesh))
+    self.phased = PhasedStep(self.step_fn, state_shardings, replicated(self.mesh))
+    self.filter_groups = config.algorithm.filter_groups.enable
+    self.gen_schedule = BatchSchedule(len(self.train_data), data_cfg.gen_batch_size or data_cfg.train_batch_size,
+                                      seed=data_cfg.seed, shuffle=data_cfg.shuffle)
+    self.gen_cursor = 0  # generation rounds drawn so far (dynamic sampling); saved in checkpoints
     self.rng = jax.random.key(trainer_cfg.seed)
 
   # ----- set-up ----------------------------------------------------------------------------------
@@ -238,29 +246,73 @@ class Trainer:
                       kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)), lr_scale=put(jnp.float32(1.0)))
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return {k: jax.device_put(v, batch_sharding(self.mesh, v.shape)) for k, v in arrays.items()}
+    return {k: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh))
+            for k, v in arrays.items()}
 
   # ----- running ---------------------------------------------------------------------------------
 
   def train_step(self, step: int) -> dict[str, float]:
-    """One fused PPO step on batch `step` of the schedule; returns host metrics."""
-    batch = self._device_batch(batch_arrays(self.train_data, self.schedule.indices(step)))
+    """One PPO step on batch `step` of the schedule (fused, phased or with dynamic sampling); host metrics."""
+    rng = jax.random.fold_in(self.rng, step)
+    timings: dict[str, float] = {}
+    extra: dict[str, float] = {}
     start = time.perf_counter()
-    self.state, device_metrics = self.ppo_step(self.state, batch, jax.random.fold_in(self.rng, step))
+    if self.filter_groups:
+      self.state, device_metrics, extra["training/num_gen_batches"] = self._dynamic_sampling_step(rng, timings)
+    else:
+      batch = self._device_batch(batch_arrays(self.train_data, self.schedule.indices(step)))
+      if self.config.trainer.fuse_step:
+        self.state, device_metrics = self.ppo_step(self.state, batch, rng)
+      else:
+        rollout, scored = self.phased.generate_and_score(self.state.actor_params, batch, rng, timings)
+        self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, timings)
     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     elapsed = time.perf_counter() - start
+    metrics.update(extra)
+    tokens = metrics["perf/total_num_tokens"]
+    for phase, seconds in timings.items():
+      metrics[f"timing_s/{phase}"] = seconds
+      metrics[f"timing_per_token_ms/{phase}"] = 1000.0 * seconds / max(tokens, 1.0)
     metrics["timing_s/step"] = elapsed
     metrics["perf/time_per_step"] = elapsed
-    metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / elapsed / self.mesh.size
+    metrics["perf/throughput"] = tokens / elapsed / self.mesh.size
     metrics["training/global_step"] = step + 1
     metrics["training/epoch"] = self.schedule.epoch_of(step)
     return metrics
+
+  def _dynamic_sampling_step(self, rng, timings):
+    """DAPO: generate rounds of `gen_batch_size` prompts until `train_batch_size` groups have varied rewards."""
+    config = self.config
+    filter_groups = config.algorithm.filter_groups
+    rounds = []
+    while True:
+      indices = self.gen_schedule.indices(self.gen_cursor)
+      self.gen_cursor += 1
+      batch = self._device_batch(batch_arrays(self.train_data, indices))
+      round_rng = jax.random.fold_in(rng, len(rounds))
+      rounds.append(self.phased.generate_and_score(self.state.actor_params, batch, round_rng, timings))
+      selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric)
+      if selected is not None:
+        break
+      if 0 < filter_groups.max_num_gen_batches <= len(rounds):
+        raise RuntimeError(
+            f"dynamic sampling: {len(rounds)} generation rounds (algorithm.filter_groups.max_num_gen_batches="
+            f"{filter_groups.max_num_gen_batches}) gave fewer than data.train_batch_size="
+            f"{config.data.train_batch_size} groups with non-identical {filter_groups.metric}; every group is "
+            "solved or failed alike: check the data, or raise max_num_gen_batches")
+    rollout, scored = (self._device_batch(part) for part in selected)
+    if config.trainer.fuse_step:
+      state, metrics = PhasedStep._timed(timings, "train", self.phased.train_on_rollout, self.state, rollout,
+                                         scored, rng)
+    else:
+      state, metrics = self.phased.train(self.state, rollout, scored, rng, timings)
+    return state, metrics, float(len(rounds))
 
   # ----- checkpoints and guards -------------------------------------------------------------------
 
   def save(self, checkpointer: Checkpointer, step: int) -> None:
     meta = {"step": step, "epoch": self.schedule.epoch_of(step), "data_seed": self.config.data.seed,
-            "seed": self.config.trainer.seed, "config": self.config.to_json()}
+            "seed": self.config.trainer.seed, "gen_cursor": self.gen_cursor, "config": self.config.to_json()}
     checkpointer.save(step, self.state, meta)
     if self.config.trainer.save_hf:
       self.export_hf(os.path.join(self.run_dir, "huggingface", f"global_step_{step}"))
@@ -282,14 +334,15 @@ class Trainer:
       directory, step = split_step_dir(config.resume_from_path)
       source = Checkpointer(directory)
       try:
-        self.state, _ = source.restore(step, self.state)
+        self.state, meta = source.restore(step, self.state)
       finally:
         source.close()
     else:
       step = checkpointer.latest_step()
       if step is None:
         return 0
-      self.state, _ = checkpointer.restore(step, self.state)
+      self.state, meta = checkpointer.restore(step, self.state)
+    self.gen_cursor = int(meta.get("gen_cursor", 0))
     logging.info("resumed from %s step %d", self.run_dir, step)
     return int(step)
 
@@ -299,7 +352,8 @@ class Trainer:
     checkpointer.wait()
     step = checkpointer.latest_step()
     lr_scale = float(self.state.lr_scale) * self.config.trainer.guard.lr_backoff
-    self.state, _ = checkpointer.restore(step, self.state)
+    self.state, meta = checkpointer.restore(step, self.state)
+    self.gen_cursor = int(meta.get("gen_cursor", 0))
     self.state = self.state.replace(lr_scale=jax.device_put(jnp.float32(lr_scale), self.state.lr_scale.sharding))
     metrics.update({"guard/rollback": 1.0, "guard/rollback_to_step": float(step), "guard/lr_scale": lr_scale,
                     "guard/rollbacks": float(guard.rollbacks)})

@@ -65,7 +65,7 @@ def test_first_update_has_ratio_one(tmp_path):
   assert metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/pg_clipfrac_lower"] == 0.0
 
 
-SPEC_METRIC_PREFIXES = ("actor/", "critic/", "response_length/", "prompt_length/", "timing_s/", "perf/",
+SPEC_METRIC_PREFIXES = ("actor/", "critic/", "response_length/", "prompt_length/", "timing_s/", "perf/", "reward/",
                         "training/", "val-core/", "val/")
 
 

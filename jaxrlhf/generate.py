@@ -1,0 +1,167 @@
+"""Generate from a Hugging Face checkpoint directory or a jaxrlhf training checkpoint.
+
+    python -m jaxrlhf.generate --model PATH --prompts FILE --output OUT.jsonl [--max_new_tokens N]
+        [--temperature T] (0 = greedy) [--top_p P] [--top_k K] [--n N] [--chat] [--seed S]
+
+PATH: an HF directory (config.json + safetensors + tokenizer) or a run's `global_step_N` directory
+(the tokenizer then comes from the run's model path, else the run's `tokenizer/` folder).
+FILE: a text file with one prompt per line, or a .jsonl/.json file whose rows have a `prompt` field
+(a string, or a verl list of chat messages, which always goes through the chat template). Text is
+tokenized as-is (no special tokens added) unless --chat applies the tokenizer's chat template.
+Each output line: {"prompt", "sample", "response", "response_ids" (up to and including EOS),
+"finish_reason" ("stop" | "length")}. Prompts are padded to length/batch buckets
+(`jaxrlhf.rollout.buckets`), so a run compiles a few programs at most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+from jaxrlhf.rollout import SamplingParams, generate, pad_prompts, repeat_interleave, response_lengths_and_clip
+
+
+def read_prompts(path: str) -> list:
+  """Strings (or lists of chat messages) from a text file or a jsonl file with a `prompt` field."""
+  if not os.path.isfile(path):
+    raise ValueError(f"--prompts {path!r} is not a file")
+  with open(path, encoding="utf-8") as f:
+    lines = [line.rstrip("\n") for line in f]
+  if not path.endswith((".jsonl", ".json")):
+    prompts = [line for line in lines if line.strip()]
+  else:
+    prompts = []
+    for number, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{number} is not valid JSON: {e}") from None
+      if not isinstance(row, dict) or "prompt" not in row:
+        raise ValueError(f"{path}:{number} has no 'prompt' field (expected a JSON object per line)")
+      prompts.append(row["prompt"])
+  if not prompts:
+    raise ValueError(f"--prompts {path!r} holds no prompt")
+  return prompts
+
+
+def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
+  if isinstance(prompt, list) or chat:
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if not getattr(tokenizer, "chat_template", None):
+      raise ValueError("--chat (or a prompt given as chat messages) needs a tokenizer with a chat template")
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+  if not isinstance(prompt, str):
+    raise ValueError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+  return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def load_model(path: str):
+  """(params, DecoderConfig, tokenizer, eos ids, pad id) of an HF directory or a `global_step_N` directory."""
+  from jaxrlhf.models import generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer, pad_token_id
+  if not os.path.isdir(path):
+    raise ValueError(f"--model {path!r} is not a directory")
+  if os.path.exists(os.path.join(path, "config.json")):
+    model_config = load_hf_config(path)
+    params = load_hf_params(path, model_config)
+    tokenizer, source = load_tokenizer(path), path
+  else:
+    from jaxrlhf.export import read_checkpoint
+    from jaxrlhf.trainer.trainer import model_config_from
+    state, _, config = read_checkpoint(path)
+    model_section = config.actor_rollout_ref.model
+    model_config = model_config_from(model_section)
+    params = jax.tree.map(np.asarray, state["actor_params"])
+    source = model_section.path or None
+    tokenizer_dir = source or os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer")
+    if not os.path.isdir(tokenizer_dir):
+      raise ValueError(f"checkpoint {path!r}: no tokenizer at {tokenizer_dir!r} (the run's model path or "
+                       "its tokenizer/ folder)")
+    tokenizer = load_tokenizer(tokenizer_dir)
+  if len(tokenizer) > model_config.vocab_size:
+    raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+                     f"{model_config.vocab_size}")
+  eos_ids = generation_eos_ids(source, tokenizer)
+  return params, model_config, tokenizer, eos_ids, pad_token_id(tokenizer, eos_ids)
+
+
+def run(args) -> list[dict]:
+  from jaxrlhf.models import Decoder
+  params, model_config, tokenizer, eos_ids, pad_id = load_model(args.model)
+  texts = read_prompts(args.prompts)
+  encoded = [encode_prompt(tokenizer, text, args.chat) for text in texts]
+  for text, ids in zip(texts, encoded):
+    if not ids:
+      raise ValueError(f"prompt {text!r} tokenizes to no tokens")
+  greedy = args.temperature <= 0
+  sampling = SamplingParams(max_new_tokens=args.max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad_id,
+                            temperature=1.0 if greedy else args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            do_sample=not greedy)
+  model = Decoder(model_config)
+  apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
+  generate_fn = jax.jit(functools.partial(generate, apply_fn, model_config=model_config, sampling=sampling))
+  params = jax.device_put(params)
+
+  rows = repeat_interleave(list(range(len(texts))), args.n)
+  results, masks = [], []
+  key = jax.random.key(args.seed)
+  for chunk, start in enumerate(range(0, len(rows), args.batch_size)):
+    prompt_indices = rows[start:start + args.batch_size]
+    batch = pad_prompts([encoded[i] for i in prompt_indices], pad_id)
+    out = jax.device_get(generate_fn(params, prompt_ids_BxP=batch.prompt_ids_BxP,
+                                     prompt_mask_BxP=batch.prompt_mask_BxP, rng=jax.random.fold_in(key, chunk),
+                                     active_B=batch.active_B))
+    masks.append(out["response_mask"][:batch.num_prompts])
+    for row, prompt_index in enumerate(prompt_indices):
+      length = int(out["response_lengths"][row])
+      ids = [int(t) for t in out["responses"][row, :length]]
+      results.append({"prompt": texts[prompt_index], "sample": (start + row) % args.n,
+                      "response": tokenizer.decode(ids, skip_special_tokens=True), "response_ids": ids,
+                      "finish_reason": "stop" if ids and ids[-1] in eos_ids else "length"})
+  os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+  with open(args.output, "w", encoding="utf-8") as f:
+    for result in results:
+      f.write(json.dumps(result, ensure_ascii=False) + "\n")
+  lengths, clip_ratio = response_lengths_and_clip(np.concatenate(masks))
+  print(f"{len(results)} responses ({len(texts)} prompts x n={args.n}) -> {args.output}; "
+        f"response_length/mean {lengths.mean():.1f}, response_length/clip_ratio {clip_ratio:.3f}", file=sys.stderr)
+  return results
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m jaxrlhf.generate", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--model", required=True, help="HF checkpoint directory or a run's global_step_N directory")
+  parser.add_argument("--prompts", required=True, help="text file (one prompt per line) or jsonl with 'prompt'")
+  parser.add_argument("--output", required=True, help="output .jsonl")
+  parser.add_argument("--max_new_tokens", type=int, default=256)
+  parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+  parser.add_argument("--top_p", type=float, default=1.0)
+  parser.add_argument("--top_k", type=int, default=-1, help="-1 = off")
+  parser.add_argument("--n", type=int, default=1, help="samples per prompt")
+  parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--batch_size", type=int, default=32, help="rows per generate call (padded to a bucket)")
+  args = parser.parse_args(argv)
+  for name, low in (("max_new_tokens", 1), ("n", 1), ("batch_size", 1)):
+    if getattr(args, name) < low:
+      parser.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
+  if not 0.0 < args.top_p <= 1.0:
+    parser.error(f"--top_p must be in (0, 1], got {args.top_p}")
+  if args.top_k == 0 or args.top_k < -1:
+    parser.error(f"--top_k must be -1 (off) or >= 1, got {args.top_k}")
+  return args
+
+
+def main(argv=None):
+  run(parse_args(argv))
+
+
+if __name__ == "__main__":
+  main()

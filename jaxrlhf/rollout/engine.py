@@ -1,0 +1,325 @@
+"""A JetStream-style serving engine: `prefill`, `insert`, `generate` over a fixed number of decode slots.
+
+The API follows JetStream's `engine_api` (prefill -> (Prefix, ResultTokens); insert(prefix, state,
+slot); generate(params, state) -> (state, ResultTokens) with one new token per slot), so a trained
+policy can be served by JetStream's orchestrator through `jaxrlhf.rollout.jetstream_adapter`, and
+`Engine.serve` runs continuous batching in-process: requests of different lengths enter free slots
+as others finish.
+
+Cache layout. The decoder writes new keys/values at one scalar `cache_index` for the whole batch and
+lets a query see every cached column <= its index that `kv_mask_BxS` marks valid. So all slots are
+stepped at one shared write column `index`, each slot with its own token positions (RoPE) and its
+own row of the kv mask: `insert` puts a left-padded prefix of P columns at [index - P, index) of the
+slot's row and clears the rest of that row. When `index` reaches the cache length S, `generate` first
+shifts every row left by S - keep, where keep = max_prefill_length + max_new_tokens bounds what a
+live request can have written, so nothing live is lost and the copy happens once every S - keep steps.
+Masked columns add exactly 0 to attention, so a request's tokens do not depend on its neighbours.
+
+Sampling keys are per request: token g of a request is drawn with fold_in(request key, g), so a
+sampled response is the same whichever slot or step it ran in.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrlhf.models.decoder import Decoder, DecoderConfig, init_cache
+from jaxrlhf.rollout.buckets import DEFAULT_LENGTH_BUCKETS, pick_bucket
+from jaxrlhf.rollout.sampler import SamplingParams, choose_tokens, prefill_cache, token_log_probs
+
+
+@struct.dataclass
+class SlotData:
+  """One slot's view of a `ResultTokens`: tokens and validity [samples, 1], lengths [samples]."""
+  tokens: Any
+  valid: Any
+  lengths: Any
+
+
+@struct.dataclass
+class ResultTokens:
+  """JetStream's result layout: one int32 array [batch, 3] = (token, valid, length) so one copy reaches the host.
+
+  `log_probs` [batch, 1] fp32 (beyond JetStream) holds the sampled tokens' log-probs under
+  softmax(logits / T), the same numbers the rollout gives the trainer.
+  """
+  data: Any
+  tokens_idx: tuple[int, int] = struct.field(pytree_node=False, default=(0, 1))
+  valid_idx: tuple[int, int] = struct.field(pytree_node=False, default=(1, 2))
+  length_idx: tuple[int, int] = struct.field(pytree_node=False, default=(2, 3))
+  samples_per_slot: int = struct.field(pytree_node=False, default=1)
+  log_probs: Any = None
+
+  def copy_to_host_async(self) -> None:
+    for array in (self.data, self.log_probs):
+      if isinstance(array, jax.Array):
+        array.copy_to_host_async()
+
+  def convert_to_numpy(self) -> "ResultTokens":
+    return self.replace(data=np.asarray(self.data),
+                        log_probs=None if self.log_probs is None else np.asarray(self.log_probs))
+
+  def get_result_at_slot(self, slot: int) -> SlotData:
+    rows = slice(slot * self.samples_per_slot, (slot + 1) * self.samples_per_slot)
+    return SlotData(tokens=self.data[rows, self.tokens_idx[0]:self.tokens_idx[1]],
+                    valid=self.data[rows, self.valid_idx[0]:self.valid_idx[1]],
+                    lengths=self.data[rows, self.length_idx[0]:self.length_idx[1]][:, 0])
+
+
+def _result(token_B, valid_B, length_B, log_prob_B) -> ResultTokens:
+  data_Bx3 = jnp.stack([token_B, valid_B.astype(jnp.int32), length_B], axis=1).astype(jnp.int32)
+  return ResultTokens(data=data_Bx3, log_probs=log_prob_B[:, None].astype(jnp.float32))
+
+
+@struct.dataclass
+class Prefix:
+  """A prefilled request: its KV cache over a left-padded prompt bucket and its first sampled token."""
+  cache: Any  # per layer {'k','v'}: [1, P, kv_heads, head_dim]
+  mask_1xP: jax.Array  # int32, left padding
+  token: jax.Array  # [1] int32: the first generated token (not yet in the cache)
+  position: jax.Array  # [1] int32: its token position
+  done: jax.Array  # [1] bool: it already ends the request (EOS or max_new_tokens == 1)
+  key_data: jax.Array  # [1, ...] uint32: the request's sampling key
+
+
+@struct.dataclass
+class DecodeState:
+  """Everything `generate` transforms, for `max_concurrent_decodes` slots (N) and cache length S."""
+  cache: Any  # per layer {'k','v'}: [N, S, kv_heads, head_dim]
+  kv_mask_NxS: jax.Array  # int32: valid cache columns per slot
+  index: jax.Array  # int32 scalar: the column the next generate step writes (shared by all slots)
+  tokens_N: jax.Array  # int32: each slot's last generated token, fed by the next step
+  positions_N: jax.Array  # int32: its token position
+  lengths_N: jax.Array  # int32: tokens generated so far
+  done_N: jax.Array  # bool: slot empty or its request finished
+  key_data_N: jax.Array  # uint32 [N, ...]: per-request sampling keys
+
+
+class Engine:
+  """Serving engine over a `Decoder(config)` with the lm head (see the module docstring for the cache).
+
+  sampling: static sampling settings shared by every request (max_new_tokens bounds each request).
+  max_concurrent_decodes: number of slots. prefill_buckets: prompt lengths compiled for prefill;
+  prompts up to `max_prefill_length` (default: the largest bucket) are accepted.
+  """
+
+  def __init__(self, model_config: DecoderConfig, sampling: SamplingParams, *, max_concurrent_decodes: int = 8,
+               prefill_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, max_prefill_length: int | None = None,
+               cache_length: int | None = None, apply_fn: Callable | None = None, mesh=None, seed: int = 0):
+    self.model_config = model_config
+    self.sampling = sampling
+    self._slots = int(max_concurrent_decodes)
+    self._max_prefill_length = int(max_prefill_length or max(prefill_buckets))
+    self.prefill_buckets = tuple(sorted(b for b in prefill_buckets if b < self._max_prefill_length)) + (
+        self._max_prefill_length,)
+    self._keep = self._max_prefill_length + sampling.max_new_tokens
+    self.cache_length = int(cache_length or self._keep + max(8, self._keep // 4))
+    if self.cache_length <= self._keep:
+      raise ValueError(f"cache_length={self.cache_length} must exceed max_prefill_length + max_new_tokens "
+                       f"= {self._keep}")
+    if apply_fn is None:
+      model = Decoder(model_config)
+      apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
+    self._apply_fn = apply_fn
+    self._mesh = mesh
+    self._base_key = jax.random.key(seed)
+    self._num_prefills = 0
+    self._prefill_jit = jax.jit(self._prefill_impl)
+    self._insert_jit = jax.jit(self._insert_impl, donate_argnums=1)
+    self._generate_jit = jax.jit(self._generate_impl, donate_argnums=1)
+
+  # --- JetStream engine_api -------------------------------------------------------------------------
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self._slots
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self._max_prefill_length
+
+  @property
+  def mesh(self):
+    return self._mesh
+
+  @property
+  def colocated_cpus(self):
+    return None
+
+  def load_params(self, path: str):
+    """Params of an HF checkpoint directory for this engine's config."""
+    from jaxrlhf.models import load_hf_params
+    return load_hf_params(path, self.model_config)
+
+  def get_prefix_destination_sharding(self):
+    return None
+
+  def free_resource(self, slot: int):
+    """Nothing to free: a slot's cache row is overwritten by the next `insert`."""
+    return None
+
+  def init_decode_state(self) -> DecodeState:
+    key_data = jax.random.key_data(self._base_key)
+    return DecodeState(
+        cache=init_cache(self.model_config, self._slots, self.cache_length),
+        kv_mask_NxS=jnp.zeros((self._slots, self.cache_length), jnp.int32),
+        index=jnp.int32(self._max_prefill_length),
+        tokens_N=jnp.full((self._slots,), self.sampling.pad_token_id, jnp.int32),
+        positions_N=jnp.zeros((self._slots,), jnp.int32),
+        lengths_N=jnp.zeros((self._slots,), jnp.int32),
+        done_N=jnp.ones((self._slots,), bool),
+        key_data_N=jnp.broadcast_to(key_data, (self._slots,) + key_data.shape))
+
+  def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int, sampler=None,
+              rng=None) -> tuple[Prefix, ResultTokens]:
+    """KV cache of one prompt and its first token.
+
+    padded_tokens: 1-D ids, right-padded as JetStream's tokenizer pads (`true_length` real tokens).
+    The prompt is re-padded on the left to the smallest prefill bucket. rng: the request's key
+    (default: a fresh one from the engine seed).
+    """
+    if existing_prefix is not None:
+      raise NotImplementedError("prefill on top of an existing prefix is not supported")
+    if sampler is not None:
+      raise NotImplementedError("a per-call sampler is not supported: set SamplingParams on the Engine")
+    true_length = int(true_length)
+    tokens = np.asarray(padded_tokens).reshape(-1)[:true_length]
+    if not 1 <= true_length <= self._max_prefill_length or len(tokens) < true_length:
+      raise ValueError(f"prompt of {true_length} tokens: expected 1..{self._max_prefill_length} "
+                       f"(max_prefill_length) and at most len(padded_tokens)={np.asarray(padded_tokens).size}")
+    bucket = pick_bucket(true_length, self.prefill_buckets)
+    ids_1xP = np.full((1, bucket), self.sampling.pad_token_id, np.int32)
+    ids_1xP[0, bucket - true_length:] = tokens
+    mask_1xP = (np.arange(bucket) >= bucket - true_length).astype(np.int32)[None]
+    if rng is None:
+      rng = jax.random.fold_in(self._base_key, self._num_prefills)
+      self._num_prefills += 1
+    return self._prefill_jit(params, ids_1xP, mask_1xP, rng)
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+    """Puts a prefilled request into `slot` (donates `decode_state`)."""
+    if not 0 <= slot < self._slots:
+      raise ValueError(f"slot {slot} is outside [0, {self._slots})")
+    return self._insert_jit(prefix, decode_state, jnp.int32(slot))
+
+  def generate(self, params, decode_state: DecodeState, sampler=None) -> tuple[DecodeState, ResultTokens]:
+    """One new token for every slot (donates `decode_state`); finished or empty slots report valid=0."""
+    if sampler is not None:
+      raise NotImplementedError("a per-call sampler is not supported: set SamplingParams on the Engine")
+    return self._generate_jit(params, decode_state)
+
+  # --- compiled bodies ------------------------------------------------------------------------------
+
+  def _finished(self, token_B, length_B):
+    eos_E = jnp.asarray(self.sampling.eos_token_ids, jnp.int32)
+    return jnp.isin(token_B, eos_E) | (length_B >= self.sampling.max_new_tokens)
+
+  def _prefill_impl(self, params, ids_1xP, mask_1xP, rng):
+    prompt_len = ids_1xP.shape[1]
+    cache, kv_mask_1xP = prefill_cache(self._apply_fn, params, self.model_config, ids_1xP, mask_1xP, prompt_len)
+    position_1 = mask_1xP.sum(axis=1) - 1
+    logits_1x1xV, cache = self._apply_fn(params, ids_1xP[:, -1:], position_1[:, None], kv_mask_1xP, cache,
+                                         jnp.int32(prompt_len - 1))
+    logits_1xV = logits_1x1xV[:, 0]
+    token_1 = choose_tokens(logits_1xV, jax.random.fold_in(rng, 0)[None], self.sampling)
+    log_prob_1 = token_log_probs(logits_1xV, token_1, self.sampling.logprob_temperature)
+    length_1 = jnp.ones((1,), jnp.int32)
+    done_1 = self._finished(token_1, length_1)
+    prefix = Prefix(cache=cache, mask_1xP=kv_mask_1xP, token=token_1, position=position_1 + 1, done=done_1,
+                    key_data=jax.random.key_data(rng)[None])
+    return prefix, _result(token_1, jnp.ones((1,), bool), length_1, log_prob_1)
+
+  def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
+    prompt_len = prefix.mask_1xP.shape[1]
+    start = state.index - prompt_len
+    zero = jnp.int32(0)
+    cache = [{name: jax.lax.dynamic_update_slice(layer[name], new[name].astype(layer[name].dtype),
+                                                 (slot, start, zero, zero))
+              for name in ("k", "v")} for layer, new in zip(state.cache, prefix.cache)]
+    row_S = jax.lax.dynamic_update_slice(jnp.zeros((self.cache_length,), jnp.int32), prefix.mask_1xP[0], (start,))
+    return state.replace(
+        cache=cache,
+        kv_mask_NxS=jax.lax.dynamic_update_slice(state.kv_mask_NxS, row_S[None], (slot, zero)),
+        tokens_N=state.tokens_N.at[slot].set(prefix.token[0]),
+        positions_N=state.positions_N.at[slot].set(prefix.position[0]),
+        lengths_N=state.lengths_N.at[slot].set(1),
+        done_N=state.done_N.at[slot].set(prefix.done[0]),
+        key_data_N=state.key_data_N.at[slot].set(prefix.key_data[0]))
+
+  def _compact(self, state: DecodeState) -> DecodeState:
+    shift = self.cache_length - self._keep
+    left = lambda x: jnp.concatenate([x[:, shift:], jnp.zeros_like(x[:, :shift])], axis=1)
+    return state.replace(cache=jax.tree.map(left, state.cache), kv_mask_NxS=left(state.kv_mask_NxS),
+                         index=state.index - shift)
+
+  def _generate_impl(self, params, state: DecodeState):
+    state = jax.lax.cond(state.index >= self.cache_length, self._compact, lambda s: s, state)
+    index = state.index
+    kv_mask_NxS = jax.lax.dynamic_update_slice(state.kv_mask_NxS, jnp.ones((self._slots, 1), jnp.int32),
+                                               (jnp.int32(0), index))
+    logits_Nx1xV, cache = self._apply_fn(params, state.tokens_N[:, None], state.positions_N[:, None], kv_mask_NxS,
+                                         state.cache, index)
+    logits_NxV = logits_Nx1xV[:, 0]
+    keys_N = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(state.key_data_N), state.lengths_N)
+    token_N = choose_tokens(logits_NxV, keys_N, self.sampling)
+    log_prob_N = token_log_probs(logits_NxV, token_N, self.sampling.logprob_temperature)
+    valid_N = ~state.done_N
+    token_N = jnp.where(valid_N, token_N, self.sampling.pad_token_id)
+    lengths_N = state.lengths_N + valid_N.astype(jnp.int32)
+    new_state = state.replace(
+        cache=cache, kv_mask_NxS=kv_mask_NxS, index=index + 1, tokens_N=token_N, positions_N=state.positions_N + 1,
+        lengths_N=lengths_N, done_N=state.done_N | self._finished(token_N, lengths_N))
+    return new_state, _result(token_N, valid_N, lengths_N, jnp.where(valid_N, log_prob_N, 0.0))
+
+  # --- continuous batching in-process ---------------------------------------------------------------
+
+  def serve(self, params, prompts: Sequence[Sequence[int]], seed: int = 0) -> list[dict[str, list]]:
+    """Generates for every prompt with continuous batching; returns per prompt
+    {'token_ids': [...] (up to and including EOS), 'log_probs': [...]} in prompt order."""
+    base_key = jax.random.key(seed)
+    pending = collections.deque(enumerate(prompts))
+    free_slots = list(range(self._slots))[::-1]
+    running: dict[int, int] = {}  # slot -> request index
+    outputs = [{"token_ids": [], "log_probs": []} for _ in prompts]
+
+    def record(request: int, result: ResultTokens, slot: int) -> bool:
+      """Appends a valid token; True when the request is finished."""
+      data = result.get_result_at_slot(slot)
+      if not int(data.valid[0, 0]):
+        return True
+      token = int(data.tokens[0, 0])
+      outputs[request]["token_ids"].append(token)
+      outputs[request]["log_probs"].append(float(result.log_probs[slot, 0]))
+      return token in self.sampling.eos_token_ids or int(data.lengths[0]) >= self.sampling.max_new_tokens
+
+    state = self.init_decode_state()
+    while pending or running:
+      while pending and free_slots:
+        request, prompt = pending.popleft()
+        prefix, first = self.prefill(params=params, padded_tokens=np.asarray(prompt, np.int32),
+                                     true_length=len(prompt), rng=jax.random.fold_in(base_key, request))
+        if not record(request, first.convert_to_numpy(), 0):
+          slot = free_slots.pop()
+          state = self.insert(prefix, state, slot)
+          running[slot] = request
+      if not running:
+        continue
+      state, result = self.generate(params, state)
+      result = result.convert_to_numpy()
+      for slot, request in list(running.items()):
+        if record(request, result, slot):
+          del running[slot]
+          free_slots.append(slot)
+    return outputs
+

@@ -1,0 +1,99 @@
+"""Phased mode (`trainer.fuse_step=False`) and DAPO dynamic sampling: the step's phases as separate
+programs, timed one by one.
+
+The phases are the same methods of `PPOStep` the fused program composes, so both modes compute the
+same numbers; phased mode adds `timing_s/<phase>` and `timing_per_token_ms/<phase>`. Dynamic sampling
+(`algorithm.filter_groups`) needs the host between generation and training: rounds of
+generation + reward run until enough prompt groups have non-identical rewards, then the rest of the
+step runs on the kept groups.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxrlhf.trainer.ppo_step import PPOStep
+
+
+class PhasedStep:
+  def __init__(self, step_fn: PPOStep, state_shardings, replicated_sharding):
+    self.step_fn = step_fn
+    self.gen = jax.jit(step_fn.rollout)
+    self.reward = jax.jit(step_fn.score)
+    self.old_log_prob = jax.jit(step_fn.old_log_prob)
+    self.ref = jax.jit(step_fn.ref_log_prob)
+    self.values = jax.jit(step_fn.critic_values)
+    self.adv = jax.jit(step_fn.advantages)
+    self.update_critic = jax.jit(step_fn.update_critic)
+    self.update_actor = jax.jit(step_fn.update_actor)
+    self.data = jax.jit(step_fn._update_data)
+    self.finish = jax.jit(step_fn.finish, out_shardings=(state_shardings, replicated_sharding))
+    # Everything after the reward in one program (DAPO with fuse_step=True).
+    self.train_on_rollout = jax.jit(step_fn.train_on_rollout, out_shardings=(state_shardings, replicated_sharding))
+
+  @staticmethod
+  def _timed(timings: dict, name: str, fn, *args):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+    return out
+
+  def generate_and_score(self, actor_params, batch, rng, timings: dict):
+    rollout = self._timed(timings, "gen", self.gen, actor_params, batch, self.step_fn.split_rng(rng)["gen"])
+    return rollout, self._timed(timings, "reward", self.reward, rollout)
+
+  def train(self, state, rollout, scored, rng, timings: dict):
+    """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""
+    step_fn, t = self.step_fn, self._timed
+    keys = step_fn.split_rng(rng)
+    old = t(timings, "old_log_prob", self.old_log_prob, state.actor_params, rollout)
+    ref = t(timings, "ref", self.ref, state.ref_params, rollout) if step_fn.use_reference else None
+    values = t(timings, "values", self.values, state.critic_params, rollout) if step_fn.use_critic else None
+    adv = t(timings, "adv", self.adv, state, rollout, scored, old, ref, values)
+    data = self.data(rollout, old, ref, adv)
+    critic = None
+    if step_fn.use_critic:
+      critic = t(timings, "update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])
+    actor = t(timings, "update_actor", self.update_actor, state, data, keys["actor"])
+    return self.finish(state, rollout, scored, old, ref, values, adv, keys, critic, actor)
+
+
+def group_is_informative(scores_N: np.ndarray, group_index_N: np.ndarray) -> np.ndarray:
+  """Per group (sorted ids): True when its samples' metric is not identical (or it has one sample)."""
+  groups = np.unique(group_index_N)
+  keep = []
+  for g in groups:
+    values = scores_N[group_index_N == g]
+    keep.append(len(values) == 1 or np.std(values) > 0)
+  return np.asarray(keep, bool)
+
+
+def select_groups(rounds: list[tuple[dict, dict]], num_groups: int, metric: str):
+  """Kept groups of all rounds -> (rollout, scored) numpy dicts of exactly `num_groups` groups.
+
+  Groups keep their order of generation; group ids are renumbered 0..num_groups-1.
+  """
+  rollout_parts, scored_parts, kept = [], [], 0
+  for rollout, scored in rounds:
+    rollout = jax.device_get(rollout)
+    scored = jax.device_get(scored)
+    group_N = np.asarray(rollout["group_index"])
+    metric_N = np.asarray(scored["scores"] if metric == "score" else scored["token_level_scores"].sum(axis=1))
+    informative = group_is_informative(metric_N, group_N)
+    for g, keep in zip(np.unique(group_N), informative):
+      if keep and kept < num_groups:
+        rows = group_N == g
+        rollout_parts.append({k: np.asarray(v)[rows] for k, v in rollout.items() if np.ndim(v) > 0})
+        scored_parts.append({k: np.asarray(v)[rows] for k, v in scored.items()})
+        kept += 1
+  if kept < num_groups:
+    return None
+  rollout = {k: np.concatenate([p[k] for p in rollout_parts]) for k in rollout_parts[0]}
+  n = len(rollout["group_index"]) // num_groups
+  rollout["group_index"] = np.repeat(np.arange(num_groups, dtype=np.int32), n)
+  rollout["decode_steps"] = np.asarray(max(int(np.asarray(r["decode_steps"])) for r, _ in rounds), np.int32)
+  scored = {k: np.concatenate([p[k] for p in scored_parts]) for k in scored_parts[0]}
+  return rollout, scored

@@ -1,0 +1,92 @@
+"""Phased mode equals fused mode; DAPO dynamic sampling and overlong shaping; ReMax; reward errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrlhf.trainer import Trainer
+from jaxrlhf.trainer.phased import group_is_informative, select_groups
+from tests.trainer.test_ppo_step import small_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+ONE = {"mesh.fsdp": 1}
+
+
+def test_phased_mode_matches_fused_mode_and_times_every_phase(tmp_path):
+  fused = Trainer(small_config(tmp_path / "f", **ONE), devices=jax.devices()[:1])
+  phased = Trainer(small_config(tmp_path / "p", **ONE, **{"trainer.fuse_step": False}), devices=jax.devices()[:1])
+  for step in range(3):
+    a, b = fused.train_step(step), phased.train_step(step)
+    for key, value in a.items():
+      if not key.startswith(("timing", "perf/time", "perf/throughput")):
+        np.testing.assert_allclose(b[key], value, rtol=1e-5, atol=1e-6, err_msg=f"step {step} {key}")
+  for phase in ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor"):
+    assert b[f"timing_s/{phase}"] > 0 and f"timing_per_token_ms/{phase}" in b
+  assert "timing_s/gen" not in a
+
+
+def test_group_filter_keeps_groups_with_varied_scores():
+  scores = np.array([1, 1, 0, 1, 0, 0, 1, 0], np.float32)
+  groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+  np.testing.assert_array_equal(group_is_informative(scores, groups), [False, True, False, True])
+  rollout = {"group_index": groups, "responses": np.arange(8)[:, None], "decode_steps": np.int32(3)}
+  scored = {"scores": scores, "token_level_scores": scores[:, None]}
+  assert select_groups([(rollout, scored)], 3, "score") is None  # only 2 informative groups
+  picked, picked_scores = select_groups([(rollout, scored), (rollout, scored)], 3, "score")
+  np.testing.assert_array_equal(picked["responses"][:, 0], [2, 3, 6, 7, 2, 3])
+  np.testing.assert_array_equal(picked["group_index"], [0, 0, 1, 1, 2, 2])
+  np.testing.assert_array_equal(picked_scores["scores"], [0, 1, 1, 0, 0, 1])
+
+
+def test_dapo_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
+  config = small_config(tmp_path, **ONE, **{
+      "algorithm.adv_estimator": "grpo", "algorithm.filter_groups.enable": True, "data.gen_batch_size": 16,
+      "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.clip_ratio_low": 0.2,
+      "actor_rollout_ref.actor.clip_ratio_high": 0.28, "reward_model.overlong_buffer.enable": True,
+      "reward_model.overlong_buffer.len": 1, "algorithm.filter_groups.max_num_gen_batches": 50,
+      "actor_rollout_ref.actor.ppo_mini_batch_size": 8})
+  trainer = Trainer(config, devices=jax.devices()[:1])
+  # Overlong penalty makes scores differ within most groups; make them informative for sure.
+  metrics = trainer.train_step(0)
+  assert metrics["training/num_gen_batches"] >= 1 and trainer.gen_cursor == metrics["training/num_gen_batches"]
+  assert np.isfinite(metrics["actor/pg_loss"]) and metrics["critic/advantages/max"] > 0
+
+
+def test_overlong_penalty_is_linear_over_the_buffer(tmp_path):
+  config = small_config(tmp_path, **ONE, **{"reward_model.overlong_buffer.enable": True,
+                                            "reward_model.overlong_buffer.len": 2,
+                                            "reward_model.overlong_buffer.penalty_factor": 1.0})
+  trainer = Trainer(config, devices=jax.devices()[:1])
+  trainer.step_fn.reward_fn = lambda responses, mask, index: (jnp.ones(responses.shape[0]), jnp.zeros(responses.shape[0]))
+  mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], jnp.int32)  # lengths 1, 2, 3 of max 3, buffer 2
+  rollout = {"responses": jnp.zeros((3, 3), jnp.int32), "response_mask": mask, "sample_index": jnp.arange(3)}
+  scores = trainer.step_fn.score(rollout)["scores"]
+  np.testing.assert_allclose(np.asarray(scores), [1.0, 0.5, 0.0])  # expected length 1: -(L-1)/2
+
+
+def test_remax_runs_with_a_greedy_baseline(tmp_path):
+  config = small_config(tmp_path, **ONE, **{"algorithm.adv_estimator": "remax"})
+  trainer = Trainer(config, devices=jax.devices()[:1])
+  assert not trainer.step_fn.use_critic
+  metrics = trainer.train_step(0)
+  assert np.isfinite(metrics["actor/pg_loss"]) and "critic/vf_loss" not in metrics
+
+
+def _failing_reward_file(tmp_path):
+  path = tmp_path / "reward.py"
+  path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    if '1' in solution_str:\n        raise ValueError('boom')\n    return 0.5\n")
+  return str(path)
+
+
+def test_reward_errors_zero_and_count_or_fail_naming_the_sample(tmp_path):
+  overrides = {**ONE, "custom_reward_function.path": _failing_reward_file(tmp_path),
+               "actor_rollout_ref.rollout.temperature": 3.0}
+  tolerant = Trainer(small_config(tmp_path / "z", **overrides, **{"reward_model.on_error": "zero"}),
+                     devices=jax.devices()[:1])
+  metrics = tolerant.train_step(0)
+  assert metrics["reward/num_errors"] > 0 and metrics["critic/score/min"] == 0.0
+  strict = Trainer(small_config(tmp_path / "r", **overrides), devices=jax.devices()[:1])
+  with pytest.raises(Exception, match=r"failed on sample \d+ \(data_source='jaxrlhf/recall'\)"):
+    strict.train_step(0)
