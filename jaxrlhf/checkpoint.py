@@ -2,8 +2,8 @@
 
 What a checkpoint holds: the TrainState (actor and critic params and optimizer states, KL-controller
 coefficient, lr scale, step) and a JSON record (step, data-iterator position, seed, the config).
-The reference policy is not saved: it is rebuilt from its source (the seed or the model path), as
-verl does. Batches and per-step RNG are pure functions of (seed, step), so the step is the whole
+The frozen models (reference policy, reward model) are not saved: they are rebuilt from their source
+(the seed or the model path), as verl does. Batches and per-step RNG are pure functions of (seed, step), so the step is the whole
 iterator state.
 
 Saves are asynchronous and atomic: Orbax writes into a temporary directory and renames it when the
@@ -26,7 +26,8 @@ class CheckpointError(ValueError):
 
 
 def _without_reference(state):
-  return state.replace(ref_params=None)
+  """Frozen models (reference policy, reward model) are rebuilt from their source, not saved."""
+  return state.replace(ref_params=None, reward_params=None)
 
 
 class Checkpointer:
@@ -54,7 +55,8 @@ class Checkpointer:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state))
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return restored.state.replace(ref_params=target_state.ref_params), restored.meta
+    state = restored.state.replace(ref_params=target_state.ref_params, reward_params=target_state.reward_params)
+    return state, restored.meta
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

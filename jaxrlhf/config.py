@@ -133,7 +133,8 @@ def get_base_config() -> ml_collections.ConfigDict:
 
   config.reward_model = dict(
       enable=False,
-      model=dict(path=""),
+      model=dict(path=""),  # HF AutoModelForSequenceClassification checkpoint (num_labels=1), actor's tokenizer
+      combine_with_rule=False,  # True: score = rule reward + reward model; False: the reward model alone (verl)
       on_error="raise",  # raise | zero: a reward function that fails scores 0 and is counted (reward/errors)
       # DAPO overlong shaping: a linear penalty over the last `len` tokens before max_response_length.
       overlong_buffer=dict(enable=False, len=4096, penalty_factor=1.0),
@@ -199,8 +200,6 @@ _NOT_YET_SUPPORTED = {
     "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.fsdp_config.param_offload": False,
-    "reward_model.enable": False,
-    "trainer.log_val_generations": 0,
 }
 
 _CHOICES = {
@@ -295,6 +294,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if overlong.enable and not 0 < overlong.len <= data.max_response_length:
     raise ConfigError(f"reward_model.overlong_buffer.len={overlong.len} must be in 1..data.max_response_length="
                       f"{data.max_response_length}")
+  if config.reward_model.enable and not config.reward_model.model.path:
+    raise ConfigError("reward_model.enable=True needs reward_model.model.path (an HF sequence-classification "
+                      "checkpoint directory)")
   rollout = config.actor_rollout_ref.rollout
   if rollout.temperature <= 0 and rollout.do_sample:
     raise ConfigError("actor_rollout_ref.rollout.temperature must be > 0 when do_sample=True "

@@ -81,7 +81,7 @@ def _result(token_B, valid_B, length_B, log_prob_B) -> ResultTokens:
 @struct.dataclass
 class Prefix:
   """A prefilled request: its KV cache over a left-padded prompt bucket and its first sampled token."""
-  cache: Any  # per layer {'k','v'}: [1, P, kv_heads, head_dim]
+  cache: Any  # per layer {'k','v'}: [1, P, kv_heads, head_dim], P = max_prefill_length
   mask_1xP: jax.Array  # int32, left padding
   token: jax.Array  # [1] int32: the first generated token (not yet in the cache)
   position: jax.Array  # [1] int32: its token position
@@ -236,8 +236,11 @@ class Engine:
     log_prob_1 = token_log_probs(logits_1xV, token_1, self.sampling.logprob_temperature)
     length_1 = jnp.ones((1,), jnp.int32)
     done_1 = self._finished(token_1, length_1)
-    prefix = Prefix(cache=cache, mask_1xP=kv_mask_1xP, token=token_1, position=position_1 + 1, done=done_1,
-                    key_data=jax.random.key_data(rng)[None])
+    # Left-padded to max_prefill_length so that one compiled `insert` serves every bucket.
+    pad = self._max_prefill_length - prompt_len
+    cache = jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (pad, 0), (0, 0), (0, 0))), cache)
+    prefix = Prefix(cache=cache, mask_1xP=jnp.pad(kv_mask_1xP, ((0, 0), (pad, 0))), token=token_1,
+                    position=position_1 + 1, done=done_1, key_data=jax.random.key_data(rng)[None])
     return prefix, _result(token_1, jnp.ones((1,), bool), length_1, log_prob_1)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):

@@ -41,9 +41,9 @@ class PhasedStep:
     timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
     return out
 
-  def generate_and_score(self, actor_params, batch, rng, timings: dict):
-    rollout = self._timed(timings, "gen", self.gen, actor_params, batch, self.step_fn.split_rng(rng)["gen"])
-    return rollout, self._timed(timings, "reward", self.reward, rollout)
+  def generate_and_score(self, state, batch, rng, timings: dict):
+    rollout = self._timed(timings, "gen", self.gen, state.actor_params, batch, self.step_fn.split_rng(rng)["gen"])
+    return rollout, self._timed(timings, "reward", self.reward, rollout, state.reward_params)
 
   def train(self, state, rollout, scored, rng, timings: dict):
     """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf import algos
-from jaxrlhf.models.decoder import Decoder, DecoderConfig, positions_from_mask
+from jaxrlhf.models.decoder import Decoder, DecoderConfig, positions_from_mask, reward_model_scores
 from jaxrlhf.rollout import SamplingParams, generate, token_log_probs
 from jaxrlhf.trainer.state import TrainState, apply_gradients
 
@@ -75,12 +75,14 @@ class PPOStep:
   def __init__(self, config, model_config: DecoderConfig, reward_fn: Callable, *, eos_token_ids, pad_token_id,
                lr_schedules: dict[str, Callable], optimizers: dict[str, Any], layouts: StepLayouts,
                num_batch_shards: int = 1, kl_warmup_steps: int = 0,
-               critic_model_config: DecoderConfig | None = None):
+               critic_model_config: DecoderConfig | None = None,
+               reward_model_config: DecoderConfig | None = None):
     self.config = config
     self.model_config = model_config
     self.actor = Decoder(model_config, head="lm")
     self.critic = Decoder(critic_model_config or model_config, head="value")
     self.reward_fn = reward_fn
+    self.reward_model = Decoder(reward_model_config, head="reward") if reward_model_config else None
     self.lr_schedules = lr_schedules
     self.optimizers = optimizers
     self.layouts = layouts
@@ -248,10 +250,26 @@ class PPOStep:
       rollout["baseline_response_mask"] = jnp.repeat(baseline["response_mask"], n, axis=0)
     return rollout
 
-  def score(self, rollout: dict) -> dict:
-    """Phase `reward`: rule reward on the last valid token (+ DAPO overlong penalty) -> token_level_scores."""
+  def sequence_scores(self, reward_fn, reward_params, prompts_NxP, prompt_mask_NxP, responses_NxR,
+                      response_mask_NxR, sample_index_N):
+    """(scores_N, errors_N): the rule reward, the reward model's score, or (combine_with_rule) their sum."""
+    rm = self.config.reward_model
+    zeros_N = jnp.zeros(responses_NxR.shape[:1], jnp.float32)
+    scores_N, errors_N = zeros_N, zeros_N
+    if not rm.enable or rm.combine_with_rule:
+      scores_N, errors_N = reward_fn(responses_NxR, response_mask_NxR, sample_index_N)
+    if rm.enable:
+      ids_NxS, _, _ = self._sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
+      mask_NxS = jnp.concatenate([prompt_mask_NxP, response_mask_NxR], axis=1).astype(jnp.int32)
+      scores_N = scores_N + reward_model_scores(self.reward_model, reward_params, ids_NxS, mask_NxS)
+    return scores_N, errors_N
+
+  def score(self, rollout: dict, reward_params=None) -> dict:
+    """Phase `reward`: sequence score (+ DAPO overlong penalty) on the last valid token -> token_level_scores."""
     responses_NxR, response_mask_NxR = rollout["responses"], rollout["response_mask"]
-    scores_N, errors_N = self.reward_fn(responses_NxR, response_mask_NxR, rollout["sample_index"])
+    scores_N, errors_N = self.sequence_scores(self.reward_fn, reward_params, rollout["prompts"],
+                                              rollout["prompt_mask"], responses_NxR, response_mask_NxR,
+                                              rollout["sample_index"])
     lengths_N = response_mask_NxR.sum(axis=1)
     overlong = self.config.reward_model.overlong_buffer
     if overlong.enable:
@@ -262,8 +280,9 @@ class PPOStep:
     out = {"scores": scores_N, "reward_errors": errors_N,
            "token_level_scores": last_NxR * scores_N[:, None] * response_mask_NxR.astype(jnp.float32)}
     if "baseline_responses" in rollout:
-      out["reward_baselines"] = self.reward_fn(rollout["baseline_responses"], rollout["baseline_response_mask"],
-                                               rollout["sample_index"])[0]
+      out["reward_baselines"] = self.sequence_scores(
+          self.reward_fn, reward_params, rollout["prompts"], rollout["prompt_mask"], rollout["baseline_responses"],
+          rollout["baseline_response_mask"], rollout["sample_index"])[0]
     return out
 
   def old_log_prob(self, actor_params, rollout: dict):
@@ -410,13 +429,13 @@ class PPOStep:
   def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
     """The fused step: every phase in one program."""
     rollout = self.rollout(state.actor_params, batch, self.split_rng(rng)["gen"])
-    return self.train_on_rollout(state, rollout, self.score(rollout), rng)
+    return self.train_on_rollout(state, rollout, self.score(rollout, state.reward_params), rng)
 
 
 def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Callable, layouts: StepLayouts):
-  """`validate(actor_params, batch, rng) -> (scores_N, response_lengths_N)` with val_kwargs sampling."""
+  """`validate(actor_params, reward_params, batch, rng) -> (scores_N, responses_NxR, response_mask_NxR)`."""
 
-  def validate(actor_params, batch, rng):
+  def validate(actor_params, reward_params, batch, rng):
     n = step.config.actor_rollout_ref.rollout.val_kwargs.n
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
@@ -424,7 +443,8 @@ def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Calla
     prompts_NxP, prompt_mask_NxP = layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP))
     rollout = generate(step.actor_apply, layouts.to_generation(actor_params), step.model_config, prompts_NxP,
                        prompt_mask_NxP, rng, sampling, constrain_cache=layouts.constrain_cache)
-    scores_N, _ = reward_fn(rollout["responses"], rollout["response_mask"], sample_index_N)
-    return scores_N, rollout["response_mask"].sum(axis=1)
+    scores_N, _ = step.sequence_scores(reward_fn, reward_params, prompts_NxP, prompt_mask_NxP, rollout["responses"],
+                                       rollout["response_mask"], sample_index_N)
+    return scores_N, rollout["responses"], rollout["response_mask"]
 
   return validate

@@ -25,6 +25,7 @@ class TrainState:
   critic_params: Any  # None without a critic
   critic_opt_state: Any
   ref_params: Any  # None when no KL term needs the reference policy
+  reward_params: Any  # the reward model's (reward_model.enable), frozen; else None
   kl_coef: jax.Array  # KL-in-reward coefficient beta, updated by the KL controller
   lr_scale: jax.Array  # multiplies both learning-rate schedules; guards lower it after a rollback
 

@@ -25,7 +25,7 @@ from jaxrlhf.config import resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, config_from_hf_dict, generation_eos_ids,
-                            init_params, load_hf_params, load_tokenizer, pad_token_id)
+                            init_params, load_hf_config, load_hf_params, load_tokenizer, pad_token_id)
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
 from jaxrlhf.parallel import TRAIN_RULES, batch_sharding, logical_to_shardings, replicated
 from jaxrlhf.parallel.layouts import activation_sharding, generation_rules
@@ -36,7 +36,7 @@ from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics
 from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.phased import PhasedStep, select_groups
-from jaxrlhf.trainer.reward import make_reward_fn
+from jaxrlhf.trainer.reward import decode_responses, make_reward_fn
 from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
 
 
@@ -81,6 +81,7 @@ class _Layouts:
   actor_generation: object
   critic_train: object
   generation_rules: tuple
+  reward_train: object = None
 
 
 class Trainer:
@@ -113,6 +114,10 @@ class Trainer:
     self.critic_model_config = self.model_config
     if config.critic.model.path and config.critic.model.path != actor_model.path:
       self.critic_model_config = model_config_from(config.critic.model, self.tokenizer)
+    self.reward_model_config = None
+    if config.reward_model.enable:
+      # The reward model reads the actor's token ids: it must share the actor's tokenizer.
+      self.reward_model_config = load_hf_config(config.reward_model.model.path)
     eos_ids = generation_eos_ids(actor_model.path or None, self.tokenizer)
     pad_id = pad_token_id(self.tokenizer, eos_ids)
 
@@ -137,7 +142,8 @@ class Trainer:
                            eos_token_ids=eos_ids, pad_token_id=pad_id, lr_schedules=schedules,
                            optimizers=optimizers, layouts=step_layouts, num_batch_shards=self.num_batch_shards,
                            kl_warmup_steps=int(trainer_cfg.guard.kl_warmup_steps_ratio * self.total_steps),
-                           critic_model_config=self.critic_model_config)
+                           critic_model_config=self.critic_model_config,
+                           reward_model_config=self.reward_model_config)
     self.state = self._init_state(optimizers, offload)
     state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
     self.ppo_step = jax.jit(self.step_fn, in_shardings=(state_shardings, None, replicated(self.mesh)),
@@ -148,7 +154,8 @@ class Trainer:
       validate = make_validation_fn(self.step_fn, val_sampling,
                                     make_reward_fn(self.tokenizer, self.val_data, compute_score,
                                                    config.reward_model.on_error), step_layouts)
-      self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, None, replicated(self.mesh)),
+      self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, state_shardings.reward_params,
+                                                         None, replicated(self.mesh)),
                                  out_shardings=replicated(self.mesh))
     self.phased = PhasedStep(self.step_fn, state_shardings, replicated(self.mesh))
     self.filter_groups = config.algorithm.filter_groups.enable
@@ -167,7 +174,14 @@ class Trainer:
         actor_train=logical_to_shardings(logical, shapes, self.mesh, TRAIN_RULES),
         actor_generation=logical_to_shardings(logical, shapes, self.mesh, gen_rules),
         critic_train=logical_to_shardings(critic_logical, critic_shapes, self.mesh, TRAIN_RULES),
-        generation_rules=gen_rules)
+        generation_rules=gen_rules,
+        reward_train=self._reward_layout())
+
+  def _reward_layout(self):
+    if self.reward_model_config is None:
+      return None
+    shapes, logical = abstract_params(Decoder(self.reward_model_config, head="reward"))
+    return logical_to_shardings(logical, shapes, self.mesh, TRAIN_RULES)
 
   def _offload_shardings(self) -> dict:
     """Device/host sharding pairs for `ref...param_offload` and `actor...optimizer_offload`."""
@@ -240,8 +254,12 @@ class Trainer:
       else:
         critic_params = init(Decoder(self.critic_model_config, head="value"), self.layouts.critic_train)(critic_key)
       critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=self._opt_shardings["critic"])(critic_params)
+    reward_params = None
+    if self.reward_model_config is not None:
+      reward_params = load_hf_params(config.reward_model.model.path, self.reward_model_config, head="reward",
+                                     shardings=self.layouts.reward_train)
     put = lambda x: jax.device_put(x, replicated(self.mesh))
-    return TrainState(step=put(jnp.int32(0)), actor_params=actor_params, actor_opt_state=actor_opt_state,
+    return TrainState(reward_params=reward_params, step=put(jnp.int32(0)), actor_params=actor_params, actor_opt_state=actor_opt_state,
                       critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
                       kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)), lr_scale=put(jnp.float32(1.0)))
 
@@ -264,7 +282,7 @@ class Trainer:
       if self.config.trainer.fuse_step:
         self.state, device_metrics = self.ppo_step(self.state, batch, rng)
       else:
-        rollout, scored = self.phased.generate_and_score(self.state.actor_params, batch, rng, timings)
+        rollout, scored = self.phased.generate_and_score(self.state, batch, rng, timings)
         self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, timings)
     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     elapsed = time.perf_counter() - start
@@ -290,7 +308,7 @@ class Trainer:
       self.gen_cursor += 1
       batch = self._device_batch(batch_arrays(self.train_data, indices))
       round_rng = jax.random.fold_in(rng, len(rounds))
-      rounds.append(self.phased.generate_and_score(self.state.actor_params, batch, round_rng, timings))
+      rounds.append(self.phased.generate_and_score(self.state, batch, round_rng, timings))
       selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric)
       if selected is not None:
         break
@@ -361,27 +379,44 @@ class Trainer:
     tracking.write(f"guard: {reason}; rolled back to step {step}, lr scale now {lr_scale:g}")
     return int(step)
 
-  def validate(self) -> dict[str, float]:
+  def validate(self, step: int = 0) -> dict[str, float]:
+    """Greedy (val_kwargs) generation on the validation set: val-core/<data_source>/reward/mean@n.
+
+    With trainer.log_val_generations = K, the first K samples go to <run dir>/val_generations.jsonl.
+    """
     data = self.val_data
     n = self.config.actor_rollout_ref.rollout.val_kwargs.n
     batch_size = self.config.data.val_batch_size or len(data)
     num_batches = -(-len(data) // batch_size)
     # Pad the last batch with repeats of row 0 so every batch has one shape (one compile); drop them after.
     order = np.concatenate([np.arange(len(data)), np.zeros(num_batches * batch_size - len(data), np.int64)])
-    scores, lengths = [], []
+    scores, responses, masks = [], [], []
     for b in range(num_batches):
       indices = order[b * batch_size:(b + 1) * batch_size]
       batch = self._device_batch(batch_arrays(data, indices))
-      batch_scores, batch_lengths = jax.device_get(self.validate_fn(self.state.actor_params, batch, self.rng))
+      batch_scores, batch_responses, batch_masks = jax.device_get(
+          self.validate_fn(self.state.actor_params, self.state.reward_params, batch, self.rng))
       scores.append(batch_scores)
-      lengths.append(batch_lengths)
-    scores = np.concatenate(scores)[:len(data) * n].reshape(len(data), n)
-    lengths = np.concatenate(lengths)[:len(data) * n]
+      responses.append(batch_responses)
+      masks.append(batch_masks)
+    valid = len(data) * n
+    scores = np.concatenate(scores)[:valid].reshape(len(data), n)
+    masks = np.concatenate(masks)[:valid]
     by_source = defaultdict(list)
     for source, row_scores in zip(data.data_sources, scores):
       by_source[source].append(row_scores)
     metrics = {f"val-core/{source}/reward/mean@{n}": float(np.mean(rows)) for source, rows in by_source.items()}
-    metrics["val/response_length/mean"] = float(lengths.mean())
+    metrics["val/response_length/mean"] = float(masks.sum(axis=1).mean())
+    num_logged = min(self.config.trainer.log_val_generations, valid)
+    if num_logged and jax.process_index() == 0:
+      texts = decode_responses(self.tokenizer, np.concatenate(responses)[:num_logged], masks[:num_logged])
+      prompts = self.tokenizer.batch_decode(
+          [row[m > 0].tolist() for row, m in zip(data.input_ids, data.attention_mask)][:-(-num_logged // n)])
+      with open(os.path.join(self.run_dir, "val_generations.jsonl"), "a") as f:
+        for i, text in enumerate(texts):
+          f.write(json.dumps({"step": step, "prompt": prompts[i // n], "response": text,
+                              "ground_truth": str(data.ground_truths[i // n]),
+                              "score": float(scores.reshape(-1)[i])}) + "\n")
     return metrics
 
   def fit(self) -> list[dict]:
@@ -403,7 +438,7 @@ class Trainer:
     history = []
     try:
       if self.val_data is not None and config.val_before_train:
-        val = self.validate()
+        val = self.validate(start_step)
         tracking.log(val, step=start_step)
         history.append({"step": start_step, **val})
       step = start_step
@@ -418,7 +453,7 @@ class Trainer:
         step += 1
         is_last = step == self.total_steps
         if self.val_data is not None and config.test_freq > 0 and (step % config.test_freq == 0 or is_last):
-          metrics.update(self.validate())
+          metrics.update(self.validate(step))
         tracking.log(metrics, step=step)
         history.append({"step": step, **metrics})
         if (config.save_freq > 0 and step % config.save_freq == 0) or (is_last and config.save_freq > 0):
