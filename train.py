@@ -1,5 +1,6 @@
 """jaxrlhf entry point: `python train.py --config configs/X.py [--config.some.key=value ...]`."""
 
+import os
 import sys
 
 from absl import app
@@ -21,6 +22,11 @@ def main(argv):
     trainer = Trainer(_CONFIG.value)
   except ConfigError as e:
     raise app.UsageError(str(e)) from e
+  except (ValueError, FileNotFoundError, ImportError) as e:
+    # Bad data, model, mesh or checkpoint paths: one clear line (JAXRLHF_DEBUG=1 keeps the traceback).
+    if os.environ.get("JAXRLHF_DEBUG"):
+      raise
+    sys.exit(f"jaxrlhf: error: {e}")
   try:
     history = trainer.fit()
   except GuardError as e:

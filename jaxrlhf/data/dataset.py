@@ -157,6 +157,15 @@ class BatchSchedule:
     return step // self.batches_per_epoch
 
 
+def process_rows(indices: np.ndarray, process_index: int, process_count: int) -> np.ndarray:
+  """This process's contiguous share of a global batch (multi-host: each host reads only its rows)."""
+  if len(indices) % process_count:
+    raise DataError(f"a batch of {len(indices)} rows does not split over {process_count} processes "
+                    "(make data.train_batch_size x rollout.n a multiple of the process count)")
+  share = len(indices) // process_count
+  return indices[process_index * share:(process_index + 1) * share]
+
+
 def batch_arrays(dataset: PromptDataset, indices: np.ndarray) -> dict[str, np.ndarray]:
   return {"input_ids": dataset.input_ids[indices], "attention_mask": dataset.attention_mask[indices],
           "sample_index": indices.astype(np.int32)}

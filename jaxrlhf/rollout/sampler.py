@@ -1,10 +1,13 @@
-"""Jitted generation: one prefill over left-padded prompts, then a `lax.while_loop` decode.
+"""Jitted generation: a cache-only prefill of left-padded prompts, then a `lax.while_loop` decode.
 
-The loop stops early once every row has emitted EOS. Sampled tokens' log-probs come from the
-temperature-scaled full distribution (the same `z = logits / temperature` the training forward uses,
-SPEC §4), so the rollout's log-probs equal the actor's recomputed `old_log_prob` for the same weights.
-top-k / top-p only restrict what is sampled. The response mask covers tokens up to and including the
-first EOS.
+The prefill runs every prompt token but the last and keeps only the KV cache, so XLA never computes
+[B, P, vocab] logits; decode step s feeds one token (the last prompt token, then each sampled token)
+and samples from its logits, so no forward is spent on a token that is never fed back. The loop stops
+early once every row has emitted EOS. Sampled tokens' log-probs come from the temperature-scaled full
+distribution (the same `z = logits / temperature` the training forward uses, SPEC §4), so the
+rollout's log-probs equal the actor's recomputed `old_log_prob` for the same weights. top-k / top-p
+only restrict what is sampled. The response mask covers tokens up to and including the first EOS.
+`choose_tokens` and `prefill_cache` are shared with the serving engine (`jaxrlhf.rollout.engine`).
 """
 
 from __future__ import annotations
@@ -106,10 +109,8 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
   `constrain_cache(cache) -> cache` pins the KV cache's sharding (batch and kv-heads) on a mesh.
   `active_B` (bool, optional): rows marked False (batch padding) start finished and stay empty.
   Returns dict(responses [B,R] int32 (pad after EOS), response_mask [B,R] int32,
-  rollout_log_probs [B,R] fp32, response_lengths [B] int32, num_steps scalar).
-
-  Step s feeds one token (the last prompt token, then each sampled one) at cache index P-1+s and
-  samples from its logits, so no forward is spent on a token that is never fed back.
+  rollout_log_probs [B,R] fp32, response_lengths [B] int32, num_steps scalar). A length equal to R
+  means the row hit max_new_tokens (`response_length/clip_ratio`).
   """
   batch, prompt_len = prompt_ids_BxP.shape
   response_len = sampling.max_new_tokens

@@ -22,7 +22,7 @@ import numpy as np
 from jaxrlhf import rewards
 from jaxrlhf.checkpoint import Checkpointer, split_step_dir
 from jaxrlhf.config import resolve_config
-from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset
+from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, config_from_hf_dict, generation_eos_ids,
                             init_params, load_hf_config, load_hf_params, load_tokenizer, pad_token_id)
@@ -264,8 +264,18 @@ class Trainer:
                       kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)), lr_scale=put(jnp.float32(1.0)))
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Global host arrays -> arrays in the batch layout (scalars replicated)."""
     return {k: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh))
             for k, v in arrays.items()}
+
+  def _load_batch(self, dataset, indices: np.ndarray) -> dict[str, jax.Array]:
+    """A global batch of dataset rows where each process reads only its own share of the rows."""
+    if jax.process_count() == 1:
+      return self._device_batch(batch_arrays(dataset, indices))
+    local = batch_arrays(dataset, process_rows(indices, jax.process_index(), jax.process_count()))
+    return {k: jax.make_array_from_process_local_data(batch_sharding(self.mesh, (len(indices),) + v.shape[1:]), v,
+                                                      (len(indices),) + v.shape[1:])
+            for k, v in local.items()}
 
   # ----- running ---------------------------------------------------------------------------------
 
@@ -278,7 +288,7 @@ class Trainer:
     if self.filter_groups:
       self.state, device_metrics, extra["training/num_gen_batches"] = self._dynamic_sampling_step(rng, timings)
     else:
-      batch = self._device_batch(batch_arrays(self.train_data, self.schedule.indices(step)))
+      batch = self._load_batch(self.train_data, self.schedule.indices(step))
       if self.config.trainer.fuse_step:
         self.state, device_metrics = self.ppo_step(self.state, batch, rng)
       else:
@@ -306,7 +316,7 @@ class Trainer:
     while True:
       indices = self.gen_schedule.indices(self.gen_cursor)
       self.gen_cursor += 1
-      batch = self._device_batch(batch_arrays(self.train_data, indices))
+      batch = self._load_batch(self.train_data, indices)
       round_rng = jax.random.fold_in(rng, len(rounds))
       rounds.append(self.phased.generate_and_score(self.state, batch, round_rng, timings))
       selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric)
@@ -393,7 +403,7 @@ class Trainer:
     scores, responses, masks = [], [], []
     for b in range(num_batches):
       indices = order[b * batch_size:(b + 1) * batch_size]
-      batch = self._device_batch(batch_arrays(data, indices))
+      batch = self._load_batch(data, indices)
       batch_scores, batch_responses, batch_masks = jax.device_get(
           self.validate_fn(self.state.actor_params, self.state.reward_params, batch, self.rng))
       scores.append(batch_scores)

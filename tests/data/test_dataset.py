@@ -102,3 +102,20 @@ def test_reward_callback_decodes_and_scores_by_sample_index(tmp_path, tokenizer)
   np.testing.assert_array_equal(np.asarray(errors), [0.0, 0.0])
   np.testing.assert_array_equal(np.asarray(scores), [1.0, 0.0])
 
+
+
+def test_a_restarted_schedule_continues_mid_epoch_with_the_same_rows():
+  uninterrupted = BatchSchedule(100, 8, seed=5)
+  rows = [uninterrupted.indices(k) for k in range(30)]  # crosses epochs (12 batches per epoch)
+  restarted = BatchSchedule(100, 8, seed=5)  # a new process after resume knows only (seed, step)
+  for k in range(17, 30):
+    np.testing.assert_array_equal(restarted.indices(k), rows[k])
+  assert not np.array_equal(BatchSchedule(100, 8, seed=6).indices(3), rows[3])
+
+
+def test_process_rows_split_a_global_batch():
+  from jaxrlhf.data import process_rows
+  indices = np.arange(10, 18)
+  np.testing.assert_array_equal(np.concatenate([process_rows(indices, p, 4) for p in range(4)]), indices)
+  with pytest.raises(DataError, match="does not split over 3 processes"):
+    process_rows(indices, 0, 3)
