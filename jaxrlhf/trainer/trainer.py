@@ -34,6 +34,7 @@ from jaxrlhf.parallel.report import layout_report, per_device_bytes
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics
 from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
+from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.phased import PhasedStep, select_groups
 from jaxrlhf.trainer.reward import decode_responses, make_reward_fn
@@ -162,6 +163,8 @@ class Trainer:
     self.gen_schedule = BatchSchedule(len(self.train_data), data_cfg.gen_batch_size or data_cfg.train_batch_size,
                                       seed=data_cfg.seed, shuffle=data_cfg.shuffle)
     self.gen_cursor = 0  # generation rounds drawn so far (dynamic sampling); saved in checkpoints
+    self.actor_num_params = count_params(self.state.actor_params)
+    self.peak_flops = device_peak_flops(self.mesh.devices.flat[0], trainer_cfg.peak_flops_per_device)
     self.rng = jax.random.key(trainer_cfg.seed)
 
   # ----- set-up ----------------------------------------------------------------------------------
@@ -304,9 +307,18 @@ class Trainer:
     metrics["timing_s/step"] = elapsed
     metrics["perf/time_per_step"] = elapsed
     metrics["perf/throughput"] = tokens / elapsed / self.mesh.size
+    metrics["perf/mfu/actor"] = self._actor_flops(metrics) / (elapsed * self.mesh.size * self.peak_flops)
     metrics["training/global_step"] = step + 1
     metrics["training/epoch"] = self.schedule.epoch_of(step)
     return metrics
+
+  def _actor_flops(self, metrics) -> float:
+    n = self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n  # sequences per step
+    return actor_step_flops(self.model_config, self.actor_num_params,
+                            prompt_tokens=metrics["prompt_length/mean"] * n,
+                            response_tokens=metrics["response_length/mean"] * n, num_sequences=n,
+                            ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
+                            use_reference=self.step_fn.use_reference)
 
   def _dynamic_sampling_step(self, rng, timings):
     """DAPO: generate rounds of `gen_batch_size` prompts until `train_batch_size` groups have varied rewards."""
