@@ -9,6 +9,7 @@ updates (forward + backward). MFU = those FLOPs / (step time x devices x peak FL
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -38,8 +39,9 @@ def actor_step_flops(model_config, num_params: int, *, prompt_tokens: float, res
   return per_token * tokens * (forwards + 3 * ppo_epochs)
 
 
-def measure_peak_flops(size: int = 1024, repeats: int = 5) -> float:
-  """Achieved fp32 matmul FLOP/s of the default device: the CPU's practical peak."""
+@functools.lru_cache(maxsize=None)
+def measure_peak_flops(size: int = 1024, repeats: int = 10) -> float:
+  """Achieved fp32 matmul FLOP/s of the default device (the CPU's practical peak); measured once per process."""
   x = jnp.ones((size, size), jnp.float32)
   matmul = jax.jit(lambda a: a @ a)
   matmul(x).block_until_ready()
