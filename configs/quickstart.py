@@ -55,6 +55,7 @@ def get_config():
 
   config.trainer.total_training_steps = 300
   config.trainer.test_freq = 25
+  config.trainer.log_val_generations = 8
   config.trainer.project_name = "quickstart"
   config.trainer.experiment_name = "recall_ppo"
   config.trainer.default_local_dir = "runs"

@@ -25,11 +25,15 @@ def _run_quickstart(tmp_path, *flags):
 
 
 def test_short_quickstart_improves_validation_reward(tmp_path):
-  _, records, _ = _run_quickstart(tmp_path, "--config.trainer.total_training_steps=60",
-                                  "--config.trainer.test_freq=60", "--config.trainer.logger=('jsonl',)")
+  run_dir, records, _ = _run_quickstart(tmp_path, "--config.trainer.total_training_steps=60",
+                                        "--config.trainer.test_freq=60", "--config.trainer.logger=('jsonl',)")
   val = [r[VAL_KEY] for r in records if VAL_KEY in r]
   assert len(val) == 2
   assert val[1] >= val[0] + 0.15, val
+  with open(run_dir / "val_generations.jsonl") as f:
+    samples = [json.loads(line) for line in f]
+  assert [s["step"] for s in samples] == [0] * 8 + [60] * 8
+  assert samples[0]["prompt"].startswith("<|user|>") and set(samples[0]) >= {"response", "ground_truth", "score"}
 
 
 @pytest.mark.slow
