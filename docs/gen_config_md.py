@@ -1,0 +1,321 @@
+"""Writes docs/config.md: every key of `get_base_config()` with its default, meaning and verl name.
+
+    python docs/gen_config_md.py            # rewrite docs/config.md
+    python docs/gen_config_md.py --check    # exit 1 if docs/config.md is out of date
+
+Keys and defaults come from the config tree itself; meanings and verl equivalents from `_DOCS`
+below. A key without an entry is an error, so a new config key cannot ship undocumented
+(tests/docs/test_config_docs.py runs the same check).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+import ml_collections  # noqa: E402
+
+from jaxrlhf.config import get_base_config  # noqa: E402
+
+OUTPUT = os.path.join(_ROOT, "docs", "config.md")
+SAME = "same"  # verl has exactly this key
+
+# Sections that occur twice in the tree (actor and critic model / optimizer): documented once by suffix.
+_MODEL = {
+    "path": ("Hugging Face checkpoint directory (config.json + safetensors); `\"\"` = initialise from scratch "
+             "from `override_config`", SAME),
+    "override_config.vocab_size": ("HF config field; with `path` it overrides config.json, without `path` it "
+                                   "defines the from-scratch model (as do the other `override_config.*`)",
+                                   "`override_config` (a free dict in verl, applied to a loaded HF config only)"),
+    "override_config.hidden_size": ("HF config field: model width", "`override_config` (free dict)"),
+    "override_config.intermediate_size": ("HF config field: MLP width", "`override_config` (free dict)"),
+    "override_config.num_hidden_layers": ("HF config field: decoder layers", "`override_config` (free dict)"),
+    "override_config.num_attention_heads": ("HF config field: query heads", "`override_config` (free dict)"),
+    "override_config.num_key_value_heads": ("HF config field: key/value heads (GQA)", "`override_config` (free dict)"),
+    "override_config.head_dim": ("HF config field: per-head size; None = hidden_size / heads",
+                                 "`override_config` (free dict)"),
+    "override_config.rope_theta": ("HF config field: RoPE base", "`override_config` (free dict)"),
+    "override_config.rms_norm_eps": ("HF config field: RMSNorm epsilon", "`override_config` (free dict)"),
+    "override_config.tie_word_embeddings": ("HF config field: LM head shares the embedding matrix",
+                                            "`override_config` (free dict)"),
+    "override_config.max_position_embeddings": ("HF config field: longest position", "`override_config` (free dict)"),
+    "use_remove_padding": ("sequence packing: several sequences per row with segment ids and block-diagonal "
+                           "attention (same numbers as the padded path)", SAME),
+    "enable_gradient_checkpointing": ("rematerialise each decoder layer in the backward pass (`jax.checkpoint`)",
+                                      SAME),
+    "remat_policy": ("what gradient checkpointing saves: `full` (nothing), `dots_saveable`, `nothing_saveable`, ... "
+                     "(`jax.checkpoint_policies`)",
+                     "— (ours; verl has only on/off plus `enable_activation_offload`)"),
+    "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning", SAME),
+    "dtype": ("compute dtype: `float32` or `bfloat16`",
+              "`fsdp_config.mixed_precision` (`model_dtype` / `reduce_dtype`)"),
+    "param_dtype": ("dtype the parameters are stored and updated in", "`fsdp_config.mixed_precision.param_dtype`"),
+}
+
+_OPTIM = {
+    "lr": ("peak learning rate (AdamW)", SAME),
+    "betas": ("AdamW (beta1, beta2)", SAME),
+    "eps": ("AdamW epsilon", "— (torch AdamW default 1e-8)"),
+    "weight_decay": ("AdamW decoupled weight decay", SAME),
+    "lr_warmup_steps": ("linear warm-up steps; -1 = use `lr_warmup_steps_ratio`", SAME),
+    "lr_warmup_steps_ratio": ("warm-up as a fraction of the total training steps", SAME),
+    "lr_scheduler_type": ("`constant` or `cosine` (after warm-up)",
+                          "same (older verl: `warmup_style`)"),
+    "min_lr_ratio": ("cosine floor as a fraction of `lr`", SAME),
+}
+
+_DOCS = {
+    # ----- data
+    "data.train_files": ("training parquet files (verl row format, SPEC §8) or `builtin:<task>:train`",
+                         "same (a string or a list)"),
+    "data.val_files": ("validation files; `(\"\",)` = no validation", "same"),
+    "data.tokenizer": ("tokenizer directory; `\"\"` = the actor's `model.path`; `builtin:<task>` = the built-in "
+                       "word-level tokenizer", "same (no `builtin:`)"),
+    "data.prompt_key": ("column holding the chat messages", SAME),
+    "data.reward_fn_key": ("column selecting the reward function", SAME),
+    "data.max_prompt_length": ("prompt tokens; prompts are left-padded to this", SAME),
+    "data.max_response_length": ("generated tokens per response", SAME),
+    "data.train_batch_size": ("prompts per training step (each sampled `rollout.n` times)", SAME),
+    "data.gen_batch_size": ("DAPO dynamic sampling: prompts generated per round before filtering; None = "
+                            "`train_batch_size`", "same (DAPO recipe)"),
+    "data.val_batch_size": ("validation prompts per batch; None = the whole set in one batch", SAME),
+    "data.shuffle": ("reshuffle the training prompts every epoch", SAME),
+    "data.seed": ("seed of the prompt order", SAME),
+    "data.truncation": ("an over-long prompt: `error`, or keep its `left`/`right`/`middle` part", SAME),
+    "data.filter_overlong_prompts": ("drop prompts longer than `max_prompt_length` when loading", SAME),
+    # ----- actor
+    "actor_rollout_ref.actor.ppo_mini_batch_size": ("prompts per PPO update (x `rollout.n` sequences)", SAME),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("sequences per device per gradient-accumulation "
+                                                             "step; None = the whole per-device mini-batch", SAME),
+    "actor_rollout_ref.actor.use_dynamic_bsz": ("form micro-batches by a token budget instead of a row count", SAME),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("token budget of one micro-batch with "
+                                                          "`use_dynamic_bsz`", SAME),
+    "actor_rollout_ref.actor.clip_ratio": ("PPO clip epsilon (SPEC §4)", SAME),
+    "actor_rollout_ref.actor.clip_ratio_low": ("lower clip epsilon; None = `clip_ratio`",
+                                               "same (verl's default is 0.2)"),
+    "actor_rollout_ref.actor.clip_ratio_high": ("upper clip epsilon (DAPO clip-higher: 0.28); None = `clip_ratio`",
+                                                "same (verl's default is 0.2)"),
+    "actor_rollout_ref.actor.clip_ratio_c": ("dual-clip bound for negative advantages", SAME),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ("`vanilla`, `gspo`, `gpg`, `cispo`, `geo_mean`, "
+                                                      "`clip_cov`, `kl_cov` or a registered one", SAME),
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": ("`clip_cov`: fraction of tokens clipped", SAME),
+    "actor_rollout_ref.actor.policy_loss.clip_cov_lb": ("`clip_cov`: covariance lower bound", SAME),
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ub": ("`clip_cov`: covariance upper bound", SAME),
+    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": ("`kl_cov`: fraction of tokens with the KL penalty", SAME),
+    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": ("`kl_cov`: coefficient of that penalty", SAME),
+    "actor_rollout_ref.actor.loss_agg_mode": ("`token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, "
+                                              "`seq-mean-token-sum-norm` (SPEC §4; token-mean is exact over the "
+                                              "whole mini-batch)", SAME),
+    "actor_rollout_ref.actor.entropy_coeff": ("weight of the entropy bonus", SAME),
+    "actor_rollout_ref.actor.use_kl_loss": ("add `kl_loss_coef * KL(pi, ref)` to the actor loss", SAME),
+    "actor_rollout_ref.actor.kl_loss_coef": ("KL loss weight", SAME),
+    "actor_rollout_ref.actor.kl_loss_type": ("KL estimator: `kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`, "
+                                             "`full`, or `<name>+` (straight-through)",
+                                             "same (verl raises on `full` and `+`)"),
+    "actor_rollout_ref.actor.ppo_epochs": ("passes over the rollout batch per step", SAME),
+    "actor_rollout_ref.actor.shuffle": ("reshuffle the mini-batches every epoch (seeded)", SAME),
+    "actor_rollout_ref.actor.grad_clip": ("global gradient-norm clip; a step with a non-finite norm is skipped",
+                                          SAME),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": ("keep actor parameters in host memory between uses",
+                                                          SAME),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": ("keep the actor's optimizer state in pinned host "
+                                                              "memory between updates", SAME),
+    # ----- rollout
+    "actor_rollout_ref.rollout.name": ("generation engine; `jax` (the built-in sampler) is the only one",
+                                       "same (verl: `vllm`, `sglang`, `hf`)"),
+    "actor_rollout_ref.rollout.temperature": ("sampling temperature (log-probs and entropy use the same scaling)",
+                                              SAME),
+    "actor_rollout_ref.rollout.top_k": ("top-k sampling; -1 = off", SAME),
+    "actor_rollout_ref.rollout.top_p": ("nucleus sampling; 1.0 = off", SAME),
+    "actor_rollout_ref.rollout.n": ("samples per prompt (a GRPO group)", SAME),
+    "actor_rollout_ref.rollout.do_sample": ("sample; False = greedy", SAME),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": ("tensor-parallel degree of the generation layout "
+                                                             "(parameters are resharded for generation)", SAME),
+    "actor_rollout_ref.rollout.max_num_batched_tokens": ("token budget of one generation batch", SAME),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("sequences per device per log-prob forward "
+                                                                    "pass; None = all at once", SAME),
+    "actor_rollout_ref.rollout.val_kwargs.temperature": ("validation sampling temperature", SAME),
+    "actor_rollout_ref.rollout.val_kwargs.top_k": ("validation top-k", SAME),
+    "actor_rollout_ref.rollout.val_kwargs.top_p": ("validation top-p", SAME),
+    "actor_rollout_ref.rollout.val_kwargs.n": ("validation samples per prompt (`mean@n`)", SAME),
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": ("validation sampling; False = greedy", SAME),
+    "actor_rollout_ref.ref.fsdp_config.param_offload": ("keep the reference parameters in pinned host memory",
+                                                        SAME),
+    # ----- critic
+    "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
+    "critic.cliprange_value": ("value clip range `c` (SPEC §4; the seeds use 0.2)", SAME),
+    "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),
+    "critic.ppo_mini_batch_size": ("prompts per critic update; None = the actor's", SAME),
+    "critic.ppo_micro_batch_size_per_gpu": ("critic micro-batch; None = the actor's", SAME),
+    "critic.ppo_epochs": ("critic passes per step; None = the actor's", SAME),
+    "critic.shuffle": ("critic mini-batch shuffling; None = the actor's", SAME),
+    "critic.grad_clip": ("critic gradient-norm clip", SAME),
+    # ----- reward
+    "reward_model.enable": ("score with a learned reward model (in addition to rule rewards)", SAME),
+    "reward_model.model.path": ("reward model checkpoint (HF sequence classification, num_labels=1; the "
+                                "actor's tokenizer)", SAME),
+    "reward_model.combine_with_rule": ("True: score = rule reward + reward model; False: the reward model alone",
+                                       "— (ours; verl uses the reward model alone when it is on)"),
+    "reward_model.on_error": ("a reward function that raises: `raise`, or `zero` (scores 0, counted in "
+                              "`reward/errors`)", "— (ours; verl always raises)"),
+    "reward_model.overlong_buffer.enable": ("DAPO overlong shaping: linear penalty for responses entering the "
+                                            "last `len` tokens before `max_response_length`", "same (DAPO recipe)"),
+    "reward_model.overlong_buffer.len": ("tokens of the penalty buffer", "same (DAPO recipe)"),
+    "reward_model.overlong_buffer.penalty_factor": ("penalty at `max_response_length` (reached linearly)",
+                                                    "same (DAPO recipe)"),
+    "custom_reward_function.path": ("Python file with a reward function; `\"\"` = the built-in ones by "
+                                    "`data_source`", "same (also top level in verl)"),
+    "custom_reward_function.name": ("function name in that file, "
+                                    "`f(data_source, solution_str, ground_truth, extra_info)`", SAME),
+    # ----- algorithm
+    "algorithm.gamma": ("discount (GAE, REINFORCE++); the seeds recommend 0.99 for PPO", SAME),
+    "algorithm.lam": ("GAE lambda; the seeds recommend 0.95", SAME),
+    "algorithm.adv_estimator": ("`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, "
+                                "`remax`, `opo`, `gpg`, `grpo_passk` (SPEC §3)", SAME),
+    "algorithm.norm_adv_by_std_in_grpo": ("GRPO divides by the group std; False = Dr.GRPO", SAME),
+    "algorithm.use_kl_in_reward": ("subtract `beta * KL` from the token rewards", SAME),
+    "algorithm.kl_penalty": ("KL estimator for the in-reward penalty (as `kl_loss_type`)", SAME),
+    "algorithm.kl_ctrl.type": ("`fixed` or `adaptive` coefficient (SPEC §2; checkpointed)", SAME),
+    "algorithm.kl_ctrl.kl_coef": ("initial in-reward KL coefficient `beta`", SAME),
+    "algorithm.kl_ctrl.horizon": ("adaptive controller horizon", SAME),
+    "algorithm.kl_ctrl.target_kl": ("adaptive controller target", SAME),
+    "algorithm.filter_groups.enable": ("DAPO dynamic sampling: drop groups whose `metric` is equal for every "
+                                       "sample, generate more until the batch is full", "same (DAPO recipe)"),
+    "algorithm.filter_groups.metric": ("`score` or `seq_reward`", "same (DAPO recipe; verl also has `acc`)"),
+    "algorithm.filter_groups.max_num_gen_batches": ("generation rounds allowed per step; 0 = no limit",
+                                                    "same (DAPO recipe)"),
+    # ----- trainer
+    "trainer.total_epochs": ("passes over the training prompts (unless `total_training_steps`)", SAME),
+    "trainer.total_training_steps": ("steps to run; None = epochs x batches per epoch", SAME),
+    "trainer.project_name": ("run directory `<default_local_dir>/<project>/<experiment>`, tracker project", SAME),
+    "trainer.experiment_name": ("run name", SAME),
+    "trainer.logger": ("sinks: `console`, `jsonl`, `wandb`, `tensorboard`, `mlflow`",
+                       "same (verl has no `jsonl`; its file logger differs)"),
+    "trainer.save_freq": ("checkpoint every N steps (and at the end); -1 = never", SAME),
+    "trainer.test_freq": ("validate every N steps (and at the end); -1 = never", SAME),
+    "trainer.val_before_train": ("validate once before the first step", SAME),
+    "trainer.critic_warmup": ("steps that update only the critic", SAME),
+    "trainer.resume_mode": ("`auto` (latest checkpoint of the run), `disable`, `resume_path`", SAME),
+    "trainer.resume_from_path": ("`.../global_step_N` for `resume_mode=resume_path`", SAME),
+    "trainer.default_local_dir": ("root of run directories (checkpoints, metrics.jsonl, plots)",
+                                  "same (verl's default already includes project/experiment)"),
+    "trainer.max_actor_ckpt_to_keep": ("checkpoints kept; None = all", SAME),
+    "trainer.save_hf": ("also export the actor (and critic) in HF format at every save, into "
+                        "`<run dir>/huggingface/global_step_N`", "— (ours; verl converts afterwards with its "
+                                                                  "model merger)"),
+    "trainer.seed": ("seed of initialisation, sampling and mini-batch shuffling",
+                     "— (ours; verl seeds per worker)"),
+    "trainer.plot": ("write `<run dir>/metrics.png` at the end (needs the `jsonl` logger)", "— (ours)"),
+    "trainer.fuse_step": ("True: one compiled program per step; False: phased mode, one jit per stage with "
+                          "`timing_s/*` (same numbers)", "— (ours; verl always runs phases)"),
+    "trainer.log_val_generations": ("validation samples written to `<run dir>/val_generations.jsonl`",
+                                    "same (verl logs them to the tracker)"),
+    "trainer.peak_flops_per_device": ("peak FLOP/s of one device for `perf/mfu/actor`; None = the known "
+                                      "accelerator table, or measured once on CPU", "— (ours)"),
+    "trainer.prometheus_port": ("serve metrics as Prometheus gauges on this port; None = off, 0 = any free port",
+                                "— (ours)"),
+    "trainer.profile_steps": ("global steps (from 1) traced with `jax.profiler` into `<run dir>/profile`",
+                              "`global_profiler.steps` (older verl: `trainer.profile_steps`, nsys)"),
+    "trainer.guard.enable": ("on a KL blow-up or reward collapse: restore the last checkpoint, scale the lr by "
+                             "`lr_backoff`, continue (the seeds' rollback practice)", "— (ours)"),
+    "trainer.guard.kl_max": ("KL above this triggers a rollback (seeds: 0.1)", "— (ours)"),
+    "trainer.guard.reward_drop": ("relative drop of `critic/score/mean` below its moving average that triggers a "
+                                  "rollback (seeds: 20%)", "— (ours)"),
+    "trainer.guard.reward_window": ("steps in that moving average", "— (ours)"),
+    "trainer.guard.lr_backoff": ("learning-rate factor applied at each rollback", "— (ours)"),
+    "trainer.guard.max_rollbacks": ("stop with an error after this many rollbacks", "— (ours)"),
+    "trainer.guard.kl_warmup_steps_ratio": ("no KL term (loss or reward) for this fraction of the first steps "
+                                            "(seeds: 5%)", "— (ours)"),
+    # ----- mesh
+    "mesh.data": ("devices along the pure data-parallel axis; -1 = fill", "— (ours; verl: `trainer.n_gpus_per_node` "
+                                                                          "x `trainer.nnodes`)"),
+    "mesh.fsdp": ("devices along the fully-sharded data-parallel axis; -1 = fill (product of the axes = device "
+                  "count)", "— (ours; verl: `actor.fsdp_config.fsdp_size`)"),
+    "mesh.tensor": ("devices along the tensor-parallel axis (training layout)",
+                    "— (ours; verl's training TP is Megatron's `tensor_model_parallel_size`)"),
+}
+
+_SECTION_TITLES = {
+    "data": "Data", "actor_rollout_ref": "Actor, rollout and reference", "critic": "Critic",
+    "reward_model": "Reward model", "custom_reward_function": "Custom reward function", "algorithm": "Algorithm",
+    "trainer": "Trainer", "mesh": "Mesh",
+}
+
+
+def walk(config: ml_collections.ConfigDict, prefix: str = ""):
+  """(key, default, type name) for every leaf; top-level sections in SPEC §6 order, keys sorted below."""
+  names = config.keys()
+  if not prefix:
+    names = sorted(names, key=lambda n: (list(_SECTION_TITLES).index(n) if n in _SECTION_TITLES else 99, n))
+  for name in names:
+    value = config[name]
+    key = prefix + name
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from walk(value, key + ".")
+    else:
+      yield key, value, config.get_type(name).__name__
+
+
+def describe(key: str) -> tuple[str, str]:
+  """(meaning, verl equivalent) of a key; raises KeyError for an undocumented key."""
+  if key in _DOCS:
+    return _DOCS[key]
+  for section, table in (("actor_rollout_ref.model.", _MODEL), ("critic.model.", _MODEL),
+                         ("actor_rollout_ref.actor.optim.", _OPTIM), ("critic.optim.", _OPTIM)):
+    if key.startswith(section) and key[len(section):] in table:
+      meaning, verl = table[key[len(section):]]
+      if section.startswith("critic.model.") and key.endswith(".path"):
+        meaning = "critic checkpoint; `\"\"` = the actor's `model.path` with a fresh value head"
+      return meaning, verl
+  raise KeyError(f"config key '{key}' has no entry in docs/gen_config_md.py; add its meaning and verl name")
+
+
+def format_default(value) -> str:
+  return f"`{value!r}`"
+
+
+def render(config: ml_collections.ConfigDict | None = None) -> str:
+  config = config if config is not None else get_base_config()
+  lines = [
+      "# Configuration reference",
+      "",
+      "Every key of the config tree (`jaxrlhf.config.get_base_config()`, SPEC §6), its default, what it",
+      "does, and its name in verl. \"same\" means verl has exactly this key, so a verl command line's",
+      "overrides carry over as `--config.<key>=<value>`; \"— (ours)\" marks keys verl does not have.",
+      "`None` defaults are typed placeholders: the type column says what a value must be.",
+      "",
+      "Generated by `python docs/gen_config_md.py` from the config tree; do not edit by hand",
+      "(tests/docs/test_config_docs.py fails when this file and the tree disagree).",
+  ]
+  section = None
+  for key, value, type_name in walk(config):
+    top = key.split(".")[0]
+    if top != section:
+      section = top
+      lines += ["", f"## {_SECTION_TITLES.get(top, top)} (`{top}`)", "",
+                "| key | default | type | meaning | verl |", "|---|---|---|---|---|"]
+    meaning, verl = describe(key)
+    lines.append(f"| `{key}` | {format_default(value)} | {type_name} | {meaning} | {verl} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv) -> int:
+  text = render()
+  if "--check" in argv:
+    with open(OUTPUT) as f:
+      if f.read() != text:
+        print(f"{OUTPUT} is out of date: run python docs/gen_config_md.py", file=sys.stderr)
+        return 1
+    return 0
+  with open(OUTPUT, "w") as f:
+    f.write(text)
+  print(f"wrote {OUTPUT}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
