@@ -197,9 +197,7 @@ def get_base_config() -> ml_collections.ConfigDict:
 
 # Keys whose non-default values belong to later issues: refuse them rather than ignore them.
 _NOT_YET_SUPPORTED = {
-    "actor_rollout_ref.model.use_remove_padding": False,
     "actor_rollout_ref.model.lora_rank": 0,
-    "actor_rollout_ref.actor.use_dynamic_bsz": False,
     "actor_rollout_ref.actor.fsdp_config.param_offload": False,
 }
 
@@ -298,6 +296,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.reward_model.enable and not config.reward_model.model.path:
     raise ConfigError("reward_model.enable=True needs reward_model.model.path (an HF sequence-classification "
                       "checkpoint directory)")
+  if actor.use_dynamic_bsz:
+    # A micro-batch holds whole sequences: the per-device token budget must fit the longest one.
+    seq_len = data.max_prompt_length + data.max_response_length
+    if actor.ppo_max_token_len_per_gpu < seq_len:
+      raise ConfigError(
+          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} is smaller than one "
+          f"sequence: data.max_prompt_length + data.max_response_length = {seq_len} (use_dynamic_bsz=True)")
   rollout = config.actor_rollout_ref.rollout
   if rollout.temperature <= 0 and rollout.do_sample:
     raise ConfigError("actor_rollout_ref.rollout.temperature must be > 0 when do_sample=True "

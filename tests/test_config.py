@@ -33,7 +33,7 @@ def test_wrong_type_names_the_key():
 @pytest.mark.parametrize("key,value,message", [
     ("data.truncation", "sideways", "data.truncation"),
     ("algorithm.kl_ctrl.type", "pid", "algorithm.kl_ctrl.type"),
-    ("actor_rollout_ref.actor.use_dynamic_bsz", True, "use_dynamic_bsz"),
+    ("actor_rollout_ref.model.lora_rank", 8, "lora_rank"),
     ("data.train_batch_size", 10, "not divisible"),
     ("trainer.logger", ("console", "carrier_pigeon"), "carrier_pigeon"),
 ])
@@ -45,6 +45,14 @@ def test_validation_errors_name_key_and_value(key, value, message):
     node = node[p]
   node[leaf] = value
   with pytest.raises(ConfigError, match=message):
+    validate_config(config)
+
+
+def test_dynamic_bsz_budget_must_hold_a_sequence():
+  config = get_base_config()
+  config.actor_rollout_ref.actor.use_dynamic_bsz = True
+  config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 100
+  with pytest.raises(ConfigError, match="ppo_max_token_len_per_gpu"):
     validate_config(config)
 
 

@@ -15,6 +15,9 @@ Attention works in two modes with one code path:
 - no cache: causal self-attention over the given tokens, keys masked by `kv_mask_BxS` (padding);
 - cache: the new keys/values are written at `cache_index` into a preallocated cache of length S and
   queries attend to every cached position <= their own index that `kv_mask_BxS` marks valid.
+Packed rows (`use_remove_padding`, no cache) add `segment_ids_BxL`: several sequences share a row and
+attention is block-diagonal causal, a token sees only earlier tokens of its own segment; segment 0 is
+padding and sees nothing. Positions then restart in each segment (the caller passes them).
 The sliding window, like HF's, counts sequence (cache) indices, not token positions.
 """
 
@@ -159,7 +162,8 @@ class Attention(nn.Module):
   sliding_window: int | None = None
 
   @nn.compact
-  def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None):
+  def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
+               segment_ids_BxL=None):
     cfg = self.config
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     num_heads, num_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.resolved_head_dim
@@ -199,6 +203,9 @@ class Attention(nn.Module):
     if self.sliding_window is not None:
       allowed_LxS &= key_index_S[None, :] > query_index_L[:, None] - self.sliding_window
     allowed_BxLxS = allowed_LxS[None] & (kv_mask_BxS[:, None, :] > 0)
+    if segment_ids_BxL is not None:
+      same_BxLxS = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+      allowed_BxLxS &= same_BxLxS & (segment_ids_BxL[:, None, :] > 0)
     scores_BxKxGxLxS = jnp.where(allowed_BxLxS[:, None, None], scores_BxKxGxLxS, _MASK_VALUE)
     probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(dtype)
     out_BxLxKxGxH = jnp.einsum("bkgls,bskh->blkgh", probs_BxKxGxLxS, values_BxSxKxH.astype(dtype))
@@ -231,11 +238,13 @@ class DecoderLayer(nn.Module):
   sliding_window: int | None = None
 
   @nn.compact
-  def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None):
+  def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
+               segment_ids_BxL=None):
     cfg = self.config
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], name=name)
     attn_BxLxD, new_cache = Attention(cfg, self.sliding_window, name="self_attn")(
-        norm("input_layernorm")(x_BxLxD), cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index)
+        norm("input_layernorm")(x_BxLxD), cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index,
+        segment_ids_BxL)
     x_BxLxD = x_BxLxD + attn_BxLxD
     x_BxLxD = x_BxLxD + MLP(cfg, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
     return x_BxLxD, new_cache
@@ -255,15 +264,19 @@ class Decoder(nn.Module):
   (a reward model's score of a sequence is the score at its last valid token: `reward_model_scores`).
   `positions_BxL` are token positions (left padding makes them differ per row); `kv_mask_BxS` marks
   valid keys: the attention mask without cache, the whole cache's validity with one.
+  `segment_ids_BxL` (packed rows, no cache): block-diagonal causal attention within each segment id > 0.
   """
   config: DecoderConfig
   head: str = "lm"
 
   @nn.compact
-  def __call__(self, input_ids_BxL, positions_BxL, kv_mask_BxS, cache=None, cache_index=None):
+  def __call__(self, input_ids_BxL, positions_BxL, kv_mask_BxS, cache=None, cache_index=None,
+               segment_ids_BxL=None):
     cfg = self.config
     if self.head not in HEADS:
       raise ValueError(f"Decoder head={self.head!r} is not one of {HEADS}")
+    if segment_ids_BxL is not None and cache is not None:
+      raise ValueError("segment_ids_BxL (packed rows) is for cache-free calls only")
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
                      embedding_init=_init(nn.initializers.normal(0.02), ("vocab", "embed")),
@@ -276,7 +289,7 @@ class Decoder(nn.Module):
       window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
       x_BxLxD, layer_cache = layer_class(cfg, window, name=f"layers_{i}")(
           x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS,
-          None if cache is None else cache[i], cache_index)
+          None if cache is None else cache[i], cache_index, segment_ids_BxL)
       if cache is not None:
         new_cache.append(layer_cache)
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)

@@ -4,6 +4,8 @@ Inside: repeat prompts `n` times (interleaved, group ids) -> generate in the gen
 rule reward via host callback -> old/ref log-probs and values in the train layout -> KL in reward ->
 advantages -> critic update, then actor update (after `critic_warmup`) as `lax.scan` over
 epochs x mini-batches x micro-batches with exact global loss normalisation -> metrics (SPEC §7).
+Micro-batches are padded rows, or with `use_remove_padding` packed rows (`packing`: the log-prob and
+value phases too); `use_dynamic_bsz` sizes them by a token budget.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 from jaxrlhf import algos
 from jaxrlhf.models.decoder import Decoder, DecoderConfig, positions_from_mask, reward_model_scores
 from jaxrlhf.rollout import SamplingParams, generate, token_log_probs
+from jaxrlhf.trainer import packing
 from jaxrlhf.trainer.state import TrainState, apply_gradients
 
 
@@ -98,6 +101,9 @@ class PPOStep:
     # One mini-batch, one epoch: every gradient is taken at the rollout policy itself. As verl does,
     # use the current log-prob (stopped) as the old one, so the ratio is exactly 1, not 1 +- rounding.
     self.actor_on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
+    # Performance switches (SPEC §5, `packing`): the critic follows the actor's (or its own model's) packing.
+    self.actor_packed = bool(config.actor_rollout_ref.model.use_remove_padding)
+    self.critic_packed = self.actor_packed or bool(config.critic.model.use_remove_padding)
 
   # ----- model calls -------------------------------------------------------------------------
 
@@ -127,14 +133,95 @@ class PPOStep:
     logits_NxRxV = self.response_logits(params, prompts_NxP, prompt_mask_NxP, responses_NxR)
     return token_log_probs(logits_NxRxV, responses_NxR, self.temperature)
 
+  # ----- packed rows (use_remove_padding): the same quantities, read back into the [N, R] layout ----
+
+  def _packed_apply(self, model, params, packed):
+    return model.apply({"params": params}, packed["input_ids"], packed["positions"],
+                       (packed["segment_ids"] > 0).astype(jnp.int32), segment_ids_BxL=packed["segment_ids"])[0]
+
+  def _packed_policy_outputs(self, params, packed, prompt_len, response_len, with_entropy=True):
+    """(log_prob_NxR, entropy_NxR or None) of a packed slot; rows outside the slot hold garbage."""
+    logits_BxSxV = self._packed_apply(self.actor, params, packed)
+    log_prob_BxS = token_log_probs(logits_BxSxV, packing.next_tokens(packed["input_ids"]), self.temperature)
+    log_prob_NxR = packing.response_outputs(log_prob_BxS, packed, prompt_len, response_len)
+    if not with_entropy:
+      return log_prob_NxR, None
+    entropy_BxS = algos.entropy_from_logits(logits_BxSxV / self.temperature)
+    return log_prob_NxR, packing.response_outputs(entropy_BxS, packed, prompt_len, response_len)
+
+  def _packed_values(self, params, packed, prompt_len, response_len):
+    return packing.response_outputs(self._packed_apply(self.critic, params, packed), packed, prompt_len, response_len)
+
+  def _policy_outputs(self, params, micro):
+    """(log_prob, entropy) [rows, R] of a micro-batch: padded rows, or a packed slot (`micro["packed"]`)."""
+    if "packed" in micro:
+      return self._packed_policy_outputs(params, micro["packed"], micro["prompts"].shape[1],
+                                         micro["responses"].shape[1])
+    logits_NxRxV = self.response_logits(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
+    log_prob = token_log_probs(logits_NxRxV, micro["responses"], self.temperature)
+    return log_prob, algos.entropy_from_logits(logits_NxRxV / self.temperature)
+
+  def _value_outputs(self, params, micro):
+    if "packed" in micro:
+      return self._packed_values(params, micro["packed"], micro["prompts"].shape[1], micro["responses"].shape[1])
+    return self.values(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
+
+  def _batching(self, num_sequences: int, seq_len: int, micro_per_device, micro_key: str, packed: bool):
+    """Micro-batch slots of `num_sequences` (a mini-batch, or the whole batch for the log-prob phases)."""
+    actor = self.config.actor_rollout_ref.actor
+    if actor.use_dynamic_bsz:
+      return packing.micro_batching(num_sequences, seq_len, self.num_batch_shards, rows_per_shard=None,
+                                    max_token_len=actor.ppo_max_token_len_per_gpu, packed=packed)
+    rows = self._micro_rows(micro_per_device, num_sequences, micro_key)
+    return packing.MicroBatching(rows=rows, num_micro=num_sequences // rows, shards=self.num_batch_shards,
+                                 packed=packed)
+
+  def _pack(self, data, batching):
+    ids_NxS, _, _ = self._sequence_inputs(data["prompts"], data["prompt_mask"], data["responses"])
+    valid_NxS = jnp.concatenate([data["prompt_mask"], data["response_mask"]], axis=1)
+    return packing.pack(ids_NxS, valid_NxS, batching)
+
+  def _packed_phase(self, outputs_fn, rollout, batching):
+    """A forward-only phase over packed slots: `outputs_fn(packed) -> [N, R]`; 0 off the response mask."""
+    plan = self._pack(rollout, batching)
+    mask_NxR = rollout["response_mask"]
+
+    def run_slot(out_NxR, k):
+      slot_values = jax.lax.cond(plan["used"][k], lambda: outputs_fn(packing.slot(plan, k)),
+                                 lambda: jnp.zeros(out_NxR.shape, jnp.float32))
+      return jnp.where((plan["slot_N"] == k)[:, None], slot_values, out_NxR), None
+
+    out_NxR, _ = jax.lax.scan(run_slot, jnp.zeros(mask_NxR.shape, jnp.float32), jnp.arange(batching.num_micro))
+    return out_NxR * mask_NxR.astype(jnp.float32)
+
+  def _phase_batching(self, rollout, cfg, micro_key: str, packed: bool):
+    rows = cfg.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+    seq_len = rollout["prompts"].shape[1] + rollout["responses"].shape[1]
+    mini = self._batching(rows, seq_len, cfg.ppo_micro_batch_size_per_gpu, micro_key, packed)
+    num_sequences = rollout["responses"].shape[0]
+    return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows))
+
+  def packed_log_probs(self, params, rollout):
+    batching = self._phase_batching(rollout, self.config.actor_rollout_ref.actor,
+                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", True)
+    prompt_len, response_len = rollout["prompts"].shape[1], rollout["responses"].shape[1]
+    return self._packed_phase(
+        lambda packed: self._packed_policy_outputs(params, packed, prompt_len, response_len, with_entropy=False)[0],
+        rollout, batching)
+
+  def packed_critic_values(self, params, rollout):
+    batching = self._phase_batching(rollout, self.config.critic, "critic.ppo_micro_batch_size_per_gpu", True)
+    prompt_len, response_len = rollout["prompts"].shape[1], rollout["responses"].shape[1]
+    return self._packed_phase(lambda packed: self._packed_values(params, packed, prompt_len, response_len),
+                              rollout, batching)
+
   # ----- losses ------------------------------------------------------------------------------
 
   def actor_loss(self, params, aux, micro, normalizers, rng):
     """aux: per-step scalars (`kl_scale`: 0 during the KL warm-up, else 1)."""
     actor = self.config.actor_rollout_ref.actor
     mask = micro["response_mask"]
-    logits_NxRxV = self.response_logits(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
-    log_prob = token_log_probs(logits_NxRxV, micro["responses"], self.temperature)
+    log_prob, entropy = self._policy_outputs(params, micro)
     old_log_prob = jax.lax.stop_gradient(log_prob) if self.actor_on_policy else micro["old_log_probs"]
     pg_loss, pg_metrics = algos.compute_policy_loss(
         old_log_prob, log_prob, micro["advantages"], mask,
@@ -142,7 +229,6 @@ class PPOStep:
         clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
         loss_agg_mode=actor.loss_agg_mode, rng=rng, **normalizers,
         **{key: actor.policy_loss[key] for key in algos.POLICY_LOSS_CONFIG_KEYS})
-    entropy = algos.entropy_from_logits(logits_NxRxV / self.temperature)
     entropy_loss = algos.agg_loss(entropy, mask, actor.loss_agg_mode, **normalizers)
     loss = pg_loss - actor.entropy_coeff * entropy_loss
     metrics = {"actor/pg_loss": pg_loss, "actor/entropy": entropy_loss,
@@ -158,7 +244,7 @@ class PPOStep:
 
   def critic_loss(self, params, unused_aux, micro, normalizers, unused_rng):
     critic = self.config.critic
-    vpreds = self.values(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
+    vpreds = self._value_outputs(params, micro)
     vf_loss, vf_clipfrac = algos.compute_value_loss(
         vpreds, micro["values"], micro["returns"], micro["response_mask"], critic.cliprange_value,
         loss_agg_mode=critic.loss_agg_mode, **normalizers)
@@ -169,11 +255,56 @@ class PPOStep:
 
   # ----- the update loop ---------------------------------------------------------------------
 
+  def minibatch_gradients(self, loss_fn, params, aux, minibatch, key, batching: packing.MicroBatching,
+                          loss_agg_mode: str):
+    """Summed gradients and metrics of one mini-batch over its micro-batches (padded rows or packed slots).
+
+    The normalisers come from the whole mini-batch, so micro-batch losses and gradients add up exactly.
+    """
+    normalizers = algos.loss_normalizers(minibatch["response_mask"], loss_agg_mode)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    keys = jax.random.split(key, batching.num_micro)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+
+    def gradients(micro, micro_key):
+      (_, metrics), grads = grad_fn(params, aux, self.layouts.constrain_batch(micro), normalizers, micro_key)
+      return grads, metrics
+
+    if batching.packed:
+      plan = self._pack(minibatch, batching)
+
+      def packed_step(grads_acc, inputs):
+        k, micro_key = inputs
+        in_slot_N = plan["slot_N"] == k
+        micro = dict(minibatch, response_mask=minibatch["response_mask"] * in_slot_N[:, None].astype(
+            minibatch["response_mask"].dtype), packed=packing.slot(plan, k))
+        run = lambda: gradients(micro, micro_key)
+        skip_shapes = jax.eval_shape(run)
+        skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), skip_shapes)
+        grads, metrics = jax.lax.cond(plan["used"][k], run, skip)  # an empty slot costs nothing
+        return jax.tree.map(jnp.add, grads_acc, grads), metrics
+
+      grads, micro_metrics = jax.lax.scan(packed_step, zeros, (jnp.arange(batching.num_micro), keys))
+    else:
+      padded = packing.pad_rows(minibatch, batching.num_micro * batching.rows)
+      micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), padded)
+
+      def padded_step(grads_acc, inputs):
+        grads, metrics = gradients(*inputs)
+        return jax.tree.map(jnp.add, grads_acc, grads), metrics
+
+      grads, micro_metrics = jax.lax.scan(padded_step, zeros, (micro_batches, keys))
+    # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
+    return grads, {k: v.sum() for k, v in micro_metrics.items()}
+
   def _update(self, loss_fn, params, opt_state, aux, data, rng, *, tx, lr, mini_batch_rows: int,
-              micro_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str):
+              micro_per_device, micro_key: str, packed: bool, epochs: int, shuffle: bool, loss_agg_mode: str,
+              prefix: str):
     """`epochs` x mini-batches (one optimizer step each) x micro-batches (grad accumulation)."""
     num_rows = data["responses"].shape[0]
-    num_mini, num_micro = num_rows // mini_batch_rows, mini_batch_rows // micro_rows
+    num_mini = num_rows // mini_batch_rows
+    seq_len = data["prompts"].shape[1] + data["responses"].shape[1]
+    batching = self._batching(mini_batch_rows, seq_len, micro_per_device, micro_key, packed)
 
     def split(tree, parts):
       return jax.tree.map(lambda x: x.reshape((parts, x.shape[0] // parts) + x.shape[1:]), tree)
@@ -181,21 +312,8 @@ class PPOStep:
     def minibatch_step(carry, inputs):
       params, opt_state = carry
       minibatch, key = inputs
-      normalizers = algos.loss_normalizers(minibatch["response_mask"], loss_agg_mode)
-
-      def micro_step(grads_acc, inputs):
-        micro, micro_key = inputs
-        micro = self.layouts.constrain_batch(micro)
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, aux, micro, normalizers, micro_key)
-        return jax.tree.map(jnp.add, grads_acc, grads), metrics
-
-      zeros = jax.tree.map(jnp.zeros_like, params)
-      grads, micro_metrics = jax.lax.scan(
-          micro_step, zeros, (split(minibatch, num_micro), jax.random.split(key, num_micro)))
+      grads, metrics = self.minibatch_gradients(loss_fn, params, aux, minibatch, key, batching, loss_agg_mode)
       params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
-      # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
-      metrics = {k: v.sum() for k, v in micro_metrics.items()}
       metrics[f"{prefix}/grad_norm"] = grad_norm
       metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied
       return (params, opt_state), metrics
@@ -285,15 +403,21 @@ class PPOStep:
           rollout["baseline_response_mask"], rollout["sample_index"])[0]
     return out
 
+  def _rollout_log_probs(self, params, rollout: dict):
+    if self.actor_packed:
+      return self.packed_log_probs(params, rollout)
+    return self.log_probs(params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"])
+
   def old_log_prob(self, actor_params, rollout: dict):
-    return jax.lax.stop_gradient(
-        self.log_probs(actor_params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"]))
+    return jax.lax.stop_gradient(self._rollout_log_probs(actor_params, rollout))
 
   def ref_log_prob(self, ref_params, rollout: dict):
     ref_params = self.layouts.move(ref_params, self.layouts.ref_device)
-    return self.log_probs(ref_params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"])
+    return self._rollout_log_probs(ref_params, rollout)
 
   def critic_values(self, critic_params, rollout: dict):
+    if self.critic_packed:
+      return self.packed_critic_values(critic_params, rollout)
     mask_f = rollout["response_mask"].astype(jnp.float32)
     return self.values(critic_params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"]) * mask_f
 
@@ -339,10 +463,9 @@ class PPOStep:
     return self._update(
         self.critic_loss, state.critic_params, state.critic_opt_state, None, dict(data, values=values, returns=returns),
         rng, tx=self.optimizers["critic"], lr=self.lr_schedules["critic"](state.step) * state.lr_scale,
-        mini_batch_rows=rows,
-        micro_rows=self._micro_rows(critic_cfg.ppo_micro_batch_size_per_gpu, rows, "critic.ppo_micro_batch_size_per_gpu"),
-        epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, loss_agg_mode=critic_cfg.loss_agg_mode,
-        prefix="critic")
+        mini_batch_rows=rows, micro_per_device=critic_cfg.ppo_micro_batch_size_per_gpu,
+        micro_key="critic.ppo_micro_batch_size_per_gpu", packed=self.critic_packed, epochs=critic_cfg.ppo_epochs,
+        shuffle=critic_cfg.shuffle, loss_agg_mode=critic_cfg.loss_agg_mode, prefix="critic")
 
   def update_actor(self, state: TrainState, data: dict, rng):
     """Phase `update_actor`: PPO epochs of the policy loss (skipped during `critic_warmup`)."""
@@ -355,8 +478,8 @@ class PPOStep:
       params, opt_state, metrics = self._update(
           self.actor_loss, params, opt_state, {"kl_scale": kl_scale}, data, rng, tx=self.optimizers["actor"],
           lr=self.lr_schedules["actor"](state.step) * state.lr_scale, mini_batch_rows=rows,
-          micro_rows=self._micro_rows(actor_cfg.ppo_micro_batch_size_per_gpu, rows,
-                                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+          micro_per_device=actor_cfg.ppo_micro_batch_size_per_gpu,
+          micro_key="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", packed=self.actor_packed,
           epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, loss_agg_mode=actor_cfg.loss_agg_mode,
           prefix="actor")
       if actor_cfg.use_kl_loss:
