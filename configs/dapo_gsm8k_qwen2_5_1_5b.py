@@ -52,6 +52,10 @@ def get_config():
   actor.optim.weight_decay = 0.1
   actor.ppo_mini_batch_size = 64  # prompts: 64 x 8 = 512 sequences per update
   actor.ppo_micro_batch_size_per_gpu = 4
+  # Seeds: pack sequences and size micro-batches by tokens (same numbers, fewer padded tokens).
+  config.actor_rollout_ref.model.use_remove_padding = True
+  actor.use_dynamic_bsz = True
+  actor.ppo_max_token_len_per_gpu = 16384
   actor.ppo_epochs = 1
   actor.clip_ratio_low = 0.2
   actor.clip_ratio_high = 0.28

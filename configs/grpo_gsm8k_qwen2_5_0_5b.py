@@ -43,6 +43,10 @@ def get_config():
   actor.optim.lr = 1e-6
   actor.ppo_mini_batch_size = 64  # prompts: 64 x 5 = 320 sequences per update
   actor.ppo_micro_batch_size_per_gpu = 8
+  # Seeds: pack sequences and size micro-batches by tokens (same numbers, fewer padded tokens).
+  config.actor_rollout_ref.model.use_remove_padding = True
+  actor.use_dynamic_bsz = True
+  actor.ppo_max_token_len_per_gpu = 16384
   actor.ppo_epochs = 1
   actor.clip_ratio = 0.2
   actor.loss_agg_mode = "token-mean"

@@ -46,6 +46,10 @@ def get_config():
   actor.optim.lr = 1e-6
   actor.ppo_mini_batch_size = 64
   actor.ppo_micro_batch_size_per_gpu = 4
+  # Seeds: pack sequences and size micro-batches by tokens (same numbers, fewer padded tokens).
+  config.actor_rollout_ref.model.use_remove_padding = True
+  actor.use_dynamic_bsz = True
+  actor.ppo_max_token_len_per_gpu = 16384
   actor.ppo_epochs = 1
   actor.clip_ratio = 0.2
   actor.entropy_coeff = 0.0
