@@ -13,7 +13,7 @@ from jaxrlhf.checkpoint import Checkpointer
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import Decoder, positions_from_mask
 from jaxrlhf.trainer import Trainer
-from tests.trainer.test_ppo_step import small_config
+from tests.helpers import small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -10,7 +10,7 @@ import pytest
 
 from jaxrlhf.trainer import Trainer
 from jaxrlhf.trainer.guards import Guard, GuardError
-from tests.trainer.test_ppo_step import small_config
+from tests.helpers import small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

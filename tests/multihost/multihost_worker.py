@@ -35,4 +35,4 @@ metrics = trainer.train_step(0)
 params = jax.tree.leaves(trainer.state.actor_params)
 metrics["param_checksum"] = float(sum(jax.numpy.sum(p).item() for p in params))
 with open(f"{out_prefix}.{process_id}.json", "w") as f:
-  json.dump({k: v for k, v in metrics.items() if not k.startswith(("timing", "perf/t"))}, f)
+  json.dump({k: v for k, v in metrics.items() if not k.startswith(("timing", "perf/t", "perf/mfu"))}, f)

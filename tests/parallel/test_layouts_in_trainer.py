@@ -10,7 +10,7 @@ from jaxrlhf.parallel import TRAIN_RULES
 from jaxrlhf.parallel.layouts import GENERATION_RULES, GENERATION_WIDE_TP_RULES, ShardingError
 from jaxrlhf.parallel.report import per_device_bytes
 from jaxrlhf.trainer import Trainer
-from tests.trainer.test_ppo_step import small_config
+from tests.helpers import small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

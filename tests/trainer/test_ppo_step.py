@@ -1,41 +1,12 @@
 """The fused PPO step: compiles once, same numbers on every mesh, ratio exactly 1 at the first update."""
 
-import importlib.util
-import os
 
 import jax
 import numpy as np
 import pytest
 
 from jaxrlhf.trainer import Trainer
-
-_QUICKSTART = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "quickstart.py")
-
-
-def small_config(tmp_path, **overrides):
-  spec = importlib.util.spec_from_file_location("quickstart_config", _QUICKSTART)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
-  config.data.train_batch_size = 8
-  config.data.val_batch_size = 16
-  config.data.max_response_length = 3
-  config.actor_rollout_ref.actor.ppo_mini_batch_size = 4
-  config.actor_rollout_ref.rollout.n = 2
-  oc = config.actor_rollout_ref.model.override_config
-  # 16 query / 8 kv heads: every mesh axis of 8 devices divides heads, kv heads, mlp and vocab.
-  oc.hidden_size, oc.intermediate_size, oc.num_attention_heads, oc.num_key_value_heads = 64, 64, 16, 8
-  config.trainer.default_local_dir = str(tmp_path)
-  config.trainer.total_training_steps = 2
-  config.trainer.logger = ("jsonl",)
-  for key, value in overrides.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
-
+from tests.helpers import TIMING_DEPENDENT, small_config
 
 def _compile_counter():
   events = []
@@ -101,7 +72,7 @@ def test_same_numbers_on_every_mesh(tmp_path, one_device_step, mesh, generation_
   assert sharded.mesh.size == 8
   metrics = sharded.train_step(0)
   for key, value in ref_metrics.items():
-    if key.startswith(("timing_s/", "perf/time", "perf/throughput")):
+    if key.startswith(TIMING_DEPENDENT):
       continue
     np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
   close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

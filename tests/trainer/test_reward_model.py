@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.trainer import Trainer
-from tests.trainer.test_ppo_step import small_config
+from tests.helpers import small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

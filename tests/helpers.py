@@ -1,0 +1,36 @@
+"""Shared test helpers: a small config derived from the quickstart, and the metrics that depend on time."""
+
+import importlib.util
+import os
+
+# Metrics measured with a clock: they differ between any two runs, whatever the numerics.
+TIMING_DEPENDENT = ("timing_s/", "timing_per_token_ms/", "perf/time", "perf/throughput", "perf/mfu")
+
+_QUICKSTART = os.path.join(os.path.dirname(__file__), "..", "configs", "quickstart.py")
+
+
+def small_config(tmp_path, **overrides):
+  spec = importlib.util.spec_from_file_location("quickstart_config", _QUICKSTART)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.data.train_batch_size = 8
+  config.data.val_batch_size = 16
+  config.data.max_response_length = 3
+  config.actor_rollout_ref.actor.ppo_mini_batch_size = 4
+  config.actor_rollout_ref.rollout.n = 2
+  oc = config.actor_rollout_ref.model.override_config
+  # 16 query / 8 kv heads: every mesh axis of 8 devices divides heads, kv heads, mlp and vocab.
+  oc.hidden_size, oc.intermediate_size, oc.num_attention_heads, oc.num_key_value_heads = 64, 64, 16, 8
+  config.trainer.default_local_dir = str(tmp_path)
+  config.trainer.total_training_steps = 2
+  config.trainer.logger = ("jsonl",)
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
