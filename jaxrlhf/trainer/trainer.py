@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxrlhf import rewards
 from jaxrlhf.checkpoint import Checkpointer, split_step_dir
-from jaxrlhf.config import resolve_config
+from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, config_from_hf_dict, generation_eos_ids,
@@ -145,6 +145,7 @@ class Trainer:
                            kl_warmup_steps=int(trainer_cfg.guard.kl_warmup_steps_ratio * self.total_steps),
                            critic_model_config=self.critic_model_config,
                            reward_model_config=self.reward_model_config)
+    self._check_micro_batches()
     self.state = self._init_state(optimizers, offload)
     state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
     self.ppo_step = jax.jit(self.step_fn, in_shardings=(state_shardings, None, replicated(self.mesh)),
@@ -179,6 +180,22 @@ class Trainer:
         critic_train=logical_to_shardings(critic_logical, critic_shapes, self.mesh, TRAIN_RULES),
         generation_rules=gen_rules,
         reward_train=self._reward_layout())
+
+  def _check_micro_batches(self) -> None:
+    """Start-up check: each micro-batch (per device x batch shards) divides its mini-batch."""
+    config, n = self.config, self.config.actor_rollout_ref.rollout.n
+    sections = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor)]
+    if self.step_fn.use_critic:
+      sections.append(("critic", config.critic))
+    for name, section in sections:
+      if config.actor_rollout_ref.actor.use_dynamic_bsz:
+        continue  # micro-batches come from the token budget
+      try:
+        self.step_fn._micro_rows(section.ppo_micro_batch_size_per_gpu, section.ppo_mini_batch_size * n,
+                                 f"{name}.ppo_micro_batch_size_per_gpu")
+      except ValueError as e:
+        raise ConfigError(f"{e} ({name}.ppo_mini_batch_size={section.ppo_mini_batch_size} prompts x "
+                          f"rollout.n={n}; mesh data*fsdp={self.num_batch_shards})") from None
 
   def _reward_layout(self):
     if self.reward_model_config is None:

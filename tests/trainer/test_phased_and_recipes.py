@@ -90,3 +90,15 @@ def test_reward_errors_zero_and_count_or_fail_naming_the_sample(tmp_path):
   strict = Trainer(small_config(tmp_path / "r", **overrides), devices=jax.devices()[:1])
   with pytest.raises(Exception, match=r"failed on sample \d+ \(data_source='jaxrlhf/recall'\)"):
     strict.train_step(0)
+
+
+def test_critic_warmup_updates_only_the_critic_first(tmp_path):
+  trainer = Trainer(small_config(tmp_path, **ONE, **{"trainer.critic_warmup": 1}), devices=jax.devices()[:1])
+  actor_before = jax.device_get(trainer.state.actor_params)
+  critic_before = jax.device_get(trainer.state.critic_params)
+  trainer.train_step(0)
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  assert same(actor_before, jax.device_get(trainer.state.actor_params))
+  assert not same(critic_before, jax.device_get(trainer.state.critic_params))
+  trainer.train_step(1)
+  assert not same(actor_before, jax.device_get(trainer.state.actor_params))
