@@ -3,7 +3,7 @@
 import os
 import sys
 
-from absl import app
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
@@ -12,6 +12,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # library INFO chatter (XLA, Orbax) off unless -v is given
   from jaxrlhf.config import ConfigError
   from jaxrlhf.trainer import Trainer
   from jaxrlhf.trainer.guards import GuardError

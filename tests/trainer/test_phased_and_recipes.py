@@ -60,7 +60,8 @@ def test_overlong_penalty_is_linear_over_the_buffer(tmp_path):
   trainer = Trainer(config, devices=jax.devices()[:1])
   trainer.step_fn.reward_fn = lambda responses, mask, index: (jnp.ones(responses.shape[0]), jnp.zeros(responses.shape[0]))
   mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], jnp.int32)  # lengths 1, 2, 3 of max 3, buffer 2
-  rollout = {"responses": jnp.zeros((3, 3), jnp.int32), "response_mask": mask, "sample_index": jnp.arange(3)}
+  rollout = {"prompts": jnp.ones((3, 2), jnp.int32), "prompt_mask": jnp.ones((3, 2), jnp.int32),
+             "responses": jnp.zeros((3, 3), jnp.int32), "response_mask": mask, "sample_index": jnp.arange(3)}
   scores = trainer.step_fn.score(rollout)["scores"]
   np.testing.assert_allclose(np.asarray(scores), [1.0, 0.5, 0.0])  # expected length 1: -(L-1)/2
 
