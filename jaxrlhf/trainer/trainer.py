@@ -122,7 +122,8 @@ class Trainer:
     eos_ids = generation_eos_ids(actor_model.path or None, self.tokenizer)
     pad_id = pad_token_id(self.tokenizer, eos_ids)
 
-    optimizers = {"actor": make_optimizer(config.actor_rollout_ref.actor.optim, config.actor_rollout_ref.actor.grad_clip),
+    actor_cfg = config.actor_rollout_ref.actor
+    optimizers = {"actor": make_optimizer(actor_cfg.optim, actor_cfg.grad_clip),
                   "critic": make_optimizer(config.critic.optim, config.critic.grad_clip)}
     schedules = {"actor": make_lr_schedule(config.actor_rollout_ref.actor.optim, self.total_steps),
                  "critic": make_lr_schedule(config.critic.optim, self.total_steps)}
@@ -279,7 +280,8 @@ class Trainer:
       reward_params = load_hf_params(config.reward_model.model.path, self.reward_model_config, head="reward",
                                      shardings=self.layouts.reward_train)
     put = lambda x: jax.device_put(x, replicated(self.mesh))
-    return TrainState(reward_params=reward_params, step=put(jnp.int32(0)), actor_params=actor_params, actor_opt_state=actor_opt_state,
+    return TrainState(reward_params=reward_params, step=put(jnp.int32(0)), actor_params=actor_params,
+                      actor_opt_state=actor_opt_state,
                       critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
                       kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)), lr_scale=put(jnp.float32(1.0)))
 
