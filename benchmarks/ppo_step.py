@@ -10,13 +10,14 @@ Writes benchmarks/results/ppo_step.json and prints a markdown table for benchmar
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
 import tempfile
 
 import jax
+
+from jaxrlhf.config import load_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = {  # hidden, intermediate, layers, heads, kv heads
@@ -27,10 +28,7 @@ PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_criti
 
 
 def quickstart_config():
-  spec = importlib.util.spec_from_file_location("quickstart", os.path.join(ROOT, "configs", "quickstart.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return load_config_file(os.path.join(ROOT, "configs", "quickstart.py"))
 
 
 def run(size: str, fused: bool, steps: int, response_length: int, run_dir: str) -> dict:

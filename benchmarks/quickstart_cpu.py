@@ -8,7 +8,6 @@ median step time after it, tokens/s, validation time, total wall, and the reward
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -18,6 +17,8 @@ import time
 
 import jax
 
+from jaxrlhf.config import load_config_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,10 +26,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=300)
   args = parser.parse_args()
-  spec = importlib.util.spec_from_file_location("quickstart", os.path.join(ROOT, "configs", "quickstart.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config_file(os.path.join(ROOT, "configs", "quickstart.py"))
   config.trainer.total_training_steps = args.steps
   config.trainer.logger = ("jsonl",)
   config.trainer.plot = False

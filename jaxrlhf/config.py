@@ -8,6 +8,8 @@ for GAE, critic PPO sizes inherited from the actor).
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -240,6 +242,19 @@ def _field_types(config, prefix=""):
     else:
       out[path] = config.get_type(key)
   return out
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """`get_config()` of a config file, by path (what `--config` does; configs build on each other with it)."""
+  import importlib.util
+  if not os.path.exists(path):
+    raise ConfigError(f"config file {path!r} does not exist")
+  spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"config file {path!r} defines no get_config()")
+  return module.get_config()
 
 
 def get(config, path: str):

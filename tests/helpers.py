@@ -1,7 +1,8 @@
 """Shared test helpers: a small config derived from the quickstart, and the metrics that depend on time."""
 
-import importlib.util
 import os
+
+from jaxrlhf.config import load_config_file
 
 # Metrics measured with a clock: they differ between any two runs, whatever the numerics.
 TIMING_DEPENDENT = ("timing_s/", "timing_per_token_ms/", "perf/time", "perf/throughput", "perf/mfu")
@@ -10,10 +11,7 @@ _QUICKSTART = os.path.join(os.path.dirname(__file__), "..", "configs", "quicksta
 
 
 def small_config(tmp_path, **overrides):
-  spec = importlib.util.spec_from_file_location("quickstart_config", _QUICKSTART)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config_file(_QUICKSTART)
   config.data.train_batch_size = 8
   config.data.val_batch_size = 16
   config.data.max_response_length = 3

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
+from jaxrlhf.config import load_config_file
 from jaxrlhf.trainer import Trainer
 from jaxrlhf.trainer.guards import GuardError
 from tests.helpers import TIMING_DEPENDENT, small_config
@@ -110,11 +111,7 @@ def test_sigkill_after_a_save_then_auto_resume_reproduces_the_run(tmp_path):
 
 
 def _quickstart_config(tmp_path):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("quickstart_config", os.path.join(ROOT, "configs", "quickstart.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config_file(os.path.join(ROOT, "configs", "quickstart.py"))
   config.trainer.default_local_dir = str(tmp_path / "template")
   return config
 

@@ -3,7 +3,6 @@
     python multihost_worker.py PROCESS_ID NUM_PROCESSES PORT DEVICES_PER_PROCESS OUT_PREFIX RUN_DIR
 """
 
-import importlib.util
 import json
 import os
 import sys
@@ -19,10 +18,9 @@ if int(num_processes) > 1:
                              process_id=int(process_id))
 
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-spec = importlib.util.spec_from_file_location("quickstart", os.path.join(root, "configs", "quickstart.py"))
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-config = module.get_config()
+from jaxrlhf.config import load_config_file  # noqa: E402
+
+config = load_config_file(os.path.join(root, "configs", "quickstart.py"))
 config.mesh.fsdp = -1
 config.data.train_batch_size = 8
 config.actor_rollout_ref.actor.ppo_mini_batch_size = 4
