@@ -21,84 +21,32 @@ No KL (neither loss nor reward) and no entropy bonus, as in the DAPO paper.
 
 import os
 
-from jaxrlhf.config import get_base_config
-
-DATA_DIR = os.path.expanduser("~/data/gsm8k")
-MODEL_PATH = os.path.expanduser("~/models/Qwen2.5-1.5B-Instruct")
+from jaxrlhf.config import load_config_file
 
 
 def get_config():
-  config = get_base_config()
-
-  config.data.train_files = (os.path.join(DATA_DIR, "train.parquet"),)
-  config.data.val_files = (os.path.join(DATA_DIR, "test.parquet"),)
-  config.data.tokenizer = ""  # the model's own tokenizer and chat template
-  config.data.max_prompt_length = 512
-  config.data.max_response_length = 1024
-  config.data.train_batch_size = 256
+  # The GRPO recipe with DAPO's changes, on the 1.5B model.
+  config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grpo_gsm8k_qwen2_5_0_5b.py"))
   config.data.gen_batch_size = 384  # 1.5x: spare groups for the ones dynamic sampling drops
-  config.data.filter_overlong_prompts = True
-  config.data.truncation = "error"
-
-  model = config.actor_rollout_ref.model
-  model.path = MODEL_PATH
-  model.enable_gradient_checkpointing = True
-  model.dtype = "bfloat16"
-  model.param_dtype = "float32"
+  config.actor_rollout_ref.model.path = os.path.expanduser("~/models/Qwen2.5-1.5B-Instruct")
 
   actor = config.actor_rollout_ref.actor
-  actor.optim.lr = 1e-6
   actor.optim.lr_warmup_steps = 10
   actor.optim.weight_decay = 0.1
   actor.ppo_mini_batch_size = 64  # prompts: 64 x 8 = 512 sequences per update
   actor.ppo_micro_batch_size_per_gpu = 4
-  # Seeds: pack sequences and size micro-batches by tokens (same numbers, fewer padded tokens).
-  config.actor_rollout_ref.model.use_remove_padding = True
-  actor.use_dynamic_bsz = True
-  actor.ppo_max_token_len_per_gpu = 16384
-  actor.ppo_epochs = 1
   actor.clip_ratio_low = 0.2
   actor.clip_ratio_high = 0.28
   actor.clip_ratio_c = 10.0
-  actor.loss_agg_mode = "token-mean"
-  actor.entropy_coeff = 0.0
   actor.use_kl_loss = False
-  actor.grad_clip = 1.0
+  config.actor_rollout_ref.rollout.n = 8
 
-  rollout = config.actor_rollout_ref.rollout
-  rollout.n = 8
-  rollout.temperature = 1.0
-  rollout.top_p = 1.0
-  rollout.tensor_model_parallel_size = 1
-  rollout.log_prob_micro_batch_size_per_gpu = 16
+  overlong = config.reward_model.overlong_buffer
+  overlong.enable, overlong.len, overlong.penalty_factor = True, 512, 1.0
 
-  config.critic.enable = False
+  filter_groups = config.algorithm.filter_groups
+  filter_groups.enable, filter_groups.metric, filter_groups.max_num_gen_batches = True, "score", 10
 
-  reward = config.reward_model
-  reward.overlong_buffer.enable = True
-  reward.overlong_buffer.len = 512
-  reward.overlong_buffer.penalty_factor = 1.0
-
-  algorithm = config.algorithm
-  algorithm.adv_estimator = "grpo"
-  algorithm.norm_adv_by_std_in_grpo = True
-  algorithm.use_kl_in_reward = False
-  algorithm.filter_groups.enable = True
-  algorithm.filter_groups.metric = "score"
-  algorithm.filter_groups.max_num_gen_batches = 10
-
-  trainer = config.trainer
-  trainer.total_epochs = 10
-  trainer.test_freq = 5
-  trainer.save_freq = 20
-  trainer.val_before_train = True
-  trainer.logger = ("console", "jsonl")
-  trainer.project_name = "gsm8k"
-  trainer.experiment_name = "dapo_qwen2_5_1_5b"
-  trainer.default_local_dir = "checkpoints"
-  trainer.max_actor_ckpt_to_keep = 3
-
-  config.mesh.data = 1
-  config.mesh.fsdp = -1
-  config.mesh.tensor = 1
+  config.trainer.total_epochs = 10
+  config.trainer.experiment_name = "dapo_qwen2_5_1_5b"
   return config
