@@ -135,6 +135,9 @@ _DOCS = {
     "actor_rollout_ref.rollout.do_sample": ("sample; False = greedy", SAME),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": ("tensor-parallel degree of the generation layout "
                                                              "(parameters are resharded for generation)", SAME),
+    "actor_rollout_ref.rollout.dtype": ("compute dtype of generation (`float32` | `bfloat16`); the actor's weights "
+                                        "are cast once per rollout, matmuls accumulate in fp32. None = the actor's "
+                                        "`model.dtype`", "same key (verl's default: `bfloat16`)"),
     "actor_rollout_ref.rollout.max_num_batched_tokens": ("token budget of one generation batch", SAME),
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("sequences per device per log-prob forward "
                                                                     "pass; None = all at once", SAME),

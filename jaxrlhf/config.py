@@ -113,6 +113,7 @@ def get_base_config() -> ml_collections.ConfigDict:
           n=1,
           do_sample=True,
           tensor_model_parallel_size=1,
+          dtype=_placeholder(str),  # generation compute dtype: float32 | bfloat16; None = actor's model.dtype
           max_num_batched_tokens=8192,
           log_prob_micro_batch_size_per_gpu=_placeholder(int),
           val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
@@ -215,7 +216,9 @@ _CHOICES = {
     "actor_rollout_ref.model.param_dtype": ("float32", "bfloat16"),
     "critic.model.dtype": ("float32", "bfloat16"),
     "critic.model.param_dtype": ("float32", "bfloat16"),
+    "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
 }
+_OPTIONAL_CHOICES = {"actor_rollout_ref.rollout.dtype"}  # None = derived (see resolve_config)
 _LOGGERS = ("console", "jsonl", "wandb", "tensorboard", "mlflow")
 
 
@@ -279,7 +282,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if not isinstance(value, expected):
       raise ConfigError(f"config key '{path}' expects {expected.__name__}, got {value!r} ({type(value).__name__})")
   for path, choices in _CHOICES.items():
-    if values[path] not in choices:
+    if values[path] not in choices and not (path in _OPTIONAL_CHOICES and values[path] is None):
       raise ConfigError(f"config key '{path}' must be one of {choices}, got {values[path]!r}")
   for name in values["trainer.logger"]:
     if name not in _LOGGERS:
@@ -336,6 +339,9 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
   for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode"):
     if critic[key] is None:
       critic[key] = actor[key]
+  rollout = config.actor_rollout_ref.rollout
+  if rollout.dtype is None:
+    rollout.dtype = config.actor_rollout_ref.model.dtype
   if config.data.train_batch_size % critic.ppo_mini_batch_size:
     raise ConfigError(
         f"data.train_batch_size={config.data.train_batch_size} is not divisible by "

@@ -2,6 +2,7 @@
 
     python -m jaxrlhf.generate --model PATH --prompts FILE --output OUT.jsonl [--max_new_tokens N]
         [--temperature T] (0 = greedy) [--top_p P] [--top_k K] [--n N] [--chat] [--seed S]
+        [--dtype float32|bfloat16]
 
 PATH: an HF directory (config.json + safetensors + tokenizer) or a run's `global_step_N` directory
 (the tokenizer then comes from the run's model path, else the run's `tokenizer/` folder).
@@ -16,6 +17,7 @@ Each output line: {"prompt", "sample", "response", "response_ids" (up to and inc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -93,7 +95,7 @@ def load_model(path: str):
 
 
 def run(args) -> list[dict]:
-  from jaxrlhf.models import Decoder
+  from jaxrlhf.models import Decoder, cast_floating
   params, model_config, tokenizer, eos_ids, pad_id = load_model(args.model)
   texts = read_prompts(args.prompts)
   encoded = [encode_prompt(tokenizer, text, args.chat) for text in texts]
@@ -104,6 +106,9 @@ def run(args) -> list[dict]:
   sampling = SamplingParams(max_new_tokens=args.max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad_id,
                             temperature=1.0 if greedy else args.temperature, top_k=args.top_k, top_p=args.top_p,
                             do_sample=not greedy)
+  if args.dtype:
+    model_config = dataclasses.replace(model_config, dtype=args.dtype)
+    params = cast_floating(params, args.dtype)
   model = Decoder(model_config)
   apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
   generate_fn = jax.jit(functools.partial(generate, apply_fn, model_config=model_config, sampling=sampling))
@@ -148,6 +153,8 @@ def parse_args(argv=None):
   parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--batch_size", type=int, default=32, help="rows per generate call (padded to a bucket)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                      help="compute dtype (weights cast once); default: the checkpoint's")
   args = parser.parse_args(argv)
   for name, low in (("max_new_tokens", 1), ("n", 1), ("batch_size", 1)):
     if getattr(args, name) < low:

@@ -43,6 +43,7 @@ def test_wrong_type_names_the_key():
     ("actor_rollout_ref.rollout.n", 0, "actor_rollout_ref.rollout.n' must be >= 1"),
     ("reward_model.overlong_buffer.enable", True, "overlong_buffer.len=4096 must be in 1..data.max_response_length=512"),
     ("reward_model.on_error", "ignore", "reward_model.on_error"),
+    ("actor_rollout_ref.rollout.dtype", "float16", "actor_rollout_ref.rollout.dtype"),
 ])
 def test_validation_errors_name_key_and_value(key, value, message):
   config = get_base_config()
@@ -113,3 +114,11 @@ def test_micro_batch_not_dividing_the_mini_batch_is_a_startup_error(tmp_path):
   config = small_config(tmp_path, **{"mesh.fsdp": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 3})
   with pytest.raises(ConfigError, match=r"ppo_micro_batch_size_per_gpu=3 x 1 batch shards = 3 rows does not divide"):
     Trainer(config, devices=jax.devices()[:1])
+
+
+def test_rollout_dtype_follows_the_actor_unless_set():
+  config = get_base_config()
+  config.actor_rollout_ref.model.dtype = "bfloat16"
+  assert resolve_config(config).actor_rollout_ref.rollout.dtype == "bfloat16"
+  config.actor_rollout_ref.rollout.dtype = "float32"
+  assert resolve_config(config).actor_rollout_ref.rollout.dtype == "float32"

@@ -15,6 +15,7 @@ from jaxrlhf.rollout.sampler import (
     choose_tokens,
     filter_logits,
     generate,
+    greedy_tokens,
     prefill_cache,
     token_log_probs,
 )
@@ -23,5 +24,5 @@ __all__ = [
     "DEFAULT_BATCH_BUCKETS", "DEFAULT_LENGTH_BUCKETS", "PaddedPrompts", "pad_prompts", "pick_bucket",
     "repeat_interleave", "response_lengths_and_clip",
     "DecodeState", "Engine", "Prefix", "ResultTokens", "SlotData",
-    "SamplingParams", "choose_tokens", "filter_logits", "generate", "prefill_cache", "token_log_probs",
+    "SamplingParams", "choose_tokens", "filter_logits", "generate", "greedy_tokens", "prefill_cache", "token_log_probs",
 ]

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf import algos
-from jaxrlhf.models.decoder import Decoder, DecoderConfig, positions_from_mask, reward_model_scores
+from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating, positions_from_mask, reward_model_scores
 from jaxrlhf.rollout import SamplingParams, generate, token_log_probs
 from jaxrlhf.trainer import packing
 from jaxrlhf.trainer.state import TrainState, apply_gradients
@@ -83,6 +83,9 @@ class PPOStep:
     self.config = config
     self.model_config = model_config
     self.actor = Decoder(model_config, head="lm")
+    # Generation may run in its own compute dtype (rollout.dtype): the weights are cast once per rollout.
+    self.rollout_dtype = config.actor_rollout_ref.rollout.dtype or model_config.dtype
+    self.rollout_actor = Decoder(dataclasses.replace(model_config, dtype=self.rollout_dtype), head="lm")
     self.critic = Decoder(critic_model_config or model_config, head="value")
     self.reward_fn = reward_fn
     self.reward_model = Decoder(reward_model_config, head="reward") if reward_model_config else None
@@ -109,6 +112,9 @@ class PPOStep:
 
   def actor_apply(self, params, ids, positions, kv_mask, cache=None, cache_index=None):
     return self.actor.apply({"params": params}, ids, positions, kv_mask, cache, cache_index)
+
+  def rollout_apply(self, params, ids, positions, kv_mask, cache=None, cache_index=None):
+    return self.rollout_actor.apply({"params": params}, ids, positions, kv_mask, cache, cache_index)
 
   def _sequence_inputs(self, prompts_NxP, prompt_mask_NxP, responses_NxR):
     ids_NxS = jnp.concatenate([prompts_NxP, responses_NxR], axis=1)
@@ -340,6 +346,16 @@ class PPOStep:
 
   # ----- the phases of a step (SPEC §5); fused = their composition in one program ----------------
 
+  def generation_params(self, actor_params):
+    """The actor's weights in the generation layout and the rollout dtype."""
+    return cast_floating(self.layouts.to_generation(actor_params), self.rollout_dtype)
+
+  def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
+    """`generate` with the rollout model, the prompts in the generation layout and the cache pinned."""
+    return generate(self.rollout_apply, generation_params, self.rollout_actor.config,
+                    *self.layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP)), rng, sampling,
+                    constrain_cache=self.layouts.constrain_cache)
+
   def rollout(self, actor_params, batch, rng) -> dict:
     """Phase `gen`: prompts x n (interleaved, group ids) -> responses in the generation layout.
 
@@ -348,10 +364,8 @@ class PPOStep:
     n = self.config.actor_rollout_ref.rollout.n
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
-    generation_params = self.layouts.to_generation(actor_params)  # the gathered copy lives only in this phase
-    out = generate(self.actor_apply, generation_params, self.model_config,
-                   *self.layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP)),
-                   rng, self.sampling, constrain_cache=self.layouts.constrain_cache)
+    generation_params = self.generation_params(actor_params)  # the gathered copy lives only in this phase
+    out = self.sample(generation_params, prompts_NxP, prompt_mask_NxP, rng, self.sampling)
     responses_NxR, response_mask_NxR = self.layouts.constrain_batch((out["responses"], out["response_mask"]))
     prompts_NxP, prompt_mask_NxP = self.layouts.constrain_batch((prompts_NxP, prompt_mask_NxP))
     rollout = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
@@ -361,9 +375,7 @@ class PPOStep:
                "decode_steps": out["num_steps"]}
     if self.config.algorithm.adv_estimator == "remax":
       greedy = dataclasses.replace(self.sampling, do_sample=False)
-      baseline = generate(self.actor_apply, generation_params, self.model_config,
-                          *self.layouts.constrain_generation_batch((batch["input_ids"], batch["attention_mask"])),
-                          rng, greedy, constrain_cache=self.layouts.constrain_cache)
+      baseline = self.sample(generation_params, batch["input_ids"], batch["attention_mask"], rng, greedy)
       rollout["baseline_responses"] = jnp.repeat(baseline["responses"], n, axis=0)
       rollout["baseline_response_mask"] = jnp.repeat(baseline["response_mask"], n, axis=0)
     return rollout
@@ -555,7 +567,7 @@ class PPOStep:
     return self.train_on_rollout(state, rollout, self.score(rollout, state.reward_params), rng)
 
 
-def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Callable, layouts: StepLayouts):
+def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Callable):
   """`validate(actor_params, reward_params, batch, rng) -> (scores_N, responses_NxR, response_mask_NxR)`."""
 
   def validate(actor_params, reward_params, batch, rng):
@@ -563,9 +575,7 @@ def make_validation_fn(step: PPOStep, sampling: SamplingParams, reward_fn: Calla
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
     sample_index_N = jnp.repeat(batch["sample_index"], n, axis=0)
-    prompts_NxP, prompt_mask_NxP = layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP))
-    rollout = generate(step.actor_apply, layouts.to_generation(actor_params), step.model_config, prompts_NxP,
-                       prompt_mask_NxP, rng, sampling, constrain_cache=layouts.constrain_cache)
+    rollout = step.sample(step.generation_params(actor_params), prompts_NxP, prompt_mask_NxP, rng, sampling)
     scores_N, _ = step.sequence_scores(reward_fn, reward_params, prompts_NxP, prompt_mask_NxP, rollout["responses"],
                                        rollout["response_mask"], sample_index_N)
     return scores_N, rollout["responses"], rollout["response_mask"]

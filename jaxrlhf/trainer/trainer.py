@@ -156,7 +156,7 @@ class Trainer:
           config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True)
       validate = make_validation_fn(self.step_fn, val_sampling,
                                     make_reward_fn(self.tokenizer, self.val_data, compute_score,
-                                                   config.reward_model.on_error), step_layouts)
+                                                   config.reward_model.on_error))
       self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, state_shardings.reward_params,
                                                          None, replicated(self.mesh)),
                                  out_shardings=replicated(self.mesh))
@@ -234,7 +234,7 @@ class Trainer:
     cache_shape = (rows, data_cfg.max_prompt_length + data_cfg.max_response_length,
                    self.model_config.num_key_value_heads, self.model_config.resolved_head_dim)
     cache_sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, cache_shape, self.layouts.generation_rules)
-    cache_leaf = jax.ShapeDtypeStruct(cache_shape, jnp.dtype(self.model_config.dtype))
+    cache_leaf = jax.ShapeDtypeStruct(cache_shape, jnp.dtype(self.step_fn.rollout_dtype))
     counts = {
         "actor params": per_device_bytes(state.actor_params),
         "actor params (generation copy)": per_device_bytes(state.actor_params, self.layouts.actor_generation),

@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 
 import jax
@@ -5,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrlhf.models import Decoder, init_params, positions_from_mask
-from jaxrlhf.rollout import SamplingParams, filter_logits, generate, token_log_probs
+from jaxrlhf.models import Decoder, cast_floating, init_params, positions_from_mask
+from jaxrlhf.rollout import SamplingParams, filter_logits, generate, greedy_tokens, token_log_probs
 
 EOS = 3
 
@@ -81,3 +82,55 @@ def test_filter_logits_top_k_and_top_p():
   np.testing.assert_array_equal(kept(filter_logits(logits, -1, 0.7)), [[True, True, False, False]])
   np.testing.assert_array_equal(kept(filter_logits(logits, -1, 0.5)), [[True, False, False, False]])
   np.testing.assert_array_equal(kept(filter_logits(logits, -1, 0.81)), [[True, True, True, False]])
+
+
+def test_greedy_tokens_is_argmax_with_first_index_on_ties():
+  rng = np.random.RandomState(0)
+  logits = rng.randint(-3, 4, (64, 50)).astype(np.float32)  # many ties
+  logits[5] = 7.0  # a row that is all one value: index 0
+  np.testing.assert_array_equal(np.asarray(greedy_tokens(jnp.asarray(logits))), np.argmax(logits, axis=-1))
+
+
+def test_token_log_probs_equal_log_softmax_at_the_tokens():
+  rng = np.random.RandomState(1)
+  logits = rng.randn(3, 5, 40).astype(np.float32) * 4
+  tokens = rng.randint(0, 40, (3, 5))
+  z = logits / 0.7
+  expected = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
+  expected = np.take_along_axis(expected, tokens[..., None], axis=-1)[..., 0]
+  np.testing.assert_allclose(np.asarray(token_log_probs(jnp.asarray(logits), jnp.asarray(tokens), 0.7)), expected,
+                             rtol=1e-6, atol=1e-5)
+
+
+def test_bf16_generation_follows_fp32(setup):
+  """rollout.dtype=bfloat16: weights cast once, matmuls accumulated in fp32; logits stay close to fp32's."""
+  model, params, apply_fn, prompts, mask = setup
+  bf16_model = Decoder(dataclasses.replace(model.config, dtype="bfloat16"))
+  bf16_params = cast_floating(params, "bfloat16")
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(bf16_params))
+  positions = positions_from_mask(mask)
+  fp32_logits = model.apply({"params": params}, prompts, positions, mask)[0]
+  bf16_logits = bf16_model.apply({"params": bf16_params}, prompts, positions, mask)[0]
+  assert bf16_logits.dtype == jnp.float32
+  valid = np.asarray(mask) > 0
+  np.testing.assert_allclose(np.asarray(bf16_logits)[valid], np.asarray(fp32_logits)[valid], atol=0.05)
+  bf16_apply = lambda p, ids, pos, kv, cache=None, index=None: bf16_model.apply({"params": p}, ids, pos, kv, cache,
+                                                                                index)
+  sampling = SamplingParams(max_new_tokens=4, eos_token_ids=(999,), pad_token_id=0, do_sample=False)
+  out = jax.jit(functools.partial(generate, bf16_apply, model_config=bf16_model.config, sampling=sampling))(
+      bf16_params, prompt_ids_BxP=prompts, prompt_mask_BxP=mask, rng=jax.random.key(0))
+  assert out["responses"].shape == (4, 4) and np.asarray(out["response_mask"]).all()
+  assert np.isfinite(np.asarray(out["rollout_log_probs"])).all()
+
+
+def test_bf16_matmuls_accumulate_in_fp32():
+  """A bf16 projection equals the fp32 product of the bf16-rounded operands, rounded once to bf16."""
+  from jaxrlhf.models.decoder import _dot_general_f32_accumulate
+  rng = np.random.RandomState(2)
+  x = jnp.asarray(rng.randn(4, 512), jnp.bfloat16)
+  w = jnp.asarray(rng.randn(512, 16), jnp.bfloat16)
+  out = _dot_general_f32_accumulate(x, w, (((1,), (0,)), ((), ())))
+  assert out.dtype == jnp.bfloat16
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  # fp32 accumulation: at most one bf16 rounding away (bf16 accumulation over 512 terms drifts much further).
+  np.testing.assert_allclose(np.asarray(out, np.float64), exact, rtol=2 ** -7, atol=1e-2)
