@@ -1,13 +1,16 @@
 """Rollout throughput: jaxrlhf `generate` vs Hugging Face transformers `generate`, side by side.
 
-    python benchmarks/rollout.py [--batches 1 8 32] [--prompt_len 128] [--new_tokens 256] [--skip_hf]
+    python benchmarks/rollout.py [--batches 1 8 32] [--dtypes float32 bfloat16] [--prompt_len 128]
+        [--new_tokens 256] [--skip_hf]
 
 One random ~25M-parameter Qwen2-shaped model is saved in HF format and loaded by both sides (ours
-through `jaxrlhf.models.load_hf_params`), so weights and prompts are identical. Both decode greedily
+through `jaxrlhf.models.load_hf_params`), so weights and prompts are identical. Each dtype runs both
+sides in that dtype: HF `from_pretrained(dtype=...)`, ours with the weights cast once and the model's
+compute dtype set (what `actor_rollout_ref.rollout.dtype` does in the trainer). Both decode greedily
 and produce exactly `new_tokens` tokens (HF: min_new_tokens = max_new_tokens; ours: an EOS id outside
-the vocabulary). Compile time is measured apart from the timed run. The roofline line measures this
-machine's fp32 matmul FLOP/s and memory bandwidth, and bounds a decode step by
-max(2 * params * batch / FLOP/s, (weight + KV-cache bytes) / bandwidth).
+the vocabulary). Compile time is measured apart from the timed run. The roofline measures this
+machine's matmul FLOP/s (per dtype, as XLA runs it: bf16 x bf16 -> fp32) and memory bandwidth, and
+bounds a decode step by max(2 * params * batch / FLOP/s, (weight + KV-cache bytes) / bandwidth).
 
 Prints a markdown table and writes benchmarks/results/rollout.json.
 """
@@ -15,6 +18,7 @@ Prints a markdown table and writes benchmarks/results/rollout.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -32,11 +36,11 @@ MODEL = dict(vocab_size=32000, hidden_size=384, intermediate_size=1024, num_hidd
              rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=0)
 
 
-def measure_roofline(seconds: float = 1.0):
-  """(matmul FLOP/s, memory bandwidth bytes/s) of this machine, measured with XLA fp32 ops."""
+def measure_roofline(dtype: str, seconds: float = 1.0):
+  """(matmul FLOP/s in `dtype`, memory bandwidth bytes/s) of this machine, measured with XLA ops."""
   n = 1024
-  a = jnp.ones((n, n), jnp.float32)
-  matmul = jax.jit(lambda a: a @ a)
+  a = jnp.ones((n, n), dtype)
+  matmul = jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=jnp.float32))
   matmul(a).block_until_ready()
   count, start = 0, time.perf_counter()
   while time.perf_counter() - start < seconds:
@@ -63,10 +67,10 @@ def build_checkpoint(path: str):
   return sum(p.numel() for p in model.parameters())
 
 
-def run_hf(path: str, prompts_BxP: np.ndarray, new_tokens: int) -> tuple[float, np.ndarray]:
+def run_hf(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> tuple[float, np.ndarray]:
   import torch
   import transformers
-  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
   ids = torch.tensor(prompts_BxP, dtype=torch.long)
   kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=1)
   with torch.no_grad():
@@ -78,11 +82,11 @@ def run_hf(path: str, prompts_BxP: np.ndarray, new_tokens: int) -> tuple[float, 
   return seconds, out[:, prompts_BxP.shape[1]:].numpy()
 
 
-def run_jax(path: str, prompts_BxP: np.ndarray, new_tokens: int) -> tuple[float, float, np.ndarray]:
-  from jaxrlhf.models import Decoder, load_hf_config, load_hf_params
+def run_jax(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> tuple[float, float, np.ndarray]:
+  from jaxrlhf.models import Decoder, cast_floating, load_hf_config, load_hf_params
   from jaxrlhf.rollout import SamplingParams, generate
-  config = load_hf_config(path)
-  params = load_hf_params(path, config)
+  config = dataclasses.replace(load_hf_config(path), dtype=dtype)
+  params = cast_floating(load_hf_params(path, config), dtype)
   model = Decoder(config)
   apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
   sampling = SamplingParams(max_new_tokens=new_tokens, eos_token_ids=(config.vocab_size,), pad_token_id=0,
@@ -100,19 +104,21 @@ def run_jax(path: str, prompts_BxP: np.ndarray, new_tokens: int) -> tuple[float,
 
 
 def roofline_tokens_per_s(num_params: int, batch: int, prompt_len: int, new_tokens: int, flops: float,
-                          bandwidth: float) -> float:
+                          bandwidth: float, dtype: str) -> float:
   """Best possible new tokens/s of a decode step bounded by compute or by reading weights + mean KV cache."""
   cfg = MODEL
   head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
   mean_context = prompt_len + new_tokens / 2
-  kv_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4 * mean_context * batch
-  step_s = max(2 * num_params * batch / flops, (4 * num_params + kv_bytes) / bandwidth)
+  width = np.dtype(jnp.dtype(dtype)).itemsize
+  kv_bytes = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * width * mean_context * batch
+  step_s = max(2 * num_params * batch / flops, (width * num_params + kv_bytes) / bandwidth)
   return batch / step_s
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+  parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
   parser.add_argument("--prompt_len", type=int, default=128)
   parser.add_argument("--new_tokens", type=int, default=256)
   parser.add_argument("--skip_hf", action="store_true")
@@ -121,40 +127,45 @@ def main():
 
   import torch
   torch.set_num_threads(os.cpu_count() or 1)
-  flops, bandwidth = measure_roofline()
-  print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"matmul {flops / 1e9:.1f} GFLOP/s fp32, memory {bandwidth / 1e9:.1f} GB/s")
+  machine = {}
+  for dtype in args.dtypes:
+    flops, bandwidth = measure_roofline(dtype)
+    machine[dtype] = dict(matmul_flops=flops, bandwidth_bytes_per_s=bandwidth)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"matmul {flops / 1e9:.1f} GFLOP/s {dtype}, memory {bandwidth / 1e9:.1f} GB/s")
   rows = []
   with tempfile.TemporaryDirectory() as path:
     num_params = build_checkpoint(path)
     print(f"model: Qwen2-shaped, {num_params / 1e6:.1f}M parameters, jax {jax.__version__}, torch {torch.__version__}")
-    for batch in args.batches:
-      prompts_BxP = np.random.RandomState(batch).randint(2, MODEL["vocab_size"], (batch, args.prompt_len))
-      jax_s, compile_s, jax_tokens = run_jax(path, prompts_BxP, args.new_tokens)
-      new = batch * args.new_tokens
-      row = dict(batch=batch, jax_tokens_per_s=new / jax_s, jax_seconds=jax_s, compile_seconds=compile_s,
-                 roofline_tokens_per_s=roofline_tokens_per_s(num_params, batch, args.prompt_len, args.new_tokens,
-                                                             flops, bandwidth))
-      row["roofline_fraction"] = row["jax_tokens_per_s"] / row["roofline_tokens_per_s"]
-      if not args.skip_hf:
-        hf_s, hf_tokens = run_hf(path, prompts_BxP, args.new_tokens)
-        row.update(hf_tokens_per_s=new / hf_s, hf_seconds=hf_s, speedup=hf_s / jax_s,
-                   greedy_tokens_match=float(np.mean(hf_tokens == jax_tokens)))
-      rows.append(row)
-      print(json.dumps(row))
+    for dtype in args.dtypes:
+      for batch in args.batches:
+        prompts_BxP = np.random.RandomState(batch).randint(2, MODEL["vocab_size"], (batch, args.prompt_len))
+        jax_s, compile_s, jax_tokens = run_jax(path, prompts_BxP, args.new_tokens, dtype)
+        new = batch * args.new_tokens
+        row = dict(dtype=dtype, batch=batch, jax_tokens_per_s=new / jax_s, jax_seconds=jax_s,
+                   compile_seconds=compile_s,
+                   roofline_tokens_per_s=roofline_tokens_per_s(num_params, batch, args.prompt_len, args.new_tokens,
+                                                               machine[dtype]["matmul_flops"],
+                                                               machine[dtype]["bandwidth_bytes_per_s"], dtype))
+        row["roofline_fraction"] = row["jax_tokens_per_s"] / row["roofline_tokens_per_s"]
+        if not args.skip_hf:
+          hf_s, hf_tokens = run_hf(path, prompts_BxP, args.new_tokens, dtype)
+          row.update(hf_tokens_per_s=new / hf_s, hf_seconds=hf_s, speedup=hf_s / jax_s,
+                     greedy_tokens_match=float(np.mean(hf_tokens == jax_tokens)))
+        rows.append(row)
+        print(json.dumps(row))
 
-  print(f"\n| batch | jaxrlhf tok/s | HF tok/s | speed-up | compile s | roofline tok/s | of roofline | "
+  print(f"\n| dtype | batch | jaxrlhf tok/s | HF tok/s | speed-up | compile s | roofline tok/s | of roofline | "
         f"same greedy tokens |")
-  print("|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['batch']} | {r['jax_tokens_per_s']:.0f} | {r.get('hf_tokens_per_s', float('nan')):.0f} | "
+    print(f"| {r['dtype']} | {r['batch']} | {r['jax_tokens_per_s']:.0f} | {r.get('hf_tokens_per_s', float('nan')):.0f} | "
           f"{r.get('speedup', float('nan')):.1f}x | {r['compile_seconds']:.1f} | {r['roofline_tokens_per_s']:.0f} | "
           f"{100 * r['roofline_fraction']:.0f}% | {100 * r.get('greedy_tokens_match', float('nan')):.0f}% |")
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
-    json.dump(dict(machine=dict(cores=os.cpu_count(), matmul_flops=flops, bandwidth_bytes_per_s=bandwidth),
-                   model=dict(MODEL, num_params=num_params), prompt_len=args.prompt_len,
-                   new_tokens=args.new_tokens, rows=rows), f, indent=1)
+    json.dump(dict(machine=dict(cores=os.cpu_count(), **machine), model=dict(MODEL, num_params=num_params),
+                   prompt_len=args.prompt_len, new_tokens=args.new_tokens, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
