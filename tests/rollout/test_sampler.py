@@ -134,3 +134,22 @@ def test_bf16_matmuls_accumulate_in_fp32():
   exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   # fp32 accumulation: at most one bf16 rounding away (bf16 accumulation over 512 terms drifts much further).
   np.testing.assert_allclose(np.asarray(out, np.float64), exact, rtol=2 ** -7, atol=1e-2)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_segmented_decode_equals_one_loop(setup, do_sample):
+  """A decode split into loops over growing caches gives the same tokens, masks and log-probs."""
+  base = SamplingParams(max_new_tokens=11, eos_token_ids=(EOS,), pad_token_id=0, temperature=0.8,
+                        do_sample=do_sample, decode_segments=1)
+  one = _run(setup, base, seed=5)
+  split = dataclasses.replace(base, decode_segments=3)
+  assert split.segment_ends == [4, 7, 11]
+  out = _run(setup, split, seed=5)
+  for key in ("responses", "response_mask", "response_lengths", "num_steps"):
+    np.testing.assert_array_equal(out[key], one[key])
+  np.testing.assert_allclose(out["rollout_log_probs"], one["rollout_log_probs"], atol=1e-6)
+
+
+def test_default_segments_follow_the_response_length():
+  ends = lambda n: SamplingParams(max_new_tokens=n, eos_token_ids=(1,), pad_token_id=0).segment_ends
+  assert ends(16) == [16] and ends(128) == [64, 128] and ends(1024) == [256, 512, 768, 1024]
