@@ -8,7 +8,8 @@ through `jaxrlhf.models.load_hf_params`), so weights and prompts are identical. 
 sides in that dtype: HF `from_pretrained(dtype=...)`, ours with the weights cast once and the model's
 compute dtype set (what `actor_rollout_ref.rollout.dtype` does in the trainer). Both decode greedily
 and produce exactly `new_tokens` tokens (HF: min_new_tokens = max_new_tokens; ours: an EOS id outside
-the vocabulary). Compile time is measured apart from the timed run. The roofline measures this
+the vocabulary). Each side runs once to warm up, then the best of two timed runs counts; compile
+time is measured apart. The roofline measures this
 machine's matmul FLOP/s (per dtype, as XLA runs it: bf16 x bf16 -> fp32) and memory bandwidth, and
 bounds a decode step by max(2 * params * batch / FLOP/s, (weight + KV-cache bytes) / bandwidth).
 
@@ -30,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+REPEATS = 2  # each side: the best of this many timed runs, after a warm-up run
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = dict(vocab_size=32000, hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
              num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True, rope_theta=1e6,
@@ -76,10 +78,12 @@ def run_hf(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> t
   with torch.no_grad():
     model.generate(ids[:, :8], max_new_tokens=2, min_new_tokens=2, **{**kwargs,
                                                                      "attention_mask": torch.ones_like(ids[:, :8])})
-    start = time.perf_counter()
-    out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
-    seconds = time.perf_counter() - start
-  return seconds, out[:, prompts_BxP.shape[1]:].numpy()
+    seconds = []
+    for _ in range(REPEATS):
+      start = time.perf_counter()
+      out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
+      seconds.append(time.perf_counter() - start)
+  return min(seconds), out[:, prompts_BxP.shape[1]:].numpy()
 
 
 def run_jax(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> tuple[float, float, np.ndarray]:
@@ -97,10 +101,14 @@ def run_jax(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> 
   start = time.perf_counter()
   compiled = fn.lower(params, prompt_ids_BxP=ids, prompt_mask_BxP=mask, rng=jax.random.key(0)).compile()
   compile_s = time.perf_counter() - start
-  start = time.perf_counter()
-  out = compiled(params, prompt_ids_BxP=ids, prompt_mask_BxP=mask, rng=jax.random.key(0))
-  responses = np.asarray(jax.block_until_ready(out)["responses"])
-  return time.perf_counter() - start, compile_s, responses
+  jax.block_until_ready(compiled(params, prompt_ids_BxP=ids, prompt_mask_BxP=mask, rng=jax.random.key(0)))  # warm-up
+  seconds = []
+  for _ in range(REPEATS):
+    start = time.perf_counter()
+    out = compiled(params, prompt_ids_BxP=ids, prompt_mask_BxP=mask, rng=jax.random.key(0))
+    responses = np.asarray(jax.block_until_ready(out)["responses"])
+    seconds.append(time.perf_counter() - start)
+  return min(seconds), compile_s, responses
 
 
 def roofline_tokens_per_s(num_params: int, batch: int, prompt_len: int, new_tokens: int, flops: float,
