@@ -9,9 +9,9 @@ sides in that dtype: HF `from_pretrained(dtype=...)`, ours with the weights cast
 compute dtype set (what `actor_rollout_ref.rollout.dtype` does in the trainer). Both decode greedily
 and produce exactly `new_tokens` tokens (HF: min_new_tokens = max_new_tokens; ours: an EOS id outside
 the vocabulary). Each side runs once to warm up, then the best of two timed runs counts; compile
-time is measured apart. The roofline measures this
-machine's matmul FLOP/s (per dtype, as XLA runs it: bf16 x bf16 -> fp32) and memory bandwidth, and
-bounds a decode step by max(2 * params * batch / FLOP/s, (weight + KV-cache bytes) / bandwidth).
+time is measured apart. The roofline measures this machine's matmul FLOP/s (per dtype, as XLA runs
+it: bf16 x bf16 -> fp32) and memory bandwidth, and bounds a decode step by
+max(2 * params * batch / FLOP/s, (weight + KV-cache bytes) / bandwidth).
 
 Prints a markdown table and writes benchmarks/results/rollout.json.
 """
@@ -167,7 +167,8 @@ def main():
         f"same greedy tokens |")
   print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['dtype']} | {r['batch']} | {r['jax_tokens_per_s']:.0f} | {r.get('hf_tokens_per_s', float('nan')):.0f} | "
+    print(f"| {r['dtype']} | {r['batch']} | {r['jax_tokens_per_s']:.0f} | "
+          f"{r.get('hf_tokens_per_s', float('nan')):.0f} | "
           f"{r.get('speedup', float('nan')):.1f}x | {r['compile_seconds']:.1f} | {r['roofline_tokens_per_s']:.0f} | "
           f"{100 * r['roofline_fraction']:.0f}% | {100 * r.get('greedy_tokens_match', float('nan')):.0f}% |")
   os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -4,10 +4,12 @@ The prefill runs every prompt token but the last and keeps only the KV cache, so
 [B, P, vocab] logits; decode step s feeds one token (the last prompt token, then each sampled token)
 and samples from its logits, so no forward is spent on a token that is never fed back. The loop stops
 early once every row has emitted EOS. Long decodes run as a few consecutive loops whose cache grows
-between them (`SamplingParams.segment_ends`), so early steps attend over a shorter cache. Sampled tokens' log-probs come from the temperature-scaled full
-distribution (the same `z = logits / temperature` the training forward uses, SPEC §4), so the
-rollout's log-probs equal the actor's recomputed `old_log_prob` for the same weights. top-k / top-p
-only restrict what is sampled. The response mask covers tokens up to and including the first EOS.
+between them (`SamplingParams.segment_ends`), so early steps attend over a shorter cache. Sampled
+tokens' log-probs come from the temperature-scaled full distribution (the same `z = logits /
+temperature` the training forward uses, SPEC §4), so the rollout's log-probs equal the actor's
+recomputed `old_log_prob` for the same weights (in the same dtype; a bf16 rollout differs slightly).
+top-k / top-p only restrict what is sampled. The response mask covers tokens up to and including the
+first EOS.
 `choose_tokens` and `prefill_cache` are shared with the serving engine (`jaxrlhf.rollout.engine`).
 """
 
