@@ -110,9 +110,6 @@ class PPOStep:
 
   # ----- model calls -------------------------------------------------------------------------
 
-  def actor_apply(self, params, ids, positions, kv_mask, cache=None, cache_index=None):
-    return self.actor.apply({"params": params}, ids, positions, kv_mask, cache, cache_index)
-
   def rollout_apply(self, params, ids, positions, kv_mask, cache=None, cache_index=None):
     return self.rollout_actor.apply({"params": params}, ids, positions, kv_mask, cache, cache_index)
 
