@@ -21,7 +21,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from jaxrlhf.checkpoint import CheckpointError, split_step_dir
-from jaxrlhf.models import save_hf_checkpoint
+from jaxrlhf.models import model_config_from, save_hf_checkpoint
 
 
 def read_checkpoint(step_dir: str):
@@ -44,8 +44,6 @@ def write_hf(actor_params, config, out_dir: str, *, critic_params=None, critic_o
   A run started from an HF checkpoint keeps that checkpoint's other config keys, tokenizer and
   generation config; a from-scratch run gets the tokenizer files from `tokenizer_dir`.
   """
-  from jaxrlhf.trainer.trainer import model_config_from
-
   actor_model = config.actor_rollout_ref.model
   model_config = model_config_from(actor_model)
   save_hf_checkpoint(actor_params, model_config, out_dir, head="lm", dtype=dtype, source_dir=actor_model.path or None)

@@ -67,7 +67,8 @@ def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
 
 def load_model(path: str):
   """(params, DecoderConfig, tokenizer, eos ids, pad id) of an HF directory or a `global_step_N` directory."""
-  from jaxrlhf.models import generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer, pad_token_id
+  from jaxrlhf.models import (generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer, model_config_from,
+                              pad_token_id)
   if not os.path.isdir(path):
     raise ValueError(f"--model {path!r} is not a directory")
   if os.path.exists(os.path.join(path, "config.json")):
@@ -76,7 +77,6 @@ def load_model(path: str):
     tokenizer, source = load_tokenizer(path), path
   else:
     from jaxrlhf.export import read_checkpoint
-    from jaxrlhf.trainer.trainer import model_config_from
     state, _, config = read_checkpoint(path)
     model_section = config.actor_rollout_ref.model
     model_config = model_config_from(model_section)

@@ -149,6 +149,28 @@ def load_hf_config(path: str, **overrides) -> DecoderConfig:
   return config_from_hf_dict(_read_json(config_path), config_path, **overrides)
 
 
+def model_config_from(model, tokenizer=None) -> DecoderConfig:
+  """A model section (actor_rollout_ref.model or critic.model) -> DecoderConfig.
+
+  With `path`: the checkpoint's config.json, then any non-empty override_config key on top.
+  Without: override_config alone (a model initialised from scratch).
+  """
+  overrides = {k: v for k, v in model.override_config.to_dict().items() if v is not None}
+  extra = dict(dtype=model.dtype, param_dtype=model.param_dtype,
+               remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none")
+  if model.path:
+    config_path = os.path.join(model.path, "config.json")
+    if not os.path.exists(config_path):
+      raise ValueError(f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint directory)")
+    model_config = config_from_hf_dict({**_read_json(config_path), **overrides}, where=config_path, **extra)
+  else:
+    model_config = DecoderConfig.from_dict({**overrides, **extra})
+  if tokenizer is not None and len(tokenizer) > model_config.vocab_size:
+    raise ValueError(f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+                     f"{len(tokenizer)} tokens")
+  return model_config
+
+
 def hf_config_dict(config: DecoderConfig, head: str = "lm", base: dict[str, Any] | None = None,
                    dtype: str | None = None) -> dict[str, Any]:
   """An HF config.json dict for `config` (v4 `rope_theta`/`rope_scaling` form, which v4 and v5 both read).

@@ -41,7 +41,7 @@ def _groups(shardings_by_layout: dict):
   return groups
 
 
-def _fmt_bytes(n: int) -> str:
+def fmt_bytes(n: int) -> str:
   for unit in ("B", "KiB", "MiB", "GiB"):
     if n < 1024 or unit == "GiB":
       return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
@@ -58,5 +58,5 @@ def layout_report(mesh: Mesh, shardings_by_layout: dict, byte_counts: dict[str, 
   lines.append("  " + "param".ljust(width) + "  " + "  ".join(l.ljust(28) for l in layouts))
   for name, specs in groups.items():
     lines.append("  " + name.ljust(width) + "  " + "  ".join(specs.get(l, "-").ljust(28) for l in layouts))
-  lines.append("per-device memory: " + ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in byte_counts.items()))
+  lines.append("per-device memory: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in byte_counts.items()))
   return "\n".join(lines)

@@ -153,7 +153,7 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
   constrain_cache = constrain_cache or (lambda cache: cache)
   ends = sampling.segment_ends
   cache, kv_mask_BxS = prefill_cache(apply_fn, params, model_config, prompt_ids_BxP, prompt_mask_BxP,
-                                     _cache_length(prompt_len, response_len, ends[0]), constrain_cache)
+                                     cache_length(prompt_len, response_len, ends[0]), constrain_cache)
   last_position_B = jnp.maximum(prompt_mask_BxP.sum(axis=1) - 1, 0)
 
   def body(carry):
@@ -185,7 +185,7 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
   for index, end in enumerate(ends):
     if index:  # a longer cache for this segment: zero columns, masked until written
       *head, cache, kv_mask_BxS, input_B = carry
-      extra = _cache_length(prompt_len, response_len, end) - kv_mask_BxS.shape[1]
+      extra = cache_length(prompt_len, response_len, end) - kv_mask_BxS.shape[1]
       length_axis = CACHE_LOGICAL_AXES.index("length")
       widths = [(0, extra if axis == length_axis else 0) for axis in range(len(CACHE_LOGICAL_AXES))]
       cache = constrain_cache(jax.tree.map(lambda x: jnp.pad(x, widths), cache))
@@ -197,6 +197,6 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
           "response_lengths": valid_BxR.sum(axis=1), "num_steps": steps}
 
 
-def _cache_length(prompt_len: int, response_len: int, end: int) -> int:
+def cache_length(prompt_len: int, response_len: int, end: int) -> int:
   """Cache columns a segment ending at step `end` needs: its own inputs plus the next input's column."""
   return prompt_len + min(end, response_len - 1)

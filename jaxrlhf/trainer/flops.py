@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrlhf.rollout.sampler import cache_length
+
 # Dense bf16 peak FLOP/s per device, by substrings of `device_kind` (lower case).
 PEAK_FLOPS = (
     ("h200", 989e12), ("h100", 989e12), ("a100", 312e12), ("l4", 121e12), ("a10", 125e12),
@@ -64,3 +66,71 @@ def device_peak_flops(device, configured: float | None = None) -> float:
 
 def count_params(params) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+# ----- the step's FLOPs by phase, as the compiled program does the work (`jaxrlhf.aot`) -------------
+
+def layer_matmul_flops_per_token(config) -> float:
+  """q/k/v/o projections and the SwiGLU MLP of one decoder layer, one token."""
+  d, head_dim = config.hidden_size, config.resolved_head_dim
+  q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+  return 2.0 * d * (q + 2 * kv) + 2.0 * q * d + 3 * 2.0 * d * config.intermediate_size
+
+
+def forward_flops(config, tokens: float, keys: float, head: str | None) -> float:
+  """A forward of `tokens` query tokens, each attending densely over `keys` positions (scores + values).
+
+  `head`: "lm" (the vocabulary projection at every token), "value"/"reward" (one output), None (cache only).
+  """
+  attention = 4.0 * config.num_attention_heads * config.resolved_head_dim * keys
+  head_flops = {"lm": 2.0 * config.hidden_size * config.vocab_size, "value": 2.0 * config.hidden_size,
+                "reward": 2.0 * config.hidden_size, None: 0.0}[head]
+  return tokens * (config.num_hidden_layers * (layer_matmul_flops_per_token(config) + attention) + head_flops)
+
+
+def generation_flops(config, rows: int, prompt_len: int, segment_cache_lengths: list[tuple[int, int]]) -> float:
+  """Prefill of every prompt token but the last, then every decode step of every segment run to its end.
+
+  `segment_cache_lengths`: (decode steps, cache columns) per segment of the decode loop. An early exit
+  (every row finished) does less; this is the work of a rollout that uses the whole response budget.
+  """
+  first_cache = segment_cache_lengths[0][1]
+  total = forward_flops(config, rows * (prompt_len - 1), first_cache, None) if prompt_len > 1 else 0.0
+  for steps, cache_columns in segment_cache_lengths:
+    total += forward_flops(config, rows * steps, cache_columns, "lm")
+  return total
+
+
+def step_phase_flops(step_fn, *, batch_size: int, prompt_len: int, response_len: int) -> dict[str, float]:
+  """FLOPs of each phase of one step of `step_fn` (a PPOStep) at the padded lengths.
+
+  Counted as the program computes them: every padded position, attention dense over the whole
+  sequence (masked, not skipped), the language-model head at every position, backward = 2 x forward,
+  and one more forward per update when the model rematerialises (gradient checkpointing). Packed
+  phases (`use_remove_padding`) are counted as if padded. Element-wise work (norms, softmax, the
+  optimizer) is left out: it is a few percent at the sizes that matter.
+  """
+  config = step_fn.config
+  n = config.actor_rollout_ref.rollout.n
+  rows, seq_len = batch_size * n, prompt_len + response_len
+  actor, critic = step_fn.actor.config, step_fn.critic.config
+  ends = step_fn.sampling.segment_ends
+  segments = [(end - start, cache_length(prompt_len, response_len, end))
+              for start, end in zip([0] + ends[:-1], ends)]
+  phases = {"gen": generation_flops(actor, rows, prompt_len, segments)}
+  if config.algorithm.adv_estimator == "remax":  # one greedy rollout per prompt as the baseline
+    phases["gen"] += generation_flops(actor, batch_size, prompt_len, segments)
+  if step_fn.reward_model is not None:
+    phases["reward"] = forward_flops(step_fn.reward_model.config, rows * seq_len, seq_len, "reward")
+  actor_forward = forward_flops(actor, rows * seq_len, seq_len, "lm")
+  phases["old_log_prob"] = actor_forward
+  if step_fn.use_reference:
+    phases["ref"] = actor_forward
+  if step_fn.use_critic:
+    critic_forward = forward_flops(critic, rows * seq_len, seq_len, "value")
+    phases["values"] = critic_forward
+    remat = 1 if critic.remat_policy != "none" else 0
+    phases["update_critic"] = config.critic.ppo_epochs * (3 + remat) * critic_forward
+  remat = 1 if actor.remat_policy != "none" else 0
+  phases["update_actor"] = config.actor_rollout_ref.actor.ppo_epochs * (3 + remat) * actor_forward
+  return phases

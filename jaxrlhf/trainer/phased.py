@@ -34,31 +34,41 @@ class PhasedStep:
     # Everything after the reward in one program (DAPO with fuse_step=True).
     self.train_on_rollout = jax.jit(step_fn.train_on_rollout, out_shardings=(state_shardings, replicated_sharding))
 
-  @staticmethod
-  def _timed(timings: dict, name: str, fn, *args):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
-    return out
+  def generate_and_score(self, state, batch, rng, run):
+    """Phases gen and reward; `run(name, program, *args)` runs each (see `timed`)."""
+    rollout = run("gen", self.gen, state.actor_params, batch, self.step_fn.split_rng(rng)["gen"])
+    return rollout, run("reward", self.reward, rollout, state.reward_params)
 
-  def generate_and_score(self, state, batch, rng, timings: dict):
-    rollout = self._timed(timings, "gen", self.gen, state.actor_params, batch, self.step_fn.split_rng(rng)["gen"])
-    return rollout, self._timed(timings, "reward", self.reward, rollout, state.reward_params)
-
-  def train(self, state, rollout, scored, rng, timings: dict):
+  def train(self, state, rollout, scored, rng, run):
     """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""
-    step_fn, t = self.step_fn, self._timed
+    step_fn = self.step_fn
     keys = step_fn.split_rng(rng)
-    old = t(timings, "old_log_prob", self.old_log_prob, state.actor_params, rollout)
-    ref = t(timings, "ref", self.ref, state.ref_params, rollout) if step_fn.use_reference else None
-    values = t(timings, "values", self.values, state.critic_params, rollout) if step_fn.use_critic else None
-    adv = t(timings, "adv", self.adv, state, rollout, scored, old, ref, values)
-    data = self.data(rollout, old, ref, adv)
+    old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout)
+    ref = run("ref", self.ref, state.ref_params, rollout) if step_fn.use_reference else None
+    values = run("values", self.values, state.critic_params, rollout) if step_fn.use_critic else None
+    adv = run("adv", self.adv, state, rollout, scored, old, ref, values)
+    data = run(None, self.data, rollout, old, ref, adv)
     critic = None
     if step_fn.use_critic:
-      critic = t(timings, "update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])
-    actor = t(timings, "update_actor", self.update_actor, state, data, keys["actor"])
-    return self.finish(state, rollout, scored, old, ref, values, adv, keys, critic, actor)
+      critic = run("update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])
+    actor = run("update_actor", self.update_actor, state, data, keys["actor"])
+    return run(None, self.finish, state, rollout, scored, old, ref, values, adv, keys, critic, actor)
+
+
+def timed(timings: dict):
+  """A phase runner that runs each program to completion and adds its seconds to `timings[name]`.
+
+  Phases named None (small glue programs) run untimed. `jaxrlhf.aot` passes a runner that compiles
+  each program for a target instead of running it.
+  """
+  def run(name, program, *args):
+    if name is None:
+      return program(*args)
+    start = time.perf_counter()
+    out = jax.block_until_ready(program(*args))
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+    return out
+  return run
 
 
 def group_is_informative(scores_N: np.ndarray, group_index_N: np.ndarray) -> np.ndarray:

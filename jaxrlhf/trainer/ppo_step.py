@@ -175,7 +175,7 @@ class PPOStep:
     if actor.use_dynamic_bsz:
       return packing.micro_batching(num_sequences, seq_len, self.num_batch_shards, rows_per_shard=None,
                                     max_token_len=actor.ppo_max_token_len_per_gpu, packed=packed)
-    rows = self._micro_rows(micro_per_device, num_sequences, micro_key)
+    rows = self.micro_rows(micro_per_device, num_sequences, micro_key)
     return packing.MicroBatching(rows=rows, num_micro=num_sequences // rows, shards=self.num_batch_shards,
                                  packed=packed)
 
@@ -332,7 +332,7 @@ class PPOStep:
     metrics[f"{prefix}/lr"] = lr
     return params, opt_state, metrics
 
-  def _micro_rows(self, micro_per_device, mini_batch_rows: int, key: str) -> int:
+  def micro_rows(self, micro_per_device, mini_batch_rows: int, key: str) -> int:
     if micro_per_device is None:
       return mini_batch_rows
     rows = micro_per_device * self.num_batch_shards

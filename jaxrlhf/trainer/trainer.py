@@ -6,7 +6,6 @@ metrics (host) -> sinks. Validation is a second compiled program (greedy by `val
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -21,24 +20,21 @@ import numpy as np
 
 from jaxrlhf import rewards
 from jaxrlhf.checkpoint import Checkpointer, split_step_dir
-from jaxrlhf.config import ConfigError, resolve_config
+from jaxrlhf.config import resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
-from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, config_from_hf_dict, generation_eos_ids,
-                            init_params, load_hf_config, load_hf_params, load_tokenizer, pad_token_id)
-from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
-from jaxrlhf.parallel import TRAIN_RULES, batch_sharding, logical_to_shardings, replicated
-from jaxrlhf.parallel.layouts import activation_sharding, generation_rules
+from jaxrlhf.models import Decoder, generation_eos_ids, init_params, load_hf_params, load_tokenizer, pad_token_id
+from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
-from jaxrlhf.parallel.report import layout_report, per_device_bytes
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics
-from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts, make_validation_fn
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops
 from jaxrlhf.trainer.guards import Guard
-from jaxrlhf.trainer.phased import PhasedStep, select_groups
+from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
+from jaxrlhf.trainer.ppo_step import make_validation_fn
+from jaxrlhf.trainer.program import build_program, model_configs
 from jaxrlhf.trainer.reward import decode_responses, make_reward_fn
-from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
+from jaxrlhf.trainer.state import TrainState
 
 
 def tokenizer_from_config(config, save_dir: str):
@@ -50,39 +46,6 @@ def tokenizer_from_config(config, save_dir: str):
     build_tokenizer(save_dir=save_dir)  # written next to the run so users can load it the usual way
     name = save_dir
   return load_tokenizer(name)
-
-
-def model_config_from(model, tokenizer=None) -> DecoderConfig:
-  """A model section (actor_rollout_ref.model or critic.model) -> DecoderConfig.
-
-  With `path`: the checkpoint's config.json, then any non-empty override_config key on top.
-  Without: override_config alone (a model initialised from scratch).
-  """
-  overrides = {k: v for k, v in model.override_config.to_dict().items() if v is not None}
-  extra = dict(dtype=model.dtype, param_dtype=model.param_dtype,
-               remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none")
-  if model.path:
-    config_path = os.path.join(model.path, "config.json")
-    if not os.path.exists(config_path):
-      raise ValueError(f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint directory)")
-    with open(config_path) as f:
-      hf = json.load(f)
-    model_config = config_from_hf_dict({**hf, **overrides}, where=config_path, **extra)
-  else:
-    model_config = DecoderConfig.from_dict({**overrides, **extra})
-  if tokenizer is not None and len(tokenizer) > model_config.vocab_size:
-    raise ValueError(f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
-                     f"{len(tokenizer)} tokens")
-  return model_config
-
-
-@dataclasses.dataclass
-class _Layouts:
-  actor_train: object
-  actor_generation: object
-  critic_train: object
-  generation_rules: tuple
-  reward_train: object = None
 
 
 class Trainer:
@@ -109,48 +72,19 @@ class Trainer:
 
     custom = config.custom_reward_function
     compute_score = rewards.load_custom_reward_function(custom.path, custom.name) if custom.path else None
-    actor_model = config.actor_rollout_ref.model
-    self.model_config = model_config_from(actor_model, self.tokenizer)
-    self.critic_model_path = config.critic.model.path or actor_model.path
-    self.critic_model_config = self.model_config
-    if config.critic.model.path and config.critic.model.path != actor_model.path:
-      self.critic_model_config = model_config_from(config.critic.model, self.tokenizer)
-    self.reward_model_config = None
-    if config.reward_model.enable:
-      # The reward model reads the actor's token ids: it must share the actor's tokenizer.
-      self.reward_model_config = load_hf_config(config.reward_model.model.path)
-    eos_ids = generation_eos_ids(actor_model.path or None, self.tokenizer)
+    self.model_config, self.critic_model_config, self.reward_model_config = model_configs(config, self.tokenizer)
+    self.critic_model_path = config.critic.model.path or config.actor_rollout_ref.model.path
+    eos_ids = generation_eos_ids(config.actor_rollout_ref.model.path or None, self.tokenizer)
     pad_id = pad_token_id(self.tokenizer, eos_ids)
-
-    actor_cfg = config.actor_rollout_ref.actor
-    optimizers = {"actor": make_optimizer(actor_cfg.optim, actor_cfg.grad_clip),
-                  "critic": make_optimizer(config.critic.optim, config.critic.grad_clip)}
-    schedules = {"actor": make_lr_schedule(config.actor_rollout_ref.actor.optim, self.total_steps),
-                 "critic": make_lr_schedule(config.critic.optim, self.total_steps)}
-    self.layouts = self._param_layouts()
-    self._opt_shardings = {
-        "actor": opt_state_shardings(optimizers["actor"], self.layouts.actor_train, replicated(self.mesh)),
-        "critic": opt_state_shardings(optimizers["critic"], self.layouts.critic_train, replicated(self.mesh))}
-    gen_rules = self.layouts.generation_rules
-    offload = self._offload_shardings()
-    step_layouts = StepLayouts(
-        **offload,
-        actor_generation=self.layouts.actor_generation,
-        batch=lambda shape: batch_sharding(self.mesh, shape),
-        generation_batch=lambda shape: batch_sharding(self.mesh, shape, dict(gen_rules)["batch"]),
-        cache=lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, gen_rules))
-    self.step_fn = PPOStep(config, self.model_config, make_reward_fn(self.tokenizer, self.train_data, compute_score,
-                                                                     config.reward_model.on_error),
-                           eos_token_ids=eos_ids, pad_token_id=pad_id, lr_schedules=schedules,
-                           optimizers=optimizers, layouts=step_layouts, num_batch_shards=self.num_batch_shards,
-                           kl_warmup_steps=int(trainer_cfg.guard.kl_warmup_steps_ratio * self.total_steps),
-                           critic_model_config=self.critic_model_config,
-                           reward_model_config=self.reward_model_config)
-    self._check_micro_batches()
-    self.state = self._init_state(optimizers, offload)
-    state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
-    self.ppo_step = jax.jit(self.step_fn, in_shardings=(state_shardings, None, replicated(self.mesh)),
-                            out_shardings=(state_shardings, replicated(self.mesh)), donate_argnums=0)
+    reward_fn = make_reward_fn(self.tokenizer, self.train_data, compute_score, config.reward_model.on_error)
+    self.program = build_program(config, self.mesh, model_config=self.model_config,
+                                 critic_model_config=self.critic_model_config,
+                                 reward_model_config=self.reward_model_config, reward_fn=reward_fn,
+                                 eos_token_ids=eos_ids, pad_token_id=pad_id, total_steps=self.total_steps)
+    self.step_fn, self.layouts = self.program.step_fn, self.program.layouts
+    state_shardings = self.program.state_shardings
+    self.state = self._init_state(state_shardings)
+    self.ppo_step = self.program.jit_step()
     if self.val_data is not None:
       val_sampling = SamplingParams.from_rollout_config(
           config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True)
@@ -171,114 +105,36 @@ class Trainer:
 
   # ----- set-up ----------------------------------------------------------------------------------
 
-  def _param_layouts(self) -> _Layouts:
-    shapes, logical = abstract_params(Decoder(self.model_config, head="lm"))
-    critic_shapes, critic_logical = abstract_params(Decoder(self.critic_model_config, head="value"))
-    gen_rules = generation_rules(self.mesh, self.config.actor_rollout_ref.rollout.tensor_model_parallel_size)
-    return _Layouts(
-        actor_train=logical_to_shardings(logical, shapes, self.mesh, TRAIN_RULES),
-        actor_generation=logical_to_shardings(logical, shapes, self.mesh, gen_rules),
-        critic_train=logical_to_shardings(critic_logical, critic_shapes, self.mesh, TRAIN_RULES),
-        generation_rules=gen_rules,
-        reward_train=self._reward_layout())
-
-  def _check_micro_batches(self) -> None:
-    """Start-up check: each micro-batch (per device x batch shards) divides its mini-batch."""
-    config, n = self.config, self.config.actor_rollout_ref.rollout.n
-    sections = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor)]
-    if self.step_fn.use_critic:
-      sections.append(("critic", config.critic))
-    for name, section in sections:
-      if config.actor_rollout_ref.actor.use_dynamic_bsz:
-        continue  # micro-batches come from the token budget
-      try:
-        self.step_fn._micro_rows(section.ppo_micro_batch_size_per_gpu, section.ppo_mini_batch_size * n,
-                                 f"{name}.ppo_micro_batch_size_per_gpu")
-      except ValueError as e:
-        raise ConfigError(f"{e} ({name}.ppo_mini_batch_size={section.ppo_mini_batch_size} prompts x "
-                          f"rollout.n={n}; mesh data*fsdp={self.num_batch_shards})") from None
-
-  def _reward_layout(self):
-    if self.reward_model_config is None:
-      return None
-    shapes, logical = abstract_params(Decoder(self.reward_model_config, head="reward"))
-    return logical_to_shardings(logical, shapes, self.mesh, TRAIN_RULES)
-
-  def _offload_shardings(self) -> dict:
-    """Device/host sharding pairs for `ref...param_offload` and `actor...optimizer_offload`."""
-    rollout_ref = self.config.actor_rollout_ref
-    wanted = {"ref": rollout_ref.ref.fsdp_config.param_offload,
-              "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload}
-    if not any(wanted.values()):
-      return {}
-    kinds = {m.kind for m in self.mesh.devices.flat[0].addressable_memories()}
-    if "pinned_host" not in kinds:
-      logging.warning("offload requested (%s) but %s devices have no 'pinned_host' memory (only %s); "
-                      "keeping everything in device memory", [k for k, v in wanted.items() if v],
-                      self.mesh.devices.flat[0].platform, sorted(kinds))
-      return {}
-    on = lambda tree, kind: jax.tree.map(lambda s: s.with_memory_kind(kind), tree)
-    out = {}
-    if wanted["ref"]:
-      out["ref_device"] = on(self.layouts.actor_train, "device")
-    if wanted["actor_opt"]:
-      opt = self._opt_shardings["actor"]
-      out["actor_opt_device"], out["actor_opt_host"] = on(opt, "device"), on(opt, "pinned_host")
-    return out
-
   def layout_report(self) -> str:
     """Mesh, per-layout sharding of each parameter group, per-device bytes (printed at start-up)."""
-    state = self.state
-    data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
-    rows = data_cfg.train_batch_size * n
-    cache_shape = (rows, data_cfg.max_prompt_length + data_cfg.max_response_length,
-                   self.model_config.num_key_value_heads, self.model_config.resolved_head_dim)
-    cache_sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, cache_shape, self.layouts.generation_rules)
-    cache_leaf = jax.ShapeDtypeStruct(cache_shape, jnp.dtype(self.step_fn.rollout_dtype))
-    counts = {
-        "actor params": per_device_bytes(state.actor_params),
-        "actor params (generation copy)": per_device_bytes(state.actor_params, self.layouts.actor_generation),
-        "actor optimizer": per_device_bytes(state.actor_opt_state),
-        "KV cache": 2 * self.model_config.num_hidden_layers * per_device_bytes(cache_leaf, cache_sharding),
-    }
-    if state.ref_params is not None:
-      counts["ref params"] = per_device_bytes(state.ref_params)
-    if state.critic_params is not None:
-      counts["critic params"] = per_device_bytes(state.critic_params)
-      counts["critic optimizer"] = per_device_bytes(state.critic_opt_state)
-    return layout_report(self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation},
-                         counts)
+    return self.program.layout_report()
 
-  def _init_state(self, optimizers, offload: dict) -> TrainState:
-    config = self.config
-    seed = config.trainer.seed
-    actor_key, critic_key = jax.random.split(jax.random.key(seed))
+  def _init_state(self, shardings: TrainState) -> TrainState:
+    """Loads or initialises every part of the state straight into `shardings` (the program's)."""
+    config, optimizers = self.config, self.program.optimizers
+    actor_key, critic_key = jax.random.split(jax.random.key(config.trainer.seed))
     init = lambda model, shardings: jax.jit(lambda key: init_params(model, key)[0], out_shardings=shardings)
     actor_path = config.actor_rollout_ref.model.path
     if actor_path:
-      actor_params = load_hf_params(actor_path, self.model_config, head="lm", shardings=self.layouts.actor_train)
+      actor_params = load_hf_params(actor_path, self.model_config, head="lm", shardings=shardings.actor_params)
     else:
-      actor_params = init(Decoder(self.model_config, head="lm"), self.layouts.actor_train)(actor_key)
-    actor_opt_state = jax.jit(optimizers["actor"].init,
-                              out_shardings=offload.get("actor_opt_host", self._opt_shardings["actor"]))(actor_params)
+      actor_params = init(Decoder(self.model_config, head="lm"), shardings.actor_params)(actor_key)
+    actor_opt_state = jax.jit(optimizers["actor"].init, out_shardings=shardings.actor_opt_state)(actor_params)
     ref_params = None
     if self.step_fn.use_reference:
-      ref_shardings = self.layouts.actor_train
-      if "ref_device" in offload:
-        ref_shardings = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), ref_shardings)
-      ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=ref_shardings)(actor_params)
+      ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings.ref_params)(actor_params)
     critic_params = critic_opt_state = None
     if self.step_fn.use_critic:
       if self.critic_model_path:  # verl's critic format, or the actor's checkpoint with a fresh value head
         critic_params = load_hf_params(self.critic_model_path, self.critic_model_config, head="value",
-                                       shardings=self.layouts.critic_train, rng=critic_key)
+                                       shardings=shardings.critic_params, rng=critic_key)
       else:
-        critic_params = init(Decoder(self.critic_model_config, head="value"), self.layouts.critic_train)(critic_key)
-      critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=self._opt_shardings["critic"])(critic_params)
+        critic_params = init(Decoder(self.critic_model_config, head="value"), shardings.critic_params)(critic_key)
+      critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=shardings.critic_opt_state)(critic_params)
     reward_params = None
     if self.reward_model_config is not None:
       reward_params = load_hf_params(config.reward_model.model.path, self.reward_model_config, head="reward",
-                                     shardings=self.layouts.reward_train)
+                                     shardings=shardings.reward_params)
     put = lambda x: jax.device_put(x, replicated(self.mesh))
     return TrainState(reward_params=reward_params, step=put(jnp.int32(0)), actor_params=actor_params,
                       actor_opt_state=actor_opt_state,
@@ -314,8 +170,9 @@ class Trainer:
       if self.config.trainer.fuse_step:
         self.state, device_metrics = self.ppo_step(self.state, batch, rng)
       else:
-        rollout, scored = self.phased.generate_and_score(self.state, batch, rng, timings)
-        self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, timings)
+        run = timed(timings)
+        rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
+        self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     elapsed = time.perf_counter() - start
     metrics.update(extra)
@@ -349,7 +206,7 @@ class Trainer:
       self.gen_cursor += 1
       batch = self._load_batch(self.train_data, indices)
       round_rng = jax.random.fold_in(rng, len(rounds))
-      rounds.append(self.phased.generate_and_score(self.state, batch, round_rng, timings))
+      rounds.append(self.phased.generate_and_score(self.state, batch, round_rng, timed(timings)))
       selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric)
       if selected is not None:
         break
@@ -360,11 +217,11 @@ class Trainer:
             f"{config.data.train_batch_size} groups with non-identical {filter_groups.metric}; every group is "
             "solved or failed alike: check the data, or raise max_num_gen_batches")
     rollout, scored = (self._device_batch(part) for part in selected)
+    run = timed(timings)
     if config.trainer.fuse_step:
-      state, metrics = PhasedStep._timed(timings, "train", self.phased.train_on_rollout, self.state, rollout,
-                                         scored, rng)
+      state, metrics = run("train", self.phased.train_on_rollout, self.state, rollout, scored, rng)
     else:
-      state, metrics = self.phased.train(self.state, rollout, scored, rng, timings)
+      state, metrics = self.phased.train(self.state, rollout, scored, rng, run)
     return state, metrics, float(len(rounds))
 
   # ----- checkpoints and guards -------------------------------------------------------------------

@@ -90,7 +90,7 @@ class _State:  # the two fields of the train state that a checkpoint needs here
 
 def test_training_checkpoint_directory_with_chat_and_sampling(tmp_path):
   from jaxrlhf import generate as cli
-  from jaxrlhf.trainer.trainer import model_config_from
+  from jaxrlhf.models import model_config_from
   # A from-scratch run's checkpoint: model from override_config, tokenizer in the run's tokenizer/ folder.
   config = get_base_config()
   for key, value in dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -1,0 +1,240 @@
+"""The compiled step of a config, without data or weights: what the trainer runs and `jaxrlhf.aot` compiles.
+
+`build_program(config, mesh, ...)` turns a resolved config and a mesh into the parameter layouts, the
+optimizers, the `PPOStep`, and the train state as abstract arrays (`jax.ShapeDtypeStruct` with their
+shardings and memory kinds). The trainer then loads or initialises real arrays into exactly those
+shardings; the ahead-of-time tool lowers the same jitted step with the abstract state instead. One
+builder for both is what makes the AOT report describe the program the trainer actually runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jaxrlhf.config import ConfigError
+from jaxrlhf.models import Decoder, DecoderConfig, abstract_params, load_hf_config, model_config_from
+from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
+from jaxrlhf.parallel import TRAIN_RULES, batch_sharding, logical_to_shardings, replicated
+from jaxrlhf.parallel.layouts import activation_sharding, generation_rules
+from jaxrlhf.parallel.report import layout_report, per_device_bytes
+from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts
+from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
+
+
+@dataclasses.dataclass
+class ParamLayouts:
+  actor_train: Any
+  actor_generation: Any
+  critic_train: Any
+  generation_rules: tuple
+  reward_train: Any = None
+
+
+@dataclasses.dataclass
+class StepProgram:
+  """Everything static about a config's step on a mesh; `abstract_state` has the trainer's shardings."""
+  config: Any
+  mesh: Mesh
+  model_config: DecoderConfig
+  critic_model_config: DecoderConfig
+  reward_model_config: DecoderConfig | None
+  layouts: ParamLayouts
+  optimizers: dict[str, Any]
+  opt_shardings: dict[str, Any]
+  offload: dict[str, Any]
+  step_fn: PPOStep
+  abstract_state: TrainState
+
+  @property
+  def state_shardings(self) -> TrainState:
+    return jax.tree.map(lambda x: x.sharding, self.abstract_state)
+
+  @property
+  def num_batch_shards(self) -> int:
+    return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+  def jit_step(self):
+    """The fused step, jitted with the state donated (the trainer's `ppo_step`)."""
+    state_shardings, replicated_sharding = self.state_shardings, replicated(self.mesh)
+    return jax.jit(self.step_fn, in_shardings=(state_shardings, None, replicated_sharding),
+                   out_shardings=(state_shardings, replicated_sharding), donate_argnums=0)
+
+  def abstract_batch(self, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """A batch of `rows` prompts as the data path delivers it (`data.batch_arrays`), in the batch layout."""
+    prompt_len = self.config.data.max_prompt_length
+    shapes = {"input_ids": ((rows, prompt_len), jnp.int32), "attention_mask": ((rows, prompt_len), jnp.int32),
+              "sample_index": ((rows,), jnp.int32)}
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, shape))
+            for k, (shape, dtype) in shapes.items()}
+
+  def abstract_rng(self) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated(self.mesh))
+
+  def layout_report(self) -> str:
+    """Mesh, per-layout sharding of each parameter group, per-device bytes (the trainer's start-up report)."""
+    state = self.abstract_state
+    counts = {
+        "actor params": per_device_bytes(state.actor_params),
+        "actor params (generation copy)": per_device_bytes(state.actor_params, self.layouts.actor_generation),
+        "actor optimizer": per_device_bytes(state.actor_opt_state),
+        "KV cache": self.kv_cache_bytes_per_device(),
+    }
+    if state.ref_params is not None:
+      counts["ref params"] = per_device_bytes(state.ref_params)
+    if state.critic_params is not None:
+      counts["critic params"] = per_device_bytes(state.critic_params)
+      counts["critic optimizer"] = per_device_bytes(state.critic_opt_state)
+    return layout_report(self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation},
+                         counts)
+
+  def kv_cache_bytes_per_device(self) -> int:
+    """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout."""
+    data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
+    shape = (data_cfg.train_batch_size * n, data_cfg.max_prompt_length + data_cfg.max_response_length,
+             self.model_config.num_key_value_heads, self.model_config.resolved_head_dim)
+    sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
+    cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.step_fn.rollout_dtype))
+    return 2 * self.model_config.num_hidden_layers * per_device_bytes(cache_leaf, sharding)
+
+
+def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig, DecoderConfig | None]:
+  """(actor, critic, reward model) configs of a resolved config; the critic is the actor's unless its own path."""
+  actor_model = config.actor_rollout_ref.model
+  model_config = model_config_from(actor_model, tokenizer)
+  critic_model_config = model_config
+  if config.critic.model.path and config.critic.model.path != actor_model.path:
+    critic_model_config = model_config_from(config.critic.model, tokenizer)
+  # The reward model reads the actor's token ids: it must share the actor's tokenizer.
+  reward_model_config = load_hf_config(config.reward_model.model.path) if config.reward_model.enable else None
+  return model_config, critic_model_config, reward_model_config
+
+
+def check_micro_batches(config, step_fn: PPOStep, num_batch_shards: int) -> None:
+  """Start-up check: each micro-batch (per device x batch shards) divides its mini-batch."""
+  n = config.actor_rollout_ref.rollout.n
+  if config.actor_rollout_ref.actor.use_dynamic_bsz:
+    return  # micro-batches come from the token budget
+  sections = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor)]
+  if step_fn.use_critic:
+    sections.append(("critic", config.critic))
+  for name, section in sections:
+    try:
+      step_fn.micro_rows(section.ppo_micro_batch_size_per_gpu, section.ppo_mini_batch_size * n,
+                         f"{name}.ppo_micro_batch_size_per_gpu")
+    except ValueError as e:
+      raise ConfigError(f"{e} ({name}.ppo_mini_batch_size={section.ppo_mini_batch_size} prompts x "
+                        f"rollout.n={n}; mesh data*fsdp={num_batch_shards})") from None
+
+
+def param_layouts(config, mesh: Mesh, model_config, critic_model_config, reward_model_config) -> ParamLayouts:
+  shapes, logical = abstract_params(Decoder(model_config, head="lm"))
+  critic_shapes, critic_logical = abstract_params(Decoder(critic_model_config, head="value"))
+  gen_rules = generation_rules(mesh, config.actor_rollout_ref.rollout.tensor_model_parallel_size)
+  reward_train = None
+  if reward_model_config is not None:
+    reward_shapes, reward_logical = abstract_params(Decoder(reward_model_config, head="reward"))
+    reward_train = logical_to_shardings(reward_logical, reward_shapes, mesh, TRAIN_RULES)
+  return ParamLayouts(
+      actor_train=logical_to_shardings(logical, shapes, mesh, TRAIN_RULES),
+      actor_generation=logical_to_shardings(logical, shapes, mesh, gen_rules),
+      critic_train=logical_to_shardings(critic_logical, critic_shapes, mesh, TRAIN_RULES),
+      generation_rules=gen_rules,
+      reward_train=reward_train)
+
+
+def offload_shardings(config, mesh: Mesh, layouts: ParamLayouts, opt_shardings: dict) -> dict:
+  """Device/host sharding pairs for `ref...param_offload` and `actor...optimizer_offload`."""
+  rollout_ref = config.actor_rollout_ref
+  wanted = {"ref": rollout_ref.ref.fsdp_config.param_offload,
+            "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload}
+  if not any(wanted.values()):
+    return {}
+  kinds = {m.kind for m in mesh.devices.flat[0].addressable_memories()}
+  if "pinned_host" not in kinds:
+    logging.warning("offload requested (%s) but %s devices have no 'pinned_host' memory (only %s); "
+                    "keeping everything in device memory", [k for k, v in wanted.items() if v],
+                    mesh.devices.flat[0].platform, sorted(kinds))
+    return {}
+  on = lambda tree, kind: jax.tree.map(lambda s: s.with_memory_kind(kind), tree)
+  out = {}
+  if wanted["ref"]:
+    out["ref_device"] = on(layouts.actor_train, "device")
+  if wanted["actor_opt"]:
+    opt = opt_shardings["actor"]
+    out["actor_opt_device"], out["actor_opt_host"] = on(opt, "device"), on(opt, "pinned_host")
+  return out
+
+
+def _abstract(shapes, shardings):
+  return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                      shapes, shardings)
+
+
+def _abstract_state(program_parts: dict, step_fn: PPOStep, mesh: Mesh) -> TrainState:
+  """The train state's leaves as the trainer creates them (`Trainer._init_state`), without allocating."""
+  layouts, optimizers, opt_shardings, offload = (program_parts[k] for k in
+                                                 ("layouts", "optimizers", "opt_shardings", "offload"))
+  actor_shapes = abstract_params(Decoder(program_parts["model_config"], head="lm"))[0]
+  actor_params = _abstract(actor_shapes, layouts.actor_train)
+  actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, actor_shapes),
+                              offload.get("actor_opt_host", opt_shardings["actor"]))
+  ref_params = None
+  if step_fn.use_reference:
+    ref_shardings = layouts.actor_train
+    if "ref_device" in offload:
+      ref_shardings = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), ref_shardings)
+    ref_params = _abstract(actor_shapes, ref_shardings)
+  critic_params = critic_opt_state = None
+  if step_fn.use_critic:
+    critic_shapes = abstract_params(Decoder(program_parts["critic_model_config"], head="value"))[0]
+    critic_params = _abstract(critic_shapes, layouts.critic_train)
+    critic_opt_state = _abstract(jax.eval_shape(optimizers["critic"].init, critic_shapes), opt_shardings["critic"])
+  reward_params = None
+  if program_parts["reward_model_config"] is not None:
+    reward_shapes = abstract_params(Decoder(program_parts["reward_model_config"], head="reward"))[0]
+    reward_params = _abstract(reward_shapes, layouts.reward_train)
+  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated(mesh))
+  return TrainState(step=scalar(jnp.int32), actor_params=actor_params, actor_opt_state=actor_opt_state,
+                    critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
+                    reward_params=reward_params, kl_coef=scalar(jnp.float32), lr_scale=scalar(jnp.float32))
+
+
+def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_model_config: DecoderConfig,
+                  reward_model_config: DecoderConfig | None, reward_fn: Callable, eos_token_ids, pad_token_id: int,
+                  total_steps: int) -> StepProgram:
+  """The step of a resolved `config` on `mesh` (see the module docstring)."""
+  actor_cfg = config.actor_rollout_ref.actor
+  optimizers = {"actor": make_optimizer(actor_cfg.optim, actor_cfg.grad_clip),
+                "critic": make_optimizer(config.critic.optim, config.critic.grad_clip)}
+  schedules = {"actor": make_lr_schedule(actor_cfg.optim, total_steps),
+               "critic": make_lr_schedule(config.critic.optim, total_steps)}
+  layouts = param_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
+  opt_shardings = {"actor": opt_state_shardings(optimizers["actor"], layouts.actor_train, replicated(mesh)),
+                   "critic": opt_state_shardings(optimizers["critic"], layouts.critic_train, replicated(mesh))}
+  offload = offload_shardings(config, mesh, layouts, opt_shardings)
+  gen_rules = layouts.generation_rules
+  step_layouts = StepLayouts(
+      **offload,
+      actor_generation=layouts.actor_generation,
+      batch=lambda shape: batch_sharding(mesh, shape),
+      generation_batch=lambda shape: batch_sharding(mesh, shape, dict(gen_rules)["batch"]),
+      cache=lambda shape: activation_sharding(mesh, CACHE_LOGICAL_AXES, shape, gen_rules))
+  num_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  step_fn = PPOStep(config, model_config, reward_fn, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                    lr_schedules=schedules, optimizers=optimizers, layouts=step_layouts,
+                    num_batch_shards=num_batch_shards,
+                    kl_warmup_steps=int(config.trainer.guard.kl_warmup_steps_ratio * total_steps),
+                    critic_model_config=critic_model_config, reward_model_config=reward_model_config)
+  check_micro_batches(config, step_fn, num_batch_shards)
+  parts = dict(layouts=layouts, optimizers=optimizers, opt_shardings=opt_shardings, offload=offload,
+               model_config=model_config, critic_model_config=critic_model_config,
+               reward_model_config=reward_model_config)
+  return StepProgram(config=config, mesh=mesh, step_fn=step_fn,
+                     abstract_state=_abstract_state(parts, step_fn, mesh), **parts)
