@@ -89,13 +89,19 @@ def forward_flops(config, tokens: float, keys: float, head: str | None) -> float
 
 
 def generation_flops(config, rows: int, prompt_len: int, segment_cache_lengths: list[tuple[int, int]]) -> float:
-  """Prefill of every prompt token but the last, then every decode step of every segment run to its end.
+  """Prefill of every prompt token but the last (its cache), then every decode step of every segment.
 
   `segment_cache_lengths`: (decode steps, cache columns) per segment of the decode loop. An early exit
   (every row finished) does less; this is the work of a rollout that uses the whole response budget.
   """
   first_cache = segment_cache_lengths[0][1]
-  total = forward_flops(config, rows * (prompt_len - 1), first_cache, None) if prompt_len > 1 else 0.0
+  total = 0.0
+  if prompt_len > 1:
+    # Only the cache is kept: the last layer's query, attention, output projection and MLP are dead code.
+    prefill_tokens = rows * (prompt_len - 1)
+    total = forward_flops(config, prefill_tokens, first_cache, None) * (config.num_hidden_layers - 1) / max(
+        config.num_hidden_layers, 1)
+    total += prefill_tokens * 2.0 * config.hidden_size * 2 * config.num_key_value_heads * config.resolved_head_dim
   for steps, cache_columns in segment_cache_lengths:
     total += forward_flops(config, rows * steps, cache_columns, "lm")
   return total

@@ -1,0 +1,162 @@
+"""`jaxrlhf.aot`: the trainer's step compiled for NVIDIA and TPU targets on this CPU, its memory and FLOPs.
+
+The compiles run in a subprocess each (the CLI, as a user runs it): a target's compiler needs
+`JAX_PLATFORMS=cpu` and libtpu's environment set before JAX starts, and this test process already
+runs 8 simulated CPU devices.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jaxrlhf.aot.targets import TargetError, parse_target
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A model whose state dominates the step's memory: 8 layers of width 512, vocabulary 8192, 8 prompts
+# of 8 + 8 tokens; GRPO with a KL loss (actor, Adam moments, reference; no critic), split 8 ways.
+STATE_HEAVY = """
+from jaxrlhf.config import get_base_config
+
+def get_config():
+  c = get_base_config()
+  o = c.actor_rollout_ref.model.override_config
+  (o.vocab_size, o.hidden_size, o.intermediate_size, o.num_hidden_layers, o.num_attention_heads,
+   o.num_key_value_heads) = 8192, 512, 2048, 8, 8, 8
+  c.data.train_batch_size, c.data.max_prompt_length, c.data.max_response_length = 8, 8, 8
+  c.actor_rollout_ref.actor.ppo_mini_batch_size = 8
+  c.actor_rollout_ref.actor.use_kl_loss = True
+  c.algorithm.adv_estimator = "grpo"
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 8
+  return c
+"""
+
+# Matmul-bound and loop-free where it can be: one epoch, one mini-batch, one micro-batch, so every
+# update loop has one iteration and XLA's FLOP count (which counts a loop body once) sees all the work.
+FLOPS_PROBE = """
+from jaxrlhf.config import get_base_config
+
+def get_config():
+  c = get_base_config()
+  o = c.actor_rollout_ref.model.override_config
+  (o.vocab_size, o.hidden_size, o.intermediate_size, o.num_hidden_layers, o.num_attention_heads,
+   o.num_key_value_heads) = 512, 256, 1024, 2, 4, 2
+  c.data.train_batch_size, c.data.max_prompt_length, c.data.max_response_length = 4, 32, 32
+  c.actor_rollout_ref.actor.ppo_mini_batch_size = 4
+  c.actor_rollout_ref.actor.use_kl_loss = True
+  c.algorithm.adv_estimator = "gae"
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
+  return c
+"""
+
+# Cannot fit anywhere small: 64 prompts x 1024 response tokens x a 65536-token vocabulary of fp32 logits.
+TOO_BIG = """
+from jaxrlhf.config import get_base_config
+
+def get_config():
+  c = get_base_config()
+  o = c.actor_rollout_ref.model.override_config
+  (o.vocab_size, o.hidden_size, o.intermediate_size, o.num_hidden_layers, o.num_attention_heads,
+   o.num_key_value_heads) = 65536, 64, 128, 1, 2, 2
+  c.data.train_batch_size, c.data.max_prompt_length, c.data.max_response_length = 64, 16, 4096
+  c.actor_rollout_ref.actor.ppo_mini_batch_size = 64
+  c.algorithm.adv_estimator = "grpo"
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+  return c
+"""
+
+
+def run_aot(tmp_path, config_text: str, *args):
+  config_path = tmp_path / "config.py"
+  config_path.write_text(textwrap.dedent(config_text))
+  json_path = tmp_path / "report.json"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the target's devices, not 8 CPUs
+  result = subprocess.run([sys.executable, "-m", "jaxrlhf.aot", "--config", str(config_path), "--json",
+                           str(json_path), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  report = json.loads(json_path.read_text()) if json_path.exists() else None
+  return result, report
+
+
+def test_target_names():
+  assert parse_target("h100x8").topology == "1x1x8"
+  assert parse_target("h200:8x8").num_devices == 64
+  assert parse_target("v5e-8").topology == "v5e:2x4"
+  assert parse_target("v5e-256").topology == "v5e:16x16"
+  assert parse_target("v5p-64").topology == "v5p:2x4x4"  # 64 TensorCores = 32 chips
+  assert parse_target("v4-8").num_devices == 4
+  with pytest.raises(TargetError, match="h100x8"):
+    parse_target("a100x8")
+  with pytest.raises(TargetError, match="two per chip"):
+    parse_target("v5p-7")
+
+
+def _hand_count(report) -> int:
+  """Per device: actor params, Adam's two moments and the reference (the train state, split 8 ways over
+  tensor), plus the update's two gradient buffers (the accumulated and the micro-batch's)."""
+  params = (8192 * 512 * 2 + 8 * (4 * 512 * 512 + 3 * 512 * 2048)) * 4 // 8  # split over tensor=8
+  norms = (8 * 2 + 1) * 512 * 4  # RMSNorm weights: replicated
+  state = 4 * (params + norms) + 8  # params, mu, nu, reference; Adam's step count
+  assert abs(report["state_bytes_per_device"] - state) / state < 0.01
+  return state + 2 * (params + norms)
+
+
+@pytest.mark.parametrize("target", ["h100x8", "v5e-8"])
+def test_compiles_for_target_and_memory_matches_hand_count(tmp_path, target):
+  result, report = run_aot(tmp_path, STATE_HEAVY, "--target", target)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert report["target"]["devices"] == 8 and report["fits"]
+  (step,) = report["programs"]
+  assert step["name"] == "step" and step["compile_seconds"] > 0
+  # The donated state comes back in place: arguments = the state, aliased = nearly all of the outputs.
+  assert abs(step["argument_bytes"] - report["state_bytes_per_device"]) < 0.01 * step["argument_bytes"]
+  assert step["alias_bytes"] > 0.95 * report["state_bytes_per_device"]
+  hand = _hand_count(report)
+  assert abs(step["total_bytes"] - hand) / hand < 0.10, (step, hand)
+  assert "fits: yes" in result.stdout and "mesh {'data': 1, 'fsdp': 1, 'tensor': 8}" in result.stdout
+
+
+def test_phases_report_every_phase_and_flops_match_xla(tmp_path):
+  result, report = run_aot(tmp_path, FLOPS_PROBE, "--target", "h100x1", "--phases")
+  assert result.returncode == 0, result.stdout + result.stderr
+  programs = {p["name"]: p for p in report["programs"]}
+  assert list(programs) == ["gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic",
+                            "update_actor"]
+  assert report["mode"] == "phased"
+  analytic = report["analytic_flops"]
+  for phase in ("old_log_prob", "ref", "values", "update_critic", "update_actor"):
+    xla = programs[phase]["xla_flops"]
+    assert abs(xla - analytic[phase]) / analytic[phase] < 0.05, (phase, xla, analytic[phase])
+  # The decode loop's body is in XLA's count once: prefill + one decode step.
+  from jaxrlhf.models import DecoderConfig
+  from jaxrlhf.rollout.sampler import cache_length
+  from jaxrlhf.trainer.flops import generation_flops
+  model = DecoderConfig(vocab_size=512, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2)
+  one_step = generation_flops(model, 4, 32, [(1, cache_length(32, 32, 32))])
+  assert abs(programs["gen"]["xla_flops"] - one_step) / one_step < 0.05
+  every_step = generation_flops(model, 4, 32, [(32, cache_length(32, 32, 32))])
+  assert analytic["gen"] == pytest.approx(every_step)  # the analytic count runs all 32 decode steps
+  assert analytic["gen"] > 2.5 * one_step
+
+
+def test_config_that_cannot_fit_exits_1_naming_the_largest_buffer(tmp_path):
+  result, report = run_aot(tmp_path, TOO_BIG, "--target", "h100x8")
+  assert result.returncode == 1, result.stdout + result.stderr
+  assert not report["fits"] and report["peak_bytes_per_device"] > report["target"]["device_memory_bytes"]
+  assert "fits: NO" in result.stdout and "largest buffers" in result.stdout
+  (step,) = report["programs"]
+  size, shape = step["largest_buffers"][0]["bytes"], step["largest_buffers"][0]["shape"]
+  assert size > 4 * 1024**3 and "65536" in shape, step["largest_buffers"][:3]  # the logits
+  assert shape in result.stdout
+
+
+def test_model_path_without_config_json_names_the_key(tmp_path):
+  result, _ = run_aot(tmp_path, STATE_HEAVY, "--target", "h100x8",
+                      f"--config.actor_rollout_ref.model.path={tmp_path}")
+  assert result.returncode != 0
+  assert "actor_rollout_ref.model.path" in result.stderr and "config.json" in result.stderr
+  assert "Traceback" not in result.stderr
