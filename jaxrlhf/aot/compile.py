@@ -148,7 +148,8 @@ def build_abstract_program(config, devices) -> StepProgram:
 
 def _device_bytes(tree) -> int:
   """Per-device bytes of the leaves held in device memory (offloaded, pinned-host leaves excluded)."""
-  leaves = [x for x in jax.tree.leaves(tree) if getattr(x.sharding, "memory_kind", None) != "pinned_host"]
+  leaves = [x for x in jax.tree.leaves(tree) if getattr(x.sharding, "memory_kind", None) != "pinned_host"
+            and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]  # a PRNG key: a few bytes
   return per_device_bytes(leaves)
 
 
@@ -173,6 +174,25 @@ def _largest_buffers(hlo_text: str, count: int = 8) -> list[tuple[int, str, str]
   return sorted(found, reverse=True)[:count]
 
 
+_TENSOR_RE = re.compile(r"tensor<((?:\d+x)+)(\w+)>")
+_STABLEHLO_OP_RE = re.compile(r"= \"?([a-z_]+\.[a-z_]+)")
+
+
+def _largest_lowered_arrays(stablehlo_text: str, count: int = 8) -> list[tuple[int, str, str]]:
+  """The largest arrays of a program before partitioning (global shapes): for one the compiler refused."""
+  found = {}
+  for line in stablehlo_text.splitlines():
+    op = _STABLEHLO_OP_RE.search(line)
+    for dims, dtype in _TENSOR_RE.findall(line):
+      if dtype not in _ITEMSIZE:
+        continue
+      shape = tuple(int(d) for d in dims.rstrip("x").split("x"))
+      label = f"{op.group(1) if op else 'value'} (global shape)"
+      found[(shape, dtype)] = (int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype],
+                               f"{dtype}[{','.join(map(str, shape))}]", label)
+  return sorted(found.values(), reverse=True)[:count]
+
+
 def _xla_flops(compiled) -> float | None:
   """XLA's FLOP count of a compiled program (loop bodies are counted once, not per iteration)."""
   try:
@@ -192,7 +212,10 @@ def _xla_flops(compiled) -> float | None:
   return float(flops) if flops is not None else None
 
 
+# XLA's TPU refusals: "Used 25.3G of 15.75G hbm" (everything), or "the total memory required for HLO
+# temporaries (145.15G) exceeds available HBM" (temporaries only: the arguments come on top).
 _HBM_USED_RE = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
+_HBM_TEMPORARIES_RE = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\)")
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -207,10 +230,14 @@ def compile_program(name: str, jitted, args, resident_bytes: int = 0) -> tuple[P
     if "RESOURCE_EXHAUSTED" not in message and "hbm" not in message.lower():
       raise
     report = ProgramReport(name, time.perf_counter() - start, resident_bytes=resident_bytes,
-                           compile_error=message.strip())
-    used = _HBM_USED_RE.search(message)
+                           compile_error=message.strip(), largest_buffers=_largest_lowered_arrays(lowered.as_text()))
+    used, temporaries = _HBM_USED_RE.search(message), _HBM_TEMPORARIES_RE.search(message)
     if used:
       report.compiler_used_bytes = int(float(used.group(1)) * _UNITS[used.group(2)])
+    elif temporaries:
+      report.argument_bytes = _device_bytes(args)
+      report.temp_bytes = int(float(temporaries.group(1)) * _UNITS[temporaries.group(2)])
+      report.compiler_used_bytes = report.argument_bytes + report.temp_bytes
     return report, None
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
@@ -316,8 +343,10 @@ def format_report(report: AotReport) -> str:
   for p in report.programs:
     share = f"{100 * p.total_bytes / target.memory_bytes:.0f}%"
     if p.compile_error is not None:
-      rows.append((p.name, f"{p.compile_seconds:.1f}", "-", "-", "-", "-", "-", _size(p.resident_bytes),
-                   _size(p.total_bytes) if p.compiler_used_bytes else "over", share))
+      known = p.compiler_used_bytes is not None
+      rows.append((p.name, f"{p.compile_seconds:.1f}", _size(p.argument_bytes) if p.argument_bytes else "-", "-",
+                   _size(p.temp_bytes) if p.temp_bytes else "-", "-", "-", _size(p.resident_bytes),
+                   _size(p.total_bytes) if known else "over", share if known else "over"))
       continue
     rows.append((p.name, f"{p.compile_seconds:.1f}", _size(p.argument_bytes), _size(p.output_bytes),
                  _size(p.temp_bytes), _size(p.alias_bytes), _size(p.code_bytes), _size(p.resident_bytes),
@@ -334,15 +363,18 @@ def format_report(report: AotReport) -> str:
     lines.append(f"fits: yes, peak {_gib(report.peak_bytes)} GiB of {_gib(target.memory_bytes)} GiB per device, "
                  f"headroom {_gib(headroom)} GiB ({100 * headroom / target.memory_bytes:.0f}%)")
   else:
-    worst = report.peak_program
-    lines.append(f"fits: NO, {worst.name} needs {_gib(report.peak_bytes)} GiB per device of "
-                 f"{_gib(target.memory_bytes)} GiB (over by {_gib(-headroom)} GiB)")
+    refused = [p for p in report.programs if p.compile_error is not None]
+    worst = refused[0] if refused else report.peak_program
+    needs = (f"{_gib(worst.total_bytes)} GiB" if worst.compile_error is None or worst.compiler_used_bytes
+             else "more than its memory")
+    lines.append(f"fits: NO, {worst.name} needs {needs} per device of {_gib(target.memory_bytes)} GiB")
     if worst.compile_error:
       lines.append("  the compiler refused it:")
       lines.extend("    " + line for line in worst.compile_error.splitlines()[:40])
+      lines.append(f"  largest buffers of {worst.name} (whole arrays, before they are split over devices):")
     else:
       lines.append(f"  largest buffers of {worst.name} (per device):")
-      lines.extend(f"    {_size(size):>10}  {shape}  {op}" for size, shape, op in worst.largest_buffers)
+    lines.extend(f"    {_size(size):>10}  {shape}  {op}" for size, shape, op in worst.largest_buffers)
   total_flops = sum(report.analytic_flops.values())
   lines.append("FLOPs per step (analytic, padded lengths, dense attention; all devices): "
                + ", ".join(f"{k} {v:.3g}" for k, v in report.analytic_flops.items()) + f"; total {total_flops:.3g}")
