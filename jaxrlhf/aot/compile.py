@@ -34,8 +34,8 @@ from jaxrlhf.trainer.phased import PhasedStep
 from jaxrlhf.trainer.program import StepProgram, build_program, model_configs
 from jaxrlhf.trainer.state import TrainState
 
-_BUFFER_RE = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w\-]+)\(.*?"
-                        r"(?:op_name=\"([^\"]*)\")?")
+_BUFFER_RE = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w\-]+)\(")
+_OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
 _ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "s64": 8,
              "f64": 8, "u64": 8, "s16": 2, "u16": 2, "f8e4m3fn": 1, "f8e5m2": 1}
 
@@ -162,7 +162,11 @@ def _largest_buffers(hlo_text: str, count: int = 8) -> list[tuple[int, str, str]
     match = _BUFFER_RE.match(line)
     if not match or match.group(1) not in _ITEMSIZE:
       continue
-    dtype, dims, opcode, op_name = match.groups()
+    dtype, dims, opcode = match.groups()
+    op_name = _OP_NAME_RE.search(line)
+    op_name = op_name.group(1) if op_name else None
+    if op_name:  # jit(f)/while/body/closed_call/.../lm_head/dot_general -> .../lm_head/dot_general
+      op_name = re.sub(r"^jit\([^)]*\)/|while/body/|closed_call/", "", op_name)
     shape = tuple(int(d) for d in dims.split(",") if d)
     size = int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype]
     label = op_name or opcode

@@ -1,7 +1,10 @@
 """The recipe configs in configs/: each builds and validates; the GSM8K recipes run two steps on tiny
 local fixtures (a random Qwen2 checkpoint, parquet from examples/data_preprocess/gsm8k.py); the
-quickstart GRPO and DAPO variants learn the built-in task (slow)."""
+architecture files in configs/models/ load at their published sizes and the big-model recipes' layouts
+fit their targets (shapes only, nothing allocated); the quickstart GRPO and DAPO variants learn the
+built-in task (slow)."""
 
+import functools
 import importlib.util
 import json
 import math
@@ -11,15 +14,40 @@ import sys
 
 import jax
 import pytest
+from jax.sharding import AbstractMesh
 
 from jaxrlhf.config import resolve_config
 from jaxrlhf.data.builtin import build_tokenizer
+from jaxrlhf.models import Decoder, abstract_params, config_from_hf_dict, hf_config_dict, load_hf_config
+from jaxrlhf.parallel import MESH_AXES, TRAIN_RULES
+from jaxrlhf.parallel.layouts import generation_rules, logical_to_shardings
+from jaxrlhf.parallel.mesh import resolve_mesh_shape
 from jaxrlhf.trainer import Trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GSM8K_RECIPES = ("ppo_gsm8k_qwen2_5_0_5b", "grpo_gsm8k_qwen2_5_0_5b", "dapo_gsm8k_qwen2_5_1_5b")
 QUICKSTARTS = ("quickstart", "quickstart_grpo", "quickstart_dapo")
+# Recipe: (its architecture file in configs/models/, the GSM8K recipe it keeps the algorithm of,
+# ((aot target, devices), ...)).
+BIG_RECIPES = {
+    "ppo_gsm8k_qwen2_5_1_5b": ("qwen2.5-1.5b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+    "ppo_gsm8k_qwen2_5_7b": ("qwen2.5-7b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+    "ppo_gsm8k_llama3_1_8b": ("llama-3.1-8b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("v5p-64", 32), ("h100x8", 8))),
+    "grpo_gsm8k_qwen2_5_7b": ("qwen2.5-7b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+    "grpo_gsm8k_qwen2_5_32b": ("qwen2.5-32b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100:4x8", 32),)),
+    "grpo_gsm8k_qwen2_5_72b": ("qwen2.5-72b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
+    "grpo_gsm8k_llama3_1_70b": ("llama-3.1-70b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100:8x8", 64),)),
+}
+# What a big recipe may change from its 0.5B parent: model, layout, micro-batch size, run name.
+BIG_RECIPE_CHANGES = ("actor_rollout_ref.model.path", "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "trainer.experiment_name", "mesh.data",
+                      "mesh.fsdp", "mesh.tensor")
+# Published sizes (the Hub model cards), in parameters.
+PUBLIC_SIZES = {"qwen2.5-0.5b-instruct": 0.49e9, "qwen2.5-1.5b-instruct": 1.54e9, "qwen2.5-7b-instruct": 7.61e9,
+                "qwen2.5-32b-instruct": 32.8e9, "qwen2.5-72b-instruct": 72.7e9, "llama-3.1-8b-instruct": 8.03e9,
+                "llama-3.1-70b-instruct": 70.6e9}
 RECALL_VAL_KEY = "val-core/jaxrlhf/recall/reward/mean@1"
 
 
@@ -32,7 +60,7 @@ def load_config(name):
 
 # ----- every recipe builds and validates ------------------------------------------------------------
 
-@pytest.mark.parametrize("name", GSM8K_RECIPES + QUICKSTARTS)
+@pytest.mark.parametrize("name", GSM8K_RECIPES + tuple(BIG_RECIPES) + QUICKSTARTS)
 def test_recipe_builds_validates_and_documents_its_command(name):
   module, config = load_config(name)
   resolved = resolve_config(config)
@@ -68,6 +96,86 @@ def test_gsm8k_recipes_carry_the_gpu_settings(name):
     assert overlong.enable and (overlong.len, overlong.penalty_factor) == (512, 1.0)
     assert config.data.gen_batch_size > config.data.train_batch_size
     assert not actor.use_kl_loss and not algorithm.use_kl_in_reward and actor.entropy_coeff == 0.0
+
+
+def test_recipes_name_their_runs_distinctly():
+  names = [load_config(name)[1].trainer.experiment_name for name in GSM8K_RECIPES + tuple(BIG_RECIPES)]
+  assert len(set(names)) == len(names), names
+
+
+# ----- architecture files and the big-model recipes (shapes only) ----------------------------------
+
+@functools.lru_cache
+def model_shapes(model, head):
+  """(config, param shapes, logical axes) of configs/models/<model> with `head`; eval_shape, no memory."""
+  config = load_hf_config(os.path.join(ROOT, "configs", "models", model))
+  return (config,) + abstract_params(Decoder(config, head=head))
+
+
+def test_every_architecture_file_has_a_published_size():
+  folders = sorted(f for f in os.listdir(os.path.join(ROOT, "configs", "models"))
+                   if os.path.isdir(os.path.join(ROOT, "configs", "models", f)))
+  assert folders == sorted(PUBLIC_SIZES)
+
+
+@pytest.mark.parametrize("model", sorted(PUBLIC_SIZES))
+def test_architecture_file_loads_at_its_published_size(model):
+  config, shapes, _ = model_shapes(model, "lm")
+  count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+  assert abs(count / PUBLIC_SIZES[model] - 1) < 0.03, (model, count)
+  assert config_from_hf_dict(hf_config_dict(config)) == config  # our export reads back the same model
+
+
+@pytest.mark.parametrize("name", sorted(BIG_RECIPES))
+def test_big_recipe_documents_its_ahead_of_time_check(name):
+  module, config = load_config(name)
+  model, _, targets = BIG_RECIPES[name]
+  assert f"python -m jaxrlhf.aot --config configs/{name}.py" in module.__doc__
+  assert f"--config.actor_rollout_ref.model.path=configs/models/{model} " in module.__doc__
+  for target, _ in targets:
+    assert f"--target {target}\n" in module.__doc__, target
+  # The default path is the Hub download of the same model: ~/models/Qwen2.5-7B-Instruct <-> qwen2.5-7b-instruct.
+  path = config.actor_rollout_ref.model.path
+  assert path == os.path.expanduser(os.path.join("~", "models", os.path.basename(path)))
+  assert os.path.basename(path).lower() == model
+  assert f"--local-dir ~/models/{os.path.basename(path)}" in module.__doc__
+
+
+@pytest.mark.parametrize("name", sorted(BIG_RECIPES))
+def test_big_recipe_keeps_its_parents_algorithm(name):
+  """Only the model, the layout, micro-batch sizes and the run name differ from the 0.5B recipe."""
+  _, parent = BIG_RECIPES[name][:2]
+  mine, theirs = _resolved_leaves(name), _resolved_leaves(parent)
+  changed = sorted(key for key in mine if mine[key] != theirs[key])
+  assert set(changed) <= set(BIG_RECIPE_CHANGES), changed
+
+
+def _resolved_leaves(name):
+  """{dotted key: value} of a recipe's resolved config."""
+  def leaves(tree, prefix):
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        yield from leaves(value, f"{prefix}{key}.")
+      else:
+        yield f"{prefix}{key}", value
+  return dict(leaves(resolve_config(load_config(name)[1]).to_dict(), ""))
+
+
+@pytest.mark.parametrize("name", sorted(BIG_RECIPES))
+def test_big_recipe_layout_fits_its_targets(name):
+  """Every parameter divides by its mesh axes, in the train and the generation layout, on each target."""
+  config = resolve_config(load_config(name)[1])
+  model, _, targets = BIG_RECIPES[name]
+  heads = ("lm", "value") if config.critic.enable else ("lm",)
+  for _, devices in targets:
+    shape = resolve_mesh_shape((config.mesh.data, config.mesh.fsdp, config.mesh.tensor), devices)
+    mesh = AbstractMesh(shape, MESH_AXES)
+    rules = generation_rules(mesh, config.actor_rollout_ref.rollout.tensor_model_parallel_size)
+    for head in heads:
+      _, shapes, logical = model_shapes(model, head)
+      logical_to_shardings(logical, shapes, mesh, TRAIN_RULES)
+      if head == "lm":
+        logical_to_shardings(logical, shapes, mesh, rules)
 
 
 # ----- two steps of each GSM8K recipe on tiny fixtures ---------------------------------------------
