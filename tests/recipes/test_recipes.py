@@ -37,7 +37,7 @@ BIG_RECIPES = {
     "grpo_gsm8k_qwen2_5_7b": ("qwen2.5-7b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
     "grpo_gsm8k_qwen2_5_32b": ("qwen2.5-32b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100:4x8", 32),)),
     "grpo_gsm8k_qwen2_5_72b": ("qwen2.5-72b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
-    "grpo_gsm8k_llama3_1_70b": ("llama-3.1-70b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100:8x8", 64),)),
+    "grpo_gsm8k_llama3_1_70b": ("llama-3.1-70b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
 }
 # What a big recipe may change from its 0.5B parent: model, layout, micro-batch size, run name.
 BIG_RECIPE_CHANGES = ("actor_rollout_ref.model.path", "actor_rollout_ref.rollout.tensor_model_parallel_size",
