@@ -82,6 +82,7 @@ class AotReport:
   programs: list[ProgramReport]
   analytic_flops: dict[str, float]  # by phase
   state_bytes: int  # the train state per device (device memory)
+  notes: list[str] = dataclasses.field(default_factory=list)  # what the numbers do not model
 
   @property
   def peak_bytes(self) -> int:
@@ -104,7 +105,7 @@ class AotReport:
             "headroom_bytes": target.memory_bytes - self.peak_bytes, "state_bytes_per_device": self.state_bytes,
             "programs": [p.to_json() for p in self.programs],
             "analytic_flops": dict(self.analytic_flops, total=sum(self.analytic_flops.values())),
-            "compile_seconds": sum(p.compile_seconds for p in self.programs)}
+            "compile_seconds": sum(p.compile_seconds for p in self.programs), "notes": self.notes}
 
 
 # ----- the program, abstract --------------------------------------------------------------------
@@ -321,9 +322,15 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
       run("train", phased.train_on_rollout, state, rollout, scored, rng)
   flops = step_phase_flops(program.step_fn, batch_size=train_rows, prompt_len=config.data.max_prompt_length,
                            response_len=config.data.max_response_length)
+  notes = []
+  offload = config.actor_rollout_ref.ref.fsdp_config.param_offload or \
+      config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
+  if offload and not program.offload:
+    notes.append(f"offload requested, but {target.platform} targets compiled here expose no host memory: "
+                 "the offloaded state is counted in device memory (an upper bound)")
   num_hosts = len({d.process_index for d in devices})
   return AotReport(target, num_hosts, "phased" if phases else "fused", program.layout_report(), reports, flops,
-                   _device_bytes(program.abstract_state))
+                   _device_bytes(program.abstract_state), notes)
 
 
 # ----- the report -------------------------------------------------------------------------------
@@ -387,6 +394,7 @@ def format_report(report: AotReport) -> str:
     lines.append("  XLA's count per device (loop bodies counted once): "
                  + ", ".join(f"{name} {flops:.3g}" for name, flops in xla))
   lines.append(f"compile time: {sum(p.compile_seconds for p in report.programs):.1f} s")
+  lines.extend(f"note: {note}" for note in report.notes)
   return "\n".join(lines)
 
 

@@ -17,57 +17,35 @@ from jaxrlhf.aot.targets import TargetError, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+def config_text(sizes, lengths, estimator: str, mesh, kl_loss: bool = True) -> str:
+  """A config file: model (vocab, hidden, mlp, layers, heads, kv heads), (prompts, prompt len, response
+  len) with one mini-batch, the advantage estimator and the mesh (data, fsdp, tensor)."""
+  return f"""
+from jaxrlhf.config import get_base_config
+
+def get_config():
+  c = get_base_config()
+  o = c.actor_rollout_ref.model.override_config
+  (o.vocab_size, o.hidden_size, o.intermediate_size, o.num_hidden_layers, o.num_attention_heads,
+   o.num_key_value_heads) = {tuple(sizes)}
+  c.data.train_batch_size, c.data.max_prompt_length, c.data.max_response_length = {tuple(lengths)}
+  c.actor_rollout_ref.actor.ppo_mini_batch_size = {lengths[0]}
+  c.actor_rollout_ref.actor.use_kl_loss = {kl_loss}
+  c.algorithm.adv_estimator = {estimator!r}
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = {tuple(mesh)}
+  return c
+"""
+
+
 # A model whose state dominates the step's memory: 8 layers of width 512, vocabulary 8192, 8 prompts
 # of 8 + 8 tokens; GRPO with a KL loss (actor, Adam moments, reference; no critic), split 8 ways.
-STATE_HEAVY = """
-from jaxrlhf.config import get_base_config
-
-def get_config():
-  c = get_base_config()
-  o = c.actor_rollout_ref.model.override_config
-  (o.vocab_size, o.hidden_size, o.intermediate_size, o.num_hidden_layers, o.num_attention_heads,
-   o.num_key_value_heads) = 8192, 512, 2048, 8, 8, 8
-  c.data.train_batch_size, c.data.max_prompt_length, c.data.max_response_length = 8, 8, 8
-  c.actor_rollout_ref.actor.ppo_mini_batch_size = 8
-  c.actor_rollout_ref.actor.use_kl_loss = True
-  c.algorithm.adv_estimator = "grpo"
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 8
-  return c
-"""
-
+STATE_HEAVY = config_text((8192, 512, 2048, 8, 8, 8), (8, 8, 8), "grpo", (1, 1, 8))
 # Matmul-bound and loop-free where it can be: one epoch, one mini-batch, one micro-batch, so every
 # update loop has one iteration and XLA's FLOP count (which counts a loop body once) sees all the work.
-FLOPS_PROBE = """
-from jaxrlhf.config import get_base_config
-
-def get_config():
-  c = get_base_config()
-  o = c.actor_rollout_ref.model.override_config
-  (o.vocab_size, o.hidden_size, o.intermediate_size, o.num_hidden_layers, o.num_attention_heads,
-   o.num_key_value_heads) = 512, 256, 1024, 2, 4, 2
-  c.data.train_batch_size, c.data.max_prompt_length, c.data.max_response_length = 4, 32, 32
-  c.actor_rollout_ref.actor.ppo_mini_batch_size = 4
-  c.actor_rollout_ref.actor.use_kl_loss = True
-  c.algorithm.adv_estimator = "gae"
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
-  return c
-"""
-
-# Cannot fit on one GPU's or TPU's memory: 128 prompts x 4096 response tokens x a 65536-token vocabulary of fp32 logits.
-TOO_BIG = """
-from jaxrlhf.config import get_base_config
-
-def get_config():
-  c = get_base_config()
-  o = c.actor_rollout_ref.model.override_config
-  (o.vocab_size, o.hidden_size, o.intermediate_size, o.num_hidden_layers, o.num_attention_heads,
-   o.num_key_value_heads) = 65536, 64, 128, 1, 2, 2
-  c.data.train_batch_size, c.data.max_prompt_length, c.data.max_response_length = 128, 16, 4096
-  c.actor_rollout_ref.actor.ppo_mini_batch_size = 128
-  c.algorithm.adv_estimator = "grpo"
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
-  return c
-"""
+FLOPS_PROBE = config_text((512, 256, 1024, 2, 4, 2), (4, 32, 32), "gae", (1, 1, 1))
+# Cannot fit on one GPU's or TPU's memory: 128 prompts x 4096 response tokens x a 65536-token
+# vocabulary of fp32 logits.
+TOO_BIG = config_text((65536, 64, 128, 1, 2, 2), (128, 16, 4096), "grpo", (1, -1, 1), kl_loss=False)
 
 
 def run_aot(tmp_path, config_text: str, *args):
