@@ -389,6 +389,8 @@ def format_report(report: AotReport) -> str:
   total_flops = sum(report.analytic_flops.values())
   lines.append("FLOPs per step (analytic, padded lengths, dense attention; all devices): "
                + ", ".join(f"{k} {v:.3g}" for k, v in report.analytic_flops.items()) + f"; total {total_flops:.3g}")
+  lines.append(f"  at the devices' peak ({target.peak_bf16_flops:.3g} bf16 FLOP/s each) that is "
+               f"{total_flops / (target.num_devices * target.peak_bf16_flops):.2f} s per step: a lower bound")
   xla = [(p.name, p.xla_flops) for p in report.programs if p.xla_flops is not None]
   if xla:
     lines.append("  XLA's count per device (loop bodies counted once): "
