@@ -9,8 +9,9 @@ compiled program), exactly as `PhasedStep` chains them.
 
 Memory per device of one program = arguments + outputs - aliased (donated inputs reused as outputs)
 + temporaries + generated code. A phase runs while the rest of the train state stays resident, so a
-phase's peak adds the state it was not given. The rule reward is a host callback compiled into the
-program; here its host side is never run.
+phase's peak adds the state it was not given. The rule reward, a host callback in the trainer, is
+replaced by a device function of the same shapes (`_rule_reward_on_device`): a host callback cannot be
+lowered without the target's runtime.
 """
 
 from __future__ import annotations
@@ -390,7 +391,7 @@ def format_report(report: AotReport) -> str:
   lines.append("FLOPs per step (analytic, padded lengths, dense attention; all devices): "
                + ", ".join(f"{k} {v:.3g}" for k, v in report.analytic_flops.items()) + f"; total {total_flops:.3g}")
   lines.append(f"  at the devices' peak ({target.peak_bf16_flops:.3g} bf16 FLOP/s each) that is "
-               f"{total_flops / (target.num_devices * target.peak_bf16_flops):.2f} s per step: a lower bound")
+               f"{total_flops / (target.num_devices * target.peak_bf16_flops):.3g} s per step: a lower bound")
   xla = [(p.name, p.xla_flops) for p in report.programs if p.xla_flops is not None]
   if xla:
     lines.append("  XLA's count per device (loop bodies counted once): "

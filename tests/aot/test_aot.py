@@ -139,3 +139,13 @@ def test_model_path_without_config_json_names_the_key(tmp_path):
   assert result.returncode != 0
   assert "actor_rollout_ref.model.path" in result.stderr and "config.json" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_dynamic_sampling_compiles_generation_and_training_apart(tmp_path):
+  """DAPO's rounds leave the program between reward and training: gen + reward, then the rest in one."""
+  config = 'from jaxrlhf.config import load_config_file\n\ndef get_config():\n' \
+           f'  return load_config_file({os.path.join(ROOT, "configs", "quickstart_dapo.py")!r})\n'
+  result, report = run_aot(tmp_path, config, "--target", "v5e-8")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert [p["name"] for p in report["programs"]] == ["gen", "reward", "train"]
+  assert report["programs"][2]["resident_bytes"] == 0  # it is given the whole train state
