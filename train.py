@@ -8,6 +8,12 @@ from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
                                           lock_config=True)
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "one process per host joining one mesh: jax.distributed.initialize() finds the "
+    "coordinator under SLURM, Open MPI, Kubernetes and Cloud TPU; elsewhere set JAX_COORDINATOR_ADDRESS=host:port "
+    "and pass --num_processes and --process_id")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "with --distributed: processes in all")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "with --distributed: this process's index")
 
 
 def main(argv):
@@ -20,6 +26,10 @@ def main(argv):
 
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config configs/quickstart.py")
+  if _DISTRIBUTED.value:
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts; GPUs and TPUs use their own
+    jax.distributed.initialize(num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   try:
     trainer = Trainer(_CONFIG.value)
   except ConfigError as e:

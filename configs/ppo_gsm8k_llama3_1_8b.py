@@ -2,8 +2,8 @@
 
 Data: verl-format parquet written by examples/data_preprocess/gsm8k.py from a local GSM8K copy
 (the Hub's openai/gsm8k `main/` folder), model: a local Llama-3.1-8B-Instruct download (a gated
-repository: accept Meta's licence on the Hub first). On the v5p slice, run the same command on every
-host.
+repository: accept Meta's licence on the Hub first). On the v5p slice, run the command with
+`--distributed` on every host (one process per host, one mesh).
 
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
     huggingface-cli download meta-llama/Llama-3.1-8B-Instruct --local-dir ~/models/Llama-3.1-8B-Instruct
