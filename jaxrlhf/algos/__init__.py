@@ -42,6 +42,12 @@ from jaxrlhf.algos.policy_loss import (
     get_policy_loss,
     register_policy_loss,
 )
+from jaxrlhf.algos.reward_shaping import (
+    KL_CONTROLLERS,
+    apply_kl_penalty,
+    overlong_penalty,
+    place_scores_on_last_token,
+)
 from jaxrlhf.algos.stats import (
     LOSS_AGG_MODES,
     agg_loss,
@@ -54,8 +60,8 @@ from jaxrlhf.algos.stats import (
 from jaxrlhf.algos.value_loss import compute_value_loss
 
 __all__ = [
-    "ADV_ESTIMATORS", "KL_PENALTY_TYPES", "LOSS_AGG_MODES", "POLICY_LOSSES", "POLICY_LOSS_CONFIG_KEYS",
-    "adaptive_kl_update", "agg_loss", "compute_advantage", "compute_gae_advantage_return",
+    "ADV_ESTIMATORS", "KL_CONTROLLERS", "KL_PENALTY_TYPES", "LOSS_AGG_MODES", "POLICY_LOSSES", "POLICY_LOSS_CONFIG_KEYS",
+    "adaptive_kl_update", "agg_loss", "apply_kl_penalty", "overlong_penalty", "place_scores_on_last_token", "compute_advantage", "compute_gae_advantage_return",
     "compute_gpg_outcome_advantage", "compute_grpo_outcome_advantage", "compute_grpo_passk_outcome_advantage",
     "compute_opo_outcome_advantage", "compute_policy_loss", "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov", "compute_policy_loss_geo_mean", "compute_policy_loss_gpg",

@@ -397,15 +397,12 @@ class PPOStep:
     scores_N, errors_N = self.sequence_scores(self.reward_fn, reward_params, rollout["prompts"],
                                               rollout["prompt_mask"], responses_NxR, response_mask_NxR,
                                               rollout["sample_index"])
-    lengths_N = response_mask_NxR.sum(axis=1)
     overlong = self.config.reward_model.overlong_buffer
     if overlong.enable:
-      # DAPO: no penalty up to max_len - len, then linear down to -penalty_factor at max_len.
-      expected = responses_NxR.shape[1] - overlong.len
-      scores_N = scores_N + jnp.minimum(-(lengths_N - expected) / overlong.len * overlong.penalty_factor, 0.0)
-    last_NxR = jax.nn.one_hot(jnp.maximum(lengths_N - 1, 0), responses_NxR.shape[1])
+      scores_N = scores_N + algos.overlong_penalty(response_mask_NxR.sum(axis=1), responses_NxR.shape[1],
+                                                   overlong.len, overlong.penalty_factor)
     out = {"scores": scores_N, "reward_errors": errors_N,
-           "token_level_scores": last_NxR * scores_N[:, None] * response_mask_NxR.astype(jnp.float32)}
+           "token_level_scores": algos.place_scores_on_last_token(scores_N, response_mask_NxR)}
     if "baseline_responses" in rollout:
       out["reward_baselines"] = self.sequence_scores(
           self.reward_fn, reward_params, rollout["prompts"], rollout["prompt_mask"], rollout["baseline_responses"],
@@ -440,15 +437,10 @@ class PPOStep:
     kl_coef, metrics = state.kl_coef, {}
     token_level_rewards = scored["token_level_scores"]
     if algo.use_kl_in_reward:
-      kl_NxR = algos.kl_penalty(old_log_probs, ref_log_probs, algo.kl_penalty) * mask_f
-      token_level_rewards = token_level_rewards - self.kl_scale(state.step) * kl_coef * kl_NxR
-      current_kl = jnp.mean(algos.masked_mean(kl_NxR, mask_f, axis=-1))
-      num_sequences = mask_f.shape[0]
-      if algo.kl_ctrl.type == "adaptive":
-        kl_coef = algos.adaptive_kl_update(kl_coef, current_kl, num_sequences, algo.kl_ctrl.target_kl,
-                                           algo.kl_ctrl.horizon)
-      else:
-        kl_coef = algos.fixed_kl_update(kl_coef, current_kl, num_sequences)
+      token_level_rewards, kl_coef, current_kl = algos.apply_kl_penalty(
+          token_level_rewards, old_log_probs, ref_log_probs, rollout["response_mask"], kl_coef,
+          kl_penalty_type=algo.kl_penalty, kl_ctrl_type=algo.kl_ctrl.type, target_kl=algo.kl_ctrl.target_kl,
+          horizon=algo.kl_ctrl.horizon, kl_scale=self.kl_scale(state.step))
       metrics["actor/reward_kl_penalty"] = current_kl
       metrics["actor/reward_kl_penalty_coeff"] = state.kl_coef
     advantages, returns = algos.compute_advantage(

@@ -330,3 +330,32 @@ def gpg(r, m, index):
         for b in rows:
             out[b] = alpha * (s[b] - mean)
     return _broadcast(out, m)
+
+
+# ---------------------------------------------------------------- reward shaping
+def overlong_penalty(lengths, max_len, buffer_len, factor):
+    out = []
+    for length in lengths:
+        over = length - (max_len - buffer_len)
+        out.append(0.0 if over <= 0 else -over / buffer_len * factor)
+    return np.array(out)
+
+
+def place_scores(scores, m):
+    out = np.zeros(m.shape)
+    for b in range(m.shape[0]):
+        valid = np.nonzero(m[b])[0]
+        if len(valid):
+            out[b, valid[-1]] = scores[b]
+    return out
+
+
+def apply_kl_penalty(scores_tok, lp, ref, m, coef, name, ctrl, target, horizon, scale=1.0):
+    kl = kl_penalty(lp, ref, name) * m
+    rewards = f64(scores_tok) - scale * coef * kl
+    per_seq = [kl[b][m[b] > 0].mean() if m[b].sum() else 0.0 for b in range(m.shape[0])]
+    current = float(np.mean(per_seq))
+    if ctrl == "adaptive":
+        error = float(np.clip(current / target - 1, -0.2, 0.2))
+        coef = coef * (1 + error * m.shape[0] / horizon)
+    return rewards, coef, current
