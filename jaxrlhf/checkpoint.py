@@ -13,16 +13,19 @@ the target shardings, so a checkpoint saved on one mesh restores onto another.
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
+import ml_collections
 import orbax.checkpoint as ocp
 
 STEP_PREFIX = "global_step"
 
 
 class CheckpointError(ValueError):
-  """A checkpoint path does not exist or is not a jaxrlhf checkpoint; the message names it."""
+  """A checkpoint (a jaxrlhf `global_step_N` or a Hugging Face directory) that cannot be read as asked;
+  the message names the path, file or tensor."""
 
 
 def _without_reference(state):
@@ -75,3 +78,16 @@ def split_step_dir(path: str) -> tuple[str, int]:
   if not os.path.isdir(path):
     raise CheckpointError(f"trainer.resume_from_path={path!r} does not exist")
   return os.path.dirname(path), int(name[len(STEP_PREFIX) + 1:])
+
+
+def read_checkpoint(step_dir: str):
+  """(raw state dict of numpy/jax arrays, meta dict, config) of a `global_step_N` directory."""
+  run_dir, step = split_step_dir(step_dir)
+  with ocp.CheckpointManager(run_dir, options=ocp.CheckpointManagerOptions(step_prefix=STEP_PREFIX),
+                             item_names=("state", "meta")) as manager:
+    if step not in manager.all_steps():
+      raise CheckpointError(f"{step_dir!r} is not a finished jaxrlhf checkpoint")
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                             meta=ocp.args.JsonRestore()))
+  config = ml_collections.ConfigDict(json.loads(restored.meta["config"]))
+  return restored.state, restored.meta, config

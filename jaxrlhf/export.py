@@ -13,28 +13,11 @@ from-scratch run is copied from the run directory.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 
-import ml_collections
-import orbax.checkpoint as ocp
-
-from jaxrlhf.checkpoint import CheckpointError, split_step_dir
+from jaxrlhf.checkpoint import CheckpointError, read_checkpoint
 from jaxrlhf.models import model_config_from, save_hf_checkpoint
-
-
-def read_checkpoint(step_dir: str):
-  """(raw state dict of numpy/jax arrays, meta dict, config) of a `global_step_N` directory."""
-  run_dir, step = split_step_dir(step_dir)
-  with ocp.CheckpointManager(run_dir, options=ocp.CheckpointManagerOptions(step_prefix="global_step"),
-                             item_names=("state", "meta")) as manager:
-    if step not in manager.all_steps():
-      raise CheckpointError(f"{step_dir!r} is not a finished jaxrlhf checkpoint")
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                             meta=ocp.args.JsonRestore()))
-  config = ml_collections.ConfigDict(json.loads(restored.meta["config"]))
-  return restored.state, restored.meta, config
 
 
 def write_hf(actor_params, config, out_dir: str, *, critic_params=None, critic_out: str | None = None,

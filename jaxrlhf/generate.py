@@ -26,6 +26,9 @@ import sys
 import jax
 import numpy as np
 
+from jaxrlhf.checkpoint import read_checkpoint
+from jaxrlhf.models import (Decoder, cast_floating, generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer,
+                            model_config_from, pad_token_id)
 from jaxrlhf.rollout import SamplingParams, generate, pad_prompts, repeat_interleave, response_lengths_and_clip
 
 
@@ -67,8 +70,6 @@ def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
 
 def load_model(path: str):
   """(params, DecoderConfig, tokenizer, eos ids, pad id) of an HF directory or a `global_step_N` directory."""
-  from jaxrlhf.models import (generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer, model_config_from,
-                              pad_token_id)
   if not os.path.isdir(path):
     raise ValueError(f"--model {path!r} is not a directory")
   if os.path.exists(os.path.join(path, "config.json")):
@@ -76,7 +77,6 @@ def load_model(path: str):
     params = load_hf_params(path, model_config)
     tokenizer, source = load_tokenizer(path), path
   else:
-    from jaxrlhf.export import read_checkpoint
     state, _, config = read_checkpoint(path)
     model_section = config.actor_rollout_ref.model
     model_config = model_config_from(model_section)
@@ -95,7 +95,6 @@ def load_model(path: str):
 
 
 def run(args) -> list[dict]:
-  from jaxrlhf.models import Decoder, cast_floating
   params, model_config, tokenizer, eos_ids, pad_id = load_model(args.model)
   texts = read_prompts(args.prompts)
   encoded = [encode_prompt(tokenizer, text, args.chat) for text in texts]

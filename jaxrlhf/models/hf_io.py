@@ -26,6 +26,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from jaxrlhf.checkpoint import CheckpointError
 from jaxrlhf.models.decoder import HEADS, Decoder, DecoderConfig, abstract_params
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,6 @@ _PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*
 _INDEX_FILE = "model.safetensors.index.json"
 # Tensors some checkpoints carry that we recompute or do not use.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-  """A checkpoint directory that cannot be loaded as asked; the message names the file/tensor."""
 
 
 # ----- config ------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ class PhasedStep:
     self.adv = jax.jit(step_fn.advantages)
     self.update_critic = jax.jit(step_fn.update_critic)
     self.update_actor = jax.jit(step_fn.update_actor)
-    self.data = jax.jit(step_fn._update_data)
+    self.data = jax.jit(step_fn.update_data)
     self.finish = jax.jit(step_fn.finish, out_shardings=(state_shardings, replicated_sharding))
     # Everything after the reward in one program (DAPO with fuse_step=True).
     self.train_on_rollout = jax.jit(step_fn.train_on_rollout, out_shardings=(state_shardings, replicated_sharding))

@@ -450,7 +450,7 @@ class PPOStep:
     return {"advantages": advantages, "returns": returns, "token_level_rewards": token_level_rewards,
             "kl_coef": kl_coef, "metrics": metrics}
 
-  def _update_data(self, rollout, old_log_probs, ref_log_probs, adv):
+  def update_data(self, rollout, old_log_probs, ref_log_probs, adv):
     data = {key: rollout[key] for key in ("prompts", "prompt_mask", "responses", "response_mask")}
     data.update(old_log_probs=old_log_probs, advantages=adv["advantages"])
     if ref_log_probs is not None:
@@ -536,7 +536,7 @@ class PPOStep:
   def finish(self, state, rollout, scored, old_log_probs, ref_log_probs, values, adv, keys,
              critic_result=None, actor_result=None):
     """Updates (unless given, as in phased mode) and the new state + metrics."""
-    data = self._update_data(rollout, old_log_probs, ref_log_probs, adv)
+    data = self.update_data(rollout, old_log_probs, ref_log_probs, adv)
     metrics = dict(adv["metrics"])
     critic_params, critic_opt_state = state.critic_params, state.critic_opt_state
     if self.use_critic:

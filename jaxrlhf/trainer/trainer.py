@@ -23,6 +23,7 @@ from jaxrlhf.checkpoint import Checkpointer, split_step_dir
 from jaxrlhf.config import resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
+from jaxrlhf.export import write_hf
 from jaxrlhf.models import Decoder, generation_eos_ids, init_params, load_hf_params, load_tokenizer, pad_token_id
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
@@ -235,7 +236,6 @@ class Trainer:
 
   def export_hf(self, out_dir: str) -> None:
     """The current actor as an HF causal LM in `out_dir` (the critic in `out_dir`/critic)."""
-    from jaxrlhf.export import write_hf
     has_critic = self.state.critic_params is not None
     write_hf(self.state.actor_params, self.config, out_dir, critic_params=self.state.critic_params,
              critic_out=os.path.join(out_dir, "critic") if has_critic else None,
