@@ -326,7 +326,7 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
   notes = []
   offload = config.actor_rollout_ref.ref.fsdp_config.param_offload or \
       config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
-  if offload and not program.offload:
+  if offload and program.layouts.ref_device is None and program.layouts.actor_opt_host is None:
     notes.append(f"offload requested, but {target.platform} targets compiled here expose no host memory: "
                  "the offloaded state is counted in device memory (an upper bound)")
   num_hosts = len({d.process_index for d in devices})

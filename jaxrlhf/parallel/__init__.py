@@ -9,8 +9,9 @@ from jaxrlhf.parallel.layouts import (
     logical_to_shardings,
     replicated,
 )
+from jaxrlhf.parallel.step_layouts import StepLayouts, build_step_layouts
 
 __all__ = [
     "MESH_AXES", "make_mesh", "BATCH_AXES", "GENERATION_RULES", "TRAIN_RULES", "batch_sharding",
-    "logical_to_shardings", "replicated",
+    "logical_to_shardings", "replicated", "StepLayouts", "build_step_layouts",
 ]

@@ -19,47 +19,10 @@ import jax.numpy as jnp
 
 from jaxrlhf import algos
 from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating, positions_from_mask, reward_model_scores
+from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams, generate, token_log_probs
 from jaxrlhf.trainer import packing
 from jaxrlhf.trainer.state import TrainState, apply_gradients
-
-
-@dataclasses.dataclass(frozen=True)
-class StepLayouts:
-  """Shardings the step constrains to; all None on a single device (nothing to constrain)."""
-  actor_generation: Any = None  # tree of NamedSharding: the actor's generation layout
-  batch: Callable[[tuple[int, ...]], Any] | None = None  # shape -> sharding of a batch-major array (train)
-  generation_batch: Callable[[tuple[int, ...]], Any] | None = None  # the same during generation
-  cache: Callable[[tuple[int, ...]], Any] | None = None  # shape -> sharding of a KV-cache array
-  # Offload (memory_kind='pinned_host'): device-memory shardings to fetch into, host ones to return to.
-  ref_device: Any = None
-  actor_opt_device: Any = None
-  actor_opt_host: Any = None
-
-  @staticmethod
-  def _constrain(tree, sharding_of):
-    if sharding_of is None:
-      return tree
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding_of(x.shape)), tree)
-
-  def constrain_batch(self, tree):
-    return self._constrain(tree, self.batch)
-
-  def constrain_generation_batch(self, tree):
-    return self._constrain(tree, self.generation_batch or self.batch)
-
-  def constrain_cache(self, cache):
-    return self._constrain(cache, self.cache)
-
-  @staticmethod
-  def move(tree, shardings):
-    """Moves a host-offloaded tree into device memory (or back); identity without offload."""
-    return tree if shardings is None else jax.device_put(tree, shardings)
-
-  def to_generation(self, params):
-    if self.actor_generation is None:
-      return params
-    return jax.lax.with_sharding_constraint(params, self.actor_generation)
 
 
 def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
@@ -270,7 +233,7 @@ class PPOStep:
     zeros = jax.tree.map(jnp.zeros_like, params)
 
     def gradients(micro, micro_key):
-      (_, metrics), grads = grad_fn(params, aux, self.layouts.constrain_batch(micro), normalizers, micro_key)
+      (_, metrics), grads = grad_fn(params, aux, self.layouts.to_train(micro), normalizers, micro_key)
       return grads, metrics
 
     if batching.packed:
@@ -350,7 +313,7 @@ class PPOStep:
   def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
     """`generate` with the rollout model, the prompts in the generation layout and the cache pinned."""
     return generate(self.rollout_apply, generation_params, self.rollout_actor.config,
-                    *self.layouts.constrain_generation_batch((prompts_NxP, prompt_mask_NxP)), rng, sampling,
+                    *self.layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP)), rng, sampling,
                     constrain_cache=self.layouts.constrain_cache)
 
   def rollout(self, actor_params, batch, rng) -> dict:
@@ -363,8 +326,8 @@ class PPOStep:
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
     generation_params = self.generation_params(actor_params)  # the gathered copy lives only in this phase
     out = self.sample(generation_params, prompts_NxP, prompt_mask_NxP, rng, self.sampling)
-    responses_NxR, response_mask_NxR = self.layouts.constrain_batch((out["responses"], out["response_mask"]))
-    prompts_NxP, prompt_mask_NxP = self.layouts.constrain_batch((prompts_NxP, prompt_mask_NxP))
+    responses_NxR, response_mask_NxR = self.layouts.to_train((out["responses"], out["response_mask"]))
+    prompts_NxP, prompt_mask_NxP = self.layouts.to_train((prompts_NxP, prompt_mask_NxP))
     rollout = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
                "response_mask": response_mask_NxR,
                "sample_index": jnp.repeat(batch["sample_index"], n, axis=0),
@@ -418,7 +381,7 @@ class PPOStep:
     return jax.lax.stop_gradient(self._rollout_log_probs(actor_params, rollout))
 
   def ref_log_prob(self, ref_params, rollout: dict):
-    ref_params = self.layouts.move(ref_params, self.layouts.ref_device)
+    ref_params = self.layouts.fetch(ref_params, self.layouts.ref_device)
     return self._rollout_log_probs(ref_params, rollout)
 
   def critic_values(self, critic_params, rollout: dict):
@@ -475,7 +438,7 @@ class PPOStep:
     kl_scale = self.kl_scale(state.step)
 
     def run(params, opt_state):
-      opt_state = self.layouts.move(opt_state, self.layouts.actor_opt_device)
+      opt_state = self.layouts.fetch(opt_state, self.layouts.actor_opt_device)
       params, opt_state, metrics = self._update(
           self.actor_loss, params, opt_state, {"kl_scale": kl_scale}, data, rng, tx=self.optimizers["actor"],
           lr=self.lr_schedules["actor"](state.step) * state.lr_scale, mini_batch_rows=rows,
@@ -485,7 +448,7 @@ class PPOStep:
           prefix="actor")
       if actor_cfg.use_kl_loss:
         metrics["actor/kl_coef"] = kl_scale * actor_cfg.kl_loss_coef
-      return params, self.layouts.move(opt_state, self.layouts.actor_opt_host), metrics
+      return params, self.layouts.fetch(opt_state, self.layouts.actor_opt_host), metrics
 
     warmup = self.config.trainer.critic_warmup
     if not (self.use_critic and warmup > 0):

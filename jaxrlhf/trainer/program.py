@@ -10,7 +10,6 @@ builder for both is what makes the AOT report describe the program the trainer a
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -21,20 +20,11 @@ from jax.sharding import Mesh
 from jaxrlhf.config import ConfigError
 from jaxrlhf.models import Decoder, DecoderConfig, abstract_params, load_hf_config, model_config_from
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
-from jaxrlhf.parallel import TRAIN_RULES, batch_sharding, logical_to_shardings, replicated
-from jaxrlhf.parallel.layouts import activation_sharding, generation_rules
+from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
+from jaxrlhf.parallel.layouts import activation_sharding
 from jaxrlhf.parallel.report import layout_report, per_device_bytes
-from jaxrlhf.trainer.ppo_step import PPOStep, StepLayouts
+from jaxrlhf.trainer.ppo_step import PPOStep
 from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
-
-
-@dataclasses.dataclass
-class ParamLayouts:
-  actor_train: Any
-  actor_generation: Any
-  critic_train: Any
-  generation_rules: tuple
-  reward_train: Any = None
 
 
 @dataclasses.dataclass
@@ -45,10 +35,9 @@ class StepProgram:
   model_config: DecoderConfig
   critic_model_config: DecoderConfig
   reward_model_config: DecoderConfig | None
-  layouts: ParamLayouts
+  layouts: StepLayouts
   optimizers: dict[str, Any]
   opt_shardings: dict[str, Any]
-  offload: dict[str, Any]
   step_fn: PPOStep
   abstract_state: TrainState
 
@@ -133,45 +122,6 @@ def check_micro_batches(config, step_fn: PPOStep, num_batch_shards: int) -> None
                         f"rollout.n={n}; mesh data*fsdp={num_batch_shards})") from None
 
 
-def param_layouts(config, mesh: Mesh, model_config, critic_model_config, reward_model_config) -> ParamLayouts:
-  shapes, logical = abstract_params(Decoder(model_config, head="lm"))
-  critic_shapes, critic_logical = abstract_params(Decoder(critic_model_config, head="value"))
-  gen_rules = generation_rules(mesh, config.actor_rollout_ref.rollout.tensor_model_parallel_size)
-  reward_train = None
-  if reward_model_config is not None:
-    reward_shapes, reward_logical = abstract_params(Decoder(reward_model_config, head="reward"))
-    reward_train = logical_to_shardings(reward_logical, reward_shapes, mesh, TRAIN_RULES)
-  return ParamLayouts(
-      actor_train=logical_to_shardings(logical, shapes, mesh, TRAIN_RULES),
-      actor_generation=logical_to_shardings(logical, shapes, mesh, gen_rules),
-      critic_train=logical_to_shardings(critic_logical, critic_shapes, mesh, TRAIN_RULES),
-      generation_rules=gen_rules,
-      reward_train=reward_train)
-
-
-def offload_shardings(config, mesh: Mesh, layouts: ParamLayouts, opt_shardings: dict) -> dict:
-  """Device/host sharding pairs for `ref...param_offload` and `actor...optimizer_offload`."""
-  rollout_ref = config.actor_rollout_ref
-  wanted = {"ref": rollout_ref.ref.fsdp_config.param_offload,
-            "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload}
-  if not any(wanted.values()):
-    return {}
-  kinds = {m.kind for m in mesh.devices.flat[0].addressable_memories()}
-  if "pinned_host" not in kinds:
-    logging.warning("offload requested (%s) but %s devices have no 'pinned_host' memory (only %s); "
-                    "keeping everything in device memory", [k for k, v in wanted.items() if v],
-                    mesh.devices.flat[0].platform, sorted(kinds))
-    return {}
-  on = lambda tree, kind: jax.tree.map(lambda s: s.with_memory_kind(kind), tree)
-  out = {}
-  if wanted["ref"]:
-    out["ref_device"] = on(layouts.actor_train, "device")
-  if wanted["actor_opt"]:
-    opt = opt_shardings["actor"]
-    out["actor_opt_device"], out["actor_opt_host"] = on(opt, "device"), on(opt, "pinned_host")
-  return out
-
-
 def _abstract(shapes, shardings):
   return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                       shapes, shardings)
@@ -179,18 +129,12 @@ def _abstract(shapes, shardings):
 
 def _abstract_state(program_parts: dict, step_fn: PPOStep, mesh: Mesh) -> TrainState:
   """The train state's leaves as the trainer creates them (`Trainer._init_state`), without allocating."""
-  layouts, optimizers, opt_shardings, offload = (program_parts[k] for k in
-                                                 ("layouts", "optimizers", "opt_shardings", "offload"))
+  layouts, optimizers, opt_shardings = (program_parts[k] for k in ("layouts", "optimizers", "opt_shardings"))
   actor_shapes = abstract_params(Decoder(program_parts["model_config"], head="lm"))[0]
   actor_params = _abstract(actor_shapes, layouts.actor_train)
   actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, actor_shapes),
-                              offload.get("actor_opt_host", opt_shardings["actor"]))
-  ref_params = None
-  if step_fn.use_reference:
-    ref_shardings = layouts.actor_train
-    if "ref_device" in offload:
-      ref_shardings = jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), ref_shardings)
-    ref_params = _abstract(actor_shapes, ref_shardings)
+                              layouts.actor_opt_host or opt_shardings["actor"])
+  ref_params = _abstract(actor_shapes, layouts.ref_params) if step_fn.use_reference else None
   critic_params = critic_opt_state = None
   if step_fn.use_critic:
     critic_shapes = abstract_params(Decoder(program_parts["critic_model_config"], head="value"))[0]
@@ -215,25 +159,18 @@ def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_mod
                 "critic": make_optimizer(config.critic.optim, config.critic.grad_clip)}
   schedules = {"actor": make_lr_schedule(actor_cfg.optim, total_steps),
                "critic": make_lr_schedule(config.critic.optim, total_steps)}
-  layouts = param_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
+  layouts = build_step_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
   opt_shardings = {"actor": opt_state_shardings(optimizers["actor"], layouts.actor_train, replicated(mesh)),
                    "critic": opt_state_shardings(optimizers["critic"], layouts.critic_train, replicated(mesh))}
-  offload = offload_shardings(config, mesh, layouts, opt_shardings)
-  gen_rules = layouts.generation_rules
-  step_layouts = StepLayouts(
-      **offload,
-      actor_generation=layouts.actor_generation,
-      batch=lambda shape: batch_sharding(mesh, shape),
-      generation_batch=lambda shape: batch_sharding(mesh, shape, dict(gen_rules)["batch"]),
-      cache=lambda shape: activation_sharding(mesh, CACHE_LOGICAL_AXES, shape, gen_rules))
+  layouts = layouts.with_offload(config, opt_shardings["actor"])
   num_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
   step_fn = PPOStep(config, model_config, reward_fn, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                    lr_schedules=schedules, optimizers=optimizers, layouts=step_layouts,
+                    lr_schedules=schedules, optimizers=optimizers, layouts=layouts,
                     num_batch_shards=num_batch_shards,
                     kl_warmup_steps=int(config.trainer.guard.kl_warmup_steps_ratio * total_steps),
                     critic_model_config=critic_model_config, reward_model_config=reward_model_config)
   check_micro_batches(config, step_fn, num_batch_shards)
-  parts = dict(layouts=layouts, optimizers=optimizers, opt_shardings=opt_shardings, offload=offload,
+  parts = dict(layouts=layouts, optimizers=optimizers, opt_shardings=opt_shardings,
                model_config=model_config, critic_model_config=critic_model_config,
                reward_model_config=reward_model_config)
   return StepProgram(config=config, mesh=mesh, step_fn=step_fn,

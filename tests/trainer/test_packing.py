@@ -8,7 +8,8 @@ import pytest
 from jaxrlhf.config import ConfigError, get_base_config, resolve_config, validate_config
 from jaxrlhf.models import Decoder, DecoderConfig
 from jaxrlhf.models.decoder import init_params
-from jaxrlhf.trainer import PPOStep, StepLayouts, Trainer, packing
+from jaxrlhf.parallel import StepLayouts
+from jaxrlhf.trainer import PPOStep, Trainer, packing
 from jaxrlhf.trainer.state import make_optimizer
 from tests.helpers import TIMING_DEPENDENT, small_config
 from tests.trainer.test_ppo_step import _compile_counter

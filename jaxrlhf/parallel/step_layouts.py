@@ -1,0 +1,114 @@
+"""The step's layouts end to end: built from the config and the mesh, applied inside the compiled step.
+
+One step's round trip (DESIGN.md "Mesh and layouts"):
+
+    train layout: params FSDP+TP (`actor_train`), batch over (data, fsdp)
+      -> rollout:  `to_generation(params)`        gathered over fsdp, split over tensor
+                   `to_generation_batch(prompts)`  batch over the generation rules' batch axes
+                   `constrain_cache(cache)`        KV cache by batch and kv-heads
+      -> the rest: `to_train(responses, ...)`      back to the train batch layout; the gathered
+                                                   generation copy dies with the rollout
+Offload (`memory_kind='pinned_host'`): `fetch(tree, layouts.ref_device)` brings the reference or the
+actor's optimizer state into device memory for its phase, `fetch(tree, layouts.actor_opt_host)` returns
+the updated state. `StepLayouts()` (no mesh) constrains nothing: the single-device step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, Decoder, abstract_params
+from jaxrlhf.parallel.layouts import (TRAIN_RULES, activation_sharding, batch_sharding, generation_rules,
+                                      logical_to_shardings)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayouts:
+  mesh: Mesh | None = None
+  actor_train: Any = None  # trees of NamedSharding, one per parameter
+  actor_generation: Any = None
+  critic_train: Any = None
+  reward_train: Any = None
+  generation_rules: tuple = ()
+  # Offload: device-memory shardings to fetch into, host ones to return to (None: nothing offloaded).
+  ref_device: Any = None
+  actor_opt_device: Any = None
+  actor_opt_host: Any = None
+
+  def _constrain(self, tree, sharding_of):
+    if self.mesh is None:
+      return tree
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding_of(x.shape)), tree)
+
+  def to_generation(self, params):
+    """The actor's parameters in the generation layout (XLA inserts the all-gathers)."""
+    if self.actor_generation is None:
+      return params
+    return jax.lax.with_sharding_constraint(params, self.actor_generation)
+
+  def to_generation_batch(self, tree):
+    return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape, dict(self.generation_rules)["batch"]))
+
+  def constrain_cache(self, cache):
+    return self._constrain(cache, lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape,
+                                                                    self.generation_rules))
+
+  def to_train(self, tree):
+    """Batch-major arrays in the train batch layout (leading dim over data x fsdp where it divides)."""
+    return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape))
+
+  @staticmethod
+  def fetch(tree, shardings):
+    """Moves an offloaded tree into device memory (or back to host); identity without offload."""
+    return tree if shardings is None else jax.device_put(tree, shardings)
+
+  def with_offload(self, config, actor_opt_shardings) -> StepLayouts:
+    """Adds the pairs `ref...param_offload` and `actor...optimizer_offload` ask for, where the devices can."""
+    rollout_ref = config.actor_rollout_ref
+    wanted = {"ref": rollout_ref.ref.fsdp_config.param_offload,
+              "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload}
+    if not any(wanted.values()):
+      return self
+    kinds = {m.kind for m in self.mesh.devices.flat[0].addressable_memories()}
+    if "pinned_host" not in kinds:
+      logging.warning("offload requested (%s) but %s devices have no 'pinned_host' memory (only %s); "
+                      "keeping everything in device memory", [k for k, v in wanted.items() if v],
+                      self.mesh.devices.flat[0].platform, sorted(kinds))
+      return self
+    on = lambda tree, kind: jax.tree.map(lambda s: s.with_memory_kind(kind), tree)
+    offload = {}
+    if wanted["ref"]:
+      offload["ref_device"] = on(self.actor_train, "device")
+    if wanted["actor_opt"]:
+      offload["actor_opt_device"] = on(actor_opt_shardings, "device")
+      offload["actor_opt_host"] = on(actor_opt_shardings, "pinned_host")
+    return dataclasses.replace(self, **offload)
+
+  @property
+  def ref_params(self):
+    """Where the reference policy lives between steps: the train layout, in host memory when offloaded."""
+    if self.ref_device is None:
+      return self.actor_train
+    return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), self.actor_train)
+
+
+def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, reward_model_config) -> StepLayouts:
+  """Train and generation shardings of every model of `config` on `mesh` (offload is added by `with_offload`)."""
+  def train_shardings(decoder_config, head):
+    shapes, logical = abstract_params(Decoder(decoder_config, head=head))
+    return logical_to_shardings(logical, shapes, mesh, TRAIN_RULES)
+
+  gen_rules = generation_rules(mesh, config.actor_rollout_ref.rollout.tensor_model_parallel_size)
+  actor_shapes, actor_logical = abstract_params(Decoder(model_config, head="lm"))
+  return StepLayouts(
+      mesh=mesh,
+      actor_train=logical_to_shardings(actor_logical, actor_shapes, mesh, TRAIN_RULES),
+      actor_generation=logical_to_shardings(actor_logical, actor_shapes, mesh, gen_rules),
+      critic_train=train_shardings(critic_model_config, "value"),
+      reward_train=train_shardings(reward_model_config, "reward") if reward_model_config is not None else None,
+      generation_rules=gen_rules)
