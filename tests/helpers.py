@@ -1,6 +1,7 @@
-"""Shared test helpers: a small config derived from the quickstart, and the metrics that depend on time."""
+"""Shared test helpers: a small config derived from the quickstart, the metrics that depend on time, a free port."""
 
 import os
+import socket
 
 from jaxrlhf.config import load_config_file
 
@@ -32,3 +33,8 @@ def small_config(tmp_path, **overrides):
   return config
 
 
+def free_port() -> int:
+  """A TCP port on localhost nobody listens on (for a jax.distributed coordinator)."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]

@@ -2,26 +2,21 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.helpers import free_port
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_worker.py")
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  port = str(_free_port())
+  port = str(free_port())
   workers = [subprocess.Popen([sys.executable, WORKER, str(i), "2", port, "2", str(tmp_path / "multi"), str(tmp_path)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
   single = subprocess.run([sys.executable, WORKER, "0", "1", "0", "4", str(tmp_path / "single"), str(tmp_path)],

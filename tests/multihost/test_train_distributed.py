@@ -2,25 +2,20 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from tests.helpers import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_two_processes_train_one_mesh(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{_free_port()}",
+  env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{free_port()}",
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
   command = [sys.executable, "train.py", "--config", "configs/quickstart.py", "--distributed", "--num_processes=2",
              "--config.mesh.fsdp=-1", "--config.trainer.total_training_steps=2", "--config.trainer.test_freq=2",
