@@ -81,56 +81,45 @@ class PPOStep:
     mask_NxS = jnp.concatenate([prompt_mask_NxP.astype(jnp.int32), jnp.ones_like(responses_NxR)], axis=1)
     return ids_NxS, positions_from_mask(mask_NxS), mask_NxS
 
-  def response_logits(self, params, prompts_NxP, prompt_mask_NxP, responses_NxR):
-    """Logits that predict each response token (read at the position before it), fp32."""
-    ids_NxS, positions_NxS, mask_NxS = self._sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
-    logits_NxSxV, _ = self.actor.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS)
-    prompt_len, response_len = prompts_NxP.shape[1], responses_NxR.shape[1]
-    return logits_NxSxV[:, prompt_len - 1:prompt_len + response_len - 1]
-
-  def values(self, params, prompts_NxP, prompt_mask_NxP, responses_NxR):
-    """V at the state before each response token (SPEC §4)."""
-    ids_NxS, positions_NxS, mask_NxS = self._sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
-    values_NxS, _ = self.critic.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS)
-    prompt_len, response_len = prompts_NxP.shape[1], responses_NxR.shape[1]
-    return values_NxS[:, prompt_len - 1:prompt_len + response_len - 1]
-
-  def log_probs(self, params, prompts_NxP, prompt_mask_NxP, responses_NxR):
-    logits_NxRxV = self.response_logits(params, prompts_NxP, prompt_mask_NxP, responses_NxR)
-    return token_log_probs(logits_NxRxV, responses_NxR, self.temperature)
-
-  # ----- packed rows (use_remove_padding): the same quantities, read back into the [N, R] layout ----
-
   def _packed_apply(self, model, params, packed):
     return model.apply({"params": params}, packed["input_ids"], packed["positions"],
                        (packed["segment_ids"] > 0).astype(jnp.int32), segment_ids_BxL=packed["segment_ids"])[0]
 
-  def _packed_policy_outputs(self, params, packed, prompt_len, response_len, with_entropy=True):
-    """(log_prob_NxR, entropy_NxR or None) of a packed slot; rows outside the slot hold garbage."""
-    logits_BxSxV = self._packed_apply(self.actor, params, packed)
-    log_prob_BxS = token_log_probs(logits_BxSxV, packing.next_tokens(packed["input_ids"]), self.temperature)
-    log_prob_NxR = packing.response_outputs(log_prob_BxS, packed, prompt_len, response_len)
-    if not with_entropy:
-      return log_prob_NxR, None
-    entropy_BxS = algos.entropy_from_logits(logits_BxSxV / self.temperature)
-    return log_prob_NxR, packing.response_outputs(entropy_BxS, packed, prompt_len, response_len)
+  def policy_outputs(self, params, micro, with_entropy: bool = True):
+    """(log_prob_NxR, entropy_NxR or None) of the response tokens: padded rows, or a packed slot.
 
-  def _packed_values(self, params, packed, prompt_len, response_len):
-    return packing.response_outputs(self._packed_apply(self.critic, params, packed), packed, prompt_len, response_len)
-
-  def _policy_outputs(self, params, micro):
-    """(log_prob, entropy) [rows, R] of a micro-batch: padded rows, or a packed slot (`micro["packed"]`)."""
+    Padded rows: prompt + response in one sequence, read at the position before each response token.
+    A packed slot (`micro["packed"]`, use_remove_padding) is read back into the [N, R] layout; rows
+    outside the slot hold garbage. Logits in fp32, divided by the rollout temperature.
+    """
+    prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
     if "packed" in micro:
-      return self._packed_policy_outputs(params, micro["packed"], micro["prompts"].shape[1],
-                                         micro["responses"].shape[1])
-    logits_NxRxV = self.response_logits(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
-    log_prob = token_log_probs(logits_NxRxV, micro["responses"], self.temperature)
-    return log_prob, algos.entropy_from_logits(logits_NxRxV / self.temperature)
+      packed = micro["packed"]
+      logits_BxSxV = self._packed_apply(self.actor, params, packed)
+      log_prob_BxS = token_log_probs(logits_BxSxV, packing.next_tokens(packed["input_ids"]), self.temperature)
+      log_prob_NxR = packing.response_outputs(log_prob_BxS, packed, prompt_len, response_len)
+      entropy = lambda: packing.response_outputs(algos.entropy_from_logits(logits_BxSxV / self.temperature),
+                                                 packed, prompt_len, response_len)
+    else:
+      ids_NxS, positions_NxS, mask_NxS = self._sequence_inputs(micro["prompts"], micro["prompt_mask"],
+                                                               micro["responses"])
+      logits_NxSxV, _ = self.actor.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS)
+      logits_NxRxV = logits_NxSxV[:, prompt_len - 1:prompt_len + response_len - 1]
+      log_prob_NxR = token_log_probs(logits_NxRxV, micro["responses"], self.temperature)
+      entropy = lambda: algos.entropy_from_logits(logits_NxRxV / self.temperature)
+    return log_prob_NxR, entropy() if with_entropy else None
 
-  def _value_outputs(self, params, micro):
+  def value_outputs(self, params, micro):
+    """V at the state before each response token (SPEC §4): padded rows, or a packed slot (as above)."""
+    prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
     if "packed" in micro:
-      return self._packed_values(params, micro["packed"], micro["prompts"].shape[1], micro["responses"].shape[1])
-    return self.values(params, micro["prompts"], micro["prompt_mask"], micro["responses"])
+      packed = micro["packed"]
+      return packing.response_outputs(self._packed_apply(self.critic, params, packed), packed, prompt_len,
+                                      response_len)
+    ids_NxS, positions_NxS, mask_NxS = self._sequence_inputs(micro["prompts"], micro["prompt_mask"],
+                                                             micro["responses"])
+    values_NxS, _ = self.critic.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS)
+    return values_NxS[:, prompt_len - 1:prompt_len + response_len - 1]
 
   def _batching(self, num_sequences: int, seq_len: int, micro_per_device, micro_key: str, packed: bool):
     """Micro-batch slots of `num_sequences` (a mini-batch, or the whole batch for the log-prob phases)."""
@@ -167,19 +156,12 @@ class PPOStep:
     num_sequences = rollout["responses"].shape[0]
     return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows))
 
-  def packed_log_probs(self, params, rollout):
-    batching = self._phase_batching(rollout, self.config.actor_rollout_ref.actor,
-                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", True)
-    prompt_len, response_len = rollout["prompts"].shape[1], rollout["responses"].shape[1]
-    return self._packed_phase(
-        lambda packed: self._packed_policy_outputs(params, packed, prompt_len, response_len, with_entropy=False)[0],
-        rollout, batching)
-
-  def packed_critic_values(self, params, rollout):
-    batching = self._phase_batching(rollout, self.config.critic, "critic.ppo_micro_batch_size_per_gpu", True)
-    prompt_len, response_len = rollout["prompts"].shape[1], rollout["responses"].shape[1]
-    return self._packed_phase(lambda packed: self._packed_values(params, packed, prompt_len, response_len),
-                              rollout, batching)
+  def _whole_rollout(self, outputs_fn, rollout, section, micro_key: str, packed: bool):
+    """A forward-only phase: `outputs_fn(micro) -> [N, R]` on the padded rollout at once, or per packed slot."""
+    if not packed:
+      return outputs_fn(rollout)
+    batching = self._phase_batching(rollout, section, micro_key, True)
+    return self._packed_phase(lambda slot: outputs_fn(dict(rollout, packed=slot)), rollout, batching)
 
   # ----- losses ------------------------------------------------------------------------------
 
@@ -187,7 +169,7 @@ class PPOStep:
     """aux: per-step scalars (`kl_scale`: 0 during the KL warm-up, else 1)."""
     actor = self.config.actor_rollout_ref.actor
     mask = micro["response_mask"]
-    log_prob, entropy = self._policy_outputs(params, micro)
+    log_prob, entropy = self.policy_outputs(params, micro)
     old_log_prob = jax.lax.stop_gradient(log_prob) if self.actor_on_policy else micro["old_log_probs"]
     pg_loss, pg_metrics = algos.compute_policy_loss(
         old_log_prob, log_prob, micro["advantages"], mask,
@@ -210,7 +192,7 @@ class PPOStep:
 
   def critic_loss(self, params, unused_aux, micro, normalizers, unused_rng):
     critic = self.config.critic
-    vpreds = self._value_outputs(params, micro)
+    vpreds = self.value_outputs(params, micro)
     vf_loss, vf_clipfrac = algos.compute_value_loss(
         vpreds, micro["values"], micro["returns"], micro["response_mask"], critic.cliprange_value,
         loss_agg_mode=critic.loss_agg_mode, **normalizers)
@@ -373,9 +355,9 @@ class PPOStep:
     return out
 
   def _rollout_log_probs(self, params, rollout: dict):
-    if self.actor_packed:
-      return self.packed_log_probs(params, rollout)
-    return self.log_probs(params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"])
+    return self._whole_rollout(lambda micro: self.policy_outputs(params, micro, with_entropy=False)[0], rollout,
+                               self.config.actor_rollout_ref.actor,
+                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", self.actor_packed)
 
   def old_log_prob(self, actor_params, rollout: dict):
     return jax.lax.stop_gradient(self._rollout_log_probs(actor_params, rollout))
@@ -385,10 +367,9 @@ class PPOStep:
     return self._rollout_log_probs(ref_params, rollout)
 
   def critic_values(self, critic_params, rollout: dict):
-    if self.critic_packed:
-      return self.packed_critic_values(critic_params, rollout)
-    mask_f = rollout["response_mask"].astype(jnp.float32)
-    return self.values(critic_params, rollout["prompts"], rollout["prompt_mask"], rollout["responses"]) * mask_f
+    values_NxR = self._whole_rollout(lambda micro: self.value_outputs(critic_params, micro), rollout,
+                                     self.config.critic, "critic.ppo_micro_batch_size_per_gpu", self.critic_packed)
+    return values_NxR * rollout["response_mask"].astype(jnp.float32)
 
   def kl_scale(self, step):
     return (step >= self.kl_warmup_steps).astype(jnp.float32)  # KL warm-up: no KL term at first
