@@ -309,7 +309,7 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
     jitted = program.jit_step()
     reports.append(compile_program("step", jitted, (state, program.abstract_batch(train_rows), rng))[0])
   else:
-    phased = PhasedStep(program.step_fn, program.state_shardings, replicated(program.mesh))
+    phased = PhasedStep(program.ppo, program.state_shardings, replicated(program.mesh))
     rng = jax.random.key(0)  # phased mode splits the step's key on the host
     run = _phase_runner(program, reports)
     gen_rows = (config.data.gen_batch_size or train_rows) if dynamic_sampling else train_rows
@@ -321,7 +321,7 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
       phased.train(state, rollout, scored, rng, run)
     else:
       run("train", phased.train_on_rollout, state, rollout, scored, rng)
-  flops = step_phase_flops(program.step_fn, batch_size=train_rows, prompt_len=config.data.max_prompt_length,
+  flops = step_phase_flops(program.ppo, batch_size=train_rows, prompt_len=config.data.max_prompt_length,
                            response_len=config.data.max_response_length)
   notes = []
   offload = config.actor_rollout_ref.ref.fsdp_config.param_offload or \

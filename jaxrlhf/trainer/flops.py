@@ -107,8 +107,8 @@ def generation_flops(config, rows: int, prompt_len: int, segment_cache_lengths: 
   return total
 
 
-def step_phase_flops(step_fn, *, batch_size: int, prompt_len: int, response_len: int) -> dict[str, float]:
-  """FLOPs of each phase of one step of `step_fn` (a PPOStep) at the padded lengths.
+def step_phase_flops(ppo, *, batch_size: int, prompt_len: int, response_len: int) -> dict[str, float]:
+  """FLOPs of each phase of one step of `ppo` (a PPOStep) at the padded lengths.
 
   Counted as the program computes them: every padded position, attention dense over the whole
   sequence (masked, not skipped), the language-model head at every position, backward = 2 x forward,
@@ -116,23 +116,23 @@ def step_phase_flops(step_fn, *, batch_size: int, prompt_len: int, response_len:
   phases (`use_remove_padding`) are counted as if padded. Element-wise work (norms, softmax, the
   optimizer) is left out: it is a few percent at the sizes that matter.
   """
-  config = step_fn.config
+  config = ppo.config
   n = config.actor_rollout_ref.rollout.n
   rows, seq_len = batch_size * n, prompt_len + response_len
-  actor, critic = step_fn.actor.config, step_fn.critic.config
-  ends = step_fn.sampling.segment_ends
+  actor, critic = ppo.actor.config, ppo.critic.config
+  ends = ppo.sampling.segment_ends
   segments = [(end - start, cache_length(prompt_len, response_len, end))
               for start, end in zip([0] + ends[:-1], ends)]
   phases = {"gen": generation_flops(actor, rows, prompt_len, segments)}
   if config.algorithm.adv_estimator == "remax":  # one greedy rollout per prompt as the baseline
     phases["gen"] += generation_flops(actor, batch_size, prompt_len, segments)
-  if step_fn.reward_model is not None:
-    phases["reward"] = forward_flops(step_fn.reward_model.config, rows * seq_len, seq_len, "reward")
+  if ppo.reward_model is not None:
+    phases["reward"] = forward_flops(ppo.reward_model.config, rows * seq_len, seq_len, "reward")
   actor_forward = forward_flops(actor, rows * seq_len, seq_len, "lm")
   phases["old_log_prob"] = actor_forward
-  if step_fn.use_reference:
+  if ppo.use_reference:
     phases["ref"] = actor_forward
-  if step_fn.use_critic:
+  if ppo.use_critic:
     critic_forward = forward_flops(critic, rows * seq_len, seq_len, "value")
     phases["values"] = critic_forward
     remat = 1 if critic.remat_policy != "none" else 0

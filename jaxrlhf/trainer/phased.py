@@ -19,37 +19,37 @@ from jaxrlhf.trainer.ppo_step import PPOStep
 
 
 class PhasedStep:
-  def __init__(self, step_fn: PPOStep, state_shardings, replicated_sharding):
-    self.step_fn = step_fn
-    self.gen = jax.jit(step_fn.rollout)
-    self.reward = jax.jit(step_fn.score)
-    self.old_log_prob = jax.jit(step_fn.old_log_prob)
-    self.ref = jax.jit(step_fn.ref_log_prob)
-    self.values = jax.jit(step_fn.critic_values)
-    self.adv = jax.jit(step_fn.advantages)
-    self.update_critic = jax.jit(step_fn.update_critic)
-    self.update_actor = jax.jit(step_fn.update_actor)
-    self.data = jax.jit(step_fn.update_data)
-    self.finish = jax.jit(step_fn.finish, out_shardings=(state_shardings, replicated_sharding))
+  def __init__(self, ppo: PPOStep, state_shardings, replicated_sharding):
+    self.ppo = ppo
+    self.gen = jax.jit(ppo.rollout)
+    self.reward = jax.jit(ppo.score)
+    self.old_log_prob = jax.jit(ppo.old_log_prob)
+    self.ref = jax.jit(ppo.ref_log_prob)
+    self.values = jax.jit(ppo.critic_values)
+    self.adv = jax.jit(ppo.advantages)
+    self.update_critic = jax.jit(ppo.update_critic)
+    self.update_actor = jax.jit(ppo.update_actor)
+    self.data = jax.jit(ppo.update_data)
+    self.finish = jax.jit(ppo.finish, out_shardings=(state_shardings, replicated_sharding))
     # Everything after the reward in one program (DAPO with fuse_step=True).
-    self.train_on_rollout = jax.jit(step_fn.train_on_rollout, out_shardings=(state_shardings, replicated_sharding))
+    self.train_on_rollout = jax.jit(ppo.train_on_rollout, out_shardings=(state_shardings, replicated_sharding))
 
   def generate_and_score(self, state, batch, rng, run):
     """Phases gen and reward; `run(name, program, *args)` runs each (see `timed`)."""
-    rollout = run("gen", self.gen, state.actor_params, batch, self.step_fn.split_rng(rng)["gen"])
+    rollout = run("gen", self.gen, state.actor_params, batch, self.ppo.split_rng(rng)["gen"])
     return rollout, run("reward", self.reward, rollout, state.reward_params)
 
   def train(self, state, rollout, scored, rng, run):
     """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""
-    step_fn = self.step_fn
-    keys = step_fn.split_rng(rng)
+    ppo = self.ppo
+    keys = ppo.split_rng(rng)
     old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout)
-    ref = run("ref", self.ref, state.ref_params, rollout) if step_fn.use_reference else None
-    values = run("values", self.values, state.critic_params, rollout) if step_fn.use_critic else None
+    ref = run("ref", self.ref, state.ref_params, rollout) if ppo.use_reference else None
+    values = run("values", self.values, state.critic_params, rollout) if ppo.use_critic else None
     adv = run("adv", self.adv, state, rollout, scored, old, ref, values)
     data = run(None, self.data, rollout, old, ref, adv)
     critic = None
-    if step_fn.use_critic:
+    if ppo.use_critic:
       critic = run("update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])
     actor = run("update_actor", self.update_actor, state, data, keys["actor"])
     return run(None, self.finish, state, rollout, scored, old, ref, values, adv, keys, critic, actor)

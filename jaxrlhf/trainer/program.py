@@ -38,7 +38,7 @@ class StepProgram:
   layouts: StepLayouts
   optimizers: dict[str, Any]
   opt_shardings: dict[str, Any]
-  step_fn: PPOStep
+  ppo: PPOStep
   abstract_state: TrainState
 
   @property
@@ -50,9 +50,9 @@ class StepProgram:
     return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
 
   def jit_step(self):
-    """The fused step, jitted with the state donated (the trainer's `ppo_step`)."""
+    """The fused step, jitted with the state donated (the trainer's `jitted_step`)."""
     state_shardings, replicated_sharding = self.state_shardings, replicated(self.mesh)
-    return jax.jit(self.step_fn, in_shardings=(state_shardings, None, replicated_sharding),
+    return jax.jit(self.ppo, in_shardings=(state_shardings, None, replicated_sharding),
                    out_shardings=(state_shardings, replicated_sharding), donate_argnums=0)
 
   def abstract_batch(self, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -89,7 +89,7 @@ class StepProgram:
     shape = (data_cfg.train_batch_size * n, data_cfg.max_prompt_length + data_cfg.max_response_length,
              self.model_config.num_key_value_heads, self.model_config.resolved_head_dim)
     sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
-    cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.step_fn.rollout_dtype))
+    cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.rollout_dtype))
     return 2 * self.model_config.num_hidden_layers * per_device_bytes(cache_leaf, sharding)
 
 
@@ -105,21 +105,19 @@ def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig,
   return model_config, critic_model_config, reward_model_config
 
 
-def check_micro_batches(config, step_fn: PPOStep, num_batch_shards: int) -> None:
+def check_micro_batches(config, ppo: PPOStep, num_batch_shards: int) -> None:
   """Start-up check: each micro-batch (per device x batch shards) divides its mini-batch."""
-  n = config.actor_rollout_ref.rollout.n
   if config.actor_rollout_ref.actor.use_dynamic_bsz:
     return  # micro-batches come from the token budget
   sections = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor)]
-  if step_fn.use_critic:
+  if ppo.use_critic:
     sections.append(("critic", config.critic))
-  for name, section in sections:
+  for path, section in sections:
     try:
-      step_fn.micro_rows(section.ppo_micro_batch_size_per_gpu, section.ppo_mini_batch_size * n,
-                         f"{name}.ppo_micro_batch_size_per_gpu")
+      ppo.batcher.micro_rows(section, path)
     except ValueError as e:
-      raise ConfigError(f"{e} ({name}.ppo_mini_batch_size={section.ppo_mini_batch_size} prompts x "
-                        f"rollout.n={n}; mesh data*fsdp={num_batch_shards})") from None
+      raise ConfigError(f"{e} ({path}.ppo_mini_batch_size={section.ppo_mini_batch_size} prompts x "
+                        f"rollout.n={config.actor_rollout_ref.rollout.n}; mesh data*fsdp={num_batch_shards})") from None
 
 
 def _abstract(shapes, shardings):
@@ -127,16 +125,16 @@ def _abstract(shapes, shardings):
                       shapes, shardings)
 
 
-def _abstract_state(program_parts: dict, step_fn: PPOStep, mesh: Mesh) -> TrainState:
+def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState:
   """The train state's leaves as the trainer creates them (`Trainer._init_state`), without allocating."""
   layouts, optimizers, opt_shardings = (program_parts[k] for k in ("layouts", "optimizers", "opt_shardings"))
   actor_shapes = abstract_params(Decoder(program_parts["model_config"], head="lm"))[0]
   actor_params = _abstract(actor_shapes, layouts.actor_train)
   actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, actor_shapes),
                               layouts.actor_opt_host or opt_shardings["actor"])
-  ref_params = _abstract(actor_shapes, layouts.ref_params) if step_fn.use_reference else None
+  ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.use_reference else None
   critic_params = critic_opt_state = None
-  if step_fn.use_critic:
+  if ppo.use_critic:
     critic_shapes = abstract_params(Decoder(program_parts["critic_model_config"], head="value"))[0]
     critic_params = _abstract(critic_shapes, layouts.critic_train)
     critic_opt_state = _abstract(jax.eval_shape(optimizers["critic"].init, critic_shapes), opt_shardings["critic"])
@@ -164,14 +162,14 @@ def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_mod
                    "critic": opt_state_shardings(optimizers["critic"], layouts.critic_train, replicated(mesh))}
   layouts = layouts.with_offload(config, opt_shardings["actor"])
   num_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  step_fn = PPOStep(config, model_config, reward_fn, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+  ppo = PPOStep(config, model_config, reward_fn, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                     lr_schedules=schedules, optimizers=optimizers, layouts=layouts,
                     num_batch_shards=num_batch_shards,
                     kl_warmup_steps=int(config.trainer.guard.kl_warmup_steps_ratio * total_steps),
                     critic_model_config=critic_model_config, reward_model_config=reward_model_config)
-  check_micro_batches(config, step_fn, num_batch_shards)
+  check_micro_batches(config, ppo, num_batch_shards)
   parts = dict(layouts=layouts, optimizers=optimizers, opt_shardings=opt_shardings,
                model_config=model_config, critic_model_config=critic_model_config,
                reward_model_config=reward_model_config)
-  return StepProgram(config=config, mesh=mesh, step_fn=step_fn,
-                     abstract_state=_abstract_state(parts, step_fn, mesh), **parts)
+  return StepProgram(config=config, mesh=mesh, ppo=ppo,
+                     abstract_state=_abstract_state(parts, ppo, mesh), **parts)

@@ -1,20 +1,24 @@
-"""The bridge from token ids inside the compiled step to Python rule rewards on the host.
+"""The step's reward phase, and the bridge from token ids inside it to Python rule rewards on the host.
 
-One `jax.pure_callback` per batch: decode every response (batched), look each row's data_source,
-ground truth and extra_info up by its `sample_index` in the host-side dataset, and score the whole
-batch with `jaxrlhf.rewards.score_batch`.
+`score_rollout` is the phase: rule reward and/or reward model, DAPO overlong shaping, the score on
+the last valid token. The rule reward is one `jax.pure_callback` per batch: decode every response
+(batched), look each row's data_source, ground truth and extra_info up by its `sample_index` in the
+host-side dataset, and score the whole batch with `jaxrlhf.rewards.score_batch`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrlhf import rewards
+from jaxrlhf import algos, rewards
 from jaxrlhf.data import PromptDataset
+from jaxrlhf.models.decoder import Decoder, reward_model_scores
+from jaxrlhf.trainer.model_outputs import sequence_inputs
 
 
 def decode_responses(tokenizer, responses_NxR: np.ndarray, response_mask_NxR: np.ndarray) -> list[str]:
@@ -50,3 +54,43 @@ def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable
                              vmap_method="sequential")
 
   return reward_fn
+
+
+def sequence_scores(reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params,
+                    prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR, sample_index_N):
+  """(scores_N, errors_N): the rule reward, the reward model's score, or (combine_with_rule) their sum.
+
+  `reward_model_config`: the config's `reward_model` section; `reward_fn` as made by `make_reward_fn`.
+  """
+  zeros_N = jnp.zeros(responses_NxR.shape[:1], jnp.float32)
+  scores_N, errors_N = zeros_N, zeros_N
+  if not reward_model_config.enable or reward_model_config.combine_with_rule:
+    scores_N, errors_N = reward_fn(responses_NxR, response_mask_NxR, sample_index_N)
+  if reward_model_config.enable:
+    ids_NxS, _, _ = sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
+    mask_NxS = jnp.concatenate([prompt_mask_NxP, response_mask_NxR], axis=1).astype(jnp.int32)
+    scores_N = scores_N + reward_model_scores(reward_model, reward_params, ids_NxS, mask_NxS)
+  return scores_N, errors_N
+
+
+def score_rollout(reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params,
+                  rollout: dict) -> dict:
+  """The step's reward phase: sequence scores (+ DAPO overlong penalty) placed on the last valid token.
+
+  Returns `scores` [N], `reward_errors` [N], `token_level_scores` [N, R], and for ReMax the greedy
+  baseline's `reward_baselines` [N].
+  """
+  responses_NxR, response_mask_NxR = rollout["responses"], rollout["response_mask"]
+  score = functools.partial(sequence_scores, reward_model_config, reward_fn, reward_model, reward_params,
+                            rollout["prompts"], rollout["prompt_mask"])
+  scores_N, errors_N = score(responses_NxR, response_mask_NxR, rollout["sample_index"])
+  overlong = reward_model_config.overlong_buffer
+  if overlong.enable:
+    scores_N = scores_N + algos.overlong_penalty(response_mask_NxR.sum(axis=1), responses_NxR.shape[1],
+                                                 overlong.len, overlong.penalty_factor)
+  out = {"scores": scores_N, "reward_errors": errors_N,
+         "token_level_scores": algos.place_scores_on_last_token(scores_N, response_mask_NxR)}
+  if "baseline_responses" in rollout:
+    out["reward_baselines"] = score(rollout["baseline_responses"], rollout["baseline_response_mask"],
+                                    rollout["sample_index"])[0]
+  return out

@@ -1,6 +1,6 @@
 """The host side of training: build everything from a config, run the fused step, validate, log.
 
-Data flows one way: dataset batch (host) -> `ppo_step` (one compiled program, state donated) ->
+Data flows one way: dataset batch (host) -> `jitted_step` (one compiled program, state donated) ->
 metrics (host) -> sinks. Validation is a second compiled program (greedy by `val_kwargs`).
 """
 
@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 import time
-from collections import defaultdict
 
 import jax
 import jax.numpy as jnp
@@ -32,9 +31,9 @@ from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
-from jaxrlhf.trainer.ppo_step import make_validation_fn
 from jaxrlhf.trainer.program import build_program, model_configs
 from jaxrlhf.trainer.reward import decode_responses, make_reward_fn
+from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
 from jaxrlhf.trainer.state import TrainState
 
 
@@ -82,20 +81,20 @@ class Trainer:
                                  critic_model_config=self.critic_model_config,
                                  reward_model_config=self.reward_model_config, reward_fn=reward_fn,
                                  eos_token_ids=eos_ids, pad_token_id=pad_id, total_steps=self.total_steps)
-    self.step_fn, self.layouts = self.program.step_fn, self.program.layouts
+    self.ppo, self.layouts = self.program.ppo, self.program.layouts
     state_shardings = self.program.state_shardings
     self.state = self._init_state(state_shardings)
-    self.ppo_step = self.program.jit_step()
+    self.jitted_step = self.program.jit_step()
     if self.val_data is not None:
       val_sampling = SamplingParams.from_rollout_config(
           config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True)
-      validate = make_validation_fn(self.step_fn, val_sampling,
+      validate = make_validation_fn(self.ppo, val_sampling,
                                     make_reward_fn(self.tokenizer, self.val_data, compute_score,
                                                    config.reward_model.on_error))
       self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, state_shardings.reward_params,
                                                          None, replicated(self.mesh)),
                                  out_shardings=replicated(self.mesh))
-    self.phased = PhasedStep(self.step_fn, state_shardings, replicated(self.mesh))
+    self.phased = PhasedStep(self.ppo, state_shardings, replicated(self.mesh))
     self.filter_groups = config.algorithm.filter_groups.enable
     self.gen_schedule = BatchSchedule(len(self.train_data), data_cfg.gen_batch_size or data_cfg.train_batch_size,
                                       seed=data_cfg.seed, shuffle=data_cfg.shuffle)
@@ -122,10 +121,10 @@ class Trainer:
       actor_params = init(Decoder(self.model_config, head="lm"), shardings.actor_params)(actor_key)
     actor_opt_state = jax.jit(optimizers["actor"].init, out_shardings=shardings.actor_opt_state)(actor_params)
     ref_params = None
-    if self.step_fn.use_reference:
+    if self.ppo.use_reference:
       ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings.ref_params)(actor_params)
     critic_params = critic_opt_state = None
-    if self.step_fn.use_critic:
+    if self.ppo.use_critic:
       if self.critic_model_path:  # verl's critic format, or the actor's checkpoint with a fresh value head
         critic_params = load_hf_params(self.critic_model_path, self.critic_model_config, head="value",
                                        shardings=shardings.critic_params, rng=critic_key)
@@ -169,7 +168,7 @@ class Trainer:
     else:
       batch = self._load_batch(self.train_data, self.schedule.indices(step))
       if self.config.trainer.fuse_step:
-        self.state, device_metrics = self.ppo_step(self.state, batch, rng)
+        self.state, device_metrics = self.jitted_step(self.state, batch, rng)
       else:
         run = timed(timings)
         rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
@@ -195,7 +194,7 @@ class Trainer:
                             prompt_tokens=metrics["prompt_length/mean"] * n,
                             response_tokens=metrics["response_length/mean"] * n, num_sequences=n,
                             ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
-                            use_reference=self.step_fn.use_reference)
+                            use_reference=self.ppo.use_reference)
 
   def _dynamic_sampling_step(self, rng, timings):
     """DAPO: generate rounds of `gen_batch_size` prompts until `train_batch_size` groups have varied rewards."""
@@ -300,11 +299,7 @@ class Trainer:
     valid = len(data) * n
     scores = np.concatenate(scores)[:valid].reshape(len(data), n)
     masks = np.concatenate(masks)[:valid]
-    by_source = defaultdict(list)
-    for source, row_scores in zip(data.data_sources, scores):
-      by_source[source].append(row_scores)
-    metrics = {f"val-core/{source}/reward/mean@{n}": float(np.mean(rows)) for source, rows in by_source.items()}
-    metrics["val/response_length/mean"] = float(masks.sum(axis=1).mean())
+    metrics = validation_metrics(data.data_sources, scores, masks)
     num_logged = min(self.config.trainer.log_val_generations, valid)
     if num_logged and jax.process_index() == 0:
       texts = decode_responses(self.tokenizer, np.concatenate(responses)[:num_logged], masks[:num_logged])

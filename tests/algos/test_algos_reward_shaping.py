@@ -37,7 +37,7 @@ def test_apply_kl_penalty_matches_numpy(ctrl, name):
     for scale in (1.0, 0.0):  # 0: the KL warm-up gate
         rewards, coef, current = algos.apply_kl_penalty(scores_tok, lp, ref_lp, mask, np.float32(0.05),
                                                         kl_penalty_type=name, kl_ctrl_type=ctrl, target_kl=0.1,
-                                                        horizon=100.0, kl_scale=scale)
+                                                        horizon=100.0, kl_gate=scale)
         want = ref.apply_kl_penalty(scores_tok, lp, ref_lp, mask, 0.05, name, ctrl, 0.1, 100.0, scale)
         np.testing.assert_allclose(rewards, want[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(coef, want[1], rtol=1e-6)

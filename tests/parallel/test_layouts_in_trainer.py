@@ -62,7 +62,7 @@ def test_compiled_step_gathers_params_for_generation_and_moves_no_params_to_host
   trainer = Trainer(_mesh_config(tmp_path, (1, 8, 1)))
   from jaxrlhf.data import batch_arrays
   batch = trainer._device_batch(batch_arrays(trainer.train_data, trainer.schedule.indices(0)))
-  hlo = trainer.ppo_step.lower(trainer.state, batch, trainer.rng).compile().as_text()
+  hlo = trainer.jitted_step.lower(trainer.state, batch, trainer.rng).compile().as_text()
   assert "all-gather" in hlo
   # Host traffic: only the reward callback, whose operands are token ids / masks / row indices.
   callbacks = [line for line in hlo.splitlines() if "custom-call" in line and "callback" in line]

@@ -9,7 +9,7 @@ from jaxrlhf.config import ConfigError, get_base_config, resolve_config, validat
 from jaxrlhf.models import Decoder, DecoderConfig
 from jaxrlhf.models.decoder import init_params
 from jaxrlhf.parallel import StepLayouts
-from jaxrlhf.trainer import PPOStep, Trainer, packing
+from jaxrlhf.trainer import PPOStep, Trainer, packing, update_loop
 from jaxrlhf.trainer.state import make_optimizer
 from tests.helpers import TIMING_DEPENDENT, small_config
 from tests.trainer.test_ppo_step import _compile_counter
@@ -86,16 +86,16 @@ def _minibatch(step, params, rollout):
 def _gradients(step, params, minibatch, loss_agg_mode):
   actor_params, critic_params = params
   seq_len = PROMPT_LEN + RESPONSE_LEN
-  batching = step._batching(16, seq_len, step.config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu,
-                            "micro", step.actor_packed)
+  batching = step.batcher.update_plan(step.config.actor_rollout_ref.actor, "actor_rollout_ref.actor", seq_len,
+                                      step.actor_packed)
 
   @jax.jit
   def run(minibatch):
     key = jax.random.key(0)
-    actor = step.minibatch_gradients(step.actor_loss, actor_params, {"kl_scale": 1.0}, minibatch, key, batching,
-                                     loss_agg_mode)
-    critic = step.minibatch_gradients(step.critic_loss, critic_params, None, minibatch, key, batching,
-                                      loss_agg_mode)
+    actor = update_loop.minibatch_gradients(step.actor_loss, actor_params, {"kl_gate": 1.0}, minibatch, key,
+                                            batching, loss_agg_mode)
+    critic = update_loop.minibatch_gradients(step.critic_loss, critic_params, None, minibatch, key, batching,
+                                             loss_agg_mode)
     return actor, critic
 
   return batching, run(minibatch)

@@ -58,18 +58,18 @@ def test_overlong_penalty_is_linear_over_the_buffer(tmp_path):
                                             "reward_model.overlong_buffer.len": 2,
                                             "reward_model.overlong_buffer.penalty_factor": 1.0})
   trainer = Trainer(config, devices=jax.devices()[:1])
-  trainer.step_fn.reward_fn = lambda responses, mask, index: (jnp.ones(responses.shape[0]), jnp.zeros(responses.shape[0]))
+  trainer.ppo.reward_fn = lambda responses, mask, index: (jnp.ones(responses.shape[0]), jnp.zeros(responses.shape[0]))
   mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], jnp.int32)  # lengths 1, 2, 3 of max 3, buffer 2
   rollout = {"prompts": jnp.ones((3, 2), jnp.int32), "prompt_mask": jnp.ones((3, 2), jnp.int32),
              "responses": jnp.zeros((3, 3), jnp.int32), "response_mask": mask, "sample_index": jnp.arange(3)}
-  scores = trainer.step_fn.score(rollout)["scores"]
+  scores = trainer.ppo.score(rollout)["scores"]
   np.testing.assert_allclose(np.asarray(scores), [1.0, 0.5, 0.0])  # expected length 1: -(L-1)/2
 
 
 def test_remax_runs_with_a_greedy_baseline(tmp_path):
   config = small_config(tmp_path, **ONE, **{"algorithm.adv_estimator": "remax"})
   trainer = Trainer(config, devices=jax.devices()[:1])
-  assert not trainer.step_fn.use_critic
+  assert not trainer.ppo.use_critic
   metrics = trainer.train_step(0)
   assert np.isfinite(metrics["actor/pg_loss"]) and "critic/vf_loss" not in metrics
 

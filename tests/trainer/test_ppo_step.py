@@ -86,11 +86,11 @@ def test_bf16_rollout_of_an_fp32_actor(tmp_path):
   """rollout.dtype=bfloat16: generation runs bf16 matmuls on a cast copy; training stays fp32."""
   trainer = Trainer(small_config(tmp_path, **{"actor_rollout_ref.rollout.dtype": "bfloat16"}),
                     devices=jax.devices()[:1])
-  assert trainer.step_fn.rollout_actor.config.dtype == "bfloat16" and trainer.model_config.dtype == "float32"
+  assert trainer.ppo.rollout_actor.config.dtype == "bfloat16" and trainer.model_config.dtype == "float32"
   metrics = trainer.train_step(0)
   assert all(np.isfinite(v) for v in metrics.values())
   assert all(x.dtype == jax.numpy.float32 for x in jax.tree.leaves(trainer.state.actor_params))
   batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(1))
-  hlo = trainer.ppo_step.lower(trainer.state, batch, jax.random.key(0)).as_text()
+  hlo = trainer.jitted_step.lower(trainer.state, batch, jax.random.key(0)).as_text()
   bf16_dots = re.findall(r"dot_general.*\(tensor<[^>]*bf16>, tensor<[^>]*bf16>\) -> tensor<[^>]*f32>", hlo)
   assert bf16_dots, "no bf16 x bf16 -> fp32 matmul in the step"

@@ -40,9 +40,9 @@ def test_reward_model_scores_match_transformers(tmp_path, reward_checkpoint, com
              "sample_index": jnp.arange(3, dtype=jnp.int32)}
   rule = np.zeros(3, np.float32)
   if combine:
-    rule = np.asarray(trainer.step_fn.reward_fn(rollout["responses"], rollout["response_mask"],
+    rule = np.asarray(trainer.ppo.reward_fn(rollout["responses"], rollout["response_mask"],
                                                 rollout["sample_index"])[0])
-  scores = np.asarray(trainer.step_fn.score(rollout, trainer.state.reward_params)["scores"])
+  scores = np.asarray(trainer.ppo.score(rollout, trainer.state.reward_params)["scores"])
   with torch.no_grad():
     expected = hf_model(torch.tensor(np.concatenate([prompts, responses], 1), dtype=torch.long)).logits[:, 0].numpy()
   np.testing.assert_allclose(scores, expected + rule, atol=1e-4)

@@ -1,0 +1,44 @@
+"""The batch statistics of one step (SPEC §7): scores, rewards, advantages, returns, values, lengths."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrlhf import algos
+
+
+def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
+  """`<prefix>/{mean,max,min}` over all of `x`, or over its positions where `mask` > 0."""
+  x = x.astype(jnp.float32)
+  if mask is None:
+    return {f"{prefix}/mean": jnp.mean(x), f"{prefix}/max": jnp.max(x), f"{prefix}/min": jnp.min(x)}
+  valid = mask > 0
+  return {f"{prefix}/mean": algos.masked_mean(x, mask),
+          f"{prefix}/max": jnp.max(jnp.where(valid, x, -jnp.inf)),
+          f"{prefix}/min": jnp.min(jnp.where(valid, x, jnp.inf))}
+
+
+def batch_metrics(rollout: dict, scored: dict, adv: dict, values) -> dict[str, jax.Array]:
+  """From the rollout, its scores (`PPOStep.score`), the advantage phase's output and the values (or None)."""
+  mask_f = rollout["response_mask"].astype(jnp.float32)
+  lengths_N = rollout["response_mask"].sum(axis=1)
+  prompt_lengths_N = rollout["prompt_mask"].sum(axis=1)
+  metrics = {}
+  metrics.update(_stats("critic/score", scored["scores"]))
+  metrics.update(_stats("critic/rewards", adv["token_level_rewards"].sum(axis=1)))
+  metrics.update(_stats("critic/advantages", adv["advantages"], mask_f))
+  metrics.update(_stats("critic/returns", adv["returns"], mask_f))
+  if values is not None:
+    metrics.update(_stats("critic/values", values, mask_f))
+    residual_var = algos.masked_var(adv["returns"] - values, mask_f)
+    metrics["critic/vf_explained_var"] = 1.0 - residual_var / (algos.masked_var(adv["returns"], mask_f) + 1e-5)
+  metrics.update(_stats("response_length", lengths_N))
+  metrics["response_length/clip_ratio"] = jnp.mean((lengths_N == mask_f.shape[1]).astype(jnp.float32))
+  metrics.update(_stats("prompt_length", prompt_lengths_N))
+  metrics["prompt_length/clip_ratio"] = jnp.mean(
+      (prompt_lengths_N == rollout["prompt_mask"].shape[1]).astype(jnp.float32))
+  metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + lengths_N.sum()).astype(jnp.float32)
+  metrics["perf/decode_steps"] = jnp.asarray(rollout["decode_steps"], jnp.float32)
+  metrics["reward/num_errors"] = scored["reward_errors"].sum()
+  return metrics

@@ -1,0 +1,164 @@
+"""Micro-batch plans and the loops that run over them (SPEC §5): forward-only phases and PPO updates.
+
+An update is `epochs` x mini-batches (one optimizer step each) x micro-batches (gradients summed),
+as nested `lax.scan`s. A micro-batch is padded rows or, with `use_remove_padding`, a packed slot
+(`packing`); `use_dynamic_bsz` sizes it by a token budget. The loss normalisers come from the whole
+mini-batch, so micro-batch losses and gradients add up exactly to the unsplit mini-batch's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxrlhf import algos
+from jaxrlhf.trainer import packing
+from jaxrlhf.trainer.model_outputs import sequence_inputs
+from jaxrlhf.trainer.state import apply_gradients
+
+
+class MicroBatcher:
+  """Cuts a config section's mini-batches (`ppo_mini_batch_size` prompts x `rollout.n`) into micro-batches.
+
+  `section_path` ("actor_rollout_ref.actor" or "critic") names the section in errors.
+  """
+
+  def __init__(self, config, num_batch_shards: int):
+    self.n = config.actor_rollout_ref.rollout.n
+    actor = config.actor_rollout_ref.actor
+    # The token budget (use_dynamic_bsz) is the actor's key; the critic follows it, as in verl's recipes.
+    self.max_token_len = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
+    self.num_batch_shards = num_batch_shards
+
+  def micro_rows(self, section, section_path: str) -> int:
+    """Rows of one micro-batch (all batch shards) from `ppo_micro_batch_size_per_gpu`; must divide the mini-batch."""
+    mini_batch_rows = section.ppo_mini_batch_size * self.n
+    per_device = section.ppo_micro_batch_size_per_gpu
+    if per_device is None:
+      return mini_batch_rows
+    rows = per_device * self.num_batch_shards
+    if mini_batch_rows % rows:
+      raise ValueError(f"{section_path}.ppo_micro_batch_size_per_gpu={per_device} x {self.num_batch_shards} batch "
+                       f"shards = {rows} rows does not divide the mini-batch of {mini_batch_rows} sequences")
+    return rows
+
+  def update_plan(self, section, section_path: str, seq_len: int, packed: bool) -> packing.MicroBatching:
+    """The micro-batches of one mini-batch."""
+    mini_batch_rows = section.ppo_mini_batch_size * self.n
+    if self.max_token_len is not None:
+      return packing.micro_batching(mini_batch_rows, seq_len, self.num_batch_shards, rows_per_shard=None,
+                                    max_token_len=self.max_token_len, packed=packed)
+    rows = self.micro_rows(section, section_path)
+    return packing.MicroBatching(rows=rows, num_micro=mini_batch_rows // rows, shards=self.num_batch_shards,
+                                 packed=packed)
+
+  def phase_plan(self, section, section_path: str, num_sequences: int, seq_len: int) -> packing.MicroBatching:
+    """Packed slots of a forward-only phase over the whole batch: the update's slot size, as many as needed."""
+    mini = self.update_plan(section, section_path, seq_len, packed=True)
+    return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows))
+
+
+def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
+  """The packing plan of `data`'s sequences (valid prompt tokens + response prefix)."""
+  ids_NxS, _, _ = sequence_inputs(data["prompts"], data["prompt_mask"], data["responses"])
+  valid_NxS = jnp.concatenate([data["prompt_mask"], data["response_mask"]], axis=1)
+  return packing.pack(ids_NxS, valid_NxS, batching)
+
+
+def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None):
+  """`outputs_fn(micro) -> [N, R]` over the rollout: at once on padded rows (`batching` None), or slot by
+  slot on packed rows (an empty slot is skipped); 0 off the response mask in the packed case."""
+  if batching is None:
+    return outputs_fn(rollout)
+  plan = pack_sequences(rollout, batching)
+  mask_NxR = rollout["response_mask"]
+
+  def run_slot(out_NxR, k):
+    slot_values = jax.lax.cond(plan["used"][k], lambda: outputs_fn(dict(rollout, packed=packing.slot(plan, k))),
+                               lambda: jnp.zeros(out_NxR.shape, jnp.float32))
+    return jnp.where((plan["slot_N"] == k)[:, None], slot_values, out_NxR), None
+
+  out_NxR, _ = jax.lax.scan(run_slot, jnp.zeros(mask_NxR.shape, jnp.float32), jnp.arange(batching.num_micro))
+  return out_NxR * mask_NxR.astype(jnp.float32)
+
+
+def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, batching: packing.MicroBatching,
+                        loss_agg_mode: str, to_train: Callable = lambda tree: tree):
+  """Summed gradients and metrics of one mini-batch over its micro-batches (padded rows or packed slots).
+
+  `loss_fn(params, aux, micro, normalizers, rng) -> (loss, metrics)`; `to_train` pins a micro-batch to
+  the training layout.
+  """
+  normalizers = algos.loss_normalizers(minibatch["response_mask"], loss_agg_mode)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  micro_rngs = jax.random.split(rng, batching.num_micro)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+
+  def gradients(micro, micro_rng):
+    (_, metrics), grads = grad_fn(params, aux, to_train(micro), normalizers, micro_rng)
+    return grads, metrics
+
+  if batching.packed:
+    plan = pack_sequences(minibatch, batching)
+
+    def packed_step(grads_acc, inputs):
+      k, micro_rng = inputs
+      in_slot_N = plan["slot_N"] == k
+      micro = dict(minibatch, response_mask=minibatch["response_mask"] * in_slot_N[:, None].astype(
+          minibatch["response_mask"].dtype), packed=packing.slot(plan, k))
+      run = lambda: gradients(micro, micro_rng)
+      skip_shapes = jax.eval_shape(run)
+      skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), skip_shapes)
+      grads, metrics = jax.lax.cond(plan["used"][k], run, skip)  # an empty slot costs nothing
+      return jax.tree.map(jnp.add, grads_acc, grads), metrics
+
+    grads, micro_metrics = jax.lax.scan(packed_step, zeros, (jnp.arange(batching.num_micro), micro_rngs))
+  else:
+    padded = packing.pad_rows(minibatch, batching.num_micro * batching.rows)
+    micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), padded)
+
+    def padded_step(grads_acc, inputs):
+      grads, metrics = gradients(*inputs)
+      return jax.tree.map(jnp.add, grads_acc, grads), metrics
+
+    grads, micro_metrics = jax.lax.scan(padded_step, zeros, (micro_batches, micro_rngs))
+  # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
+  return grads, {k: v.sum() for k, v in micro_metrics.items()}
+
+
+def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
+               mini_batch_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str,
+               to_train: Callable = lambda tree: tree):
+  """`epochs` x mini-batches of `mini_batch_rows` (one optimizer step each) x micro-batches (`batching`).
+
+  Returns (params, opt_state, metrics averaged over the optimizer steps, plus `<prefix>/lr`).
+  """
+  num_rows = data["responses"].shape[0]
+  num_mini = num_rows // mini_batch_rows
+
+  def split(tree, parts):
+    return jax.tree.map(lambda x: x.reshape((parts, x.shape[0] // parts) + x.shape[1:]), tree)
+
+  def minibatch_step(carry, inputs):
+    params, opt_state = carry
+    minibatch, minibatch_rng = inputs
+    grads, metrics = minibatch_gradients(loss_fn, params, aux, minibatch, minibatch_rng, batching, loss_agg_mode,
+                                         to_train)
+    params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
+    metrics[f"{prefix}/grad_norm"] = grad_norm
+    metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied
+    return (params, opt_state), metrics
+
+  def epoch_step(carry, epoch_rng):
+    perm_rng, mini_rng = jax.random.split(epoch_rng)
+    order = jax.random.permutation(perm_rng, num_rows) if shuffle else jnp.arange(num_rows)
+    epoch_data = jax.tree.map(lambda x: x[order], data)
+    return jax.lax.scan(minibatch_step, carry, (split(epoch_data, num_mini), jax.random.split(mini_rng, num_mini)))
+
+  (params, opt_state), metrics = jax.lax.scan(epoch_step, (params, opt_state), jax.random.split(rng, epochs))
+  metrics = {k: v.mean() for k, v in metrics.items()}
+  metrics[f"{prefix}/lr"] = lr
+  return params, opt_state, metrics
