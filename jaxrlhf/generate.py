@@ -115,13 +115,16 @@ def run(args) -> list[dict]:
 
   rows = repeat_interleave(list(range(len(texts))), args.n)
   results, masks = [], []
-  key = jax.random.key(args.seed)
-  for chunk, start in enumerate(range(0, len(rows), args.batch_size)):
+  # Row j (prompt j // n, sample j % n) samples with its own key, fold_in(seed key, j): the serving
+  # engine's convention, so `Engine.serve` with the same seed gives the same tokens (n=1).
+  seed_key = jax.random.key(args.seed)
+  request_keys = jax.vmap(lambda j: jax.random.fold_in(seed_key, j))
+  for start in range(0, len(rows), args.batch_size):
     prompt_indices = rows[start:start + args.batch_size]
     batch = pad_prompts([encoded[i] for i in prompt_indices], pad_id)
+    rngs_B = request_keys(start + np.arange(batch.prompt_ids_BxP.shape[0]))
     out = jax.device_get(generate_fn(params, prompt_ids_BxP=batch.prompt_ids_BxP,
-                                     prompt_mask_BxP=batch.prompt_mask_BxP, rng=jax.random.fold_in(key, chunk),
-                                     active_B=batch.active_B))
+                                     prompt_mask_BxP=batch.prompt_mask_BxP, rng=rngs_B, active_B=batch.active_B))
     masks.append(out["response_mask"][:batch.num_prompts])
     for row, prompt_index in enumerate(prompt_indices):
       length = int(out["response_lengths"][row])

@@ -13,10 +13,12 @@ from jaxrlhf.rollout.engine import DecodeState, Engine, Prefix, ResultTokens, Sl
 from jaxrlhf.rollout.sampler import (
     SamplingParams,
     choose_tokens,
+    decode_step,
     filter_logits,
     generate,
     greedy_tokens,
     prefill_cache,
+    token_keys,
     token_log_probs,
 )
 
@@ -24,5 +26,6 @@ __all__ = [
     "DEFAULT_BATCH_BUCKETS", "DEFAULT_LENGTH_BUCKETS", "PaddedPrompts", "pad_prompts", "pick_bucket",
     "repeat_interleave", "response_lengths_and_clip",
     "DecodeState", "Engine", "Prefix", "ResultTokens", "SlotData",
-    "SamplingParams", "choose_tokens", "filter_logits", "generate", "greedy_tokens", "prefill_cache", "token_log_probs",
+    "SamplingParams", "choose_tokens", "decode_step", "filter_logits", "generate", "greedy_tokens", "prefill_cache",
+    "token_keys", "token_log_probs",
 ]

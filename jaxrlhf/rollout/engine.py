@@ -15,8 +15,10 @@ shifts every row left by S - keep, where keep = max_prefill_length + max_new_tok
 live request can have written, so nothing live is lost and the copy happens once every S - keep steps.
 Masked columns add exactly 0 to attention, so a request's tokens do not depend on its neighbours.
 
-Sampling keys are per request: token g of a request is drawn with fold_in(request key, g), so a
-sampled response is the same whichever slot or step it ran in.
+Sampling keys are per request: token g of a request is drawn with `token_keys(request key, g)`
+(fold_in), the convention `generate` follows when given per-row keys, so `jaxrlhf.generate` and
+`Engine.serve` sample the same tokens for the same seed and request, whichever slot or step it ran in.
+The decode step itself is `sampler.decode_step`, shared with `generate`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from flax import struct
 
 from jaxrlhf.models.decoder import Decoder, DecoderConfig, init_cache
 from jaxrlhf.rollout.buckets import DEFAULT_LENGTH_BUCKETS, pick_bucket
-from jaxrlhf.rollout.sampler import SamplingParams, choose_tokens, prefill_cache, token_log_probs
+from jaxrlhf.rollout.sampler import SamplingParams, decode_step, prefill_cache, token_keys
 
 
 @struct.dataclass
@@ -229,11 +231,8 @@ class Engine:
     prompt_len = ids_1xP.shape[1]
     cache, kv_mask_1xP = prefill_cache(self._apply_fn, params, self.model_config, ids_1xP, mask_1xP, prompt_len)
     position_1 = mask_1xP.sum(axis=1) - 1
-    logits_1x1xV, cache = self._apply_fn(params, ids_1xP[:, -1:], position_1[:, None], kv_mask_1xP, cache,
-                                         jnp.int32(prompt_len - 1))
-    logits_1xV = logits_1x1xV[:, 0]
-    token_1 = choose_tokens(logits_1xV, jax.random.fold_in(rng, 0)[None], self.sampling)
-    log_prob_1 = token_log_probs(logits_1xV, token_1, self.sampling.logprob_temperature)
+    token_1, log_prob_1, cache = decode_step(self._apply_fn, params, ids_1xP[:, -1], position_1, kv_mask_1xP, cache,
+                                             jnp.int32(prompt_len - 1), token_keys(rng[None], 0), self.sampling)
     length_1 = jnp.ones((1,), jnp.int32)
     done_1 = self._finished(token_1, length_1)
     # Left-padded to max_prefill_length so that one compiled `insert` serves every bucket.
@@ -271,12 +270,9 @@ class Engine:
     index = state.index
     kv_mask_NxS = jax.lax.dynamic_update_slice(state.kv_mask_NxS, jnp.ones((self._slots, 1), jnp.int32),
                                                (jnp.int32(0), index))
-    logits_Nx1xV, cache = self._apply_fn(params, state.tokens_N[:, None], state.positions_N[:, None], kv_mask_NxS,
-                                         state.cache, index)
-    logits_NxV = logits_Nx1xV[:, 0]
-    keys_N = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(state.key_data_N), state.lengths_N)
-    token_N = choose_tokens(logits_NxV, keys_N, self.sampling)
-    log_prob_N = token_log_probs(logits_NxV, token_N, self.sampling.logprob_temperature)
+    token_N, log_prob_N, cache = decode_step(
+        self._apply_fn, params, state.tokens_N, state.positions_N, kv_mask_NxS, state.cache, index,
+        token_keys(jax.random.wrap_key_data(state.key_data_N), state.lengths_N), self.sampling)
     valid_N = ~state.done_N
     token_N = jnp.where(valid_N, token_N, self.sampling.pad_token_id)
     lengths_N = state.lengths_N + valid_N.astype(jnp.int32)

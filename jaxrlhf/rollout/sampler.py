@@ -10,7 +10,8 @@ temperature` the training forward uses, SPEC §4), so the rollout's log-probs eq
 recomputed `old_log_prob` for the same weights (in the same dtype; a bf16 rollout differs slightly).
 top-k / top-p only restrict what is sampled. The response mask covers tokens up to and including the
 first EOS.
-`choose_tokens` and `prefill_cache` are shared with the serving engine (`jaxrlhf.rollout.engine`).
+`prefill_cache`, `decode_step` and the PRNG convention `token_keys` are shared with the serving engine
+(`jaxrlhf.rollout.engine`).
 """
 
 from __future__ import annotations
@@ -114,6 +115,32 @@ def choose_tokens(logits_BxV, key, sampling: SamplingParams):
   return jax.vmap(lambda k, row_V: jax.random.categorical(k, row_V))(key, scaled_BxV).astype(jnp.int32)
 
 
+def token_keys(rng, index):
+  """The sampling key of generated token `index` (0 = the first): `fold_in(key, index)`.
+
+  The one PRNG convention of generation. `rng` is either one key for the whole batch (the training
+  rollout: one draw over [B, V]), or a key per row, a request's own key (`jaxrlhf.generate` and the
+  serving engine): then a request's tokens depend only on its key and its prompt, whichever batch,
+  slot or step it runs in. `index`: a scalar, or one per row.
+  """
+  if rng.ndim == 0:
+    return jax.random.fold_in(rng, index)
+  return jax.vmap(jax.random.fold_in)(rng, jnp.broadcast_to(index, rng.shape))
+
+
+def decode_step(apply_fn: Callable, params, tokens_B, positions_B, kv_mask_BxS, cache, cache_index, keys,
+                sampling: SamplingParams):
+  """One decode step, shared by `generate` and the serving engine: feed each row's last token (written
+  at cache column `cache_index`), choose the next with `keys` (`token_keys`) and score it.
+
+  Returns (token_B, log_prob_B under softmax(logits / T), cache).
+  """
+  logits_Bx1xV, cache = apply_fn(params, tokens_B[:, None], positions_B[:, None], kv_mask_BxS, cache, cache_index)
+  logits_BxV = logits_Bx1xV[:, 0]
+  token_B = choose_tokens(logits_BxV, keys, sampling)
+  return token_B, token_log_probs(logits_BxV, token_B, sampling.logprob_temperature), cache
+
+
 def prefill_cache(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_mask_BxP, cache_length: int,
                   constrain_cache: Callable | None = None):
   """KV cache of every prompt token but the last, whose forward is the first decode step.
@@ -140,6 +167,8 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
   """Samples up to `max_new_tokens` per left-padded prompt.
 
   `apply_fn(params, ids_BxL, positions_BxL, kv_mask_BxS, cache, cache_index) -> (logits, cache)`.
+  `rng`: one key for the batch (the training rollout), or one key per row, a request's own key (see
+  `token_keys`: then a row samples what the serving engine samples for the same request key).
   `constrain_cache(cache) -> cache` pins the KV cache's sharding (batch and kv-heads) on a mesh.
   `active_B` (bool, optional): rows marked False (batch padding) start finished and stay empty.
   Returns dict(responses [B,R] int32 (pad after EOS), response_mask [B,R] int32,
@@ -158,12 +187,9 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
 
   def body(carry):
     step, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, input_B = carry
-    logits_Bx1xV, cache = apply_fn(params, input_B[:, None], (last_position_B + step)[:, None], kv_mask_BxS, cache,
-                                   prompt_len - 1 + step)
+    token_B, log_prob_B, cache = decode_step(apply_fn, params, input_B, last_position_B + step, kv_mask_BxS, cache,
+                                             prompt_len - 1 + step, token_keys(rng, step), sampling)
     cache = constrain_cache(cache)
-    logits_BxV = logits_Bx1xV[:, 0]
-    token_B = choose_tokens(logits_BxV, jax.random.fold_in(rng, step), sampling)
-    log_prob_B = token_log_probs(logits_BxV[:, None], token_B[:, None], sampling.logprob_temperature)[:, 0]
     token_B = jnp.where(done_B, sampling.pad_token_id, token_B)
     tokens_BxR = jax.lax.dynamic_update_slice(tokens_BxR, token_B[:, None], (0, step))
     log_probs_BxR = jax.lax.dynamic_update_slice(log_probs_BxR, jnp.where(done_B, 0.0, log_prob_B)[:, None],

@@ -124,3 +124,25 @@ def test_training_checkpoint_directory_with_chat_and_sampling(tmp_path):
   assert len(sampled) == 9 and [r["sample"] for r in sampled] == [0, 1, 2] * 3
   assert len({tuple(r["response_ids"]) for r in sampled}) > 3  # samples differ
   assert _read(tmp_path / "s.jsonl") == sampled
+
+
+def test_generate_and_the_serving_engine_sample_the_same_tokens(hf_dir, tmp_path):
+  """One decode step and one PRNG convention: for the same seed, request j of `jaxrlhf.generate` and of
+  `Engine.serve` draw the same tokens, though the CLI batches and buckets them and the engine runs them
+  through 2 slots with continuous batching."""
+  from jaxrlhf import generate as generate_cli
+  from jaxrlhf.rollout import Engine
+  prompts_file = tmp_path / "prompts.txt"
+  prompts_file.write_text("\n".join(PROMPTS) + "\n")
+  args = generate_cli.parse_args(["--model", hf_dir, "--prompts", str(prompts_file), "--output",
+                                  str(tmp_path / "out.jsonl"), "--temperature", "1.0", "--top_k", "40",
+                                  "--max_new_tokens", "10", "--seed", "7"])
+  rows = generate_cli.run(args)
+  params, model_config, tokenizer, eos_ids, pad_id = generate_cli.load_model(hf_dir)
+  sampling = SamplingParams(max_new_tokens=10, eos_token_ids=eos_ids, pad_token_id=pad_id, temperature=1.0, top_k=40)
+  engine = Engine(model_config, sampling, max_concurrent_decodes=2, prefill_buckets=(8, 16))
+  served = engine.serve(params, [generate_cli.encode_prompt(tokenizer, p, chat=False) for p in PROMPTS], seed=7)
+  assert [row["response_ids"] for row in rows] == [out["token_ids"] for out in served]
+  assert len({tuple(row["response_ids"]) for row in rows}) == len(PROMPTS)  # really sampled, not one answer
+  other_seed = engine.serve(params, [generate_cli.encode_prompt(tokenizer, p, chat=False) for p in PROMPTS], seed=8)
+  assert [out["token_ids"] for out in other_seed] != [out["token_ids"] for out in served]
