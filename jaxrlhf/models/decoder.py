@@ -19,6 +19,17 @@ Packed rows (`use_remove_padding`, no cache) add `segment_ids_BxL`: several sequ
 attention is block-diagonal causal, a token sees only earlier tokens of its own segment; segment 0 is
 padding and sees nothing. Positions then restart in each segment (the caller passes them).
 The sliding window, like HF's, counts sequence (cache) indices, not token positions.
+
+Shape letters. Array names end in their shape (`logits_BxLxV`); each letter means one thing across
+the package:
+  B  rows of one model call or decode batch (padded sequences, packed rows, serving slots)
+  L  tokens per row in one call (the queries)
+  S  a whole sequence: prompt + response (the keys a query may see; in decode, the cache length)
+  P  prompt length (left-padded)                R  response length
+  N  sequences of a rollout (prompts x n): the trainer's and the algorithms' batch
+  M  micro-batch slots of a packing plan        E  EOS token ids
+  V  vocabulary   D  hidden (embed)   F  MLP (intermediate)
+  Q  query heads = K key/value heads x G query heads per key/value head   H  head dim (H2 = H / 2)
 """
 
 from __future__ import annotations
@@ -33,7 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-_MASK_VALUE = -1e9  # finite, so a query with no valid key (a left pad) gives no NaN
+# Added to the score of a masked key (and to a filtered-out logit when sampling): finite, so a query
+# with no valid key (a left pad) gives no NaN, and exp() of it underflows to exactly 0.
+MASK_VALUE = -1e9
+INIT_STD = 0.02  # std of every fresh kernel and embedding (HF's `initializer_range` default)
 HEADS = ("lm", "value", "reward")
 ROPE_TYPES = ("default", "linear", "llama3")
 # Gradient checkpointing of each decoder layer: which intermediates the backward pass may keep.
@@ -165,13 +179,13 @@ def rope_cos_sin(positions_BxL, config: DecoderConfig):
   return jnp.cos(emb_BxLxH), jnp.sin(emb_BxLxH)
 
 
-def apply_rope(x_BxLxNxH, cos_BxLxH, sin_BxLxH):
-  half = x_BxLxNxH.shape[-1] // 2
-  x1, x2 = x_BxLxNxH[..., :half], x_BxLxNxH[..., half:]
+def apply_rope(x, cos_BxLxH, sin_BxLxH):
+  """Rotates queries [B, L, Q, H] or keys [B, L, K, H] by their positions' tables; fp32 math."""
+  half = x.shape[-1] // 2
+  x1, x2 = x[..., :half], x[..., half:]
   rotated = jnp.concatenate([-x2, x1], axis=-1)
-  x32 = x_BxLxNxH.astype(jnp.float32)
-  out = x32 * cos_BxLxH[:, :, None, :] + rotated.astype(jnp.float32) * sin_BxLxH[:, :, None, :]
-  return out.astype(x_BxLxNxH.dtype)
+  out = x.astype(jnp.float32) * cos_BxLxH[:, :, None, :] + rotated.astype(jnp.float32) * sin_BxLxH[:, :, None, :]
+  return out.astype(x.dtype)
 
 
 class Attention(nn.Module):
@@ -187,16 +201,16 @@ class Attention(nn.Module):
     dense = lambda features, names, name: nn.DenseGeneral(
         features, use_bias=cfg.qkv_bias, dtype=dtype, param_dtype=param_dtype, name=name,
         dot_general=_dot_general_f32_accumulate,
-        kernel_init=_init(nn.initializers.normal(0.02), names),
+        kernel_init=_init(nn.initializers.normal(INIT_STD), names),
         bias_init=_init(nn.initializers.zeros_init(), names[1:]))
-    q_BxLxNxH = dense((num_heads, head_dim), ("embed", "heads", "head_dim"), "q_proj")(x_BxLxD)
+    q_BxLxQxH = dense((num_heads, head_dim), ("embed", "heads", "head_dim"), "q_proj")(x_BxLxD)
     k_BxLxKxH = dense((num_kv, head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")(x_BxLxD)
     v_BxLxKxH = dense((num_kv, head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")(x_BxLxD)
     if cfg.qk_norm:
       head_norm = lambda name: RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, axis_name="head_dim", name=name)
-      q_BxLxNxH = head_norm("q_norm")(q_BxLxNxH)
+      q_BxLxQxH = head_norm("q_norm")(q_BxLxQxH)
       k_BxLxKxH = head_norm("k_norm")(k_BxLxKxH)
-    q_BxLxNxH = apply_rope(q_BxLxNxH, cos_BxLxH, sin_BxLxH)
+    q_BxLxQxH = apply_rope(q_BxLxQxH, cos_BxLxH, sin_BxLxH)
     k_BxLxKxH = apply_rope(k_BxLxKxH, cos_BxLxH, sin_BxLxH)
 
     batch, length = x_BxLxD.shape[:2]
@@ -214,7 +228,7 @@ class Attention(nn.Module):
     key_index_S = jnp.arange(keys_BxSxKxH.shape[1])
 
     group = num_heads // num_kv
-    q_BxLxKxGxH = q_BxLxNxH.reshape(batch, length, num_kv, group, head_dim)
+    q_BxLxKxGxH = q_BxLxQxH.reshape(batch, length, num_kv, group, head_dim)
     scores_BxKxGxLxS = jnp.einsum("blkgh,bskh->bkgls", q_BxLxKxGxH, keys_BxSxKxH.astype(dtype),
                                   preferred_element_type=jnp.float32) / jnp.sqrt(head_dim).astype(jnp.float32)
     allowed_LxS = key_index_S[None, :] <= query_index_L[:, None]
@@ -224,7 +238,7 @@ class Attention(nn.Module):
     if segment_ids_BxL is not None:
       same_BxLxS = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
       allowed_BxLxS &= same_BxLxS & (segment_ids_BxL[:, None, :] > 0)
-    scores_BxKxGxLxS = jnp.where(allowed_BxLxS[:, None, None], scores_BxKxGxLxS, _MASK_VALUE)
+    scores_BxKxGxLxS = jnp.where(allowed_BxLxS[:, None, None], scores_BxKxGxLxS, MASK_VALUE)
     probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(dtype)
     if cache is not None and length == 1:
       # One query per row (a decode step): the weighted sum of values as a multiply-reduce over the cache
@@ -235,12 +249,12 @@ class Attention(nn.Module):
       out_BxLxKxGxH = out_BxKxGxH[:, None].astype(dtype)
     else:
       out_BxLxKxGxH = jnp.einsum("bkgls,bskh->blkgh", probs_BxKxGxLxS, values_BxSxKxH.astype(dtype))
-    out_BxLxNxH = out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim)
+    out_BxLxQxH = out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim)
     out_BxLxD = nn.DenseGeneral(
         cfg.hidden_size, axis=(-2, -1), use_bias=cfg.o_bias, dtype=dtype, param_dtype=param_dtype, name="o_proj",
         dot_general=_dot_general_f32_accumulate,
-        kernel_init=_init(nn.initializers.normal(0.02), ("heads", "head_dim", "embed")),
-        bias_init=_init(nn.initializers.zeros_init(), ("embed",)))(out_BxLxNxH)
+        kernel_init=_init(nn.initializers.normal(INIT_STD), ("heads", "head_dim", "embed")),
+        bias_init=_init(nn.initializers.zeros_init(), ("embed",)))(out_BxLxQxH)
     return out_BxLxD, new_cache
 
 
@@ -254,7 +268,7 @@ class MLP(nn.Module):
     dense = lambda features, names, name: nn.Dense(
         features, use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=param_dtype, name=name,
         dot_general=_dot_general_f32_accumulate,
-        kernel_init=_init(nn.initializers.normal(0.02), names),
+        kernel_init=_init(nn.initializers.normal(INIT_STD), names),
         bias_init=_init(nn.initializers.zeros_init(), names[1:]))
     gate_BxLxF = dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj")(x_BxLxD)
     up_BxLxF = dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj")(x_BxLxD)
@@ -307,7 +321,7 @@ class Decoder(nn.Module):
       raise ValueError("segment_ids_BxL (packed rows) is for cache-free calls only")
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
-                     embedding_init=_init(nn.initializers.normal(0.02), ("vocab", "embed")),
+                     embedding_init=_init(nn.initializers.normal(INIT_STD), ("vocab", "embed")),
                      name="embed_tokens")
     x_BxLxD = embed(input_ids_BxL)
     cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
@@ -324,7 +338,7 @@ class Decoder(nn.Module):
 
     if self.head in ("value", "reward"):
       scores_BxLx1 = nn.Dense(1, use_bias=self.head == "value", dtype=jnp.float32, param_dtype=param_dtype,
-                              name="score", kernel_init=_init(nn.initializers.normal(0.02), ("embed", None)),
+                              name="score", kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", None)),
                               bias_init=_init(nn.initializers.zeros_init(), (None,)))(x_BxLxD.astype(jnp.float32))
       return scores_BxLx1[..., 0], new_cache
     if cfg.tie_word_embeddings:
@@ -334,7 +348,7 @@ class Decoder(nn.Module):
     else:
       logits_BxLxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
                               name="lm_head", dot_general=_dot_general_f32,
-                              kernel_init=_init(nn.initializers.normal(0.02), ("embed", "vocab")))(x_BxLxD)
+                              kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", "vocab")))(x_BxLxD)
     return logits_BxLxV.astype(jnp.float32), new_cache
 
 

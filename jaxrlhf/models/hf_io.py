@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxrlhf.checkpoint import CheckpointError
-from jaxrlhf.models.decoder import HEADS, Decoder, DecoderConfig, abstract_params
+from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
   if fresh_head:
     d = config.hidden_size
     rng = jax.random.key(0) if rng is None else rng
-    fresh = {("score", "kernel"): np.asarray(0.02 * jax.random.normal(rng, (d, 1), np.float32)),
+    fresh = {("score", "kernel"): np.asarray(INIT_STD * jax.random.normal(rng, (d, 1), np.float32)),
              ("score", "bias"): np.zeros((1,), np.float32)}
     for key, value in fresh.items():
       if key not in flat:

@@ -93,15 +93,15 @@ class Prefix:
 
 @struct.dataclass
 class DecodeState:
-  """Everything `generate` transforms, for `max_concurrent_decodes` slots (N) and cache length S."""
-  cache: Any  # per layer {'k','v'}: [N, S, kv_heads, head_dim]
-  kv_mask_NxS: jax.Array  # int32: valid cache columns per slot
+  """Everything `generate` transforms, for `max_concurrent_decodes` slots (B, one row each) and cache length S."""
+  cache: Any  # per layer {'k','v'}: [B, S, kv_heads, head_dim]
+  kv_mask_BxS: jax.Array  # int32: valid cache columns per slot
   index: jax.Array  # int32 scalar: the column the next generate step writes (shared by all slots)
-  tokens_N: jax.Array  # int32: each slot's last generated token, fed by the next step
-  positions_N: jax.Array  # int32: its token position
-  lengths_N: jax.Array  # int32: tokens generated so far
-  done_N: jax.Array  # bool: slot empty or its request finished
-  key_data_N: jax.Array  # uint32 [N, ...]: per-request sampling keys
+  tokens_B: jax.Array  # int32: each slot's last generated token, fed by the next step
+  positions_B: jax.Array  # int32: its token position
+  lengths_B: jax.Array  # int32: tokens generated so far
+  done_B: jax.Array  # bool: slot empty or its request finished
+  key_data_B: jax.Array  # uint32 [B, ...]: per-request sampling keys
 
 
 class Engine:
@@ -175,13 +175,13 @@ class Engine:
     key_data = jax.random.key_data(self._base_key)
     return DecodeState(
         cache=init_cache(self.model_config, self._slots, self.cache_length),
-        kv_mask_NxS=jnp.zeros((self._slots, self.cache_length), jnp.int32),
+        kv_mask_BxS=jnp.zeros((self._slots, self.cache_length), jnp.int32),
         index=jnp.int32(self._max_prefill_length),
-        tokens_N=jnp.full((self._slots,), self.sampling.pad_token_id, jnp.int32),
-        positions_N=jnp.zeros((self._slots,), jnp.int32),
-        lengths_N=jnp.zeros((self._slots,), jnp.int32),
-        done_N=jnp.ones((self._slots,), bool),
-        key_data_N=jnp.broadcast_to(key_data, (self._slots,) + key_data.shape))
+        tokens_B=jnp.full((self._slots,), self.sampling.pad_token_id, jnp.int32),
+        positions_B=jnp.zeros((self._slots,), jnp.int32),
+        lengths_B=jnp.zeros((self._slots,), jnp.int32),
+        done_B=jnp.ones((self._slots,), bool),
+        key_data_B=jnp.broadcast_to(key_data, (self._slots,) + key_data.shape))
 
   def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int, sampler=None,
               rng=None) -> tuple[Prefix, ResultTokens]:
@@ -252,34 +252,34 @@ class Engine:
     row_S = jax.lax.dynamic_update_slice(jnp.zeros((self.cache_length,), jnp.int32), prefix.mask_1xP[0], (start,))
     return state.replace(
         cache=cache,
-        kv_mask_NxS=jax.lax.dynamic_update_slice(state.kv_mask_NxS, row_S[None], (slot, zero)),
-        tokens_N=state.tokens_N.at[slot].set(prefix.token[0]),
-        positions_N=state.positions_N.at[slot].set(prefix.position[0]),
-        lengths_N=state.lengths_N.at[slot].set(1),
-        done_N=state.done_N.at[slot].set(prefix.done[0]),
-        key_data_N=state.key_data_N.at[slot].set(prefix.key_data[0]))
+        kv_mask_BxS=jax.lax.dynamic_update_slice(state.kv_mask_BxS, row_S[None], (slot, zero)),
+        tokens_B=state.tokens_B.at[slot].set(prefix.token[0]),
+        positions_B=state.positions_B.at[slot].set(prefix.position[0]),
+        lengths_B=state.lengths_B.at[slot].set(1),
+        done_B=state.done_B.at[slot].set(prefix.done[0]),
+        key_data_B=state.key_data_B.at[slot].set(prefix.key_data[0]))
 
   def _compact(self, state: DecodeState) -> DecodeState:
     shift = self.cache_length - self._keep
     left = lambda x: jnp.concatenate([x[:, shift:], jnp.zeros_like(x[:, :shift])], axis=1)
-    return state.replace(cache=jax.tree.map(left, state.cache), kv_mask_NxS=left(state.kv_mask_NxS),
+    return state.replace(cache=jax.tree.map(left, state.cache), kv_mask_BxS=left(state.kv_mask_BxS),
                          index=state.index - shift)
 
   def _generate_impl(self, params, state: DecodeState):
     state = jax.lax.cond(state.index >= self.cache_length, self._compact, lambda s: s, state)
     index = state.index
-    kv_mask_NxS = jax.lax.dynamic_update_slice(state.kv_mask_NxS, jnp.ones((self._slots, 1), jnp.int32),
+    kv_mask_BxS = jax.lax.dynamic_update_slice(state.kv_mask_BxS, jnp.ones((self._slots, 1), jnp.int32),
                                                (jnp.int32(0), index))
-    token_N, log_prob_N, cache = decode_step(
-        self._apply_fn, params, state.tokens_N, state.positions_N, kv_mask_NxS, state.cache, index,
-        token_keys(jax.random.wrap_key_data(state.key_data_N), state.lengths_N), self.sampling)
-    valid_N = ~state.done_N
-    token_N = jnp.where(valid_N, token_N, self.sampling.pad_token_id)
-    lengths_N = state.lengths_N + valid_N.astype(jnp.int32)
+    token_B, log_prob_B, cache = decode_step(
+        self._apply_fn, params, state.tokens_B, state.positions_B, kv_mask_BxS, state.cache, index,
+        token_keys(jax.random.wrap_key_data(state.key_data_B), state.lengths_B), self.sampling)
+    valid_B = ~state.done_B
+    token_B = jnp.where(valid_B, token_B, self.sampling.pad_token_id)
+    lengths_B = state.lengths_B + valid_B.astype(jnp.int32)
     new_state = state.replace(
-        cache=cache, kv_mask_NxS=kv_mask_NxS, index=index + 1, tokens_N=token_N, positions_N=state.positions_N + 1,
-        lengths_N=lengths_N, done_N=state.done_N | self._finished(token_N, lengths_N))
-    return new_state, _result(token_N, valid_N, lengths_N, jnp.where(valid_N, log_prob_N, 0.0))
+        cache=cache, kv_mask_BxS=kv_mask_BxS, index=index + 1, tokens_B=token_B, positions_B=state.positions_B + 1,
+        lengths_B=lengths_B, done_B=state.done_B | self._finished(token_B, lengths_B))
+    return new_state, _result(token_B, valid_B, lengths_B, jnp.where(valid_B, log_prob_B, 0.0))
 
   # --- continuous batching in-process ---------------------------------------------------------------
 

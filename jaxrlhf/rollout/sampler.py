@@ -22,9 +22,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, init_cache, positions_from_mask
+from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, MASK_VALUE, init_cache, positions_from_mask
 
-_NEG_INF = -1e30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +70,7 @@ def filter_logits(logits_BxV, top_k: int, top_p: float):
   """Masks tokens outside the top-k and outside the smallest set with cumulative prob >= top_p."""
   if top_k > 0:
     kth_B = jax.lax.top_k(logits_BxV, top_k)[0][:, -1]
-    logits_BxV = jnp.where(logits_BxV < kth_B[:, None], _NEG_INF, logits_BxV)
+    logits_BxV = jnp.where(logits_BxV < kth_B[:, None], MASK_VALUE, logits_BxV)
   if top_p < 1.0:
     sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
     probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
@@ -79,7 +78,7 @@ def filter_logits(logits_BxV, top_k: int, top_p: float):
     mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
     kept_BxV = mass_before_BxV < top_p
     threshold_B = jnp.min(jnp.where(kept_BxV, sorted_BxV, jnp.inf), axis=-1)
-    logits_BxV = jnp.where(logits_BxV < threshold_B[:, None], _NEG_INF, logits_BxV)
+    logits_BxV = jnp.where(logits_BxV < threshold_B[:, None], MASK_VALUE, logits_BxV)
   return logits_BxV
 
 

@@ -100,9 +100,9 @@ def pack(input_ids_NxS, valid_NxS, batching: MicroBatching) -> dict:
   scatter = lambda values_NxS: jnp.zeros((flat_size,), jnp.int32).at[destination_NxS.reshape(-1)].set(
       values_NxS.reshape(-1).astype(jnp.int32), mode="drop").reshape(slots, rows, seq_len)
   sequence_NxS = jnp.broadcast_to(jnp.arange(1, num_sequences + 1, dtype=jnp.int32)[:, None], valid_NxS.shape)
-  used_K = jnp.zeros((slots,), bool).at[slot_N].max(lengths_N > 0)
+  used_M = jnp.zeros((slots,), bool).at[slot_N].max(lengths_N > 0)
   return {"input_ids": scatter(input_ids_NxS), "positions": scatter(jnp.maximum(index_NxS, 0)),
-          "segment_ids": scatter(sequence_NxS), "used": used_K,
+          "segment_ids": scatter(sequence_NxS), "used": used_M,
           "slot_N": slot_N, "row_N": row_N, "column_NxS": column_NxS}
 
 

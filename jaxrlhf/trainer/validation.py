@@ -38,13 +38,16 @@ def make_validation_fn(ppo: PPOStep, sampling: SamplingParams, reward_fn: Callab
   return validate
 
 
-def validation_metrics(data_sources: Sequence[str], scores_BxK: np.ndarray, response_mask_NxR: np.ndarray,
+def validation_metrics(data_sources: Sequence[str], prompt_scores: np.ndarray, response_mask_NxR: np.ndarray,
                        ) -> dict[str, float]:
-  """`val-core/<data_source>/reward/mean@K` (K samples per prompt) and `val/response_length/mean`."""
-  k = scores_BxK.shape[1]
+  """`val-core/<data_source>/reward/mean@n` and `val/response_length/mean`.
+
+  prompt_scores: [prompts, n], the scores of each prompt's n samples; data_sources: one per prompt.
+  """
+  n = prompt_scores.shape[1]
   by_source = defaultdict(list)
-  for source, row_scores in zip(data_sources, scores_BxK):
+  for source, row_scores in zip(data_sources, prompt_scores):
     by_source[source].append(row_scores)
-  metrics = {f"val-core/{source}/reward/mean@{k}": float(np.mean(rows)) for source, rows in by_source.items()}
+  metrics = {f"val-core/{source}/reward/mean@{n}": float(np.mean(rows)) for source, rows in by_source.items()}
   metrics["val/response_length/mean"] = float(response_mask_NxR.sum(axis=1).mean())
   return metrics

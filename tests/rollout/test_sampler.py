@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.models import Decoder, cast_floating, init_params, positions_from_mask
+from jaxrlhf.models.decoder import MASK_VALUE
 from jaxrlhf.rollout import SamplingParams, filter_logits, generate, greedy_tokens, token_log_probs
 
 EOS = 3
@@ -77,7 +78,7 @@ def test_top_k_one_is_greedy(setup):
 
 def test_filter_logits_top_k_and_top_p():
   logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
-  kept = lambda x: np.isfinite(np.asarray(x)) & (np.asarray(x) > -1e29)
+  kept = lambda x: np.isfinite(np.asarray(x)) & (np.asarray(x) > MASK_VALUE / 2)
   np.testing.assert_array_equal(kept(filter_logits(logits, 2, 1.0)), [[True, True, False, False]])
   np.testing.assert_array_equal(kept(filter_logits(logits, -1, 0.7)), [[True, True, False, False]])
   np.testing.assert_array_equal(kept(filter_logits(logits, -1, 0.5)), [[True, False, False, False]])
