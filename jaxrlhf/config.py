@@ -8,6 +8,7 @@ for GAE, critic PPO sizes inherited from the actor).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import ml_collections
@@ -249,7 +250,6 @@ def _field_types(config, prefix=""):
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
   """`get_config()` of a config file, by path (what `--config` does; configs build on each other with it)."""
-  import importlib.util
   if not os.path.exists(path):
     raise ConfigError(f"config file {path!r} does not exist")
   spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)

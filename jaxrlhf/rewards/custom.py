@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
+from jaxrlhf.rewards.registry import default_compute_score
+
 
 def load_custom_reward_function(
     path: str, name: str = "compute_score", reward_kwargs: Optional[dict[str, Any]] = None
@@ -68,7 +70,5 @@ def get_compute_score_fn(
 ) -> Callable[..., Any]:
     """The reward function a run uses: the custom one when ``path`` is set, else the registry's."""
     if not path:
-        from jaxrlhf.rewards.registry import default_compute_score
-
         return functools.partial(default_compute_score, **reward_kwargs) if reward_kwargs else default_compute_score
     return load_custom_reward_function(path, name, reward_kwargs)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrlhf.models.decoder import Decoder, DecoderConfig, init_cache
+from jaxrlhf.models import Decoder, DecoderConfig, init_cache, load_hf_params
 from jaxrlhf.rollout.buckets import DEFAULT_LENGTH_BUCKETS, pick_bucket
 from jaxrlhf.rollout.sampler import SamplingParams, decode_step, prefill_cache, token_keys
 
@@ -161,7 +161,6 @@ class Engine:
 
   def load_params(self, path: str):
     """Params of an HF checkpoint directory for this engine's config."""
-    from jaxrlhf.models import load_hf_params
     return load_hf_params(path, self.model_config)
 
   def get_prefix_destination_sharding(self):

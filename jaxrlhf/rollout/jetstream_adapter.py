@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from jaxrlhf.models import generation_eos_ids, load_tokenizer, pad_token_id
 from jaxrlhf.rollout.engine import Engine, ResultTokens
 
 try:
@@ -36,13 +39,11 @@ class HFTokenizer:
   """JetStream's tokenizer interface (encode -> right-padded ids + true length, decode, pad_id, eos_id)."""
 
   def __init__(self, path: str):
-    from jaxrlhf.models import generation_eos_ids, load_tokenizer, pad_token_id
     self.tokenizer = load_tokenizer(path)
     self.eos_ids = generation_eos_ids(path, self.tokenizer)
     self._pad_id = pad_token_id(self.tokenizer, self.eos_ids)
 
   def encode(self, s: str, **kwargs):
-    import numpy as np
     ids = self.tokenizer(s, add_special_tokens=False)["input_ids"]
     buckets = kwargs.get("prefill_lengths")
     length = min((b for b in buckets or () if b >= len(ids)), default=len(ids))
