@@ -146,6 +146,12 @@ def load_hf_config(path: str, **overrides) -> DecoderConfig:
   return config_from_hf_dict(_read_json(config_path), config_path, **overrides)
 
 
+def compute_settings(model) -> dict[str, str]:
+  """A model section's compute keys as DecoderConfig fields: dtype, param_dtype, remat_policy."""
+  return dict(dtype=model.dtype, param_dtype=model.param_dtype,
+              remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none")
+
+
 def model_config_from(model, tokenizer=None) -> DecoderConfig:
   """A model section (actor_rollout_ref.model or critic.model) -> DecoderConfig.
 
@@ -153,8 +159,7 @@ def model_config_from(model, tokenizer=None) -> DecoderConfig:
   Without: override_config alone (a model initialised from scratch).
   """
   overrides = {k: v for k, v in model.override_config.to_dict().items() if v is not None}
-  extra = dict(dtype=model.dtype, param_dtype=model.param_dtype,
-               remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none")
+  extra = compute_settings(model)
   if model.path:
     config_path = os.path.join(model.path, "config.json")
     if not os.path.exists(config_path):

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jaxrlhf.config import ConfigError
-from jaxrlhf.models import Decoder, DecoderConfig, abstract_params, load_hf_config, model_config_from
+from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, compute_settings, load_hf_config,
+                            model_config_from)
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
 from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
 from jaxrlhf.parallel.layouts import activation_sharding
@@ -94,12 +95,17 @@ class StepProgram:
 
 
 def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig, DecoderConfig | None]:
-  """(actor, critic, reward model) configs of a resolved config; the critic is the actor's unless its own path."""
-  actor_model = config.actor_rollout_ref.model
+  """(actor, critic, reward model) configs of a resolved config.
+
+  The critic has the actor's architecture unless `critic.model.path` names another checkpoint; its own
+  compute keys (dtype, param_dtype, gradient checkpointing) apply either way.
+  """
+  actor_model, critic_model = config.actor_rollout_ref.model, config.critic.model
   model_config = model_config_from(actor_model, tokenizer)
-  critic_model_config = model_config
-  if config.critic.model.path and config.critic.model.path != actor_model.path:
-    critic_model_config = model_config_from(config.critic.model, tokenizer)
+  if critic_model.path and critic_model.path != actor_model.path:
+    critic_model_config = model_config_from(critic_model, tokenizer)
+  else:
+    critic_model_config = dataclasses.replace(model_config, **compute_settings(critic_model))
   # The reward model reads the actor's token ids: it must share the actor's tokenizer.
   reward_model_config = load_hf_config(config.reward_model.model.path) if config.reward_model.enable else None
   return model_config, critic_model_config, reward_model_config
