@@ -307,13 +307,15 @@ class Decoder(nn.Module):
   `positions_BxL` are token positions (left padding makes them differ per row); `kv_mask_BxS` marks
   valid keys: the attention mask without cache, the whole cache's validity with one.
   `segment_ids_BxL` (packed rows, no cache): block-diagonal causal attention within each segment id > 0.
+  `return_hidden`: the final normed hidden states x_BxLxD (compute dtype) instead of the head's output,
+  for callers that apply `head_outputs` to some positions only.
   """
   config: DecoderConfig
   head: str = "lm"
 
   @nn.compact
   def __call__(self, input_ids_BxL, positions_BxL, kv_mask_BxS, cache=None, cache_index=None,
-               segment_ids_BxL=None):
+               segment_ids_BxL=None, return_hidden: bool = False):
     cfg = self.config
     if self.head not in HEADS:
       raise ValueError(f"Decoder head={self.head!r} is not one of {HEADS}")
@@ -335,21 +337,44 @@ class Decoder(nn.Module):
       if cache is not None:
         new_cache.append(layer_cache)
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
+    if return_hidden:
+      return x_BxLxD, new_cache
+    if self.is_initializing():
+      self._create_head_params(x_BxLxD, embed)
+    return head_outputs(cfg, self.head, nn.unbox(self.variables["params"]), x_BxLxD), new_cache
 
+  def _create_head_params(self, x_BxLxD, embed):
+    """The head's parameters (with their logical axes); its math is `head_outputs`, shared with callers
+    that apply the head to hidden states themselves (response positions only, in chunks)."""
+    cfg, param_dtype = self.config, _DTYPES[self.config.param_dtype]
     if self.head in ("value", "reward"):
-      scores_BxLx1 = nn.Dense(1, use_bias=self.head == "value", dtype=jnp.float32, param_dtype=param_dtype,
-                              name="score", kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", None)),
-                              bias_init=_init(nn.initializers.zeros_init(), (None,)))(x_BxLxD.astype(jnp.float32))
-      return scores_BxLx1[..., 0], new_cache
-    if cfg.tie_word_embeddings:
-      # The tied head: x @ embedding.T, accumulated (and returned) in fp32.
-      logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, embed.embedding.astype(dtype),
-                                preferred_element_type=jnp.float32)
-    else:
-      logits_BxLxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype,
-                              name="lm_head", dot_general=_dot_general_f32,
-                              kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", "vocab")))(x_BxLxD)
-    return logits_BxLxV.astype(jnp.float32), new_cache
+      nn.Dense(1, use_bias=self.head == "value", param_dtype=param_dtype, name="score",
+               kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", None)),
+               bias_init=_init(nn.initializers.zeros_init(), (None,)))(x_BxLxD)
+    elif not cfg.tie_word_embeddings:
+      nn.Dense(cfg.vocab_size, use_bias=False, param_dtype=param_dtype, name="lm_head",
+               kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", "vocab")))(x_BxLxD)
+
+
+def head_outputs(config: DecoderConfig, head: str, params, hidden_xD):
+  """The head on final (normed) hidden states [..., D]: "lm" -> logits [..., V], "value" / "reward" ->
+  scores [...]; fp32 either way. `params`: the Decoder's parameters (only the head's are read).
+
+  The LM head multiplies in the compute dtype and accumulates in fp32 (tied: by the embedding); the
+  scalar heads run in fp32.
+  """
+  dims = (((hidden_xD.ndim - 1,), (0,)), ((), ()))
+  if head in ("value", "reward"):
+    score = params["score"]
+    scores_x1 = jax.lax.dot_general(hidden_xD.astype(jnp.float32), score["kernel"].astype(jnp.float32), dims)
+    if "bias" in score:
+      scores_x1 = scores_x1 + score["bias"].astype(jnp.float32)
+    return scores_x1[..., 0]
+  dtype = _DTYPES[config.dtype]
+  if config.tie_word_embeddings:  # x @ embedding.T: contract with the embedding's D axis, no transpose
+    embedding_VxD = params["embed_tokens"]["embedding"].astype(dtype)
+    return _dot_general_f32(hidden_xD.astype(dtype), embedding_VxD, (((hidden_xD.ndim - 1,), (1,)), ((), ())))
+  return _dot_general_f32(hidden_xD.astype(dtype), params["lm_head"]["kernel"].astype(dtype), dims)
 
 
 def init_cache(config: DecoderConfig, batch: int, max_length: int):
