@@ -55,6 +55,9 @@ def _model() -> ml_collections.ConfigDict:
       enable_gradient_checkpointing=False,
       remat_policy="full",  # with gradient checkpointing: full | dots_saveable | nothing_saveable | ...
       lora_rank=0,
+      # LM head (log-probs, entropy): tokens per device whose logits exist at once; the backward
+      # recomputes them chunk by chunk. 0 = all positions at once.
+      logits_chunk_size=2048,
       dtype="float32",  # compute dtype
       param_dtype="float32",
   ))
@@ -119,7 +122,8 @@ def get_base_config() -> ml_collections.ConfigDict:
           log_prob_micro_batch_size_per_gpu=_placeholder(int),
           val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
       ),
-      ref=dict(fsdp_config=dict(param_offload=False)),
+      ref=dict(fsdp_config=dict(param_offload=False),
+               log_prob_micro_batch_size_per_gpu=_placeholder(int)),
   )
 
   config.critic = dict(
@@ -130,6 +134,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       loss_agg_mode=_placeholder(str),  # None = actor's
       ppo_mini_batch_size=_placeholder(int),  # None = actor's
       ppo_micro_batch_size_per_gpu=_placeholder(int),
+      forward_micro_batch_size_per_gpu=_placeholder(int),  # the values phase; None = as log-probs (below)
       ppo_epochs=_placeholder(int),
       shuffle=_placeholder(bool),
       grad_clip=1.0,
@@ -300,6 +305,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                "actor_rollout_ref.rollout.n"):
     if values[path] < 1:
       raise ConfigError(f"config key '{path}' must be >= 1, got {values[path]}")
+  for path in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu"):
+    if values[path] is not None and values[path] < 1:
+      raise ConfigError(f"config key '{path}' must be >= 1 (or None), got {values[path]}")
+  if values["actor_rollout_ref.model.logits_chunk_size"] < 0:
+    raise ConfigError("config key 'actor_rollout_ref.model.logits_chunk_size' must be >= 0 (0 = no chunking), "
+                      f"got {values['actor_rollout_ref.model.logits_chunk_size']}")
   if data.train_batch_size % actor.ppo_mini_batch_size:
     raise ConfigError(
         f"data.train_batch_size={data.train_batch_size} is not divisible by "

@@ -6,14 +6,23 @@ value at position t score token t + 1. Padded rows hold prompt (left-padded) + r
 sequence of length S = P + R; a packed slot (`use_remove_padding`, see `packing`) holds several
 sequences per row and is read back into the [N, R] layout (rows outside the slot hold garbage: the
 caller masks them).
+
+Only the positions that matter reach a head: padded rows slice the backbone's hidden states to the R
+response positions first (the prompt's logits are never computed). The LM head then runs in chunks of
+positions (`logits_chunk_size` tokens per device): the [rows, length, vocab] logits never exist at
+once, and the backward recomputes each chunk's (`jax.checkpoint`), so a 152K vocabulary at 8K tokens
+holds one chunk of fp32 logits, not the batch's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import jax
 import jax.numpy as jnp
 
 from jaxrlhf import algos
-from jaxrlhf.models.decoder import Decoder, positions_from_mask
+from jaxrlhf.models.decoder import Decoder, head_outputs, positions_from_mask
 from jaxrlhf.rollout import token_log_probs
 from jaxrlhf.trainer import packing
 
@@ -25,43 +34,93 @@ def sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR):
   return ids_NxS, positions_from_mask(mask_NxS), mask_NxS
 
 
-def _packed_apply(model: Decoder, params, packed: dict):
-  return model.apply({"params": params}, packed["input_ids"], packed["positions"],
-                     (packed["segment_ids"] > 0).astype(jnp.int32), segment_ids_BxL=packed["segment_ids"])[0]
+def chunk_length(rows: int, length: int, chunk_tokens: int, num_batch_shards: int) -> int:
+  """Positions per chunk so that one chunk holds about `chunk_tokens` tokens per device (0: all)."""
+  if chunk_tokens <= 0:
+    return length
+  rows_per_device = max(1, -(-rows // num_batch_shards))
+  return max(1, min(length, chunk_tokens // rows_per_device))
+
+
+def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: float, with_entropy: bool,
+                     chunk_len: int, constrain: Callable = lambda x, logical_axes: x):
+  """(log_prob_BxL, entropy_BxL or None) of `tokens` under softmax(head(hidden) / T), fp32.
+
+  With `chunk_len` < L the positions run as a `lax.scan` over chunks of `chunk_len` (the last one padded);
+  each chunk's logits are recomputed in the backward instead of kept. `constrain(x, logical_axes)`
+  pins the chunk's hidden states and logits to the train layout (`StepLayouts.constrain_activation`).
+  """
+  def outputs(h_BxCxD, tokens_BxC):
+    h_BxCxD = constrain(h_BxCxD, ("batch", "length", None))
+    z_BxCxV = constrain(head_outputs(config, "lm", params, h_BxCxD), ("batch", "length", "vocab")) / temperature
+    log_prob_BxC = token_log_probs(z_BxCxV, tokens_BxC, 1.0)
+    entropy_BxC = algos.entropy_from_logits(z_BxCxV) if with_entropy else jnp.zeros_like(log_prob_BxC)
+    return log_prob_BxC, entropy_BxC
+
+  rows, length = tokens_BxL.shape
+  if chunk_len >= length:
+    log_prob_BxL, entropy_BxL = outputs(hidden_BxLxD, tokens_BxL)
+  else:
+    num_chunks = -(-length // chunk_len)
+    pad = num_chunks * chunk_len - length
+    to_chunks = lambda x: jnp.moveaxis(
+        jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape((rows, num_chunks, chunk_len) + x.shape[2:]),
+        1, 0)
+    chunk_outputs = jax.checkpoint(lambda _, inputs: (None, outputs(*inputs)), prevent_cse=False)
+    _, (log_prob_KxBxC, entropy_KxBxC) = jax.lax.scan(chunk_outputs, None,
+                                                      (to_chunks(hidden_BxLxD), to_chunks(tokens_BxL)))
+    from_chunks = lambda x_KxBxC: jnp.moveaxis(x_KxBxC, 0, 1).reshape(rows, num_chunks * chunk_len)[:, :length]
+    log_prob_BxL, entropy_BxL = from_chunks(log_prob_KxBxC), from_chunks(entropy_KxBxC)
+  return log_prob_BxL, entropy_BxL if with_entropy else None
 
 
 class ModelOutputs:
-  """The actor's (or reference's: same module, other params) and the critic's per-response-token outputs."""
+  """The actor's (or reference's: same module, other params) and the critic's per-response-token outputs.
 
-  def __init__(self, actor: Decoder, critic: Decoder, temperature: float):
+  `chunk_tokens` (`logits_chunk_size`) and `num_batch_shards` (devices a batch is split over) size the
+  LM head's chunks.
+  """
+
+  def __init__(self, actor: Decoder, critic: Decoder, temperature: float, chunk_tokens: int = 0,
+               num_batch_shards: int = 1, constrain: Callable = lambda x, logical_axes: x):
     self.actor = actor
     self.critic = critic
     self.temperature = temperature  # the rollout's: log-probs are those of the distribution sampled from
+    self.chunk_tokens = chunk_tokens
+    self.num_batch_shards = num_batch_shards
+    self.constrain = constrain
+
+  def _hidden(self, model: Decoder, params, micro: dict):
+    """Final hidden states at the positions that predict response tokens: [N, R, D] of padded rows, or
+    [B, S, D] of a packed slot's rows (every position: `packing.response_outputs` reads them back)."""
+    if "packed" in micro:
+      packed = micro["packed"]
+      return model.apply({"params": params}, packed["input_ids"], packed["positions"],
+                         (packed["segment_ids"] > 0).astype(jnp.int32), segment_ids_BxL=packed["segment_ids"],
+                         return_hidden=True)[0]
+    prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
+    ids_NxS, positions_NxS, mask_NxS = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
+    hidden_NxSxD, _ = model.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS, return_hidden=True)
+    return hidden_NxSxD[:, prompt_len - 1:prompt_len + response_len - 1]
+
+  def _to_responses(self, per_token, micro: dict):
+    """A packed slot's per-position outputs [B, S] as [N, R]; padded outputs are [N, R] already."""
+    if "packed" not in micro:
+      return per_token
+    return packing.response_outputs(per_token, micro["packed"], micro["prompts"].shape[1],
+                                    micro["responses"].shape[1])
 
   def log_probs(self, params, micro: dict, with_entropy: bool = True):
     """(log_prob_NxR, entropy_NxR or None) of the response tokens; logits in fp32 / temperature."""
-    prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
-    if "packed" in micro:
-      packed = micro["packed"]
-      logits_BxSxV = _packed_apply(self.actor, params, packed)
-      log_prob_BxS = token_log_probs(logits_BxSxV, packing.next_tokens(packed["input_ids"]), self.temperature)
-      log_prob_NxR = packing.response_outputs(log_prob_BxS, packed, prompt_len, response_len)
-      entropy = lambda: packing.response_outputs(algos.entropy_from_logits(logits_BxSxV / self.temperature),
-                                                 packed, prompt_len, response_len)
-    else:
-      ids_NxS, positions_NxS, mask_NxS = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
-      logits_NxSxV, _ = self.actor.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS)
-      logits_NxRxV = logits_NxSxV[:, prompt_len - 1:prompt_len + response_len - 1]
-      log_prob_NxR = token_log_probs(logits_NxRxV, micro["responses"], self.temperature)
-      entropy = lambda: algos.entropy_from_logits(logits_NxRxV / self.temperature)
-    return log_prob_NxR, entropy() if with_entropy else None
+    hidden_BxLxD = self._hidden(self.actor, params, micro)
+    tokens_BxL = packing.next_tokens(micro["packed"]["input_ids"]) if "packed" in micro else micro["responses"]
+    chunk_len = chunk_length(tokens_BxL.shape[0], tokens_BxL.shape[1], self.chunk_tokens, self.num_batch_shards)
+    log_prob_BxL, entropy_BxL = lm_token_outputs(self.actor.config, params, hidden_BxLxD, tokens_BxL,
+                                                 self.temperature, with_entropy, chunk_len, self.constrain)
+    return (self._to_responses(log_prob_BxL, micro),
+            None if entropy_BxL is None else self._to_responses(entropy_BxL, micro))
 
   def values(self, params, micro: dict):
     """V at the state before each response token, [N, R]."""
-    prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
-    if "packed" in micro:
-      packed = micro["packed"]
-      return packing.response_outputs(_packed_apply(self.critic, params, packed), packed, prompt_len, response_len)
-    ids_NxS, positions_NxS, mask_NxS = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
-    values_NxS, _ = self.critic.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS)
-    return values_NxS[:, prompt_len - 1:prompt_len + response_len - 1]
+    hidden_BxLxD = self._hidden(self.critic, params, micro)
+    return self._to_responses(head_outputs(self.critic.config, "value", params, hidden_BxLxD), micro)

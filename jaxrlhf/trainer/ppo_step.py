@@ -58,7 +58,9 @@ class PPOStep:
     self.kl_warmup_steps = kl_warmup_steps
     self.sampling = SamplingParams.from_rollout_config(
         rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
-    self.outputs = ModelOutputs(self.actor, self.critic, self.sampling.logprob_temperature)
+    self.outputs = ModelOutputs(self.actor, self.critic, self.sampling.logprob_temperature,
+                                config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards,
+                                layouts.constrain_activation)
     self.batcher = update_loop.MicroBatcher(config, num_batch_shards)
     self.use_critic = bool(config.critic.enable)
     self.use_reference = bool(actor.use_kl_loss or config.algorithm.use_kl_in_reward)
@@ -112,25 +114,27 @@ class PPOStep:
 
   # ----- forward-only phases: old/ref log-probs, values ---------------------------------------
 
-  def _forward_phase(self, outputs_fn, rollout, section, section_path: str, packed: bool):
+  def _forward_phase(self, outputs_fn, rollout, section, section_path: str, packed: bool, micro_per_device):
     seq_len = rollout["prompts"].shape[1] + rollout["responses"].shape[1]
-    batching = (self.batcher.phase_plan(section, section_path, rollout["responses"].shape[0], seq_len)
-                if packed else None)
+    batching = self.batcher.phase_plan(section, section_path, rollout["responses"].shape[0], seq_len, packed,
+                                       micro_per_device)
     return update_loop.forward_phase(outputs_fn, rollout, batching)
 
-  def _rollout_log_probs(self, params, rollout: dict):
+  def _rollout_log_probs(self, params, rollout: dict, phase: str):
     return self._forward_phase(lambda micro: self.outputs.log_probs(params, micro, with_entropy=False)[0], rollout,
-                               self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed)
+                               self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed,
+                               self.batcher.forward_micro_per_device[phase])
 
   def old_log_prob(self, actor_params, rollout: dict):
-    return jax.lax.stop_gradient(self._rollout_log_probs(actor_params, rollout))
+    return jax.lax.stop_gradient(self._rollout_log_probs(actor_params, rollout, "old_log_prob"))
 
   def ref_log_prob(self, ref_params, rollout: dict):
-    return self._rollout_log_probs(self.layouts.fetch(ref_params, self.layouts.ref_device), rollout)
+    return self._rollout_log_probs(self.layouts.fetch(ref_params, self.layouts.ref_device), rollout, "ref")
 
   def critic_values(self, critic_params, rollout: dict):
     values_NxR = self._forward_phase(lambda micro: self.outputs.values(critic_params, micro), rollout,
-                                     self.config.critic, CRITIC, self.critic_packed)
+                                     self.config.critic, CRITIC, self.critic_packed,
+                                     self.batcher.forward_micro_per_device["values"])
     return values_NxR * rollout["response_mask"].astype(jnp.float32)
 
   # ----- adv and the updates ----------------------------------------------------------------------

@@ -32,6 +32,13 @@ class MicroBatcher:
     # The token budget (use_dynamic_bsz) is the actor's key; the critic follows it, as in verl's recipes.
     self.max_token_len = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
     self.num_batch_shards = num_batch_shards
+    # Sequences per device of one forward-only micro-batch, per phase (verl's keys; the reference and
+    # the values fall back to the rollout's log-prob key, as verl's examples set them alike).
+    log_prob = config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+    ref = config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+    values = config.critic.forward_micro_batch_size_per_gpu
+    self.forward_micro_per_device = {"old_log_prob": log_prob, "ref": log_prob if ref is None else ref,
+                                     "values": log_prob if values is None else values}
 
   def micro_rows(self, section, section_path: str) -> int:
     """Rows of one micro-batch (all batch shards) from `ppo_micro_batch_size_per_gpu`; must divide the mini-batch."""
@@ -55,8 +62,19 @@ class MicroBatcher:
     return packing.MicroBatching(rows=rows, num_micro=mini_batch_rows // rows, shards=self.num_batch_shards,
                                  packed=packed)
 
-  def phase_plan(self, section, section_path: str, num_sequences: int, seq_len: int) -> packing.MicroBatching:
-    """Packed slots of a forward-only phase over the whole batch: the update's slot size, as many as needed."""
+  def phase_plan(self, section, section_path: str, num_sequences: int, seq_len: int, packed: bool,
+                 micro_per_device: int | None = None) -> packing.MicroBatching | None:
+    """Micro-batches of a forward-only phase over the whole batch (old/ref log-probs, values).
+
+    `micro_per_device` (verl's `log_prob_micro_batch_size_per_gpu` / `forward_micro_batch_size_per_gpu`)
+    sets the rows of one; without it padded rows run at once (None) and packed slots take the update's size.
+    """
+    if micro_per_device is not None:
+      rows = micro_per_device * self.num_batch_shards
+      return packing.MicroBatching(rows=rows, num_micro=-(-num_sequences // rows), shards=self.num_batch_shards,
+                                   packed=packed)
+    if not packed:
+      return None
     mini = self.update_plan(section, section_path, seq_len, packed=True)
     return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows))
 
@@ -68,11 +86,21 @@ def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
   return packing.pack(ids_NxS, valid_NxS, batching)
 
 
+SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")  # what a model's forward reads
+
+
 def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None):
-  """`outputs_fn(micro) -> [N, R]` over the rollout: at once on padded rows (`batching` None), or slot by
-  slot on packed rows (an empty slot is skipped); 0 off the response mask in the packed case."""
+  """`outputs_fn(micro) -> [N, R]` over the rollout: at once on padded rows (`batching` None), by
+  micro-batches of padded rows, or slot by slot on packed rows (an empty slot is skipped; 0 off the
+  response mask)."""
   if batching is None:
     return outputs_fn(rollout)
+  if not batching.packed:
+    num_rows = rollout["responses"].shape[0]
+    padded = packing.pad_rows({key: rollout[key] for key in SEQUENCE_KEYS}, batching.num_micro * batching.rows)
+    micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), padded)
+    out_MxBxR = jax.lax.map(outputs_fn, micro_batches)
+    return out_MxBxR.reshape((-1,) + out_MxBxR.shape[2:])[:num_rows]
   plan = pack_sequences(rollout, batching)
   mask_NxR = rollout["response_mask"]
 

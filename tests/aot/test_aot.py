@@ -43,8 +43,8 @@ STATE_HEAVY = config_text((8192, 512, 2048, 8, 8, 8), (8, 8, 8), "grpo", (1, 1, 
 # Matmul-bound and loop-free where it can be: one epoch, one mini-batch, one micro-batch, so every
 # update loop has one iteration and XLA's FLOP count (which counts a loop body once) sees all the work.
 FLOPS_PROBE = config_text((512, 256, 1024, 2, 4, 2), (4, 32, 32), "gae", (1, 1, 1))
-# Cannot fit on one GPU's or TPU's memory: 128 prompts x 4096 response tokens x a 65536-token
-# vocabulary of fp32 logits.
+# 128 prompts x 4096 response tokens x a 65536-token vocabulary: its fp32 logits (137 GB) fit on no
+# device unless the LM head runs in chunks (`logits_chunk_size`, on by default).
 TOO_BIG = config_text((65536, 64, 128, 1, 2, 2), (128, 16, 4096), "grpo", (1, -1, 1), kl_loss=False)
 
 
@@ -123,7 +123,7 @@ def test_phases_report_every_phase_and_flops_match_xla(tmp_path):
 
 @pytest.mark.parametrize("target", ["h100x8", "v5e-8"])  # GPU: compiles, over memory; TPU: refused
 def test_config_that_cannot_fit_exits_1_naming_the_largest_buffer(tmp_path, target):
-  result, report = run_aot(tmp_path, TOO_BIG, "--target", target)
+  result, report = run_aot(tmp_path, TOO_BIG, "--target", target, "--config.actor_rollout_ref.model.logits_chunk_size=0")
   assert result.returncode == 1, result.stdout + result.stderr
   assert not report["fits"] and report["peak_bytes_per_device"] > report["target"]["device_memory_bytes"]
   assert "fits: NO" in result.stdout and "largest buffers" in result.stdout
@@ -131,6 +131,15 @@ def test_config_that_cannot_fit_exits_1_naming_the_largest_buffer(tmp_path, targ
   size, shape = step["largest_buffers"][0]["bytes"], step["largest_buffers"][0]["shape"]
   assert size > 4 * 1024**3 and "65536" in shape, step["largest_buffers"][:3]  # the logits
   assert shape in result.stdout
+
+
+def test_chunked_lm_head_makes_the_same_config_fit(tmp_path):
+  result, report = run_aot(tmp_path, TOO_BIG, "--target", "h100x8")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert report["fits"] and report["peak_bytes_per_device"] < 16 * 1024**3
+  (step,) = report["programs"]
+  logits = [b for b in step["largest_buffers"] if "65536" in b["shape"]]  # vocabulary-sized buffers
+  assert all(b["bytes"] < 1024**3 for b in logits), logits[:3]
 
 
 def test_model_path_without_config_json_names_the_key(tmp_path):

@@ -19,7 +19,8 @@ MODEL = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_h
                       num_attention_heads=4, num_key_value_heads=2)
 
 
-def make_step(use_remove_padding=False, use_dynamic_bsz=False, micro=None, loss_agg_mode="token-mean"):
+def make_step(use_remove_padding=False, use_dynamic_bsz=False, micro=None, loss_agg_mode="token-mean",
+              log_prob_micro=None):
   config = get_base_config()
   config.data.train_batch_size, config.data.max_prompt_length = 16, PROMPT_LEN
   config.data.max_response_length = RESPONSE_LEN
@@ -29,6 +30,7 @@ def make_step(use_remove_padding=False, use_dynamic_bsz=False, micro=None, loss_
   actor.loss_agg_mode, actor.entropy_coeff, actor.use_kl_loss = loss_agg_mode, 0.01, True
   config.actor_rollout_ref.model.use_remove_padding = use_remove_padding
   config.actor_rollout_ref.rollout.n = 2
+  config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu = log_prob_micro
   config = resolve_config(config)
   optimizers = {"actor": make_optimizer(config.actor_rollout_ref.actor.optim, 1.0),
                 "critic": make_optimizer(config.critic.optim, 1.0)}
