@@ -207,7 +207,6 @@ def get_base_config() -> ml_collections.ConfigDict:
 # Keys whose non-default values belong to later issues: refuse them rather than ignore them.
 _NOT_YET_SUPPORTED = {
     "actor_rollout_ref.model.lora_rank": 0,
-    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
 }
 
 _CHOICES = {

@@ -324,9 +324,10 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
   flops = step_phase_flops(program.ppo, batch_size=train_rows, prompt_len=config.data.max_prompt_length,
                            response_len=config.data.max_response_length)
   notes = []
-  offload = config.actor_rollout_ref.ref.fsdp_config.param_offload or \
-      config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
-  if offload and program.layouts.ref_device is None and program.layouts.actor_opt_host is None:
+  fsdp_configs = (config.actor_rollout_ref.ref.fsdp_config, config.actor_rollout_ref.actor.fsdp_config)
+  offload = any(c.param_offload for c in fsdp_configs) or config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
+  layouts = program.layouts
+  if offload and layouts.ref_device is None and layouts.actor_host is None and layouts.actor_opt_host is None:
     notes.append(f"offload requested, but {target.platform} targets compiled here expose no host memory: "
                  "the offloaded state is counted in device memory (an upper bound)")
   num_hosts = len({d.process_index for d in devices})

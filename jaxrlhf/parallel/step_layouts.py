@@ -8,9 +8,9 @@ One step's round trip (DESIGN.md "Mesh and layouts"):
                    `constrain_cache(cache)`        KV cache by batch and kv-heads
       -> the rest: `to_train(responses, ...)`      back to the train batch layout; the gathered
                                                    generation copy dies with the rollout
-Offload (`memory_kind='pinned_host'`): `fetch(tree, layouts.ref_device)` brings the reference or the
-actor's optimizer state into device memory for its phase, `fetch(tree, layouts.actor_opt_host)` returns
-the updated state. `StepLayouts()` (no mesh) constrains nothing: the single-device step.
+Offload (`memory_kind='pinned_host'`): `fetch(tree, layouts.ref_device)` brings the reference, the
+actor's parameters or its optimizer state into device memory for a phase that uses them,
+`fetch(tree, layouts.actor_opt_host)` returns the updated state; between phases they stay on the host. `StepLayouts()` (no mesh) constrains nothing: the single-device step.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class StepLayouts:
   generation_rules: tuple = ()
   # Offload: device-memory shardings to fetch into, host ones to return to (None: nothing offloaded).
   ref_device: Any = None
+  actor_device: Any = None
+  actor_host: Any = None
   actor_opt_device: Any = None
   actor_opt_host: Any = None
 
@@ -78,9 +80,10 @@ class StepLayouts:
     return tree if shardings is None else jax.device_put(tree, shardings)
 
   def with_offload(self, config, actor_opt_shardings) -> StepLayouts:
-    """Adds the pairs `ref...param_offload` and `actor...optimizer_offload` ask for, where the devices can."""
+    """Adds the pairs the `param_offload` / `optimizer_offload` keys ask for, where the devices can."""
     rollout_ref = config.actor_rollout_ref
     wanted = {"ref": rollout_ref.ref.fsdp_config.param_offload,
+              "actor": rollout_ref.actor.fsdp_config.param_offload,
               "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload}
     if not any(wanted.values()):
       return self
@@ -94,10 +97,18 @@ class StepLayouts:
     offload = {}
     if wanted["ref"]:
       offload["ref_device"] = on(self.actor_train, "device")
+    if wanted["actor"]:
+      offload["actor_device"] = on(self.actor_train, "device")
+      offload["actor_host"] = on(self.actor_train, "pinned_host")
     if wanted["actor_opt"]:
       offload["actor_opt_device"] = on(actor_opt_shardings, "device")
       offload["actor_opt_host"] = on(actor_opt_shardings, "pinned_host")
     return dataclasses.replace(self, **offload)
+
+  @property
+  def actor_params(self):
+    """Where the actor's parameters live between phases: the train layout, on the host when offloaded."""
+    return self.actor_host or self.actor_train
 
   @property
   def ref_params(self):

@@ -75,6 +75,7 @@ class PPOStep:
 
   def generation_params(self, actor_params):
     """The actor's weights in the generation layout and the rollout dtype."""
+    actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
     return cast_floating(self.layouts.to_generation(actor_params), self.rollout_dtype)
 
   def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
@@ -126,6 +127,7 @@ class PPOStep:
                                self.batcher.forward_micro_per_device[phase])
 
   def old_log_prob(self, actor_params, rollout: dict):
+    actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
     return jax.lax.stop_gradient(self._rollout_log_probs(actor_params, rollout, "old_log_prob"))
 
   def ref_log_prob(self, ref_params, rollout: dict):
@@ -192,13 +194,15 @@ class PPOStep:
     kl_gate = self.kl_gate(state.step)
 
     def run(params, opt_state):
+      params = self.layouts.fetch(params, self.layouts.actor_device)
       opt_state = self.layouts.fetch(opt_state, self.layouts.actor_opt_device)
       params, opt_state, metrics = self._update(
           self.actor_loss, actor, ACTOR, self.actor_packed, params, opt_state, {"kl_gate": kl_gate}, data, rng,
           tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](state.step) * state.lr_scale, prefix="actor")
       if actor.use_kl_loss:
         metrics["actor/kl_coef"] = kl_gate * actor.kl_loss_coef
-      return params, self.layouts.fetch(opt_state, self.layouts.actor_opt_host), metrics
+      return (self.layouts.fetch(params, self.layouts.actor_host),
+              self.layouts.fetch(opt_state, self.layouts.actor_opt_host), metrics)
 
     warmup = self.config.trainer.critic_warmup
     if not (self.use_critic and warmup > 0):

@@ -135,7 +135,7 @@ def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState
   """The train state's leaves as the trainer creates them (`Trainer._init_state`), without allocating."""
   layouts, optimizers, opt_shardings = (program_parts[k] for k in ("layouts", "optimizers", "opt_shardings"))
   actor_shapes = abstract_params(Decoder(program_parts["model_config"], head="lm"))[0]
-  actor_params = _abstract(actor_shapes, layouts.actor_train)
+  actor_params = _abstract(actor_shapes, layouts.actor_params)
   actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, actor_shapes),
                               layouts.actor_opt_host or opt_shardings["actor"])
   ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.use_reference else None

@@ -115,10 +115,11 @@ class Trainer:
     actor_key, critic_key = jax.random.split(jax.random.key(config.trainer.seed))
     init = lambda model, shardings: jax.jit(lambda key: init_params(model, key)[0], out_shardings=shardings)
     actor_path = config.actor_rollout_ref.model.path
+    actor_train = self.layouts.actor_train  # in device memory: the optimizer and the reference start from it
     if actor_path:
-      actor_params = load_hf_params(actor_path, self.model_config, head="lm", shardings=shardings.actor_params)
+      actor_params = load_hf_params(actor_path, self.model_config, head="lm", shardings=actor_train)
     else:
-      actor_params = init(Decoder(self.model_config, head="lm"), shardings.actor_params)(actor_key)
+      actor_params = init(Decoder(self.model_config, head="lm"), actor_train)(actor_key)
     actor_opt_state = jax.jit(optimizers["actor"].init, out_shardings=shardings.actor_opt_state)(actor_params)
     ref_params = None
     if self.ppo.use_reference:
@@ -136,6 +137,7 @@ class Trainer:
       reward_params = load_hf_params(config.reward_model.model.path, self.reward_model_config, head="reward",
                                      shardings=shardings.reward_params)
     put = lambda x: jax.device_put(x, replicated(self.mesh))
+    actor_params = jax.device_put(actor_params, shardings.actor_params)  # to the host with param_offload
     return TrainState(reward_params=reward_params, step=put(jnp.int32(0)), actor_params=actor_params,
                       actor_opt_state=actor_opt_state,
                       critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
