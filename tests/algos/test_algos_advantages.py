@@ -32,20 +32,35 @@ def _batch(seed, B, T, empty_rows=(1,), binary=False):
     return r.astype(np.float32), values, m
 
 
+def _token_inputs(values):
+    """old_log_probs and sum_pi_squared for the optimal token baselines, derived from `values`."""
+    values = jnp.asarray(values, jnp.float32)
+    old = -jnp.abs(values) - 0.05  # jnp: also called on tracers
+    return old, jnp.clip(jnp.exp(2 * old) + 0.3 * jnp.abs(jnp.sin(values)), 0.0, 1.0)
+
+
 def _run_all(r, values, m, index, baselines, gamma=0.9, lam=0.8, norm=True):
     out = {}
+    old, sum_pi_sq = _token_inputs(values)
     for name in algos.ADV_ESTIMATORS.names():
         if name.startswith("test_only"):
             continue
         out[name] = algos.compute_advantage(name, token_level_rewards=r, response_mask=m, values=values,
                                             index=index, reward_baselines=baselines, gamma=gamma, lam=lam,
-                                            norm_adv_by_std_in_grpo=norm)
+                                            norm_adv_by_std_in_grpo=norm, old_log_probs=old,
+                                            sum_pi_squared=sum_pi_sq)
     return out
 
 
 def _reference_all(r, values, m, index, baselines, gamma=0.9, lam=0.8, norm=True):
     same = lambda a: (a, a)  # noqa: E731
+    old, sum_pi_sq = _token_inputs(values)
     return dict(
+        grpo_vectorized=same(ref.grpo(r, m, index, norm)),
+        rloo_vectorized=same(ref.rloo_vectorized(r, m, index)),
+        gdpo=same(ref.gdpo(r, m, index, norm=norm)),
+        optimal_token_baseline=ref.optimal_token_baseline(r, m, index, old, sum_pi_sq),
+        tir_optimal_token_baseline=ref.optimal_token_baseline(r, m, index, old, sum_pi_sq, tir=True),
         gae=ref.gae(r, values, m, gamma, lam),
         grpo=same(ref.grpo(r, m, index, norm)),
         grpo_passk=same(ref.grpo_passk(r, m, index, norm)),
@@ -74,7 +89,7 @@ def test_estimators_match_numpy(B, T, index, binary):
     for name in want:
         for g, w in zip(got[name], want[name]):
             # whitened estimators divide by a batch std: allow fp32 rounding of that division
-            tol = dict(rtol=2e-6, atol=2e-6) if name in ("gae", "reinforce_plus_plus",
+            tol = dict(rtol=2e-6, atol=2e-6) if name in ("gae", "reinforce_plus_plus", "gdpo",
                                                          "reinforce_plus_plus_baseline") else TOL
             assert g.shape == (B, T) and g.dtype == jnp.float32
             np.testing.assert_allclose(g, w, err_msg=name, **tol)
