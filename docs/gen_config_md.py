@@ -61,11 +61,12 @@ _OPTIM = {
     "betas": ("AdamW (beta1, beta2)", SAME),
     "eps": ("AdamW epsilon", "— (torch AdamW default 1e-8)"),
     "weight_decay": ("AdamW decoupled weight decay", SAME),
-    "lr_warmup_steps": ("linear warm-up steps; -1 = use `lr_warmup_steps_ratio`", SAME),
+    "lr_warmup_steps": ("linear warm-up steps from lr 0 at step 0; <= 0 = use `lr_warmup_steps_ratio`", SAME),
     "lr_warmup_steps_ratio": ("warm-up as a fraction of the total training steps", SAME),
     "lr_scheduler_type": ("`constant` or `cosine` (after warm-up)",
                           "same (older verl: `warmup_style`)"),
     "min_lr_ratio": ("cosine floor as a fraction of `lr`", SAME),
+    "num_cycles": ("cosine waves over the decay phase (0.5: one half-wave from `lr` down to the floor)", SAME),
 }
 
 _DOCS = {
@@ -101,15 +102,22 @@ _DOCS = {
                                                 "same (verl's default is 0.2)"),
     "actor_rollout_ref.actor.clip_ratio_c": ("dual-clip bound for negative advantages", SAME),
     "actor_rollout_ref.actor.policy_loss.loss_mode": ("`vanilla`, `gspo`, `gpg`, `cispo`, `geo_mean`, "
-                                                      "`clip_cov`, `kl_cov` or a registered one", SAME),
+                                                      "`clip_cov`, `kl_cov`, `sapo`, `dro`, `dppo_tv`, `dppo_kl`, "
+                                                      "`bypass_mode` or a registered one", SAME),
+    "actor_rollout_ref.actor.policy_loss.dro_beta": ("`dro`: weight of the quadratic log-ratio penalty (required, "
+                                                     "> 0)", SAME),
+    "actor_rollout_ref.actor.tau_pos": ("`sapo`: gate temperature for tokens with A > 0", SAME),
+    "actor_rollout_ref.actor.tau_neg": ("`sapo`: gate temperature for tokens with A <= 0", SAME),
+    "actor_rollout_ref.actor.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor (after the mean over "
+                                                  "sequences); None = the padded response length", SAME),
     "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": ("`clip_cov`: fraction of tokens clipped", SAME),
     "actor_rollout_ref.actor.policy_loss.clip_cov_lb": ("`clip_cov`: covariance lower bound", SAME),
     "actor_rollout_ref.actor.policy_loss.clip_cov_ub": ("`clip_cov`: covariance upper bound", SAME),
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": ("`kl_cov`: fraction of tokens with the KL penalty", SAME),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": ("`kl_cov`: coefficient of that penalty", SAME),
-    "actor_rollout_ref.actor.loss_agg_mode": ("`token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, "
-                                              "`seq-mean-token-sum-norm` (SPEC §4; token-mean is exact over the "
-                                              "whole mini-batch)", SAME),
+    "actor_rollout_ref.actor.loss_agg_mode": ("`token-mean`, `token-sum`, `seq-mean-token-sum`, "
+                                              "`seq-mean-token-mean`, `seq-mean-token-sum-norm` (SPEC §4; the "
+                                              "normalisers count the whole mini-batch, as verl 0.9.1)", SAME),
     "actor_rollout_ref.actor.entropy_coeff": ("weight of the entropy bonus", SAME),
     "actor_rollout_ref.actor.use_kl_loss": ("add `kl_loss_coef * KL(pi, ref)` to the actor loss", SAME),
     "actor_rollout_ref.actor.kl_loss_coef": ("KL loss weight", SAME),
@@ -152,6 +160,8 @@ _DOCS = {
     "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
     "critic.cliprange_value": ("value clip range `c` (SPEC §4; the seeds use 0.2)", SAME),
     "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),
+    "critic.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor of the value loss; None = the padded "
+                                 "response length", SAME),
     "critic.ppo_mini_batch_size": ("prompts per critic update; None = the actor's", SAME),
     "critic.ppo_micro_batch_size_per_gpu": ("critic micro-batch; None = the actor's", SAME),
     "critic.ppo_epochs": ("critic passes per step; None = the actor's", SAME),
@@ -178,7 +188,28 @@ _DOCS = {
     "algorithm.gamma": ("discount (GAE, REINFORCE++); the seeds recommend 0.99 for PPO", SAME),
     "algorithm.lam": ("GAE lambda; the seeds recommend 0.95", SAME),
     "algorithm.adv_estimator": ("`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, "
-                                "`remax`, `opo`, `gpg`, `grpo_passk` (SPEC §3)", SAME),
+                                "`remax`, `opo`, `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, "
+                                "`tir_optimal_token_baseline`, `grpo_vectorized`, `rloo_vectorized` (SPEC §3)", SAME),
+    "algorithm.gdpo_reward_keys": ("`gdpo`: reward components (keys of the dict the reward function returns), "
+                                   "each group-normalised on its own", SAME),
+    "algorithm.gdpo_reward_weights": ("`gdpo`: weight of each component in the sum; None = 1 each", SAME),
+    "algorithm.rollout_correction.rollout_is": ("importance weights pi_train / pi_rollout: None (off), `token` "
+                                                "or `sequence`", SAME),
+    "algorithm.rollout_correction.rollout_is_threshold": ("`\"upper\"` truncates the weights (TIS); "
+                                                          "`\"lower_upper\"` zeroes them outside (IcePop)",
+                                                          "same (verl also takes a float)"),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": ("rescale the weights to mean 1 over the "
+                                                                "micro-batch", SAME),
+    "algorithm.rollout_correction.rollout_rs": ("rejection: comma-separated `token_k1/k2/k3`, "
+                                                "`seq_sum_k1/k2/k3`, `seq_mean_k1/k2/k3`, `seq_max_k2/k3`; None = off",
+                                                SAME),
+    "algorithm.rollout_correction.rollout_rs_threshold": ("one threshold, or one per `rollout_rs` option "
+                                                          "(comma-separated; k1 takes ratio bounds "
+                                                          "`lower_upper`)", "same (verl also takes a float)"),
+    "algorithm.rollout_correction.bypass_mode": ("True: the rollout's log-probs serve as `old_log_prob` and "
+                                                 "`loss_mode` becomes `bypass_mode`", SAME),
+    "algorithm.rollout_correction.loss_type": ("bypass mode loss: `ppo_clip` (the ratio is the correction) or "
+                                               "`reinforce` (-A * log-prob * weight)", SAME),
     "algorithm.norm_adv_by_std_in_grpo": ("GRPO divides by the group std; False = Dr.GRPO", SAME),
     "algorithm.use_kl_in_reward": ("subtract `beta * KL` from the token rewards", SAME),
     "algorithm.kl_penalty": ("KL estimator for the in-reward penalty (as `kl_loss_type`)", SAME),
