@@ -129,10 +129,14 @@ def _token_min(x_BxT, mask_BxT):
 
 
 def _clamped_std(x_BxT, mask_BxT, low, high):
-    """sqrt(max(E[c^2] - E[c]^2, 0)) of c = clip(x, low, high) over the valid tokens (verl's form)."""
+    """Population std of c = clip(x, low, high) over the valid tokens (0 for fewer than two).
+
+    verl computes sqrt(max(E[c^2] - E[c]^2, 0)); the two-pass E[(c - E[c])^2] is the same number
+    without the fp32 cancellation (which made the value depend on the padding, ~1e-5 where c is constant).
+    """
     clamped = jnp.clip(x_BxT, low, high)
-    var = masked_mean(jnp.square(clamped), mask_BxT) - jnp.square(masked_mean(clamped, mask_BxT))
-    return jnp.where(jnp.sum(as_f32(mask_BxT)) > 1, jnp.sqrt(jnp.maximum(var, 0.0)), 0.0)
+    var = masked_mean(jnp.square(clamped - masked_mean(clamped, mask_BxT)), mask_BxT)
+    return jnp.where(jnp.sum(as_f32(mask_BxT)) > 1, jnp.sqrt(var), 0.0)
 
 
 def compute_rollout_correction_weights(log_ratio, response_mask, rollout_is="token", rollout_is_threshold=2.0,

@@ -169,3 +169,34 @@ def test_jit_vmap_grad_bf16():
     for name in eager:
         assert bf16[name].dtype == jnp.float32
         np.testing.assert_allclose(bf16[name], want[name], err_msg=name, **TOL)
+
+
+def test_reinforce_plus_plus_carries_the_return_through_masked_spans():
+    # multi-turn: token 1 is an observation (mask 0); the final reward must still reach token 0 (verl 0.9.1)
+    r = np.array([[0.0, 0.0, 0.0, 1.0]], np.float32)
+    m = np.array([[1.0, 0.0, 1.0, 1.0]], np.float32)
+    _, returns = algos.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.5)
+    np.testing.assert_allclose(returns, [[0.25, 0.0, 0.5, 1.0]], **TOL)
+
+
+def test_new_estimators_need_their_inputs():
+    r, values, m = _batch(0, 4, 3)
+    with pytest.raises(ValueError, match="needs `old_log_probs`"):
+        algos.compute_advantage("optimal_token_baseline", token_level_rewards=r, response_mask=m, index=np.zeros(4))
+    with pytest.raises(ValueError, match="needs `sum_pi_squared`"):
+        algos.compute_advantage("tir_optimal_token_baseline", token_level_rewards=r, response_mask=m,
+                                index=np.zeros(4), old_log_probs=-np.ones((4, 3)))
+    with pytest.raises(ValueError, match="gdpo_reward_weights"):
+        algos.compute_advantage("gdpo", token_level_rewards=r, response_mask=m, index=np.zeros(4),
+                                reward_components=np.ones((2, 4)), reward_weights=(1.0,))
+
+
+def test_gdpo_normalises_each_component_on_its_own():
+    # component "acc" is 100x larger than "format": summed first (GRPO) it would drown "format"
+    m = np.ones((4, 2), np.float32)
+    index = np.zeros(4, np.int32)
+    acc, fmt = np.array([100.0, 0.0, 100.0, 0.0]), np.array([0.0, 0.0, 1.0, 1.0])
+    adv, _ = algos.compute_gdpo_outcome_advantage(m * 0, m, index, reward_components={"acc": acc, "format": fmt})
+    # each component normalises to +-0.866 (std of two 1s and two 0s is 0.577); rows 2 > 0 = 3 > 1 after whitening
+    assert adv[2, 0] > adv[0, 0] > adv[3, 0] > adv[1, 0]
+    np.testing.assert_allclose(adv[0, 0], -adv[3, 0], **TOL)

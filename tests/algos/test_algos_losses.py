@@ -111,6 +111,35 @@ def test_cispo_keeps_gradient_of_clipped_tokens():
     np.testing.assert_allclose(grad, -w * adv * m / m.sum(), rtol=1e-5, atol=1e-7)
 
 
+def test_cispo_reports_no_lower_clip_fraction_as_verl():
+    old = np.zeros((1, 3), np.float32)
+    lp = np.log(np.array([[0.5, 1.0, 2.0]], np.float32))  # ratios below, inside and above [0.8, 1.2]
+    _, metrics = algos.compute_policy_loss(old, lp, -np.ones((1, 3), np.float32), np.ones((1, 3)), loss_mode="cispo")
+    np.testing.assert_allclose([metrics["pg_clipfrac"], metrics["pg_clipfrac_lower"]], [2 / 3, 0.0], **TOL)
+
+
+def test_new_losses_hand_computed():
+    old = np.log(np.array([[0.5, 0.5]], np.float32))
+    lp = np.log(np.array([[0.8, 0.4]], np.float32))
+    adv = np.array([[1.0, -1.0]], np.float32)
+    m = np.ones((1, 2), np.float32)
+    ratio = np.array([1.6, 0.8])
+    # sapo: gate = sigmoid(tau (r - 1)) * 4 / tau, loss = -gate * A, seq-mean-token-mean
+    gate = 1 / (1 + np.exp(-np.array([1.0, 1.05]) * (ratio - 1))) * 4 / np.array([1.0, 1.05])
+    loss, _ = algos.compute_policy_loss(old, lp, adv, m, loss_mode="sapo")
+    np.testing.assert_allclose(loss, np.mean(-gate * adv[0]), **TOL)
+    # dro: -(lp A - beta/2 (lp - old)^2)
+    loss, _ = algos.compute_policy_loss(old, lp, adv, m, loss_mode="dro", dro_beta=0.5)
+    want = -(lp[0] * adv[0] - 0.25 * np.log(ratio) ** 2)
+    np.testing.assert_allclose(loss, want.mean(), **TOL)
+    with pytest.raises(ValueError, match="dro_beta"):
+        algos.compute_policy_loss(old, lp, adv, m, loss_mode="dro")
+    # dppo_tv: token 0 moved p by +0.3 > 0.2 with A > 0: masked; token 1 by -0.1 >= -0.2: kept
+    loss, metrics = algos.compute_policy_loss(old, lp, adv, m, loss_mode="dppo_tv")
+    np.testing.assert_allclose(loss, (0 + 1.0 * 0.8 * lp[0, 1]) / 2, **TOL)
+    np.testing.assert_allclose(metrics["pg_clipfrac"], 0.5, **TOL)
+
+
 def test_geo_mean_hand_computed():
     old = np.zeros((1, 2), np.float32)
     lp = np.array([[0.5, -0.1]], np.float32)

@@ -9,7 +9,8 @@ Conventions of the comparison (where jaxrlhf deliberately differs from verl, doc
   on padding rows must be exactly 0;
 - per-token outputs are compared on valid tokens; ours must be 0 elsewhere (verl leaves values there);
 - losses and their metrics are compared on the whole batch, padding rows included: verl's own
-  aggregation already ignores them (geo_mean excepted: verl's plain row mean counts them).
+  aggregation already ignores them (geo_mean excepted: verl's plain row mean counts them);
+- a loss over an empty mask is 0 here, NaN in verl's token-mean (0/0): compared with 0.
 """
 
 import numpy as np
@@ -174,7 +175,10 @@ def case_rollout_correction(x):
             want_loss, want_pg_metrics = verl.policy_loss_bypass_mode(x["rollout"], x["lp"], x["adv"], m,
                                                                       clip_ratio_high=0.28, loss_type=loss_type,
                                                                       **config)
-            yield label, loss, want_loss
+            if np.isnan(want_loss):  # every token rejected: verl divides 0 by 0, an empty mask gives 0 here
+                yield label + "/all-rejected-is-0", loss, 0.0
+            else:
+                yield label, loss, want_loss
             yield from _metrics(label, metrics, want_pg_metrics,
                                 keys=[k for k in want_pg_metrics if not k.startswith("rollout_corr/")])
             _, want_metrics = verl.policy_loss_bypass_mode(x["rollout"][real], x["lp"][real], x["adv"][real], m[real],
