@@ -160,8 +160,8 @@ _DOCS = {
     "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
     "critic.cliprange_value": ("value clip range `c` (SPEC §4; the seeds use 0.2)", SAME),
     "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),
-    "critic.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor of the value loss; None = the padded "
-                                 "response length", SAME),
+    "critic.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor of the value loss; None = the actor's "
+                                 "(as verl)", SAME),
     "critic.ppo_mini_batch_size": ("prompts per critic update; None = the actor's", SAME),
     "critic.ppo_micro_batch_size_per_gpu": ("critic micro-batch; None = the actor's", SAME),
     "critic.ppo_epochs": ("critic passes per step; None = the actor's", SAME),

@@ -131,7 +131,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       optim=_optim(1e-5),
       cliprange_value=0.5,
       loss_agg_mode=_placeholder(str),  # None = actor's
-      loss_scale_factor=_placeholder(float),  # seq-mean-token-sum-norm divisor; None = padded response length
+      loss_scale_factor=_placeholder(float),  # None = actor's (as verl)
       ppo_mini_batch_size=_placeholder(int),  # None = actor's
       ppo_micro_batch_size_per_gpu=_placeholder(int),
       ppo_epochs=_placeholder(int),
@@ -357,7 +357,9 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     critic.enable = config.algorithm.adv_estimator == "gae"
   if config.algorithm.adv_estimator == "gae" and not critic.enable:
     raise ConfigError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False")
-  for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode"):
+  for key in (
+      "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode", "loss_scale_factor"
+  ):
     if critic[key] is None:
       critic[key] = actor[key]
   rollout = config.actor_rollout_ref.rollout
