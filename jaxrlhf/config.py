@@ -357,9 +357,8 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     critic.enable = config.algorithm.adv_estimator == "gae"
   if config.algorithm.adv_estimator == "gae" and not critic.enable:
     raise ConfigError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False")
-  for key in (
-      "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode", "loss_scale_factor"
-  ):
+  for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode",
+              "loss_scale_factor"):
     if critic[key] is None:
       critic[key] = actor[key]
   rollout = config.actor_rollout_ref.rollout

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf.algos.registry import Registry
-from jaxrlhf.algos.rollout_correction import ROLLOUT_CORRECTION_CONFIG_KEYS, compute_rollout_correction_and_rejection_mask
+from jaxrlhf.algos.rollout_correction import (ROLLOUT_CORRECTION_CONFIG_KEYS,
+                                              compute_rollout_correction_and_rejection_mask)
 from jaxrlhf.algos.stats import agg_loss, as_f32, masked_mean, seq_mean, token_mean, zero_masked
 
 POLICY_LOSSES = Registry("policy loss")
@@ -210,7 +211,8 @@ def _count_from_ratio(ratio, mask):
 @register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, clip_cov_ratio=0.0002, clip_cov_lb=1.0,
+    clip_cov_ub=5.0,
 ):
     """Clip-Cov (arXiv 2505.22617): PPO clip, plus the gradient of a few high-covariance tokens cut.
 
@@ -371,8 +373,8 @@ def compute_policy_loss_dppo_kl(
 @register_policy_loss("bypass_mode")
 def compute_policy_loss_bypass_mode(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, loss_type="ppo_clip", rollout_is=None, rollout_is_threshold=2.0,
-    rollout_is_batch_normalize=False, rollout_rs=None, rollout_rs_threshold=None,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, loss_type="ppo_clip", rollout_is=None,
+    rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None, rollout_rs_threshold=None,
 ):
     """verl's bypass mode: `old_log_prob` IS the rollout's log-prob (no old-log-prob forward), and
     rollout correction (`algorithm.rollout_correction.*`) runs between it and the training forward.
@@ -383,8 +385,10 @@ def compute_policy_loss_bypass_mode(
     the loss mask. loss_type "ppo_clip": vanilla PPO against the rollout policy (the ratio already
     is the IS correction, so w is not applied, as verl); "reinforce": -A * lp * w aggregated, with
     ppo_kl = mean(rollout - lp). The metrics add verl's `rollout_corr/...` family: they are means
-    over the micro-batch, so a trainer averages them over micro-batches (not sums).
+    over the micro-batch, so a trainer averages them over micro-batches (not sums). Weights are
+    computed here; `rollout_is_weights` from a decoupled correction is ignored, as verl.
     """
+    del rollout_is_weights
     if loss_type not in ("ppo_clip", "reinforce"):
         raise ValueError(f"algorithm.rollout_correction.loss_type must be 'reinforce' or 'ppo_clip', got {loss_type!r}")
     rollout_log_prob = old_log_prob
@@ -441,7 +445,7 @@ def compute_policy_loss(
     Inputs may be bf16; the loss is computed in fp32 and masked positions never matter.
     """
     fn = get_policy_loss(loss_mode)
-    if loss_mode == "vanilla" and isinstance(clip_ratio_c, (int, float)) and clip_ratio_c <= 1.0:
+    if loss_mode in ("vanilla", "bypass_mode") and isinstance(clip_ratio_c, (int, float)) and clip_ratio_c <= 1.0:
         raise ValueError(f"actor.clip_ratio_c (dual-clip lower bound of the ratio) must be > 1, got {clip_ratio_c}")
     agg_kwargs = {k: agg_and_mode_kwargs.pop(k) for k in AGG_KWARG_NAMES if k in agg_and_mode_kwargs}
     agg_kwargs = {k: v for k, v in agg_kwargs.items() if v is not None}

@@ -92,7 +92,8 @@ def test_loss_normalizers():
     norms = algos.loss_normalizers(m, "token-mean")
     assert float(norms["global_token_count"]) == 4 and float(norms["global_seq_count"]) == 2
     assert float(norms["loss_scale_factor"]) == 3  # None = the padded response length, as verl
-    assert float(algos.loss_normalizers(m, "seq-mean-token-sum-norm", loss_scale_factor=512)["loss_scale_factor"]) == 512
+    norms = algos.loss_normalizers(m, "seq-mean-token-sum-norm", loss_scale_factor=512)
+    assert float(norms["loss_scale_factor"]) == 512
 
 
 @pytest.mark.parametrize("mode", algos.LOSS_AGG_MODES)

@@ -102,7 +102,8 @@ POLICY_CASES = {
                 dict(clip_ratio_low=0.1, clip_ratio_high=0.15, clip_ratio_c=3.0)),
     "dppo_kl": (dict(clip_ratio_low=0.02, clip_ratio_high=0.05, clip_ratio_c=1.5), verl.policy_loss_dppo_kl,
                 dict(clip_ratio_low=0.02, clip_ratio_high=0.05, clip_ratio_c=1.5)),
-    "kl_cov": (dict(kl_cov_ratio=0.1, ppo_kl_coef=0.5), verl.policy_loss_kl_cov, dict(kl_cov_ratio=0.1, ppo_kl_coef=0.5)),
+    "kl_cov": (dict(kl_cov_ratio=0.1, ppo_kl_coef=0.5), verl.policy_loss_kl_cov,
+               dict(kl_cov_ratio=0.1, ppo_kl_coef=0.5)),
     "clip_cov": (dict(clip_cov_ratio=1.0, clip_cov_lb=0.05, clip_cov_ub=5.0), verl.policy_loss_clip_cov_all,
                  dict(clip_cov_lb=0.05, clip_cov_ub=5.0)),
 }
