@@ -35,3 +35,13 @@ def test_inputs_exercise_the_interesting_paths():
     assert rejected and all(0 < v < 1 for v in rejected), rejected
     assert 0 < labels["rollout_correction/1:rollout_is=token,rollout_is_threshold=0.8_1.25,"
                       "rollout_is_batch_normalize=True/rollout_corr/rollout_is_oob_ratio"] < 1
+
+
+def test_inputs_reach_the_zero_tail_and_multi_turn_holes():
+    from jaxrlhf import algos
+    x = parity.inputs(0)
+    args = (x["rewards"], x["m"], parity.INDEX, x["old"], x["sum_pi_sq"])
+    otb = algos.get_adv_estimator("optimal_token_baseline")
+    tir = algos.get_adv_estimator("tir_optimal_token_baseline")
+    assert np.abs(np.asarray(otb(*args)[0]) - np.asarray(otb(*args, handle_zero_tail=False)[0])).max() > 0.1
+    assert np.abs(np.asarray(otb(*args)[0]) - np.asarray(tir(*args)[0])).max() > 0.1  # holes: positions differ
