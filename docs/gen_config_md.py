@@ -61,11 +61,12 @@ _OPTIM = {
     "betas": ("AdamW (beta1, beta2)", SAME),
     "eps": ("AdamW epsilon", "— (torch AdamW default 1e-8)"),
     "weight_decay": ("AdamW decoupled weight decay", SAME),
-    "lr_warmup_steps": ("linear warm-up steps; -1 = use `lr_warmup_steps_ratio`", SAME),
+    "lr_warmup_steps": ("linear warm-up steps from lr 0 at step 0; <= 0 = use `lr_warmup_steps_ratio`", SAME),
     "lr_warmup_steps_ratio": ("warm-up as a fraction of the total training steps", SAME),
     "lr_scheduler_type": ("`constant` or `cosine` (after warm-up)",
                           "same (older verl: `warmup_style`)"),
     "min_lr_ratio": ("cosine floor as a fraction of `lr`", SAME),
+    "num_cycles": ("cosine waves over the decay phase (0.5: one half-wave from `lr` down to the floor)", SAME),
 }
 
 _DOCS = {
@@ -101,21 +102,28 @@ _DOCS = {
                                                 "same (verl's default is 0.2)"),
     "actor_rollout_ref.actor.clip_ratio_c": ("dual-clip bound for negative advantages", SAME),
     "actor_rollout_ref.actor.policy_loss.loss_mode": ("`vanilla`, `gspo`, `gpg`, `cispo`, `geo_mean`, "
-                                                      "`clip_cov`, `kl_cov` or a registered one", SAME),
+                                                      "`clip_cov`, `kl_cov`, `sapo`, `dro`, `dppo_tv`, `dppo_kl`, "
+                                                      "`bypass_mode` or a registered one", SAME),
+    "actor_rollout_ref.actor.policy_loss.dro_beta": ("`dro`: weight of the quadratic log-ratio penalty (required, "
+                                                     "> 0)", SAME),
+    "actor_rollout_ref.actor.tau_pos": ("`sapo`: gate temperature for tokens with A > 0", SAME),
+    "actor_rollout_ref.actor.tau_neg": ("`sapo`: gate temperature for tokens with A <= 0", SAME),
+    "actor_rollout_ref.actor.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor (after the mean over "
+                                                  "sequences); None = the padded response length", SAME),
     "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": ("`clip_cov`: fraction of tokens clipped", SAME),
     "actor_rollout_ref.actor.policy_loss.clip_cov_lb": ("`clip_cov`: covariance lower bound", SAME),
     "actor_rollout_ref.actor.policy_loss.clip_cov_ub": ("`clip_cov`: covariance upper bound", SAME),
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": ("`kl_cov`: fraction of tokens with the KL penalty", SAME),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": ("`kl_cov`: coefficient of that penalty", SAME),
-    "actor_rollout_ref.actor.loss_agg_mode": ("`token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, "
-                                              "`seq-mean-token-sum-norm` (SPEC §4; token-mean is exact over the "
-                                              "whole mini-batch)", SAME),
+    "actor_rollout_ref.actor.loss_agg_mode": ("`token-mean`, `token-sum`, `seq-mean-token-sum`, "
+                                              "`seq-mean-token-mean`, `seq-mean-token-sum-norm` (SPEC §4; the "
+                                              "normalisers count the whole mini-batch, as verl 0.9.1)", SAME),
     "actor_rollout_ref.actor.entropy_coeff": ("weight of the entropy bonus", SAME),
     "actor_rollout_ref.actor.use_kl_loss": ("add `kl_loss_coef * KL(pi, ref)` to the actor loss", SAME),
     "actor_rollout_ref.actor.kl_loss_coef": ("KL loss weight", SAME),
     "actor_rollout_ref.actor.kl_loss_type": ("KL estimator: `kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`, "
                                              "`full`, or `<name>+` (straight-through)",
-                                             "same (verl raises on `full` and `+`)"),
+                                             "same (verl 0.9.1 raises on `full`)"),
     "actor_rollout_ref.actor.ppo_epochs": ("passes over the rollout batch per step", SAME),
     "actor_rollout_ref.actor.shuffle": ("reshuffle the mini-batches every epoch (seeded)", SAME),
     "actor_rollout_ref.actor.grad_clip": ("global gradient-norm clip; a step with a non-finite norm is skipped",
@@ -152,6 +160,8 @@ _DOCS = {
     "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
     "critic.cliprange_value": ("value clip range `c` (SPEC §4; the seeds use 0.2)", SAME),
     "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),
+    "critic.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor of the value loss; None = the actor's "
+                                 "(as verl)", SAME),
     "critic.ppo_mini_batch_size": ("prompts per critic update; None = the actor's", SAME),
     "critic.ppo_micro_batch_size_per_gpu": ("critic micro-batch; None = the actor's", SAME),
     "critic.ppo_epochs": ("critic passes per step; None = the actor's", SAME),
@@ -178,7 +188,28 @@ _DOCS = {
     "algorithm.gamma": ("discount (GAE, REINFORCE++); the seeds recommend 0.99 for PPO", SAME),
     "algorithm.lam": ("GAE lambda; the seeds recommend 0.95", SAME),
     "algorithm.adv_estimator": ("`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, "
-                                "`remax`, `opo`, `gpg`, `grpo_passk` (SPEC §3)", SAME),
+                                "`remax`, `opo`, `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, "
+                                "`tir_optimal_token_baseline`, `grpo_vectorized`, `rloo_vectorized` (SPEC §3)", SAME),
+    "algorithm.gdpo_reward_keys": ("`gdpo`: reward components (keys of the dict the reward function returns), "
+                                   "each group-normalised on its own", SAME),
+    "algorithm.gdpo_reward_weights": ("`gdpo`: weight of each component in the sum; None = 1 each", SAME),
+    "algorithm.rollout_correction.rollout_is": ("importance weights pi_train / pi_rollout: None (off), `token` "
+                                                "or `sequence`", SAME),
+    "algorithm.rollout_correction.rollout_is_threshold": ("`\"upper\"` truncates the weights (TIS); "
+                                                          "`\"lower_upper\"` zeroes them outside (IcePop)",
+                                                          "same (verl also takes a float)"),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": ("rescale the weights to mean 1 over the "
+                                                                "micro-batch", SAME),
+    "algorithm.rollout_correction.rollout_rs": ("rejection: comma-separated `token_k1/k2/k3`, "
+                                                "`seq_sum_k1/k2/k3`, `seq_mean_k1/k2/k3`, `seq_max_k2/k3`; None = off",
+                                                SAME),
+    "algorithm.rollout_correction.rollout_rs_threshold": ("one threshold, or one per `rollout_rs` option "
+                                                          "(comma-separated; k1 takes ratio bounds "
+                                                          "`lower_upper`)", "same (verl also takes a float)"),
+    "algorithm.rollout_correction.bypass_mode": ("True: the rollout's log-probs serve as `old_log_prob` and "
+                                                 "`loss_mode` becomes `bypass_mode`", SAME),
+    "algorithm.rollout_correction.loss_type": ("bypass mode loss: `ppo_clip` (the ratio is the correction) or "
+                                               "`reinforce` (-A * log-prob * weight)", SAME),
     "algorithm.norm_adv_by_std_in_grpo": ("GRPO divides by the group std; False = Dr.GRPO", SAME),
     "algorithm.use_kl_in_reward": ("subtract `beta * KL` from the token rewards", SAME),
     "algorithm.kl_penalty": ("KL estimator for the in-reward penalty (as `kl_loss_type`)", SAME),
@@ -281,6 +312,49 @@ def format_default(value) -> str:
   return f"`{value!r}`"
 
 
+_PARITY = """
+## Parity with verl 0.9.1
+
+Same as verl 0.9.1, shown by `tests/algos/test_verl_parity.py` (3 seeds, part of the test suite) and
+`python benchmarks/verl_parity.py --seeds 20` (23,820 comparisons): jaxrlhf against a NumPy transcription of
+verl's formulas (`tests/algos/verl_reference.py`) on random masked inputs with interior holes and a padding
+row, agreeing to 1e-5 (rtol and atol):
+- `loss_agg_mode` (all five modes, with `loss_scale_factor`, and summed over micro-batches with the mini-batch
+  normalisers = verl's `batch_num_tokens` / `global_batch_size`), the KL estimators `kl/k1/abs/mse/k2/
+  low_var_kl/k3` and their `+` variants (value), the value loss and `vf_clipfrac`;
+- policy losses `vanilla, gspo, sapo, gpg, cispo, dro, dppo_tv, dppo_kl, kl_cov, clip_cov` (all candidates
+  detached), `geo_mean` and `bypass_mode` (`ppo_clip` and `reinforce`), each with and without
+  `rollout_is_weights`, with their `pg_clipfrac`, `pg_clipfrac_lower` and `ppo_kl`;
+- advantage estimators `gae, grpo, grpo_vectorized, grpo_passk, rloo, rloo_vectorized, reinforce_plus_plus,
+  reinforce_plus_plus_baseline, remax, opo, gpg, gdpo` (with reward components and weights),
+  `optimal_token_baseline` and `tir_optimal_token_baseline` (with rollout IS weights, with and without the
+  zero-tail rule);
+- rollout correction: token/sequence importance weights (truncated and IcePop, batch-normalised), every
+  `rollout_rs` option and combinations, and all `rollout_corr/...` metrics.
+`tests/trainer/test_lr_schedule.py` shows the constant and cosine schedules equal verl's (warm-up from lr 0,
+the `lr_warmup_steps_ratio` fallback, `min_lr_ratio`, `num_cycles`).
+
+Deliberate differences (each is an input verl never produces, or a choice the comparison shows):
+- rows without a valid response token are padding: they join no group, no whitening, no normaliser and no
+  rollout-correction statistic, and get advantage 0 (verl counts every row; its rows are never empty, so
+  the comparison runs verl on the real rows). An empty mask gives a loss of 0, where verl's token-mean is 0/0;
+  a variance over fewer than two tokens is 0 and `grpo_passk` gives a group of one 0 (verl raises);
+- outputs are 0 off the response mask (verl leaves values there, e.g. GAE returns), and outcome estimators
+  sum `token_level_rewards` over valid tokens only (verl sums every position; rewards off the mask are 0 in
+  both pipelines);
+- per-token metrics (`pg_clipfrac`, `ppo_kl`, `vf_clipfrac`, ...) are normalised by the mini-batch like the
+  loss, so micro-batches add up (verl averages per-micro-batch means); the `seq-mean-*` normaliser counts rows
+  with a valid token (verl: `ppo_mini_batch_size x n`, equal without padding rows);
+- the importance ratio is `exp(clip(log_ratio, -20, 20))` in `gspo` and `geo_mean` too (verl clips only
+  elsewhere): different only beyond e^20;
+- `clip_cov` draws its detached tokens with a JAX PRNG key (verl: `torch.randperm`): same distribution,
+  other draws; `kl_cov` and `grpo_passk` break ties by position (verl: `torch.topk`, unspecified);
+- the rollout-correction std metrics are computed two-pass (verl: E[x^2] - E[x]^2): the same number without
+  fp32 cancellation; `rollout_is_threshold` / `rollout_rs_threshold` are strings (`"2.0"`, `"0.5_2.0"`)
+  because the config tree is typed (verl takes a float or a string).
+""".splitlines()
+
+
 def render(config: ml_collections.ConfigDict | None = None) -> str:
   config = config if config is not None else get_base_config()
   lines = [
@@ -289,6 +363,8 @@ def render(config: ml_collections.ConfigDict | None = None) -> str:
       "Every key of the config tree (`jaxrlhf.config.get_base_config()`, SPEC §6), its default, what it",
       "does, and its name in verl. \"same\" means verl has exactly this key, so a verl command line's",
       "overrides carry over as `--config.<key>=<value>`; \"— (ours)\" marks keys verl does not have.",
+      "It names the key only: where the *behaviour* is tested to equal verl 0.9.1's, and where it",
+      "deliberately differs, is listed at the end (\"Parity with verl 0.9.1\").",
       "`None` defaults are typed placeholders: the type column says what a value must be.",
       "",
       "Generated by `python docs/gen_config_md.py` from the config tree; do not edit by hand",
@@ -303,7 +379,7 @@ def render(config: ml_collections.ConfigDict | None = None) -> str:
                 "| key | default | type | meaning | verl |", "|---|---|---|---|---|"]
     meaning, verl = describe(key)
     lines.append(f"| `{key}` | {format_default(value)} | {type_name} | {meaning} | {verl} |")
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines + _PARITY) + "\n"
 
 
 def main(argv) -> int:

@@ -31,6 +31,7 @@ def _optim(lr: float) -> ml_collections.ConfigDict:
       lr_warmup_steps_ratio=0.0,
       lr_scheduler_type="constant",  # constant | cosine
       min_lr_ratio=0.0,
+      num_cycles=0.5,  # cosine waves over the decay (0.5: from lr down to the floor once)
   ))
 
 
@@ -97,8 +98,11 @@ def get_base_config() -> ml_collections.ConfigDict:
           clip_ratio_c=3.0,
           # loss_mode: vanilla | gspo | gpg | cispo | geo_mean | clip_cov | kl_cov (+ registered ones)
           policy_loss=dict(loss_mode="vanilla", clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0,
-                           kl_cov_ratio=0.0002, ppo_kl_coef=0.1),
+                           kl_cov_ratio=0.0002, ppo_kl_coef=0.1, dro_beta=_placeholder(float)),
           loss_agg_mode="token-mean",
+          loss_scale_factor=_placeholder(float),  # seq-mean-token-sum-norm divisor; None = padded response length
+          tau_pos=1.0,  # sapo gate temperature where A > 0
+          tau_neg=1.05,  # sapo gate temperature where A <= 0
           entropy_coeff=0.0,
           use_kl_loss=False,
           kl_loss_coef=0.001,
@@ -132,6 +136,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       optim=_optim(1e-5),
       cliprange_value=0.5,
       loss_agg_mode=_placeholder(str),  # None = actor's
+      loss_scale_factor=_placeholder(float),  # None = actor's (as verl)
       ppo_mini_batch_size=_placeholder(int),  # None = actor's
       ppo_micro_batch_size_per_gpu=_placeholder(int),
       forward_micro_batch_size_per_gpu=_placeholder(int),  # the values phase; None = as log-probs (below)
@@ -161,6 +166,19 @@ def get_base_config() -> ml_collections.ConfigDict:
       kl_ctrl=dict(type="fixed", kl_coef=0.001, horizon=10000, target_kl=0.1),
       # DAPO dynamic sampling: drop groups whose `metric` is equal for every sample, refill the batch.
       filter_groups=dict(enable=False, metric="score", max_num_gen_batches=0),  # 0 = no limit
+      # gdpo: names of the reward components (keys of the dict a reward function returns) and their weights.
+      gdpo_reward_keys=_placeholder(tuple),
+      gdpo_reward_weights=_placeholder(tuple),  # None = 1 each
+      # verl's rollout correction between the rollout's and the training forward's log-probs.
+      rollout_correction=dict(
+          rollout_is=_placeholder(str),  # None | token | sequence
+          rollout_is_threshold="2.0",  # "upper" truncates the weights (TIS); "lower_upper" zeroes outside (IcePop)
+          rollout_is_batch_normalize=False,
+          rollout_rs=_placeholder(str),  # None | comma-separated token_k1..seq_max_k3 rejection options
+          rollout_rs_threshold=_placeholder(str),  # one threshold, or one per rollout_rs option (comma-separated)
+          bypass_mode=False,  # True: old_log_prob = the rollout's log-prob, loss_mode bypass_mode
+          loss_type="ppo_clip",  # bypass mode: ppo_clip | reinforce
+      ),
   )
 
   config.trainer = dict(
@@ -222,8 +240,11 @@ _CHOICES = {
     "critic.model.dtype": ("float32", "bfloat16"),
     "critic.model.param_dtype": ("float32", "bfloat16"),
     "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
+    "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
+    "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
 }
-_OPTIONAL_CHOICES = {"actor_rollout_ref.rollout.dtype"}  # None = derived (see resolve_config)
+_OPTIONAL_CHOICES = {"actor_rollout_ref.rollout.dtype",  # None = derived (see resolve_config)
+                     "algorithm.rollout_correction.rollout_is"}  # None = off
 _LOGGERS = ("console", "jsonl", "wandb", "tensorboard", "mlflow")
 
 
@@ -347,7 +368,8 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     critic.enable = config.algorithm.adv_estimator == "gae"
   if config.algorithm.adv_estimator == "gae" and not critic.enable:
     raise ConfigError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False")
-  for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode"):
+  for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode",
+              "loss_scale_factor"):
     if critic[key] is None:
       critic[key] = actor[key]
   rollout = config.actor_rollout_ref.rollout

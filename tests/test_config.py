@@ -16,6 +16,9 @@ def test_base_config_is_valid_and_resolves_critic():
   grpo = get_base_config()
   grpo.algorithm.adv_estimator = "grpo"
   assert resolve_config(grpo).critic.enable is False
+  scaled = get_base_config()
+  scaled.actor_rollout_ref.actor.loss_scale_factor = 4096.0
+  assert resolve_config(scaled).critic.loss_scale_factor == 4096.0  # inherited from the actor, as verl
 
 
 def test_unknown_key_fails_at_assignment_naming_it():
@@ -44,6 +47,8 @@ def test_wrong_type_names_the_key():
     ("reward_model.overlong_buffer.enable", True, "overlong_buffer.len=4096 must be in 1..data.max_response_length=512"),
     ("reward_model.on_error", "ignore", "reward_model.on_error"),
     ("actor_rollout_ref.rollout.dtype", "float16", "actor_rollout_ref.rollout.dtype"),
+    ("algorithm.rollout_correction.rollout_is", "tokens", "algorithm.rollout_correction.rollout_is"),
+    ("algorithm.rollout_correction.loss_type", "ppo", "algorithm.rollout_correction.loss_type"),
 ])
 def test_validation_errors_name_key_and_value(key, value, message):
   config = get_base_config()

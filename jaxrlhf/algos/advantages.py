@@ -107,6 +107,7 @@ def _gae_scan(rewards_BxT, values_BxT, mask_BxT, gamma, lam):
     return _reverse_scan(step, (zeros_B, zeros_B), (rewards_BxT.T, values_BxT.T, mask_BxT.T)).T
 
 
+@register_adv_estimator("grpo_vectorized")  # verl's vectorised GRPO: the same numbers (ours is vectorised)
 @register_adv_estimator("grpo")
 def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=True,
                                    epsilon=1e-6):
@@ -153,10 +154,22 @@ def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index):
     return advantages_BxT, advantages_BxT
 
 
+@register_adv_estimator("rloo_vectorized")
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index):
+    """verl's vectorised RLOO: R_i - mean_{j != i} R_j as `rloo`, but 0 for a group of size 1
+    (verl's two RLOO implementations differ there; each name keeps its own behaviour)."""
+    advantages_BxT, _ = compute_rloo_outcome_advantage(token_level_rewards, response_mask, index)
+    _, _, _, row_valid_B = _prepare(token_level_rewards, response_mask)
+    advantages_BxT = advantages_BxT * (_Groups(index, row_valid_B).size_B > 1)[:, None]
+    return advantages_BxT, advantages_BxT
+
+
 @register_adv_estimator("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, gamma=1.0):
-    """REINFORCE++ (arXiv 2501.03262): G = masked discounted return-to-go (reset at masked
-    tokens), advantages = masked_whiten(G) over the batch, returns = G."""
+    """REINFORCE++ (arXiv 2501.03262): G = masked discounted return-to-go, advantages =
+    masked_whiten(G) over the batch, returns = G. Masked tokens inside a response (multi-turn
+    observations) carry the running return through unchanged, as verl 0.9.1:
+    run = m * (r + gamma * run) + (1 - m) * run, so a final reward reaches earlier turns."""
     rewards_BxT, mask_BxT, _, _ = _prepare(token_level_rewards, response_mask)
     returns_BxT = _discounted_return_scan(rewards_BxT, mask_BxT, gamma) * mask_BxT
     return masked_whiten(returns_BxT, mask_BxT) * mask_BxT, returns_BxT
@@ -166,8 +179,9 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
 def _discounted_return_scan(rewards_BxT, mask_BxT, gamma):
     def step(running_B, xs):
         reward_B, m_B = xs
-        running_B = reward_B + gamma * running_B
-        return running_B * m_B, running_B  # reset at masked tokens, as verl
+        new_running_B = reward_B + gamma * running_B
+        running_B = m_B * new_running_B + (1.0 - m_B) * running_B  # carried through masked spans
+        return running_B, new_running_B * m_B
 
     zeros_B = jnp.zeros(rewards_BxT.shape[0], jnp.float32)
     return _reverse_scan(step, zeros_B, (rewards_BxT.T, mask_BxT.T)).T
@@ -220,6 +234,130 @@ def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index):
     return advantages_BxT, advantages_BxT
 
 
+@register_adv_estimator("gdpo")
+def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, reward_components=None,
+                                   reward_weights=None, norm_adv_by_std_in_grpo=True, epsilon=1e-6):
+    """GDPO (arXiv 2601.05242): each reward component is GRPO-normalised within its group on its
+    own, the results are summed with `reward_weights` (`algorithm.gdpo_reward_weights`; None = 1
+    each), then `masked_whiten` over the batch. returns = advantages.
+
+    `reward_components`: the per-sequence scores of the components named by
+    `algorithm.gdpo_reward_keys`, as a mapping name -> [B] (in that key order) or an array [K, B].
+    None falls back to the one component `token_level_rewards` (as verl without components).
+    """
+    _, mask_BxT, _, _ = _prepare(token_level_rewards, response_mask)
+    if reward_components is None:
+        components = [token_level_rewards]
+    else:
+        values = list(reward_components.values()) if hasattr(reward_components, "values") else reward_components
+        # A component score [B] acts as a token-level reward on the row (R_b = the score).
+        components = [_broadcast(jnp.asarray(v, jnp.float32).reshape(-1), _first_token(mask_BxT)) for v in values]
+    weights = [1.0] * len(components) if reward_weights is None else list(reward_weights)
+    if len(weights) != len(components):
+        raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(components)} "
+                         "reward components (algorithm.gdpo_reward_keys)")
+    total_BxT = jnp.zeros(mask_BxT.shape, jnp.float32)
+    for weight, component_BxT in zip(weights, components):
+        normalised_BxT, _ = compute_grpo_outcome_advantage(component_BxT, mask_BxT, index, norm_adv_by_std_in_grpo,
+                                                           epsilon)
+        total_BxT = total_BxT + weight * normalised_BxT
+    advantages_BxT = masked_whiten(total_BxT, mask_BxT) * mask_BxT
+    return advantages_BxT, advantages_BxT
+
+
+def _first_token(mask_BxT):
+    """One-hot of each row's first valid token (where a sequence score is placed; any valid token works)."""
+    return jax.nn.one_hot(jnp.argmax(mask_BxT > 0, axis=-1), mask_BxT.shape[-1]) * mask_BxT
+
+
+def _reverse_cumsum(x_BxT):
+    return jnp.flip(jnp.cumsum(jnp.flip(x_BxT, -1), axis=-1), -1)
+
+
+def _path_variance(mask_BxT, old_log_probs, sum_pi_squared, rollout_is_weights):
+    """W_t = sum_{j<=t} m_j w_j, w_j = 1 - 2 pi_j + sum_v pi_v^2 (times rho_j^2 with rollout IS weights)."""
+    sg = jax.lax.stop_gradient
+    w_BxT = 1.0 - 2.0 * jnp.exp(zero_masked(sg(old_log_probs), mask_BxT)) + zero_masked(sg(sum_pi_squared), mask_BxT)
+    if rollout_is_weights is not None:
+        w_BxT = w_BxT * jnp.square(zero_masked(sg(rollout_is_weights), mask_BxT))
+    return jnp.cumsum(w_BxT * mask_BxT, axis=-1)
+
+
+def _token_baseline(groups, returns_BxT, path_variance_BxT, valid_BxT, lengths_B, handle_zero_tail, epsilon):
+    """B_t = sum_group(G_t W_t m_t) / (sum_group(W_t m_t) + eps) per position t, 0 for groups of size 1;
+    with `handle_zero_tail`, 0 on a group's unique longest row from the second-longest length on."""
+    num_groups = groups.batch_size
+    segment_sum = lambda x: jax.ops.segment_sum(x, groups.group_B, num_segments=num_groups)[groups.group_B]  # noqa
+    real_BxT = valid_BxT * groups.row_valid_B[:, None]
+    numerator_BxT = segment_sum(returns_BxT * path_variance_BxT * real_BxT)
+    denominator_BxT = segment_sum(path_variance_BxT * real_BxT) + epsilon
+    baseline_BxT = jnp.where((groups.size_B > 1)[:, None], numerator_BxT / denominator_BxT, 0.0)
+    if handle_zero_tail:
+        longest_B = groups.max(lengths_B)
+        is_longest_B = groups.row_valid_B & (lengths_B == longest_B)
+        unique_B = groups.sum(is_longest_B.astype(jnp.float32)) == 1
+        second_B = groups.max(jnp.where(is_longest_B, -jnp.inf, lengths_B))
+        tail_B = is_longest_B & unique_B & (groups.size_B > 1) & (longest_B > second_B)
+        positions_T = jnp.arange(returns_BxT.shape[-1], dtype=jnp.float32)
+        baseline_BxT = jnp.where(tail_B[:, None] & (positions_T[None, :] >= second_B[:, None]), 0.0, baseline_BxT)
+    return baseline_BxT
+
+
+@register_adv_estimator("optimal_token_baseline")
+def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs,
+                                             sum_pi_squared, rollout_is_weights=None, handle_zero_tail=True,
+                                             epsilon=1e-8):
+    """Optimal Token Baseline (verl 0.9.1): a baseline per response position t within each group,
+    B_t = E_group[G_t W_t] / E_group[W_t], with G_t the undiscounted return-to-go and W_t the
+    cumulative path-variance proxy sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2), pi_j = exp(old_log_probs).
+
+    `sum_pi_squared` [B, T] is sum_v softmax(logits)_v^2 of the old-log-prob forward
+    (`sum_pi_squared_from_logits`); `rollout_is_weights` (rollout correction) scale w by rho^2.
+    Groups of size 1 get no baseline. `handle_zero_tail` zeroes the baseline of a group's unique
+    longest response past the second-longest length (no other sample informs it).
+    advantages = (G - B) * m, returns = G.
+    """
+    rewards_BxT, mask_BxT, _, row_valid_B = _prepare(token_level_rewards, response_mask)
+    groups = _Groups(index, row_valid_B)
+    returns_BxT = _reverse_cumsum(rewards_BxT) * mask_BxT
+    path_variance_BxT = _path_variance(mask_BxT, old_log_probs, sum_pi_squared, rollout_is_weights)
+    baseline_BxT = _token_baseline(groups, returns_BxT, path_variance_BxT, mask_BxT, jnp.sum(mask_BxT, axis=-1),
+                                   handle_zero_tail, epsilon)
+    return (returns_BxT - baseline_BxT) * mask_BxT, returns_BxT
+
+
+@register_adv_estimator("tir_optimal_token_baseline")
+def compute_tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs,
+                                                 sum_pi_squared, rollout_is_weights=None, handle_zero_tail=True,
+                                                 epsilon=1e-8):
+    """Optimal Token Baseline for multi-turn (tool-integrated) responses, verl 0.9.1: as
+    `optimal_token_baseline`, but positions are counted over valid tokens only (the k-th generated
+    token of each response shares a baseline, whatever observation spans lie between), i.e. the
+    rows are compacted to their valid tokens before the group statistics. Identical to
+    `optimal_token_baseline` when every response mask is a prefix."""
+    rewards_BxT, mask_BxT, _, row_valid_B = _prepare(token_level_rewards, response_mask)
+    groups = _Groups(index, row_valid_B)
+    batch, length = mask_BxT.shape
+    returns_BxT = _reverse_cumsum(rewards_BxT) * mask_BxT
+    path_variance_BxT = _path_variance(mask_BxT, old_log_probs, sum_pi_squared, rollout_is_weights)
+    # rank_BxT: index of each valid token among its row's valid tokens (its compacted position).
+    valid_BxT = mask_BxT > 0
+    rank_BxT = jnp.where(valid_BxT, jnp.cumsum(valid_BxT, axis=-1) - 1, length - 1)
+    rows_BxT = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, length))
+
+    def compact(x_BxT):
+        return jnp.zeros((batch, length), jnp.float32).at[rows_BxT, rank_BxT].add(jnp.where(valid_BxT, x_BxT, 0.0))
+
+    lengths_B = jnp.sum(mask_BxT, axis=-1)
+    compact_valid_BxT = (jnp.arange(length)[None, :] < lengths_B[:, None]).astype(jnp.float32)
+    compact_returns_BxT = compact(returns_BxT)
+    baseline_BxT = _token_baseline(groups, compact_returns_BxT, compact(path_variance_BxT), compact_valid_BxT,
+                                   lengths_B, handle_zero_tail, epsilon)
+    compact_advantages_BxT = compact_returns_BxT - baseline_BxT
+    advantages_BxT = jnp.take_along_axis(compact_advantages_BxT, rank_BxT, axis=-1) * mask_BxT
+    return advantages_BxT, returns_BxT
+
+
 def compute_advantage(
     adv_estimator,
     *,
@@ -231,16 +369,24 @@ def compute_advantage(
     gamma=1.0,
     lam=1.0,
     norm_adv_by_std_in_grpo=True,
+    reward_components=None,
+    reward_weights=None,
+    old_log_probs=None,
+    sum_pi_squared=None,
+    rollout_is_weights=None,
 ):
     """Runs the registered estimator `adv_estimator`, passing only the arguments it declares.
 
     A required argument that is missing (values for gae, index for group estimators,
-    reward_baselines for remax) raises a ValueError naming it.
+    reward_baselines for remax, old_log_probs and sum_pi_squared for the optimal token baselines)
+    raises a ValueError naming it. `reward_components` / `reward_weights` feed gdpo.
     """
     fn = get_adv_estimator(adv_estimator)
     available = dict(
         token_level_rewards=token_level_rewards, response_mask=response_mask, values=values, index=index,
         reward_baselines=reward_baselines, gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        reward_components=reward_components, reward_weights=reward_weights, old_log_probs=old_log_probs,
+        sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights,
     )
     kwargs = {}
     for name, parameter in inspect.signature(fn).parameters.items():

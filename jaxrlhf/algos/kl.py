@@ -69,6 +69,13 @@ def entropy_from_logits(logits):
     return jax.nn.logsumexp(z, axis=-1) - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
 
 
+def sum_pi_squared_from_logits(logits):
+    """Per-token sum_v softmax(z)_v^2 in fp32; [..., V] -> [...]. The optimal token baselines need it
+    from the old-log-prob forward (verl's `calculate_sum_pi_squared`); scale logits by the rollout
+    temperature first, as for the log-probs."""
+    return jnp.sum(jnp.square(jax.nn.softmax(as_f32(logits), axis=-1)), axis=-1)
+
+
 def fixed_kl_update(coef, current_kl=None, n_steps=None):
     """Fixed controller: the coefficient never changes (same signature as the adaptive one)."""
     del current_kl, n_steps

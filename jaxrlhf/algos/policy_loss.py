@@ -3,15 +3,18 @@
 Every registered loss has the signature
 
     fn(old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high,
-       clip_ratio_c, loss_agg_mode, agg_kwargs, rng, **mode_kwargs) -> (loss, metrics)
+       clip_ratio_c, loss_agg_mode, agg_kwargs, rng, [rollout_is_weights,] **mode_kwargs) -> (loss, metrics)
 
-with [B, T] fp32 inputs already zeroed outside the mask. `agg_kwargs` (global_token_count,
+with [B, T] fp32 inputs already zeroed outside the mask. `rollout_is_weights` (verl's decoupled
+rollout correction, see `rollout_correction.py`) multiplies the per-token loss before aggregation; a
+loss that does not declare it cannot be given one. `agg_kwargs` (global_token_count,
 global_seq_count, loss_scale_factor) must be forwarded to `agg_loss`, and `global_token_count`
 also normalises the per-token metrics, so that with the mini-batch normalisers every output is
 additive over micro-batches. `metrics` holds at least pg_clipfrac, pg_clipfrac_lower and ppo_kl.
 
-The importance ratio is exp(clip(lp - old, -20, 20)) in every mode (verl clips only in vanilla;
-the clip only matters for ratios beyond e^20 and keeps every mode finite).
+The importance ratio is exp(clip(lp - old, -20, 20)) in every mode that forms one (verl 0.9.1 does
+not clip in gspo and geo_mean; the clip only matters for ratios beyond e^20 and keeps every mode
+finite).
 """
 
 import inspect
@@ -20,16 +23,21 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf.algos.registry import Registry
-from jaxrlhf.algos.stats import agg_loss, masked_mean, seq_mean, token_mean, zero_masked
+from jaxrlhf.algos.rollout_correction import (ROLLOUT_CORRECTION_CONFIG_KEYS,
+                                              compute_rollout_correction_and_rejection_mask)
+from jaxrlhf.algos.stats import agg_loss, as_f32, masked_mean, seq_mean, token_mean, zero_masked
 
 POLICY_LOSSES = Registry("policy loss")
 register_policy_loss = POLICY_LOSSES.register
 get_policy_loss = POLICY_LOSSES.get
 
 AGG_KWARG_NAMES = ("global_token_count", "global_seq_count", "loss_scale_factor")
-# Keys of verl's `actor.policy_loss` block. A trainer may pass all of them whatever the mode;
-# each mode receives only those it declares, any other unknown keyword is a TypeError.
-POLICY_LOSS_CONFIG_KEYS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
+# Keys of verl's `actor.policy_loss` block, of `actor` itself (SAPO's temperatures) and of
+# `algorithm.rollout_correction` (bypass_mode). A trainer may pass all of them whatever the mode; each
+# mode receives only those it declares (None values are dropped), any other unknown keyword is a TypeError.
+POLICY_LOSS_CONFIG_KEYS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
+ACTOR_LOSS_CONFIG_KEYS = ("tau_pos", "tau_neg")
+MODE_CONFIG_KEYS = POLICY_LOSS_CONFIG_KEYS + ACTOR_LOSS_CONFIG_KEYS + ROLLOUT_CORRECTION_CONFIG_KEYS
 
 
 def _log_ratio(old_log_prob, log_prob):
@@ -44,10 +52,17 @@ def _metrics(pg_clipfrac, ppo_kl, pg_clipfrac_lower=0.0):
     return dict(pg_clipfrac=_float(pg_clipfrac), ppo_kl=_float(ppo_kl), pg_clipfrac_lower=_float(pg_clipfrac_lower))
 
 
+def _weighted(pg_losses_BxT, rollout_is_weights):
+    """verl: `pg_losses * rollout_is_weights` when rollout correction supplies weights (constants)."""
+    if rollout_is_weights is None:
+        return pg_losses_BxT
+    return pg_losses_BxT * jax.lax.stop_gradient(as_f32(rollout_is_weights))
+
+
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
 ):
     """PPO clipped surrogate with asymmetric clip ("clip-higher") and dual clip for A < 0."""
     del rng
@@ -61,7 +76,7 @@ def compute_policy_loss_vanilla(
     loss_dual_BxT = -advantages * clip_ratio_c
     negative_adv_BxT = advantages < 0
     pg_losses_BxT = jnp.where(negative_adv_BxT, jnp.minimum(loss_dual_BxT, loss_ppo_BxT), loss_ppo_BxT)
-    pg_loss = agg_loss(pg_losses_BxT, mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(pg_losses_BxT, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     return pg_loss, _metrics(
         pg_clipfrac=token_mean((loss_clipped_BxT > loss_unclipped_BxT).astype(jnp.float32), mask, n_tokens),
         ppo_kl=token_mean(-log_ratio_BxT, mask, n_tokens),
@@ -74,14 +89,15 @@ def compute_policy_loss_vanilla(
 @register_policy_loss("gspo")
 def compute_policy_loss_gspo(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
 ):
     """GSPO (arXiv 2507.18071): the sequence ratio s = exp(mean_m(lp - old)) replaces the token ratio.
 
     Per token the ratio is exp(lp - sg(lp) + sg(log s)): value s, gradient s * d lp. Aggregated
-    seq-mean-token-mean whatever `loss_agg_mode` says, as in verl (the objective is per sequence).
+    with the configured `loss_agg_mode`, as verl 0.9.1 (the paper's objective is seq-mean-token-mean,
+    which verl and we recommend but do not force). pg_clipfrac_lower is 0 (as verl).
     """
-    del clip_ratio_c, loss_agg_mode, rng
+    del clip_ratio_c, rng
     mask, n_tokens = response_mask, agg_kwargs.get("global_token_count")
     log_ratio_BxT = _log_ratio(old_log_prob, log_prob)
     log_seq_ratio_B = masked_mean(log_ratio_BxT, mask, axis=-1)
@@ -92,7 +108,7 @@ def compute_policy_loss_gspo(
     loss_unclipped_BxT = -advantages * ratio_BxT
     loss_clipped_BxT = -advantages * jnp.clip(ratio_BxT, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     pg_losses_BxT = jnp.maximum(loss_unclipped_BxT, loss_clipped_BxT)
-    pg_loss = agg_loss(pg_losses_BxT, mask, "seq-mean-token-mean", **agg_kwargs)
+    pg_loss = agg_loss(_weighted(pg_losses_BxT, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     return pg_loss, _metrics(
         pg_clipfrac=token_mean((loss_clipped_BxT > loss_unclipped_BxT).astype(jnp.float32), mask, n_tokens),
         ppo_kl=token_mean(-log_ratio_BxT, mask, n_tokens),
@@ -102,11 +118,12 @@ def compute_policy_loss_gspo(
 @register_policy_loss("gpg")
 def compute_policy_loss_gpg(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
 ):
     """GPG: plain policy gradient -lp * A (no ratio, no clip)."""
     del clip_ratio_low, clip_ratio_high, clip_ratio_c, rng
-    pg_loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(-log_prob * advantages, rollout_is_weights), response_mask, loss_agg_mode,
+                       **agg_kwargs)
     ppo_kl = token_mean(-_log_ratio(old_log_prob, log_prob), response_mask, agg_kwargs.get("global_token_count"))
     return pg_loss, _metrics(pg_clipfrac=0.0, ppo_kl=ppo_kl)
 
@@ -114,38 +131,39 @@ def compute_policy_loss_gpg(
 @register_policy_loss("cispo")
 def compute_policy_loss_cispo(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
 ):
     """CISPO (MiniMax-M1, arXiv 2506.13585): -sg(clip(ratio, 1-eps_low, 1+eps_high)) * A * lp.
 
     The clipped weight is a constant, so clipped tokens still get a gradient (unlike PPO).
-    pg_clipfrac = fraction of tokens whose weight was clipped; pg_clipfrac_lower = those clipped at
-    the lower bound.
+    pg_clipfrac = fraction of tokens whose weight was clipped; pg_clipfrac_lower is 0, as verl 0.9.1
+    reports (CISPO has no dual clip).
     """
     del clip_ratio_c, rng
     mask, n_tokens = response_mask, agg_kwargs.get("global_token_count")
     log_ratio_BxT = _log_ratio(old_log_prob, log_prob)
     ratio_BxT = jnp.exp(log_ratio_BxT)
     weight_BxT = jax.lax.stop_gradient(jnp.clip(ratio_BxT, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high))
-    pg_loss = agg_loss(-weight_BxT * advantages * log_prob, mask, loss_agg_mode, **agg_kwargs)
+    pg_losses_BxT = _weighted(-weight_BxT * advantages * log_prob, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses_BxT, mask, loss_agg_mode, **agg_kwargs)
     return pg_loss, _metrics(
         pg_clipfrac=token_mean((weight_BxT != ratio_BxT).astype(jnp.float32), mask, n_tokens),
         ppo_kl=token_mean(-log_ratio_BxT, mask, n_tokens),
-        pg_clipfrac_lower=token_mean((ratio_BxT < 1.0 - clip_ratio_low).astype(jnp.float32), mask, n_tokens),
     )
 
 
 @register_policy_loss("geo_mean")
 def compute_policy_loss_geo_mean(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
 ):
     """GMPO (arXiv 2507.20673): geometric mean of token ratios, clipped per token in log space.
 
     Per token, the log-ratio is clipped to [-eps_low, eps_high] only on the side that would raise
     the objective (pessimistic, as PPO): log r' = sign(A) * min(sign(A) log r, sign(A) clip(log r)).
-    Per row: loss = -mean_m(A) * exp(mean_m(log r')); rows are averaged (over rows with a valid
-    token, with `global_seq_count` when given). `loss_agg_mode` is ignored, as in verl.
+    Per row: loss = -mean_m(A) * exp(mean_m(log r')) (times the geometric mean of the row's
+    rollout_is_weights when given, as verl); rows are averaged (over rows with a valid token, with
+    `global_seq_count` when given). `loss_agg_mode` is ignored, as in verl.
     """
     del clip_ratio_c, loss_agg_mode, rng
     mask, n_tokens = response_mask, agg_kwargs.get("global_token_count")
@@ -158,7 +176,11 @@ def compute_policy_loss_geo_mean(
     seq_ratio_B = jnp.exp(masked_mean(log_ratio_pessimistic_BxT, mask, axis=-1))
     seq_advantage_B = masked_mean(advantages, mask, axis=-1)
     tokens_per_seq_B = jnp.sum(jnp.asarray(mask, jnp.float32), axis=-1)
-    pg_loss = seq_mean(-seq_advantage_B * seq_ratio_B, tokens_per_seq_B > 0, agg_kwargs.get("global_seq_count"))
+    seq_losses_B = -seq_advantage_B * seq_ratio_B
+    if rollout_is_weights is not None:
+        log_weights_BxT = jnp.log(jax.lax.stop_gradient(as_f32(rollout_is_weights)) + 1e-10)
+        seq_losses_B = seq_losses_B * jnp.exp(masked_mean(log_weights_BxT, mask, axis=-1))
+    pg_loss = seq_mean(seq_losses_B, tokens_per_seq_B > 0, agg_kwargs.get("global_seq_count"))
     clipped_BxT = log_ratio_BxT != log_ratio_clipped_BxT
     return pg_loss, _metrics(
         pg_clipfrac=token_mean((clipped_BxT & (advantages > 0)).astype(jnp.float32), mask, n_tokens),
@@ -189,7 +211,8 @@ def _count_from_ratio(ratio, mask):
 @register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, clip_cov_ratio=0.0002, clip_cov_lb=1.0,
+    clip_cov_ub=5.0,
 ):
     """Clip-Cov (arXiv 2505.22617): PPO clip, plus the gradient of a few high-covariance tokens cut.
 
@@ -215,7 +238,7 @@ def compute_policy_loss_clip_cov(
     keys_BxT = jnp.where(candidate_BxT, jax.random.uniform(rng, cov_BxT.shape), jnp.inf)
     detached_BxT = candidate_BxT & (_rank(keys_BxT) < _count_from_ratio(clip_cov_ratio, mask))
     pg_losses_BxT = jnp.where(detached_BxT, 0.0, jnp.maximum(loss_unclipped_BxT, loss_clipped_BxT))
-    pg_loss = agg_loss(pg_losses_BxT, mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(pg_losses_BxT, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     return pg_loss, _metrics(
         pg_clipfrac=token_mean(detached_BxT.astype(jnp.float32), mask, n_tokens),
         ppo_kl=token_mean(-log_ratio_BxT, mask, n_tokens),
@@ -225,7 +248,7 @@ def compute_policy_loss_clip_cov(
 @register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(
     old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, kl_cov_ratio=0.0002, ppo_kl_coef=1.0,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, kl_cov_ratio=0.0002, ppo_kl_coef=1.0,
 ):
     """KL-Cov (arXiv 2505.22617): unclipped -A * ratio, plus ppo_kl_coef * |lp - old| on the
     max(floor(kl_cov_ratio * #valid), 1) valid tokens of largest covariance.
@@ -245,16 +268,155 @@ def compute_policy_loss_kl_cov(
     descending_rank_BxT = _rank(jnp.where(valid_BxT, -cov_BxT, jnp.inf))
     penalised_BxT = valid_BxT & (descending_rank_BxT < _count_from_ratio(kl_cov_ratio, mask))
     pg_losses_BxT = jnp.where(penalised_BxT, loss_pg_BxT + ppo_kl_coef * abs_kl_BxT, loss_pg_BxT)
-    pg_loss = agg_loss(pg_losses_BxT, mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(pg_losses_BxT, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     return pg_loss, _metrics(pg_clipfrac=0.0, ppo_kl=token_mean(abs_kl_BxT, mask, n_tokens))
 
 
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(
+    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, tau_pos=1.0, tau_neg=1.05,
+):
+    """SAPO (arXiv 2511.20347): a smooth sigmoid gate instead of a hard clip.
+
+    gate = sigmoid(tau * (ratio - 1)) * 4 / tau with tau = tau_pos where A > 0 else tau_neg
+    (`actor.tau_pos` / `actor.tau_neg`, verl's defaults 1.0 / 1.05); loss = -gate * A, aggregated
+    seq-mean-token-mean whatever `loss_agg_mode` says, as verl 0.9.1. Both clip fractions are 0.
+    """
+    del clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, rng
+    mask, n_tokens = response_mask, agg_kwargs.get("global_token_count")
+    log_ratio_BxT = _log_ratio(old_log_prob, log_prob)
+    tau_BxT = jnp.where(advantages > 0, jnp.float32(tau_pos), jnp.float32(tau_neg))
+    gate_BxT = jax.nn.sigmoid(tau_BxT * (jnp.exp(log_ratio_BxT) - 1.0)) * (4.0 / tau_BxT)
+    pg_losses_BxT = _weighted(-gate_BxT * advantages, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses_BxT, mask, "seq-mean-token-mean", **agg_kwargs)
+    return pg_loss, _metrics(pg_clipfrac=0.0, ppo_kl=token_mean(-log_ratio_BxT, mask, n_tokens))
+
+
+@register_policy_loss("dro")
+def compute_policy_loss_dro(
+    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, dro_beta=None,
+):
+    """DRO (direct reward optimisation): -(lp * A - 0.5 * beta * (lp - old)^2), beta =
+    `policy_loss.dro_beta` (required, > 0, as verl). No ratio, no clip: both clip fractions are 0."""
+    del clip_ratio_low, clip_ratio_high, clip_ratio_c, rng
+    if dro_beta is None or dro_beta <= 0:
+        raise ValueError(f"actor.policy_loss.dro_beta must be a positive value when using DRO, got {dro_beta}")
+    mask, n_tokens = response_mask, agg_kwargs.get("global_token_count")
+    log_ratio_BxT = log_prob - old_log_prob  # unclipped, as verl: only its square enters, as a penalty
+    pg_losses_BxT = -(log_prob * advantages - 0.5 * dro_beta * jnp.square(log_ratio_BxT))
+    pg_loss = agg_loss(_weighted(pg_losses_BxT, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
+    return pg_loss, _metrics(pg_clipfrac=0.0, ppo_kl=token_mean(-log_ratio_BxT, mask, n_tokens))
+
+
+def _dppo(valid_fn, old_log_prob, log_prob, advantages, mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+          loss_agg_mode, agg_kwargs, rollout_is_weights):
+    """DPPO-Binary (arXiv 2602.04879): a token keeps its gradient unless the move of its probability
+    (a divergence between old and new, bounded by clip_ratio_low/high) already went in the
+    advantage's direction too far; the REINFORCE-style loss -A * sg(min(ratio, clip_ratio_c)) * lp
+    uses truncated importance sampling instead of a dual clip (clip_ratio_c: verl's actor value).
+    pg_clipfrac = masked tokens; pg_clipfrac_lower = kept tokens whose ratio was truncated (verl)."""
+    n_tokens = agg_kwargs.get("global_token_count")
+    log_ratio_BxT = _log_ratio(old_log_prob, log_prob)
+    ratio_BxT = jnp.exp(log_ratio_BxT)
+    sg = jax.lax.stop_gradient
+    truncated_ratio_BxT = sg(jnp.minimum(ratio_BxT, clip_ratio_c))
+    prob_BxT, old_prob_BxT = sg(jnp.exp(log_prob)), jnp.exp(old_log_prob)
+    valid_positive_BxT, valid_negative_BxT = valid_fn(prob_BxT, old_prob_BxT, sg(log_prob), old_log_prob)
+    valid_BxT = jnp.where(advantages > 0, valid_positive_BxT, valid_negative_BxT).astype(jnp.float32)
+    pg_losses_BxT = _weighted(-advantages * truncated_ratio_BxT * log_prob * valid_BxT, rollout_is_weights)
+    pg_loss = agg_loss(pg_losses_BxT, mask, loss_agg_mode, **agg_kwargs)
+    return pg_loss, _metrics(
+        pg_clipfrac=token_mean(1.0 - valid_BxT, mask, n_tokens),
+        ppo_kl=token_mean(-log_ratio_BxT, mask, n_tokens),
+        pg_clipfrac_lower=token_mean((ratio_BxT > clip_ratio_c).astype(jnp.float32) * valid_BxT, mask, n_tokens),
+    )
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(
+    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+):
+    """DPPO-Binary-TV: kept where p - p_old <= clip_ratio_high (A > 0) or >= -clip_ratio_low (A <= 0)."""
+    del rng
+
+    def valid(prob, old_prob, unused_log_prob, unused_old_log_prob):
+        return (prob - old_prob) <= clip_ratio_high, (prob - old_prob) >= -clip_ratio_low
+
+    return _dppo(valid, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=clip_ratio_low,
+                 clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode,
+                 agg_kwargs=agg_kwargs, rollout_is_weights=rollout_is_weights)
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(
+    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+):
+    """DPPO-Binary-KL: binary KL(p_old || p) = p_old log(p_old/p) + (1-p_old) log((1-p_old)/(1-p))
+    (1e-8 inside the second log, as verl); kept where it is <= clip_ratio_high or p <= p_old (A > 0),
+    <= clip_ratio_low or p >= p_old (A <= 0)."""
+    del rng
+
+    def valid(prob, old_prob, log_prob_sg, old_log_prob_):
+        binary_kl = old_prob * (old_log_prob_ - log_prob_sg) + (1.0 - old_prob) * jnp.log(
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+        return (binary_kl <= clip_ratio_high) | (prob <= old_prob), (binary_kl <= clip_ratio_low) | (prob >= old_prob)
+
+    return _dppo(valid, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=clip_ratio_low,
+                 clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode,
+                 agg_kwargs=agg_kwargs, rollout_is_weights=rollout_is_weights)
+
+
+@register_policy_loss("bypass_mode")
+def compute_policy_loss_bypass_mode(
+    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, loss_type="ppo_clip", rollout_is=None,
+    rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None, rollout_rs_threshold=None,
+):
+    """verl's bypass mode: `old_log_prob` IS the rollout's log-prob (no old-log-prob forward), and
+    rollout correction (`algorithm.rollout_correction.*`) runs between it and the training forward.
+
+    Importance weights w = pi_train / pi_rollout (token or sequence level, truncated at the upper
+    threshold or IcePop-rejected outside "lower_upper") and the rejection mask (rollout_rs options)
+    come from `compute_rollout_correction_and_rejection_mask` on sg(log_prob); rejected tokens leave
+    the loss mask. loss_type "ppo_clip": vanilla PPO against the rollout policy (the ratio already
+    is the IS correction, so w is not applied, as verl); "reinforce": -A * lp * w aggregated, with
+    ppo_kl = mean(rollout - lp). The metrics add verl's `rollout_corr/...` family: they are means
+    over the micro-batch, so a trainer averages them over micro-batches (not sums). Weights are
+    computed here; `rollout_is_weights` from a decoupled correction is ignored, as verl.
+    """
+    del rollout_is_weights
+    if loss_type not in ("ppo_clip", "reinforce"):
+        raise ValueError(f"algorithm.rollout_correction.loss_type must be 'reinforce' or 'ppo_clip', got {loss_type!r}")
+    rollout_log_prob = old_log_prob
+    weights_BxT, effective_mask_BxT, corr_metrics = compute_rollout_correction_and_rejection_mask(
+        jax.lax.stop_gradient(log_prob), rollout_log_prob, response_mask, rollout_is=rollout_is,
+        rollout_is_threshold=rollout_is_threshold, rollout_is_batch_normalize=rollout_is_batch_normalize,
+        rollout_rs=rollout_rs, rollout_rs_threshold=rollout_rs_threshold)
+    if loss_type == "ppo_clip":
+        pg_loss, metrics = compute_policy_loss_vanilla(
+            rollout_log_prob, log_prob, advantages, effective_mask_BxT, clip_ratio_low=clip_ratio_low,
+            clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode,
+            agg_kwargs=agg_kwargs, rng=rng)
+    else:
+        pg_losses_BxT = _weighted(-advantages * log_prob, weights_BxT)
+        pg_loss = agg_loss(pg_losses_BxT, effective_mask_BxT, loss_agg_mode, **agg_kwargs)
+        ppo_kl = token_mean(rollout_log_prob - log_prob, effective_mask_BxT, agg_kwargs.get("global_token_count"))
+        metrics = _metrics(pg_clipfrac=0.0, ppo_kl=ppo_kl)
+    return pg_loss, {**metrics, **corr_metrics}
+
+
 def _accepted(fn, kwargs):
-    """Drops verl policy_loss config keys that `fn` does not declare; keeps everything else."""
+    """Drops verl config keys (MODE_CONFIG_KEYS) that `fn` does not declare and those that are None;
+    keeps everything else."""
+    kwargs = {k: v for k, v in kwargs.items() if not (k in MODE_CONFIG_KEYS and v is None)}
     parameters = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return kwargs
-    return {k: v for k, v in kwargs.items() if k in parameters or k not in POLICY_LOSS_CONFIG_KEYS}
+    return {k: v for k, v in kwargs.items() if k in parameters or k not in MODE_CONFIG_KEYS}
 
 
 def compute_policy_loss(
@@ -270,22 +432,26 @@ def compute_policy_loss(
     clip_ratio_c=3.0,
     loss_agg_mode="token-mean",
     rng=None,
+    rollout_is_weights=None,
     **agg_and_mode_kwargs,
 ):
     """Policy loss of `loss_mode` -> (loss, metrics) (SPEC §1, §4).
 
     clip_ratio_low/high default to clip_ratio. `agg_and_mode_kwargs` holds the `agg_loss`
     normalisers (global_token_count, global_seq_count, loss_scale_factor; see
-    `loss_normalizers`) and mode hyper-parameters (clip_cov_ratio/lb/ub, kl_cov_ratio, ppo_kl_coef).
+    `loss_normalizers`) and mode hyper-parameters (MODE_CONFIG_KEYS: clip_cov_ratio/lb/ub,
+    kl_cov_ratio, ppo_kl_coef, dro_beta, tau_pos/tau_neg, the rollout_correction keys).
+    `rollout_is_weights` [B, T] (decoupled rollout correction) multiplies the per-token loss.
     Inputs may be bf16; the loss is computed in fp32 and masked positions never matter.
     """
     fn = get_policy_loss(loss_mode)
-    if loss_mode == "vanilla" and isinstance(clip_ratio_c, (int, float)) and clip_ratio_c <= 1.0:
+    if loss_mode in ("vanilla", "bypass_mode") and isinstance(clip_ratio_c, (int, float)) and clip_ratio_c <= 1.0:
         raise ValueError(f"actor.clip_ratio_c (dual-clip lower bound of the ratio) must be > 1, got {clip_ratio_c}")
     agg_kwargs = {k: agg_and_mode_kwargs.pop(k) for k in AGG_KWARG_NAMES if k in agg_and_mode_kwargs}
     agg_kwargs = {k: v for k, v in agg_kwargs.items() if v is not None}
     mode_kwargs = _accepted(fn, agg_and_mode_kwargs)
-    mode_kwargs = {k: v for k, v in mode_kwargs.items() if not (k in POLICY_LOSS_CONFIG_KEYS and v is None)}
+    if rollout_is_weights is not None:
+        mode_kwargs["rollout_is_weights"] = zero_masked(rollout_is_weights, response_mask)
     return fn(
         zero_masked(old_log_prob, response_mask),
         zero_masked(log_prob, response_mask),

@@ -4,18 +4,22 @@ Everything here is computed in fp32 whatever the input dtype, and is masked: a p
 mask is 0 never influences a result, even if it holds inf/NaN (padding may hold garbage log-probs).
 An empty mask yields 0, never NaN, so all-padding micro-batches are harmless.
 
-Exact global normalisation (SPEC §4, beyond verl): a mini-batch is split into micro-batches for
-gradient accumulation. `loss_normalizers` computes the denominators once on the whole mini-batch;
-passing them to `agg_loss` on every micro-batch makes the micro-batch losses (and their gradients)
-*sum* to the loss of the unsplit mini-batch, so the trainer accumulates with `+`, not with means of
-means.
+Exact global normalisation (SPEC §4, as verl 0.9.1's `global_batch_info`): a mini-batch is split
+into micro-batches for gradient accumulation. `loss_normalizers` computes the denominators once on
+the whole mini-batch (verl: `batch_num_tokens`, `global_batch_size`, `loss_scale_factor`); passing
+them to `agg_loss` on every micro-batch makes the micro-batch losses (and their gradients) *sum* to
+the loss of the unsplit mini-batch, so the trainer accumulates with `+`, not with means of means.
+verl also multiplies by `dp_size` because DDP averages gradients over ranks; a jitted global batch
+sums, so no such factor appears here.
 """
 
 from typing import Optional
 
 import jax.numpy as jnp
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = (
+    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+)
 
 
 def as_f32(x):
@@ -85,18 +89,22 @@ def _check_mode(loss_agg_mode):
         raise ValueError(f"Invalid loss_agg_mode: {loss_agg_mode!r}; expected one of {list(LOSS_AGG_MODES)}")
 
 
-def loss_normalizers(loss_mask, loss_agg_mode="token-mean"):
+def loss_normalizers(loss_mask, loss_agg_mode="token-mean", loss_scale_factor: Optional[float] = None):
     """Global denominators of a whole mini-batch, to pass to `agg_loss` on each of its micro-batches.
 
     Returns dict(global_token_count=number of valid tokens, global_seq_count=number of rows with at
-    least one valid token). Both are always returned (the pytree structure then does not depend on
-    the mode, and losses such as gspo aggregate by sequence whatever the configured mode).
+    least one valid token, loss_scale_factor=the `seq-mean-token-sum-norm` divisor: the given value,
+    or the mini-batch's padded response length T when None, as verl). All three are always returned
+    as fp32 scalars (the pytree structure then does not depend on the mode, and losses such as
+    geo_mean aggregate by sequence whatever the configured mode).
     """
     _check_mode(loss_agg_mode)
     mask = _mask_f32(loss_mask)
+    scale = mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
     return dict(
         global_token_count=jnp.sum(mask),
         global_seq_count=jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)),
+        loss_scale_factor=jnp.asarray(scale, jnp.float32),
     )
 
 
@@ -124,23 +132,27 @@ def agg_loss(
     global_seq_count=None,
     loss_scale_factor: Optional[float] = None,
 ):
-    """Aggregates a [B, T] per-token loss into a scalar (SPEC §4).
+    """Aggregates a [B, T] per-token loss into a scalar (SPEC §4, verl 0.9.1's `agg_loss`).
 
+    With S = global_seq_count or the number of rows with a valid token:
     - token-mean: sum(L*m) / (global_token_count or sum(m))
-    - seq-mean-token-sum: sum over rows of sum_t(L*m), / (global_seq_count or #rows with a token)
-    - seq-mean-token-mean: sum over rows of sum_t(L*m)/sum_t(m), / (same row count)
-    - seq-mean-token-sum-norm: sum(L*m) / (loss_scale_factor or the padded length T)
-    Rows without a valid token contribute nothing and are not counted (verl counts them).
+    - token-sum: sum(L*m)
+    - seq-mean-token-sum: sum over rows of sum_t(L*m), / S
+    - seq-mean-token-mean: sum over rows of sum_t(L*m)/sum_t(m), / S
+    - seq-mean-token-sum-norm: sum(L*m) / S / (loss_scale_factor or the padded length T)
+    Rows without a valid token contribute nothing and are not counted (as verl 0.9.1).
     """
     _check_mode(loss_agg_mode)
     loss_mask = _mask_f32(loss_mask)
     if loss_agg_mode == "token-mean":
         return token_mean(loss_mat, loss_mask, global_token_count)
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-        return masked_sum(loss_mat, loss_mask) / scale
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask)
     tokens_per_seq_B = jnp.sum(loss_mask, axis=-1)
     seq_losses_B = masked_sum(loss_mat, loss_mask, axis=-1)
     if loss_agg_mode == "seq-mean-token-mean":
         seq_losses_B = seq_losses_B / _safe_denominator(tokens_per_seq_B)
-    return seq_mean(seq_losses_B, tokens_per_seq_B > 0, global_seq_count)
+    loss = seq_mean(seq_losses_B, tokens_per_seq_B > 0, global_seq_count)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        loss = loss / (loss_mask.shape[-1] if loss_scale_factor is None else as_f32(loss_scale_factor))
+    return loss

@@ -1,7 +1,7 @@
 """The train state (a pytree) and the optimizer: AdamW with clipping, lr by trainer step.
 
-The learning rate follows verl: one scheduler step per trainer step (not per mini-batch), warmup
-then constant or cosine down to `min_lr_ratio * lr`. AdamW is written as
+The learning rate follows verl: one scheduler step per trainer step (not per mini-batch), linear
+warm-up from 0, then constant or cosine down to `min_lr_ratio * lr`. AdamW is written as
 `clip_by_global_norm -> scale_by_adam -> add_decayed_weights` and the step applies `-lr * update`,
 so the schedule is a pure function of the step carried in the state.
 """
@@ -40,20 +40,29 @@ def make_optimizer(optim, grad_clip: float) -> optax.GradientTransformation:
 
 
 def make_lr_schedule(optim, total_steps: int):
-  """lr as a jittable function of the trainer step."""
+  """lr as a jittable function of the 0-based scheduler step, as verl's schedulers (SPEC §7).
+
+  Warm-up: lr * step / warmup_steps, so step 0 has lr 0; `lr_warmup_steps <= 0` falls back to
+  int(lr_warmup_steps_ratio * total_steps) warm-up steps. Then constant, or cosine (verl's form):
+  lr * max(min_lr_ratio, cos(2 pi num_cycles progress) * (1 - min_lr_ratio) / 2 + (1 + min_lr_ratio) / 2)
+  with progress = (step - warmup) / max(1, total_steps - warmup).
+  """
   warmup = optim.lr_warmup_steps
-  if warmup is None or warmup < 0:
+  if warmup is None or warmup <= 0:
     warmup = int(optim.lr_warmup_steps_ratio * total_steps)
-  base, floor = optim.lr, optim.lr * optim.min_lr_ratio
+  base, min_ratio = optim.lr, optim.min_lr_ratio or 0.0
+  num_cycles = optim.num_cycles
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
-    warm = base * jnp.minimum(1.0, (step + 1) / max(warmup, 1)) if warmup > 0 else base
+    warm = step / max(warmup, 1)
     if optim.lr_scheduler_type == "cosine":
-      progress = jnp.clip((step - warmup) / max(total_steps - warmup, 1), 0.0, 1.0)
-      decayed = floor + (base - floor) * 0.5 * (1.0 + jnp.cos(math.pi * progress))
-      return jnp.where(step < warmup, warm, decayed)
-    return jnp.where(step < warmup, warm, base) if warmup > 0 else jnp.asarray(base, jnp.float32)
+      progress = (step - warmup) / max(total_steps - warmup, 1)
+      after = jnp.maximum(min_ratio, jnp.cos(math.pi * num_cycles * 2.0 * progress) * (1.0 - min_ratio) * 0.5
+                          + (1.0 + min_ratio) * 0.5)
+    else:
+      after = jnp.ones_like(step)
+    return base * jnp.where(step < warmup, warm, after)
 
   return schedule
 

@@ -54,16 +54,19 @@ def agg_loss(loss, m, mode, loss_scale_factor=None):
     B, T = loss.shape
     if mode == "token-mean":
         return masked_mean(loss, m)
-    if mode == "seq-mean-token-sum-norm":
-        return float((loss * m).sum() / (T if loss_scale_factor is None else loss_scale_factor))
+    if mode == "token-sum":
+        return float(sum(loss[b, t] for b in range(B) for t in range(T) if m[b, t] != 0))
     rows = []
     for b in range(B):
         n = m[b].sum()
         if n == 0:
             continue
         s = sum(loss[b, t] for t in range(T) if m[b, t] != 0)
-        rows.append(s if mode == "seq-mean-token-sum" else s / n)
-    return float(np.mean(rows)) if rows else 0.0
+        rows.append(s / n if mode == "seq-mean-token-mean" else s)
+    seq_mean = float(np.mean(rows)) if rows else 0.0
+    if mode == "seq-mean-token-sum-norm":  # verl 0.9.1: seq-mean of token sums, / loss_scale_factor (default T)
+        return seq_mean / (T if loss_scale_factor is None else loss_scale_factor)
+    return seq_mean
 
 
 # ---------------------------------------------------------------- KL
@@ -127,7 +130,7 @@ def policy_vanilla(old, lp, adv, m, lo, hi, c, mode="token-mean"):
         ppo_kl=masked_mean(-np.clip(lp - old, -20, 20), m))
 
 
-def policy_gspo(old, lp, adv, m, lo, hi):
+def policy_gspo(old, lp, adv, m, lo, hi, mode="seq-mean-token-mean"):
     old, lp, adv, m = f64(old), f64(lp), f64(adv), f64(m)
     B, T = lp.shape
     loss = np.zeros((B, T))
@@ -138,7 +141,7 @@ def policy_gspo(old, lp, adv, m, lo, hi):
         for t in range(T):
             a = adv[b, t]
             loss[b, t] = max(-a * s, -a * min(max(s, 1 - lo), 1 + hi))
-    return agg_loss(loss, m, "seq-mean-token-mean")
+    return agg_loss(loss, m, mode)
 
 
 def policy_gpg(old, lp, adv, m, mode):
@@ -236,7 +239,10 @@ def gae(r, v, m, gamma, lam):
 
 
 def grpo(r, m, index, norm=True, eps=1e-6):
-    s = _scores(r, m)
+    return _broadcast(_grpo_scores(_scores(r, m), m, index, norm, eps), m)
+
+
+def _grpo_scores(s, m, index, norm=True, eps=1e-6):
     out = np.zeros(len(s))
     for rows in _groups(index, m).values():
         vals = s[rows]
@@ -246,7 +252,57 @@ def grpo(r, m, index, norm=True, eps=1e-6):
             mean, std = vals.mean(), vals.std(ddof=1)
         for b in rows:
             out[b] = (s[b] - mean) / (std + eps) if norm else s[b] - mean
-    return _broadcast(out, m)
+    return out
+
+
+def gdpo(r, m, index, components=None, weights=None, norm=True, eps=1e-6):
+    comps = [_scores(r, m)] if components is None else [f64(c) for c in components]
+    weights = [1.0] * len(comps) if weights is None else weights
+    total = sum(w * _grpo_scores(c, m, index, norm, eps) for w, c in zip(weights, comps))
+    return masked_whiten(_broadcast(total, m), m) * f64(m)
+
+
+def rloo_vectorized(r, m, index):
+    out = rloo(r, m, index)
+    for rows in _groups(index, m).values():
+        if len(rows) == 1:
+            out[rows[0]] = 0.0
+    return out
+
+
+def optimal_token_baseline(r, m, index, old, sum_pi_sq, rollout_w=None, tail=True, eps=1e-8, tir=False):
+    """SPEC §3 optimal_token_baseline / tir_optimal_token_baseline with our padding convention."""
+    r, m = f64(r) * f64(m), f64(m)
+    B, T = r.shape
+    G = np.array([[r[b, t:].sum() * m[b, t] for t in range(T)] for b in range(B)])
+    w = 1 - 2 * np.exp(f64(old) * m) + f64(sum_pi_sq) * m
+    if rollout_w is not None:
+        w = w * (f64(rollout_w) * m) ** 2
+    W = np.cumsum(w * m, axis=-1)
+    # positions[b]: the positions that share a baseline slot k (absolute t, or the k-th valid token for TIR)
+    positions = [list(np.nonzero(m[b])[0]) if tir else list(range(T)) for b in range(B)]
+    valid = [[m[b, t] != 0 for t in positions[b]] for b in range(B)]
+    adv = np.zeros((B, T))
+    for rows in _groups(index, m).values():
+        slots = max(len(positions[b]) for b in rows)
+        base = {b: np.zeros(slots) for b in rows}
+        if len(rows) > 1:
+            for k in range(slots):
+                num = sum(G[b, positions[b][k]] * W[b, positions[b][k]] for b in rows
+                          if k < len(positions[b]) and valid[b][k])
+                den = sum(W[b, positions[b][k]] for b in rows if k < len(positions[b]) and valid[b][k]) + eps
+                for b in rows:
+                    base[b][k] = num / den
+            lengths = {b: m[b].sum() for b in rows}
+            ordered = sorted(lengths.values())
+            longest = [b for b in rows if lengths[b] == ordered[-1]]
+            if tail and len(longest) == 1 and ordered[-1] > ordered[-2]:
+                base[longest[0]][int(ordered[-2]):] = 0.0
+        for b in rows:
+            for k, t in enumerate(positions[b]):
+                if m[b, t]:
+                    adv[b, t] = G[b, t] - base[b][k]
+    return adv, G
 
 
 def grpo_passk(r, m, index, norm=True, eps=1e-6):
@@ -282,9 +338,9 @@ def reinforce_pp(r, m, gamma):
     for b in range(B):
         running = 0.0
         for t in reversed(range(T)):
-            running = r[b, t] + gamma * running
-            ret[b, t] = running * m[b, t]
-            running *= m[b, t]
+            if m[b, t]:  # masked tokens carry the running return through unchanged (verl 0.9.1)
+                running = r[b, t] + gamma * running
+                ret[b, t] = running
     return masked_whiten(ret, m) * m, ret
 
 

@@ -32,20 +32,35 @@ def _batch(seed, B, T, empty_rows=(1,), binary=False):
     return r.astype(np.float32), values, m
 
 
+def _token_inputs(values):
+    """old_log_probs and sum_pi_squared for the optimal token baselines, derived from `values`."""
+    values = jnp.asarray(values, jnp.float32)
+    old = -jnp.abs(values) - 0.05  # jnp: also called on tracers
+    return old, jnp.clip(jnp.exp(2 * old) + 0.3 * jnp.abs(jnp.sin(values)), 0.0, 1.0)
+
+
 def _run_all(r, values, m, index, baselines, gamma=0.9, lam=0.8, norm=True):
     out = {}
+    old, sum_pi_sq = _token_inputs(values)
     for name in algos.ADV_ESTIMATORS.names():
         if name.startswith("test_only"):
             continue
         out[name] = algos.compute_advantage(name, token_level_rewards=r, response_mask=m, values=values,
                                             index=index, reward_baselines=baselines, gamma=gamma, lam=lam,
-                                            norm_adv_by_std_in_grpo=norm)
+                                            norm_adv_by_std_in_grpo=norm, old_log_probs=old,
+                                            sum_pi_squared=sum_pi_sq)
     return out
 
 
 def _reference_all(r, values, m, index, baselines, gamma=0.9, lam=0.8, norm=True):
     same = lambda a: (a, a)  # noqa: E731
+    old, sum_pi_sq = _token_inputs(values)
     return dict(
+        grpo_vectorized=same(ref.grpo(r, m, index, norm)),
+        rloo_vectorized=same(ref.rloo_vectorized(r, m, index)),
+        gdpo=same(ref.gdpo(r, m, index, norm=norm)),
+        optimal_token_baseline=ref.optimal_token_baseline(r, m, index, old, sum_pi_sq),
+        tir_optimal_token_baseline=ref.optimal_token_baseline(r, m, index, old, sum_pi_sq, tir=True),
         gae=ref.gae(r, values, m, gamma, lam),
         grpo=same(ref.grpo(r, m, index, norm)),
         grpo_passk=same(ref.grpo_passk(r, m, index, norm)),
@@ -74,7 +89,7 @@ def test_estimators_match_numpy(B, T, index, binary):
     for name in want:
         for g, w in zip(got[name], want[name]):
             # whitened estimators divide by a batch std: allow fp32 rounding of that division
-            tol = dict(rtol=2e-6, atol=2e-6) if name in ("gae", "reinforce_plus_plus",
+            tol = dict(rtol=2e-6, atol=2e-6) if name in ("gae", "reinforce_plus_plus", "gdpo",
                                                          "reinforce_plus_plus_baseline") else TOL
             assert g.shape == (B, T) and g.dtype == jnp.float32
             np.testing.assert_allclose(g, w, err_msg=name, **tol)
@@ -154,3 +169,34 @@ def test_jit_vmap_grad_bf16():
     for name in eager:
         assert bf16[name].dtype == jnp.float32
         np.testing.assert_allclose(bf16[name], want[name], err_msg=name, **TOL)
+
+
+def test_reinforce_plus_plus_carries_the_return_through_masked_spans():
+    # multi-turn: token 1 is an observation (mask 0); the final reward must still reach token 0 (verl 0.9.1)
+    r = np.array([[0.0, 0.0, 0.0, 1.0]], np.float32)
+    m = np.array([[1.0, 0.0, 1.0, 1.0]], np.float32)
+    _, returns = algos.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.5)
+    np.testing.assert_allclose(returns, [[0.25, 0.0, 0.5, 1.0]], **TOL)
+
+
+def test_new_estimators_need_their_inputs():
+    r, values, m = _batch(0, 4, 3)
+    with pytest.raises(ValueError, match="needs `old_log_probs`"):
+        algos.compute_advantage("optimal_token_baseline", token_level_rewards=r, response_mask=m, index=np.zeros(4))
+    with pytest.raises(ValueError, match="needs `sum_pi_squared`"):
+        algos.compute_advantage("tir_optimal_token_baseline", token_level_rewards=r, response_mask=m,
+                                index=np.zeros(4), old_log_probs=-np.ones((4, 3)))
+    with pytest.raises(ValueError, match="gdpo_reward_weights"):
+        algos.compute_advantage("gdpo", token_level_rewards=r, response_mask=m, index=np.zeros(4),
+                                reward_components=np.ones((2, 4)), reward_weights=(1.0,))
+
+
+def test_gdpo_normalises_each_component_on_its_own():
+    # component "acc" is 100x larger than "format": summed first (GRPO) it would drown "format"
+    m = np.ones((4, 2), np.float32)
+    index = np.zeros(4, np.int32)
+    acc, fmt = np.array([100.0, 0.0, 100.0, 0.0]), np.array([0.0, 0.0, 1.0, 1.0])
+    adv, _ = algos.compute_gdpo_outcome_advantage(m * 0, m, index, reward_components={"acc": acc, "format": fmt})
+    # each component normalises to +-0.866 (std of two 1s and two 0s is 0.577); rows 2 > 0 = 3 > 1 after whitening
+    assert adv[2, 0] > adv[0, 0] > adv[3, 0] > adv[1, 0]
+    np.testing.assert_allclose(adv[0, 0], -adv[3, 0], **TOL)

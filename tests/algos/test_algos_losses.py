@@ -83,10 +83,10 @@ def test_other_modes_match_numpy(shape):
             algos.compute_policy_loss(old, lp, adv, m, loss_mode="kl_cov", loss_agg_mode=mode, kl_cov_ratio=0.1,
                                       ppo_kl_coef=0.5)[0],
             ref.policy_kl_cov(old, lp, adv, m, 0.1, 0.5, mode), **TOL)
-        # gspo and geo_mean aggregate by sequence whatever loss_agg_mode says (as verl)
+        # gspo follows loss_agg_mode (verl 0.9.1); geo_mean aggregates by sequence whatever it says (as verl)
         np.testing.assert_allclose(
             algos.compute_policy_loss(old, lp, adv, m, loss_mode="gspo", loss_agg_mode=mode, **common)[0],
-            ref.policy_gspo(old, lp, adv, m, lo, hi), **TOL)
+            ref.policy_gspo(old, lp, adv, m, lo, hi, mode), **TOL)
         np.testing.assert_allclose(
             algos.compute_policy_loss(old, lp, adv, m, loss_mode="geo_mean", loss_agg_mode=mode, **common)[0],
             ref.policy_geo_mean(old, lp, adv, m, lo, hi), **TOL)
@@ -96,11 +96,11 @@ def test_gspo_sequence_ratio_gradient():
     old, lp, adv, m = _inputs(21, (4, 6), spread=0.05)
     adv = np.repeat(adv[:, :1], 6, axis=1)  # sequence-level advantages, as GSPO assumes
     grad = jax.grad(lambda x: algos.compute_policy_loss(old, x, adv, m, loss_mode="gspo", clip_ratio=10.0)[0])(lp)
-    # unclipped: loss = mean_rows mean_t -A s_b, d/dlp_bt = -A_b s_b / (n_rows * len_b)
+    # unclipped, token-mean: loss = sum_bt -A_b s_b / N, d/dlp_bt = -A_b s_b / N (the sequence ratio's
+    # gradient flows through each token's own log-prob only)
     lengths = m.sum(-1)
-    rows = lengths > 0
     s = np.exp([(((lp - old) * m)[b].sum() / max(lengths[b], 1)) for b in range(4)])
-    want = -adv * s[:, None] / (rows.sum() * np.maximum(lengths, 1)[:, None]) * m
+    want = -adv * s[:, None] / m.sum() * m
     np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)
 
 
@@ -109,6 +109,35 @@ def test_cispo_keeps_gradient_of_clipped_tokens():
     grad = jax.grad(lambda x: algos.compute_policy_loss(old, x, adv, m, loss_mode="cispo")[0])(lp)
     w = np.clip(np.exp(lp.astype(np.float64) - old), 0.8, 1.2)
     np.testing.assert_allclose(grad, -w * adv * m / m.sum(), rtol=1e-5, atol=1e-7)
+
+
+def test_cispo_reports_no_lower_clip_fraction_as_verl():
+    old = np.zeros((1, 3), np.float32)
+    lp = np.log(np.array([[0.5, 1.0, 2.0]], np.float32))  # ratios below, inside and above [0.8, 1.2]
+    _, metrics = algos.compute_policy_loss(old, lp, -np.ones((1, 3), np.float32), np.ones((1, 3)), loss_mode="cispo")
+    np.testing.assert_allclose([metrics["pg_clipfrac"], metrics["pg_clipfrac_lower"]], [2 / 3, 0.0], **TOL)
+
+
+def test_new_losses_hand_computed():
+    old = np.log(np.array([[0.5, 0.5]], np.float32))
+    lp = np.log(np.array([[0.8, 0.4]], np.float32))
+    adv = np.array([[1.0, -1.0]], np.float32)
+    m = np.ones((1, 2), np.float32)
+    ratio = np.array([1.6, 0.8])
+    # sapo: gate = sigmoid(tau (r - 1)) * 4 / tau, loss = -gate * A, seq-mean-token-mean
+    gate = 1 / (1 + np.exp(-np.array([1.0, 1.05]) * (ratio - 1))) * 4 / np.array([1.0, 1.05])
+    loss, _ = algos.compute_policy_loss(old, lp, adv, m, loss_mode="sapo")
+    np.testing.assert_allclose(loss, np.mean(-gate * adv[0]), **TOL)
+    # dro: -(lp A - beta/2 (lp - old)^2)
+    loss, _ = algos.compute_policy_loss(old, lp, adv, m, loss_mode="dro", dro_beta=0.5)
+    want = -(lp[0] * adv[0] - 0.25 * np.log(ratio) ** 2)
+    np.testing.assert_allclose(loss, want.mean(), **TOL)
+    with pytest.raises(ValueError, match="dro_beta"):
+        algos.compute_policy_loss(old, lp, adv, m, loss_mode="dro")
+    # dppo_tv: token 0 moved p by +0.3 > 0.2 with A > 0: masked; token 1 by -0.1 >= -0.2: kept
+    loss, metrics = algos.compute_policy_loss(old, lp, adv, m, loss_mode="dppo_tv")
+    np.testing.assert_allclose(loss, (0 + 1.0 * 0.8 * lp[0, 1]) / 2, **TOL)
+    np.testing.assert_allclose(metrics["pg_clipfrac"], 0.5, **TOL)
 
 
 def test_geo_mean_hand_computed():
@@ -183,20 +212,24 @@ def test_value_loss_hand_computed():
 
 
 @pytest.mark.parametrize("loss_mode,agg_mode", [("vanilla", mode) for mode in algos.LOSS_AGG_MODES] + [
-    ("cispo", "token-mean"), ("gspo", "token-mean"), ("geo_mean", "token-mean")])  # gspo/geo_mean: by sequence
+    ("cispo", "token-mean"), ("gspo", "seq-mean-token-sum-norm"), ("geo_mean", "token-mean"),
+    ("sapo", "token-mean"), ("dppo_kl", "seq-mean-token-mean"), ("dppo_tv", "token-sum"), ("dro", "token-mean"),
+    ("bypass_mode", "token-mean")])
 def test_micro_batches_sum_to_mini_batch_loss_grad_and_metrics(loss_mode, agg_mode):
     old, lp, adv, m = _inputs(13, (8, 10), spread=1.0)
     m[3] = 0
     norms = algos.loss_normalizers(m, agg_mode)
 
+    mode_kwargs = dict(dro_beta=0.1)  # a config key other modes ignore
+
     def full(x):
-        return algos.compute_policy_loss(old, x, adv, m, loss_mode=loss_mode, loss_agg_mode=agg_mode)
+        return algos.compute_policy_loss(old, x, adv, m, loss_mode=loss_mode, loss_agg_mode=agg_mode, **mode_kwargs)
 
     def split(x):
         total, metrics = 0.0, {}
         for sl in (slice(0, 2), slice(2, 5), slice(5, 8)):  # uneven micro-batches
             loss, mt = algos.compute_policy_loss(old[sl], x[sl], adv[sl], m[sl], loss_mode=loss_mode,
-                                                 loss_agg_mode=agg_mode, **norms)
+                                                 loss_agg_mode=agg_mode, **norms, **mode_kwargs)
             total = total + loss
             metrics = {k: metrics.get(k, 0.0) + v for k, v in mt.items()}
         return total, metrics
@@ -204,8 +237,8 @@ def test_micro_batches_sum_to_mini_batch_loss_grad_and_metrics(loss_mode, agg_mo
     # jitted: one compile each instead of eager op-by-op compiles of the gradient (test speed)
     (loss_full, metrics_full), (loss_split, metrics_split) = jax.jit(full)(lp), jax.jit(split)(lp)
     np.testing.assert_allclose(loss_split, loss_full, **TOL)
-    for key in metrics_full:
-        np.testing.assert_allclose(metrics_split[key], metrics_full[key], **TOL)
+    for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):  # rollout_corr/* are per-micro-batch means
+        np.testing.assert_allclose(metrics_split[key], metrics_full[key], err_msg=key, **TOL)
     grad_split = jax.jit(jax.grad(lambda x: split(x)[0]))(lp)
     np.testing.assert_allclose(grad_split, jax.jit(jax.grad(lambda x: full(x)[0]))(lp), **TOL)
 
@@ -222,7 +255,7 @@ def test_all_modes_jit_vmap_grad_bf16(loss_mode):
     key = jax.random.key(1)
 
     def fn(o, x, a, mm):
-        return algos.compute_policy_loss(o, x, a, mm, loss_mode=loss_mode, rng=key, clip_cov_ratio=0.1)
+        return algos.compute_policy_loss(o, x, a, mm, loss_mode=loss_mode, rng=key, clip_cov_ratio=0.1, dro_beta=0.1)
 
     eager, _ = fn(old, lp, adv, m)
     jitted, metrics = jax.jit(fn)(old, lp, adv, m)

@@ -76,19 +76,24 @@ def test_agg_loss_hand_computed():
     assert np.isclose(algos.agg_loss(loss, m, "token-mean"), 7 / 3)
     assert np.isclose(algos.agg_loss(loss, m, "seq-mean-token-sum"), (3 + 4) / 2)
     assert np.isclose(algos.agg_loss(loss, m, "seq-mean-token-mean"), (1.5 + 4) / 2)
-    assert np.isclose(algos.agg_loss(loss, m, "seq-mean-token-sum-norm"), 7 / 3)
-    assert np.isclose(algos.agg_loss(loss, m, "seq-mean-token-sum-norm", loss_scale_factor=7.0), 1.0)
+    assert np.isclose(algos.agg_loss(loss, m, "token-sum"), 7)
+    # verl 0.9.1: token sums averaged over the 2 rows with a valid token, / loss_scale_factor (default T = 3)
+    assert np.isclose(algos.agg_loss(loss, m, "seq-mean-token-sum-norm"), 7 / 2 / 3)
+    assert np.isclose(algos.agg_loss(loss, m, "seq-mean-token-sum-norm", loss_scale_factor=7.0), 0.5)
 
 
 def test_agg_loss_unknown_mode():
     with pytest.raises(ValueError, match="token-mean"):
-        algos.agg_loss(jnp.ones((2, 2)), jnp.ones((2, 2)), "token-sum")
+        algos.agg_loss(jnp.ones((2, 2)), jnp.ones((2, 2)), "token-max")
 
 
 def test_loss_normalizers():
     m = np.array([[1, 1, 0], [0, 0, 0], [1, 0, 1]], np.float32)
     norms = algos.loss_normalizers(m, "token-mean")
     assert float(norms["global_token_count"]) == 4 and float(norms["global_seq_count"]) == 2
+    assert float(norms["loss_scale_factor"]) == 3  # None = the padded response length, as verl
+    norms = algos.loss_normalizers(m, "seq-mean-token-sum-norm", loss_scale_factor=512)
+    assert float(norms["loss_scale_factor"]) == 512
 
 
 @pytest.mark.parametrize("mode", algos.LOSS_AGG_MODES)
