@@ -1,5 +1,5 @@
 """PPO algorithm library (SPEC §1-4): KL estimators and controllers, advantage estimators,
-policy/value losses and loss aggregation, as pure, jittable JAX functions on [B, T] arrays.
+policy/value losses and loss aggregation, as pure, jittable JAX functions on [N, R] arrays.
 
 Names follow verl's `core_algos`, and the registries are keyed by verl's config strings. This
 package imports no model, rollout or trainer code.

@@ -16,40 +16,40 @@ KL_CONTROLLERS = ("fixed", "adaptive")
 
 
 def overlong_penalty(lengths_N, max_response_length: int, buffer_len: int, penalty_factor: float):
-    """DAPO: 0 up to `max_response_length - buffer_len` tokens, then linear down to -penalty_factor at the max."""
-    expected = max_response_length - buffer_len
-    return jnp.minimum(-(lengths_N - expected) / buffer_len * penalty_factor, 0.0)
+  """DAPO: 0 up to `max_response_length - buffer_len` tokens, then linear down to -penalty_factor at the max."""
+  expected = max_response_length - buffer_len
+  return jnp.minimum(-(lengths_N - expected) / buffer_len * penalty_factor, 0.0)
 
 
 def place_scores_on_last_token(scores_N, response_mask_NxR):
-    """[N] sequence scores -> [N, R] fp32, each score on its row's last response token, 0 elsewhere.
+  """[N] sequence scores -> [N, R] fp32, each score on its row's last response token, 0 elsewhere.
 
-    Responses are contiguous from position 0, so the last token is at length - 1; an empty response
-    scores nothing.
-    """
-    lengths_N = response_mask_NxR.sum(axis=1)
-    last_NxR = jax.nn.one_hot(jnp.maximum(lengths_N - 1, 0), response_mask_NxR.shape[1])
-    return last_NxR * scores_N[:, None] * response_mask_NxR.astype(jnp.float32)
+  Responses are contiguous from position 0, so the last token is at length - 1; an empty response
+  scores nothing.
+  """
+  lengths_N = response_mask_NxR.sum(axis=1)
+  last_NxR = jax.nn.one_hot(jnp.maximum(lengths_N - 1, 0), response_mask_NxR.shape[1])
+  return last_NxR * scores_N[:, None] * response_mask_NxR.astype(jnp.float32)
 
 
 def apply_kl_penalty(token_level_scores_NxR, old_log_prob_NxR, ref_log_prob_NxR, response_mask_NxR, kl_coef, *,
                      kl_penalty_type: str, kl_ctrl_type: str = "fixed", target_kl: float = 0.0,
                      horizon: float = 1.0, kl_gate=1.0):
-    """token_level_rewards = token_level_scores - kl_gate * beta * KL per token (SPEC §2), and the controller.
+  """token_level_rewards = token_level_scores - kl_gate * beta * KL per token (SPEC §2), and the controller.
 
-    `kl_gate` gates the penalty (1, or 0 during a KL warm-up). Returns (token_level_rewards_NxR,
-    new kl_coef, current_kl): current_kl is the mean over sequences of each sequence's token-mean KL,
-    what the adaptive controller tracks (and verl logs as `actor/reward_kl_penalty`).
-    """
-    if kl_ctrl_type not in KL_CONTROLLERS:
-        raise ValueError(f"algorithm.kl_ctrl.type={kl_ctrl_type!r}; expected one of {list(KL_CONTROLLERS)}")
-    mask_f = response_mask_NxR.astype(jnp.float32)
-    kl_NxR = kl_penalty(old_log_prob_NxR, ref_log_prob_NxR, kl_penalty_type) * mask_f
-    token_level_rewards_NxR = token_level_scores_NxR - kl_gate * kl_coef * kl_NxR
-    current_kl = jnp.mean(masked_mean(kl_NxR, mask_f, axis=-1))
-    num_sequences = mask_f.shape[0]
-    if kl_ctrl_type == "adaptive":
-        new_kl_coef = adaptive_kl_update(kl_coef, current_kl, num_sequences, target_kl, horizon)
-    else:
-        new_kl_coef = fixed_kl_update(kl_coef, current_kl, num_sequences)
-    return token_level_rewards_NxR, new_kl_coef, current_kl
+  `kl_gate` gates the penalty (1, or 0 during a KL warm-up). Returns (token_level_rewards_NxR,
+  new kl_coef, current_kl): current_kl is the mean over sequences of each sequence's token-mean KL,
+  what the adaptive controller tracks (and verl logs as `actor/reward_kl_penalty`).
+  """
+  if kl_ctrl_type not in KL_CONTROLLERS:
+    raise ValueError(f"algorithm.kl_ctrl.type={kl_ctrl_type!r}; expected one of {list(KL_CONTROLLERS)}")
+  mask_f = response_mask_NxR.astype(jnp.float32)
+  kl_NxR = kl_penalty(old_log_prob_NxR, ref_log_prob_NxR, kl_penalty_type) * mask_f
+  token_level_rewards_NxR = token_level_scores_NxR - kl_gate * kl_coef * kl_NxR
+  current_kl = jnp.mean(masked_mean(kl_NxR, mask_f, axis=-1))
+  num_sequences = mask_f.shape[0]
+  if kl_ctrl_type == "adaptive":
+    new_kl_coef = adaptive_kl_update(kl_coef, current_kl, num_sequences, target_kl, horizon)
+  else:
+    new_kl_coef = fixed_kl_update(kl_coef, current_kl, num_sequences)
+  return token_level_rewards_NxR, new_kl_coef, current_kl
