@@ -51,6 +51,10 @@ _MODEL = {
                      "(`jax.checkpoint_policies`)",
                      "— (ours; verl has only on/off plus `enable_activation_offload`)"),
     "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning", SAME),
+    "logits_chunk_size": ("LM head (log-probs, entropy) in chunks of about this many tokens per device: the "
+                          "[rows, length, vocab] logits never exist at once and the backward recomputes each "
+                          "chunk's; 0 = all positions at once. The heads only ever see response positions",
+                          "— (ours; verl: `entropy_from_logits_with_chunking`, `entropy_checkpointing`)"),
     "dtype": ("compute dtype: `float32` or `bfloat16`",
               "`fsdp_config.mixed_precision` (`model_dtype` / `reduce_dtype`)"),
     "param_dtype": ("dtype the parameters are stored and updated in", "`fsdp_config.mixed_precision.param_dtype`"),
@@ -128,7 +132,9 @@ _DOCS = {
     "actor_rollout_ref.actor.shuffle": ("reshuffle the mini-batches every epoch (seeded)", SAME),
     "actor_rollout_ref.actor.grad_clip": ("global gradient-norm clip; a step with a non-finite norm is skipped",
                                           SAME),
-    "actor_rollout_ref.actor.fsdp_config.param_offload": ("keep actor parameters in host memory between uses",
+    "actor_rollout_ref.actor.fsdp_config.param_offload": ("keep the actor's parameters in pinned host memory "
+                                                          "between the phases that use them (generation, old "
+                                                          "log-prob, update)",
                                                           SAME),
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": ("keep the actor's optimizer state in pinned host "
                                                               "memory between updates", SAME),
@@ -147,8 +153,13 @@ _DOCS = {
                                         "are cast once per rollout, matmuls accumulate in fp32. None = the actor's "
                                         "`model.dtype`", "same key (verl's default: `bfloat16`)"),
     "actor_rollout_ref.rollout.max_num_batched_tokens": ("token budget of one generation batch", SAME),
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("sequences per device per log-prob forward "
-                                                                    "pass; None = all at once", SAME),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("sequences per device per micro-batch of the "
+                                                                    "old-log-prob phase (and of the reference and "
+                                                                    "values phases unless they set theirs); None = "
+                                                                    "all at once (packed: the update's slots)", SAME),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": ("sequences per device per micro-batch of the "
+                                                                "reference log-prob phase; None = the rollout's",
+                                                                SAME),
     "actor_rollout_ref.rollout.val_kwargs.temperature": ("validation sampling temperature", SAME),
     "actor_rollout_ref.rollout.val_kwargs.top_k": ("validation top-k", SAME),
     "actor_rollout_ref.rollout.val_kwargs.top_p": ("validation top-p", SAME),
@@ -164,6 +175,8 @@ _DOCS = {
                                  "(as verl)", SAME),
     "critic.ppo_mini_batch_size": ("prompts per critic update; None = the actor's", SAME),
     "critic.ppo_micro_batch_size_per_gpu": ("critic micro-batch; None = the actor's", SAME),
+    "critic.forward_micro_batch_size_per_gpu": ("sequences per device per micro-batch of the values phase; None = "
+                                                "the rollout's `log_prob_micro_batch_size_per_gpu`", SAME),
     "critic.ppo_epochs": ("critic passes per step; None = the actor's", SAME),
     "critic.shuffle": ("critic mini-batch shuffling; None = the actor's", SAME),
     "critic.grad_clip": ("critic gradient-norm clip", SAME),

@@ -26,10 +26,11 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
       loss_mode=actor.policy_loss.loss_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
       clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
       loss_agg_mode=actor.loss_agg_mode, rng=rng, **normalizers,
-      **{key: actor.policy_loss[key] for key in algos.POLICY_LOSS_CONFIG_KEYS})
+      **{key: actor.policy_loss[key] for key in algos.POLICY_LOSS_CONFIG_KEYS},
+      **{key: actor[key] for key in algos.ACTOR_LOSS_CONFIG_KEYS})
   entropy_loss = algos.agg_loss(entropy, mask, actor.loss_agg_mode, **normalizers)
   loss = pg_loss - actor.entropy_coeff * entropy_loss
-  metrics = {"actor/pg_loss": pg_loss, "actor/entropy": entropy_loss,
+  metrics = {"actor/pg_loss": pg_loss, "actor/entropy_loss": entropy_loss,
              "actor/pg_clipfrac": pg_metrics["pg_clipfrac"],
              "actor/pg_clipfrac_lower": pg_metrics["pg_clipfrac_lower"],
              "actor/ppo_kl": pg_metrics["ppo_kl"]}

@@ -46,8 +46,8 @@ class PhasedStep:
     old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout)
     ref = run("ref", self.ref, state.ref_params, rollout) if ppo.use_reference else None
     values = run("values", self.values, state.critic_params, rollout) if ppo.use_critic else None
-    adv = run("adv", self.adv, state, rollout, scored, old, ref, values)
-    data = run(None, self.data, rollout, old, ref, adv)
+    adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values)
+    data = run(None, self.data, rollout, old[0], ref, adv)
     critic = None
     if ppo.use_critic:
       critic = run("update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])

@@ -5,6 +5,7 @@ reward model; DAPO overlong shaping) -> old/ref log-probs and values (train layo
 reward, estimator) -> update_critic -> update_actor (after `critic_warmup`) -> metrics (SPEC §7).
 The fused step (`__call__`) runs them all in one program; phased mode (`phased.PhasedStep`) jits
 them one by one. What each phase computes lives elsewhere, one place each:
+- generation: `generation`; the reward phase: `reward`;
 - model outputs (log-probs + entropy, values; padded or packed): `model_outputs`;
 - losses: `losses`; the math they and the phases compose: `jaxrlhf.algos`;
 - micro-batch plans and the update loop: `update_loop` (+ `packing`);
@@ -14,7 +15,6 @@ them one by one. What each phase computes lives elsewhere, one place each:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -23,11 +23,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf import algos
-from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating
+from jaxrlhf.models.decoder import Decoder, DecoderConfig
 from jaxrlhf.parallel.step_layouts import StepLayouts
-from jaxrlhf.rollout import SamplingParams, generate
+from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.trainer import losses, reward, update_loop
 from jaxrlhf.trainer.batch_metrics import batch_metrics
+from jaxrlhf.trainer.generation import Generation
 from jaxrlhf.trainer.model_outputs import ModelOutputs
 from jaxrlhf.trainer.state import TrainState
 
@@ -47,9 +48,6 @@ class PPOStep:
     rollout = config.actor_rollout_ref.rollout
     self.actor = Decoder(model_config, head="lm")
     self.critic = Decoder(critic_model_config or model_config, head="value")
-    # Generation may run in its own compute dtype (rollout.dtype): the weights are cast once per rollout.
-    self.rollout_dtype = rollout.dtype or model_config.dtype
-    self.rollout_actor = Decoder(dataclasses.replace(model_config, dtype=self.rollout_dtype), head="lm")
     self.reward_fn = reward_fn
     self.reward_model = Decoder(reward_model_config, head="reward") if reward_model_config else None
     self.lr_schedules = lr_schedules
@@ -58,6 +56,8 @@ class PPOStep:
     self.kl_warmup_steps = kl_warmup_steps
     self.sampling = SamplingParams.from_rollout_config(
         rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
+    self.generation = Generation(config, model_config, self.sampling, layouts)
+    self.rollout_dtype, self.rollout_actor = self.generation.rollout_dtype, self.generation.rollout_actor
     self.outputs = ModelOutputs(self.actor, self.critic, self.sampling.logprob_temperature,
                                 config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards,
                                 layouts.constrain_activation)
@@ -70,44 +70,13 @@ class PPOStep:
     on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
     self.actor_loss = functools.partial(losses.actor_loss, outputs=self.outputs, actor=actor, on_policy=on_policy)
     self.critic_loss = functools.partial(losses.critic_loss, outputs=self.outputs, critic=config.critic)
+    self.actor_update_metric_names: tuple[str, ...] = ()
 
   # ----- gen and reward ----------------------------------------------------------------------
 
-  def generation_params(self, actor_params):
-    """The actor's weights in the generation layout and the rollout dtype."""
-    actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
-    return cast_floating(self.layouts.to_generation(actor_params), self.rollout_dtype)
-
-  def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
-    """`generate` with the rollout model, the prompts in the generation layout and the cache pinned."""
-    apply = lambda params, *inputs: self.rollout_actor.apply({"params": params}, *inputs)
-    return generate(apply, generation_params, self.rollout_actor.config,
-                    *self.layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP)), rng, sampling,
-                    constrain_cache=self.layouts.constrain_cache)
-
   def rollout(self, actor_params, batch, rng) -> dict:
-    """Phase `gen`: prompts x n (interleaved, group ids) -> responses, returned in the train layout.
-
-    ReMax also decodes each prompt greedily once: its reward is the baseline.
-    """
-    n = self.config.actor_rollout_ref.rollout.n
-    prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
-    prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
-    generation_params = self.generation_params(actor_params)  # the gathered copy lives only in this phase
-    out = self.sample(generation_params, prompts_NxP, prompt_mask_NxP, rng, self.sampling)
-    responses_NxR, response_mask_NxR = self.layouts.to_train((out["responses"], out["response_mask"]))
-    prompts_NxP, prompt_mask_NxP = self.layouts.to_train((prompts_NxP, prompt_mask_NxP))
-    rollout = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
-               "response_mask": response_mask_NxR,
-               "sample_index": jnp.repeat(batch["sample_index"], n, axis=0),
-               "group_index": jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
-               "decode_steps": out["num_steps"]}
-    if self.config.algorithm.adv_estimator == "remax":
-      greedy = dataclasses.replace(self.sampling, do_sample=False)
-      baseline = self.sample(generation_params, batch["input_ids"], batch["attention_mask"], rng, greedy)
-      rollout["baseline_responses"] = jnp.repeat(baseline["responses"], n, axis=0)
-      rollout["baseline_response_mask"] = jnp.repeat(baseline["response_mask"], n, axis=0)
-    return rollout
+    """Phase `gen` (`generation.Generation.rollout`)."""
+    return self.generation.rollout(actor_params, batch, rng)
 
   def score(self, rollout: dict, reward_params=None) -> dict:
     """Phase `reward` (`reward.score_rollout`)."""
@@ -121,17 +90,21 @@ class PPOStep:
                                        micro_per_device)
     return update_loop.forward_phase(outputs_fn, rollout, batching)
 
-  def _rollout_log_probs(self, params, rollout: dict, phase: str):
-    return self._forward_phase(lambda micro: self.outputs.log_probs(params, micro, with_entropy=False)[0], rollout,
-                               self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed,
+  def _rollout_log_probs(self, params, rollout: dict, phase: str, with_entropy: bool = False):
+    outputs_fn = lambda micro: self.outputs.log_probs(params, micro, with_entropy)[:1 + with_entropy]
+    return self._forward_phase(outputs_fn, rollout, self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed,
                                self.batcher.forward_micro_per_device[phase])
 
   def old_log_prob(self, actor_params, rollout: dict):
-    actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
-    return jax.lax.stop_gradient(self._rollout_log_probs(actor_params, rollout, "old_log_prob"))
+    """Phase `old_log_prob`: (log-probs of the rollout policy, {"actor/entropy": its entropy}, as verl)."""
+    actor = self.config.actor_rollout_ref.actor
+    log_probs, entropy = jax.lax.stop_gradient(self._rollout_log_probs(
+        self.layouts.fetch(actor_params, self.layouts.actor_device), rollout, "old_log_prob", with_entropy=True))
+    return log_probs, {"actor/entropy": algos.agg_loss(entropy, rollout["response_mask"], actor.loss_agg_mode,
+                                                       loss_scale_factor=actor.loss_scale_factor)}
 
   def ref_log_prob(self, ref_params, rollout: dict):
-    return self._rollout_log_probs(self.layouts.fetch(ref_params, self.layouts.ref_device), rollout, "ref")
+    return self._rollout_log_probs(self.layouts.fetch(ref_params, self.layouts.ref_device), rollout, "ref")[0]
 
   def critic_values(self, critic_params, rollout: dict):
     values_NxR = self._forward_phase(lambda micro: self.outputs.values(critic_params, micro), rollout,
@@ -179,7 +152,8 @@ class PPOStep:
         loss_fn, params, opt_state, aux, data, rng, tx=tx, lr=lr,
         batching=self.batcher.update_plan(section, section_path, seq_len, packed),
         mini_batch_rows=section.ppo_mini_batch_size * self.batcher.n, epochs=section.ppo_epochs,
-        shuffle=section.shuffle, loss_agg_mode=section.loss_agg_mode, prefix=prefix, to_train=self.layouts.to_train)
+        shuffle=section.shuffle, loss_agg_mode=section.loss_agg_mode, prefix=prefix, to_train=self.layouts.to_train,
+        loss_scale_factor=section.loss_scale_factor)
 
   def update_critic(self, state: TrainState, data: dict, values, returns, rng):
     """Phase `update_critic`: PPO epochs of clipped value loss."""
@@ -193,24 +167,32 @@ class PPOStep:
     actor = self.config.actor_rollout_ref.actor
     kl_gate = self.kl_gate(state.step)
 
+    # verl counts steps from 1 and updates the actor once `critic_warmup <= step`; the actor's learning
+    # rate schedule advances with its own updates, so it starts at its step 0 after the warm-up.
+    warmup = self.config.trainer.critic_warmup if self.use_critic else 0
+    warmup_steps = max(warmup - 1, 0)
+
     def run(params, opt_state):
       params = self.layouts.fetch(params, self.layouts.actor_device)
       opt_state = self.layouts.fetch(opt_state, self.layouts.actor_opt_device)
+      actor_updates_done = jnp.maximum(state.step - warmup_steps, 0)
       params, opt_state, metrics = self._update(
           self.actor_loss, actor, ACTOR, self.actor_packed, params, opt_state, {"kl_gate": kl_gate}, data, rng,
-          tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](state.step) * state.lr_scale, prefix="actor")
+          tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](actor_updates_done) * state.lr_scale,
+          prefix="actor")
       if actor.use_kl_loss:
         metrics["actor/kl_coef"] = kl_gate * actor.kl_loss_coef
       return (self.layouts.fetch(params, self.layouts.actor_host),
               self.layouts.fetch(opt_state, self.layouts.actor_opt_host), metrics)
 
-    warmup = self.config.trainer.critic_warmup
-    if not (self.use_critic and warmup > 0):
+    if warmup_steps == 0:
       return run(state.actor_params, state.actor_opt_state)
     metric_shapes = jax.eval_shape(run, state.actor_params, state.actor_opt_state)[2]
+    # Recorded when traced: the host drops these in warm-up steps (verl logs no actor update metrics).
+    self.actor_update_metric_names = tuple(metric_shapes)
     skip = lambda params, opt_state: (params, opt_state, jax.tree.map(
         lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
-    return jax.lax.cond(state.step >= warmup, run, skip, state.actor_params, state.actor_opt_state)
+    return jax.lax.cond(state.step >= warmup_steps, run, skip, state.actor_params, state.actor_opt_state)
 
   # ----- composition --------------------------------------------------------------------------
 
@@ -221,17 +203,19 @@ class PPOStep:
 
   def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng) -> tuple[TrainState, dict]:
     """Everything after the reward, in one program (used by the fused step and by DAPO's rounds)."""
-    old_log_probs = self.old_log_prob(state.actor_params, rollout)
+    old_log_probs, old_metrics = self.old_log_prob(state.actor_params, rollout)
     ref_log_probs = self.ref_log_prob(state.ref_params, rollout) if self.use_reference else None
     values = self.critic_values(state.critic_params, rollout) if self.use_critic else None
     adv = self.advantages(state, rollout, scored, old_log_probs, ref_log_probs, values)
-    return self.finish(state, rollout, scored, old_log_probs, ref_log_probs, values, adv, self.split_rng(rng))
+    return self.finish(state, rollout, scored, (old_log_probs, old_metrics), ref_log_probs, values, adv,
+                       self.split_rng(rng))
 
-  def finish(self, state, rollout, scored, old_log_probs, ref_log_probs, values, adv, rngs,
-             critic_result=None, actor_result=None):
-    """Updates (unless given, as in phased mode) and the new state + metrics."""
+  def finish(self, state, rollout, scored, old, ref_log_probs, values, adv, rngs, critic_result=None,
+             actor_result=None):
+    """Updates (unless given, as in phased mode) and the new state + metrics. `old`: `old_log_prob`'s output."""
+    old_log_probs, old_metrics = old
     data = self.update_data(rollout, old_log_probs, ref_log_probs, adv)
-    metrics = dict(adv["metrics"])
+    metrics = {**old_metrics, **adv["metrics"]}
     critic_params, critic_opt_state = state.critic_params, state.critic_opt_state
     if self.use_critic:
       critic_params, critic_opt_state, critic_metrics = critic_result or self.update_critic(

@@ -48,6 +48,8 @@ def tokenizer_from_config(config, save_dir: str):
   return load_tokenizer(name)
 
 
+_VALIDATION_STREAM = 1 << 30  # fold_in tag of validation keys (training folds in step numbers < 2**30)
+
 class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, devices=None):
     """`devices`: the devices of the mesh (default: all); tests and notebooks pass a subset."""
@@ -176,6 +178,9 @@ class Trainer:
         rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
         self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
     metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    if self.ppo.use_critic and step + 1 < self.config.trainer.critic_warmup:  # verl: the actor did not update
+      for key in self.ppo.actor_update_metric_names:
+        metrics.pop(key, None)
     elapsed = time.perf_counter() - start
     metrics.update(extra)
     tokens = metrics["perf/total_num_tokens"]
@@ -290,11 +295,13 @@ class Trainer:
     # Pad the last batch with repeats of row 0 so every batch has one shape (one compile); drop them after.
     order = np.concatenate([np.arange(len(data)), np.zeros(num_batches * batch_size - len(data), np.int64)])
     scores, responses, masks = [], [], []
+    # A fresh key per validation (and per batch), from a stream the training steps' keys never use.
+    val_rng = jax.random.fold_in(jax.random.fold_in(self.rng, _VALIDATION_STREAM), step)
     for b in range(num_batches):
       indices = order[b * batch_size:(b + 1) * batch_size]
       batch = self._load_batch(data, indices)
-      batch_scores, batch_responses, batch_masks = jax.device_get(
-          self.validate_fn(self.state.actor_params, self.state.reward_params, batch, self.rng))
+      batch_scores, batch_responses, batch_masks = jax.device_get(self.validate_fn(
+          self.state.actor_params, self.state.reward_params, batch, jax.random.fold_in(val_rng, b)))
       scores.append(batch_scores)
       responses.append(batch_responses)
       masks.append(batch_masks)

@@ -90,37 +90,41 @@ SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")  # what
 
 
 def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None):
-  """`outputs_fn(micro) -> [N, R]` over the rollout: at once on padded rows (`batching` None), by
-  micro-batches of padded rows, or slot by slot on packed rows (an empty slot is skipped; 0 off the
-  response mask)."""
+  """`outputs_fn(micro) -> [N, R]` (or a tuple of them) over the rollout: at once on padded rows
+  (`batching` None), by micro-batches of padded rows, or slot by slot on packed rows (an empty slot is
+  skipped; 0 off the response mask)."""
   if batching is None:
     return outputs_fn(rollout)
   if not batching.packed:
     num_rows = rollout["responses"].shape[0]
     padded = packing.pad_rows({key: rollout[key] for key in SEQUENCE_KEYS}, batching.num_micro * batching.rows)
     micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), padded)
-    out_MxBxR = jax.lax.map(outputs_fn, micro_batches)
-    return out_MxBxR.reshape((-1,) + out_MxBxR.shape[2:])[:num_rows]
+    return jax.tree.map(lambda out_MxBxR: out_MxBxR.reshape((-1,) + out_MxBxR.shape[2:])[:num_rows],
+                        jax.lax.map(outputs_fn, micro_batches))
   plan = pack_sequences(rollout, batching)
   mask_NxR = rollout["response_mask"]
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(outputs_fn, dict(
+      rollout, packed=packing.slot(plan, 0))))
 
-  def run_slot(out_NxR, k):
+  def run_slot(out, k):
     slot_values = jax.lax.cond(plan["used"][k], lambda: outputs_fn(dict(rollout, packed=packing.slot(plan, k))),
-                               lambda: jnp.zeros(out_NxR.shape, jnp.float32))
-    return jnp.where((plan["slot_N"] == k)[:, None], slot_values, out_NxR), None
+                               lambda: zeros)
+    in_slot_Nx1 = (plan["slot_N"] == k)[:, None]
+    return jax.tree.map(lambda new_NxR, out_NxR: jnp.where(in_slot_Nx1, new_NxR, out_NxR), slot_values, out), None
 
-  out_NxR, _ = jax.lax.scan(run_slot, jnp.zeros(mask_NxR.shape, jnp.float32), jnp.arange(batching.num_micro))
-  return out_NxR * mask_NxR.astype(jnp.float32)
+  out, _ = jax.lax.scan(run_slot, zeros, jnp.arange(batching.num_micro))
+  return jax.tree.map(lambda out_NxR: out_NxR * mask_NxR.astype(jnp.float32), out)
 
 
 def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, batching: packing.MicroBatching,
-                        loss_agg_mode: str, to_train: Callable = lambda tree: tree):
+                        loss_agg_mode: str, to_train: Callable = lambda tree: tree,
+                        loss_scale_factor: float | None = None):
   """Summed gradients and metrics of one mini-batch over its micro-batches (padded rows or packed slots).
 
   `loss_fn(params, aux, micro, normalizers, rng) -> (loss, metrics)`; `to_train` pins a micro-batch to
-  the training layout.
+  the training layout; `loss_scale_factor` is `seq-mean-token-sum-norm`'s divisor (None: the padded length).
   """
-  normalizers = algos.loss_normalizers(minibatch["response_mask"], loss_agg_mode)
+  normalizers = algos.loss_normalizers(minibatch["response_mask"], loss_agg_mode, loss_scale_factor)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   micro_rngs = jax.random.split(rng, batching.num_micro)
   zeros = jax.tree.map(jnp.zeros_like, params)
@@ -159,7 +163,7 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
 
 def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
                mini_batch_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str,
-               to_train: Callable = lambda tree: tree):
+               to_train: Callable = lambda tree: tree, loss_scale_factor: float | None = None):
   """`epochs` x mini-batches of `mini_batch_rows` (one optimizer step each) x micro-batches (`batching`).
 
   Returns (params, opt_state, metrics averaged over the optimizer steps, plus `<prefix>/lr`).
@@ -174,7 +178,7 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
     params, opt_state = carry
     minibatch, minibatch_rng = inputs
     grads, metrics = minibatch_gradients(loss_fn, params, aux, minibatch, minibatch_rng, batching, loss_agg_mode,
-                                         to_train)
+                                         to_train, loss_scale_factor)
     params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
     metrics[f"{prefix}/grad_norm"] = grad_norm
     metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied

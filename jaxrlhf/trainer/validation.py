@@ -29,7 +29,9 @@ def make_validation_fn(ppo: PPOStep, sampling: SamplingParams, reward_fn: Callab
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
     sample_index_N = jnp.repeat(batch["sample_index"], n, axis=0)
-    rollout = ppo.sample(ppo.generation_params(actor_params), prompts_NxP, prompt_mask_NxP, rng, sampling)
+    generation = ppo.generation
+    rollout = generation.sample(generation.generation_params(actor_params), prompts_NxP, prompt_mask_NxP, rng,
+                                sampling)
     scores_N, _ = reward.sequence_scores(ppo.config.reward_model, reward_fn, ppo.reward_model, reward_params,
                                          prompts_NxP, prompt_mask_NxP, rollout["responses"], rollout["response_mask"],
                                          sample_index_N)

@@ -67,8 +67,8 @@ def test_packed_log_probs_and_values_equal_padded(params):
   mask = np.asarray(rollout["response_mask"], bool)
   padded, packed = make_step(), make_step(use_remove_padding=True, use_dynamic_bsz=True)
   for phase, model_params in (("old_log_prob", actor_params), ("critic_values", critic_params)):
-    expected = jax.jit(getattr(padded, phase))(model_params, rollout)
-    got = jax.jit(getattr(packed, phase))(model_params, rollout)
+    expected = jax.tree.leaves(jax.jit(getattr(padded, phase))(model_params, rollout))[0]  # old_log_prob: + metrics
+    got = jax.tree.leaves(jax.jit(getattr(packed, phase))(model_params, rollout))[0]
     np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(expected)[mask], atol=1e-5, rtol=1e-5,
                                err_msg=phase)
 
@@ -77,7 +77,7 @@ def _minibatch(step, params, rollout):
   actor_params, critic_params = params
   rng = np.random.default_rng(3)
   mask_f = rollout["response_mask"].astype(jnp.float32)
-  log_probs = step.old_log_prob(actor_params, rollout)
+  log_probs, _ = step.old_log_prob(actor_params, rollout)
   return dict(rollout, old_log_probs=log_probs + 0.1 * jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32),
               ref_log_probs=log_probs + 0.2 * jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32),
               advantages=jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32) * mask_f,

@@ -94,12 +94,29 @@ def test_reward_errors_zero_and_count_or_fail_naming_the_sample(tmp_path):
 
 
 def test_critic_warmup_updates_only_the_critic_first(tmp_path):
-  trainer = Trainer(small_config(tmp_path, **ONE, **{"trainer.critic_warmup": 1}), devices=jax.devices()[:1])
+  """verl counts steps from 1 and updates the actor once critic_warmup <= step: warm-up 2 skips step 1 only.
+  In that step the actor's update metrics are absent (not 0); its learning-rate schedule starts after."""
+  overrides = {**ONE, "trainer.critic_warmup": 2, "actor_rollout_ref.actor.optim.lr_warmup_steps": 4}
+  trainer = Trainer(small_config(tmp_path, **overrides), devices=jax.devices()[:1])
   actor_before = jax.device_get(trainer.state.actor_params)
   critic_before = jax.device_get(trainer.state.critic_params)
-  trainer.train_step(0)
+  first = trainer.train_step(0)
   same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
   assert same(actor_before, jax.device_get(trainer.state.actor_params))
   assert not same(critic_before, jax.device_get(trainer.state.critic_params))
-  trainer.train_step(1)
+  assert "actor/pg_loss" not in first and "actor/lr" not in first and "critic/vf_loss" in first
+  assert "actor/entropy" in first  # the old-log-prob phase still runs, as in verl
+  second = trainer.train_step(1)
+  lr = trainer.config.actor_rollout_ref.actor.optim.lr
+  assert second["actor/lr"] == 0.0  # the schedule's step 0 (warm-up from 0), not step 1
+  trainer.train_step(2)
   assert not same(actor_before, jax.device_get(trainer.state.actor_params))
+  assert trainer.train_step(3)["actor/lr"] == pytest.approx(lr * 2 / 4)
+
+
+def test_critic_warmup_1_skips_nothing(tmp_path):
+  trainer = Trainer(small_config(tmp_path, **ONE, **{"trainer.critic_warmup": 1}), devices=jax.devices()[:1])
+  actor_before = jax.device_get(trainer.state.actor_params)
+  assert "actor/pg_loss" in trainer.train_step(0)
+  assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(actor_before),
+                                                      jax.tree.leaves(jax.device_get(trainer.state.actor_params))))

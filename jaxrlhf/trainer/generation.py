@@ -1,0 +1,60 @@
+"""The step's generation phase: the actor's weights in the generation layout and the rollout dtype,
+prompts x n sampled with the KV cache pinned, responses returned in the train layout (SPEC §5 `gen`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating
+from jaxrlhf.parallel.step_layouts import StepLayouts
+from jaxrlhf.rollout import SamplingParams, generate
+
+
+class Generation:
+  """`rollout_dtype`: generation's compute dtype (`rollout.dtype`): the weights are cast once per rollout."""
+
+  def __init__(self, config, model_config: DecoderConfig, sampling: SamplingParams, layouts: StepLayouts):
+    self.config = config
+    self.rollout_dtype = config.actor_rollout_ref.rollout.dtype or model_config.dtype
+    self.rollout_actor = Decoder(dataclasses.replace(model_config, dtype=self.rollout_dtype), head="lm")
+    self.sampling = sampling
+    self.layouts = layouts
+
+  def generation_params(self, actor_params):
+    """The actor's weights in the generation layout and the rollout dtype."""
+    actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
+    return cast_floating(self.layouts.to_generation(actor_params), self.rollout_dtype)
+
+  def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
+    """`generate` with the rollout model, the prompts in the generation layout and the cache pinned."""
+    apply = lambda params, *inputs: self.rollout_actor.apply({"params": params}, *inputs)
+    return generate(apply, generation_params, self.rollout_actor.config,
+                    *self.layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP)), rng, sampling,
+                    constrain_cache=self.layouts.constrain_cache)
+
+  def rollout(self, actor_params, batch, rng) -> dict:
+    """Prompts x n (interleaved, group ids) -> responses, returned in the train layout.
+
+    ReMax also decodes each prompt greedily once: its reward is the baseline.
+    """
+    n = self.config.actor_rollout_ref.rollout.n
+    prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
+    prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
+    generation_params = self.generation_params(actor_params)  # the gathered copy lives only in this phase
+    out = self.sample(generation_params, prompts_NxP, prompt_mask_NxP, rng, self.sampling)
+    responses_NxR, response_mask_NxR = self.layouts.to_train((out["responses"], out["response_mask"]))
+    prompts_NxP, prompt_mask_NxP = self.layouts.to_train((prompts_NxP, prompt_mask_NxP))
+    rollout = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
+               "response_mask": response_mask_NxR,
+               "sample_index": jnp.repeat(batch["sample_index"], n, axis=0),
+               "group_index": jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
+               "decode_steps": out["num_steps"]}
+    if self.config.algorithm.adv_estimator == "remax":
+      greedy = dataclasses.replace(self.sampling, do_sample=False)
+      baseline = self.sample(generation_params, batch["input_ids"], batch["attention_mask"], rng, greedy)
+      rollout["baseline_responses"] = jnp.repeat(baseline["responses"], n, axis=0)
+      rollout["baseline_response_mask"] = jnp.repeat(baseline["response_mask"], n, axis=0)
+    return rollout
