@@ -49,6 +49,16 @@ def test_wrong_type_names_the_key():
     ("actor_rollout_ref.rollout.dtype", "float16", "actor_rollout_ref.rollout.dtype"),
     ("algorithm.rollout_correction.rollout_is", "tokens", "algorithm.rollout_correction.rollout_is"),
     ("algorithm.rollout_correction.loss_type", "ppo", "algorithm.rollout_correction.loss_type"),
+    # Registered, but the step does not feed them yet: refused, never silently ignored.
+    ("algorithm.rollout_correction.rollout_is", "token", "rollout_is'='token' is not supported yet"),
+    ("algorithm.rollout_correction.bypass_mode", True, "bypass_mode'=True is not supported yet"),
+    ("algorithm.adv_estimator", "gdpo", "per-component reward scores"),
+    ("algorithm.adv_estimator", "optimal_token_baseline", "sum_pi_squared"),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode", "rollout's log-probs"),
+    ("actor_rollout_ref.actor.kl_loss_type", "full", "reference's logits in the update"),
+    ("algorithm.kl_penalty", "full", "reference's logits in the old-log-prob phase"),
+    ("critic.forward_micro_batch_size_per_gpu", 0, "critic.forward_micro_batch_size_per_gpu' must be >= 1"),
+    ("actor_rollout_ref.model.logits_chunk_size", -1, "logits_chunk_size' must be >= 0"),
 ])
 def test_validation_errors_name_key_and_value(key, value, message):
   config = get_base_config()
