@@ -62,7 +62,8 @@ def get_config():
   rollout.n = 1
   rollout.temperature = 1.0
   rollout.tensor_model_parallel_size = 1
-  rollout.log_prob_micro_batch_size_per_gpu = 16
+  # The seeds' log_prob_micro_batch_size_per_gpu=16 is not implemented (jaxrlhf.config.NOT_IMPLEMENTED): the
+  # log-prob phases use the update's packed micro-batches (use_remove_padding + use_dynamic_bsz above).
 
   critic = config.critic
   critic.enable = True

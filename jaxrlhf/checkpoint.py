@@ -20,10 +20,12 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from jaxrlhf.errors import UserError
+
 STEP_PREFIX = "global_step"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
   """A checkpoint (a jaxrlhf `global_step_N` or a Hugging Face directory) that cannot be read as asked;
   the message names the path, file or tensor."""
 
