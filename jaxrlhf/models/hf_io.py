@@ -19,6 +19,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
 from typing import Any
 
@@ -358,6 +359,76 @@ def _place(array: np.ndarray, sharding):
   return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
+@dataclasses.dataclass
+class _ReadPlan:
+  """What `load_hf_params` reads: tensor specs by file, our shapes, and whether the value head is fresh."""
+  specs: list
+  files: dict[str, str]
+  shape_of: dict
+  fresh_head: bool | str
+
+
+def _read_plan(path: str, config: DecoderConfig, head: str) -> _ReadPlan:
+  """Checks the checkpoint at `path` against `config` from the safetensors headers alone (no tensor is read).
+
+  Raises CheckpointError for missing tensors, a tensor whose shape differs from the config's, and
+  layers beyond `num_hidden_layers` (a config.json that would silently train a truncated model).
+  """
+  from safetensors import safe_open
+  _check_head(head)
+  shapes, _ = abstract_params(Decoder(config, head=head))
+  specs = _tensor_specs(shapes)
+  files = _weight_files(path)
+  shape_of = dict(_flatten(shapes))
+
+  missing = [s.hf_name for s in specs if s.hf_name not in files]
+  fresh_head = head == "value" and set(missing) <= {"score.weight", "score.bias"} and "score.weight" in missing
+  if fresh_head:
+    log.info("%s has no value head (score.weight): the critic starts from a fresh one", path)
+    specs = [s for s in specs if s.path[0] != "score"]
+    missing = []
+  elif head == "value" and missing == ["score.bias"]:
+    specs = [s for s in specs if s.hf_name != "score.bias"]  # a bias-free head: ours starts at zero
+    missing = []
+    fresh_head = "bias"
+  if missing:
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    raise CheckpointError(f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
+                          f"tie_word_embeddings={config.tie_word_embeddings})")
+  layers = sorted({int(m.group(1)) for n in files if (m := re.match(r"model\.layers\.(\d+)\.", n))})
+  if layers and layers[-1] >= config.num_hidden_layers:
+    raise CheckpointError(
+        f"{path} holds {layers[-1] + 1} decoder layers but its config sets num_hidden_layers="
+        f"{config.num_hidden_layers}: training would silently drop layers {config.num_hidden_layers}.."
+        f"{layers[-1]} (fix config.json, or override_config.num_hidden_layers)")
+
+  for file in sorted({files[spec.hf_name] for spec in specs}):
+    with safe_open(file, framework="numpy") as f:
+      for spec in specs:
+        if files[spec.hf_name] != file:
+          continue
+        expected = _hf_shape(spec, tuple(shape_of[spec.path].shape))
+        found = tuple(f.get_slice(spec.hf_name).get_shape())
+        if found != expected:
+          raise CheckpointError(f"tensor {spec.hf_name} in {file} has shape {list(found)}, but the config "
+                                f"expects {list(expected)}")
+
+  used = {s.hf_name for s in specs}
+  unused = [n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
+            and not (n == "lm_head.weight" and (config.tie_word_embeddings or head != "lm"))]
+  if unused:
+    log.warning("%s: %d tensor(s) not used for head=%r: %s", path, len(unused), head, unused[:8])
+  return _ReadPlan(specs, files, shape_of, fresh_head)
+
+
+def check_hf_checkpoint(path: str, config: DecoderConfig, *, head: str = "lm") -> None:
+  """Raises CheckpointError unless `load_hf_params(path, config, head=head)` can read every tensor it needs.
+
+  Reads only the safetensors headers: the validation pass runs it before any weight is loaded.
+  """
+  _read_plan(path, config, head)
+
+
 def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardings=None, dtype: str | None = None,
                    rng=None):
   """Reads the checkpoint at `path` into our param tree for `Decoder(config, head)`.
@@ -374,44 +445,21 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
   if dtype not in _NUMPY_DTYPES:
     raise ValueError(f"dtype={dtype!r} is not one of {list(_NUMPY_DTYPES)}")
   np_dtype = _NUMPY_DTYPES[dtype]
-  shapes, _ = abstract_params(Decoder(config, head=head))
-  specs = _tensor_specs(shapes)
-  files = _weight_files(path)
-  shape_of = dict(_flatten(shapes))
+  plan = _read_plan(path, config, head)
   sharding_of = dict(_flatten(shardings)) if shardings is not None else {}
-
-  missing = [s.hf_name for s in specs if s.hf_name not in files]
-  fresh_head = head == "value" and set(missing) <= {"score.weight", "score.bias"} and "score.weight" in missing
-  if fresh_head:
-    log.info("%s has no value head (score.weight): the critic starts from a fresh one", path)
-    specs = [s for s in specs if s.path[0] != "score"]
-    missing = []
-  elif head == "value" and missing == ["score.bias"]:
-    specs = [s for s in specs if s.hf_name != "score.bias"]  # a bias-free head: ours starts at zero
-    missing = []
-    fresh_head = "bias"
-  if missing:
-    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-    raise CheckpointError(f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
-                          f"tie_word_embeddings={config.tie_word_embeddings})")
 
   flat: dict[tuple[str, ...], Any] = {}
   by_file: dict[str, list[_TensorSpec]] = {}
-  for spec in specs:
-    by_file.setdefault(files[spec.hf_name], []).append(spec)
+  for spec in plan.specs:
+    by_file.setdefault(plan.files[spec.hf_name], []).append(spec)
   for file, file_specs in sorted(by_file.items()):
     with safe_open(file, framework="numpy") as f:
       for spec in file_specs:
-        shape = tuple(shape_of[spec.path].shape)
-        expected = _hf_shape(spec, shape)
-        found = tuple(f.get_slice(spec.hf_name).get_shape())
-        if found != expected:
-          raise CheckpointError(f"tensor {spec.hf_name} in {file} has shape {list(found)}, but the config "
-                                f"expects {list(expected)}")
+        shape = tuple(plan.shape_of[spec.path].shape)
         array = np.ascontiguousarray(_to_ours(spec, f.get_tensor(spec.hf_name), shape).astype(np_dtype))
         flat[spec.path] = _place(array, sharding_of.get(spec.path))
 
-  if fresh_head:
+  if plan.fresh_head:
     d = config.hidden_size
     rng = jax.random.key(0) if rng is None else rng
     fresh = {("score", "kernel"): np.asarray(0.02 * jax.random.normal(rng, (d, 1), np.float32)),
@@ -419,12 +467,6 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
     for key, value in fresh.items():
       if key not in flat:
         flat[key] = _place(value.astype(np_dtype), sharding_of.get(key))
-
-  used = {s.hf_name for s in specs}
-  unused = [n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
-            and not (n == "lm_head.weight" and (config.tie_word_embeddings or head != "lm"))]
-  if unused:
-    log.warning("%s: %d tensor(s) not used for head=%r: %s", path, len(unused), head, unused[:8])
   return _unflatten(flat)
 
 
