@@ -337,6 +337,11 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   return module.get_config()
 
 
+def all_keys() -> list[str]:
+  """Every leaf key of the config tree, dotted (for messages that suggest the key meant)."""
+  return list(_flatten(get_base_config()))
+
+
 def get(config, path: str):
   node = config
   for part in path.split("."):

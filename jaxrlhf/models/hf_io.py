@@ -42,6 +42,11 @@ _PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*
 _INDEX_FILE = "model.safetensors.index.json"
 # Tensors some checkpoints carry that we recompute or do not use.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Besides config.json and the weights, what a model directory needs: the tokenizer and generation config.
+MODEL_DIR_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+                   "chat_template.jinja", "chat_template.json")
+_TOKENIZER_SUFFIXES = (".tiktoken",)
 
 
 # ----- config ------------------------------------------------------------------------------------
@@ -159,12 +164,13 @@ def model_config_from(model, tokenizer=None) -> DecoderConfig:
   if model.path:
     config_path = os.path.join(model.path, "config.json")
     if not os.path.exists(config_path):
-      raise ValueError(f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint directory)")
+      raise CheckpointError(f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint "
+                            "directory)")
     model_config = config_from_hf_dict({**_read_json(config_path), **overrides}, where=config_path, **extra)
   else:
     model_config = DecoderConfig.from_dict({**overrides, **extra})
   if tokenizer is not None and len(tokenizer) > model_config.vocab_size:
-    raise ValueError(f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+    raise CheckpointError(f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
                      f"{len(tokenizer)} tokens")
   return model_config
 
@@ -550,9 +556,16 @@ def save_hf_checkpoint(params, config: DecoderConfig, out_dir: str, *, head: str
                 f, indent=2)
 
   if source_dir:
-    for file in sorted(os.listdir(source_dir)):
-      source = os.path.join(source_dir, file)
-      weights = file.endswith((".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")) or file == _INDEX_FILE
-      if os.path.isfile(source) and not weights and file != "config.json":
-        shutil.copy2(source, os.path.join(out_dir, file))
+    copy_tokenizer_files(source_dir, out_dir)
   return out_dir
+
+
+def copy_tokenizer_files(source_dir: str, out_dir: str) -> list[str]:
+  """Copies the tokenizer and generation-config files of `source_dir` (nothing else: no data, no weights)."""
+  copied = []
+  for file in sorted(os.listdir(source_dir)):
+    source = os.path.join(source_dir, file)
+    if os.path.isfile(source) and (file in MODEL_DIR_FILES or file.endswith(_TOKENIZER_SUFFIXES)):
+      shutil.copy2(source, os.path.join(out_dir, file))
+      copied.append(file)
+  return copied

@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
-from jaxrlhf.config import resolve_config
+from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.export import write_hf
@@ -42,7 +42,7 @@ def tokenizer_from_config(config, save_dir: str):
   """data.tokenizer, else the actor's model path; `builtin:<task>` builds and saves the built-in one."""
   name = config.data.tokenizer or config.actor_rollout_ref.model.path
   if not name:
-    raise ValueError("no tokenizer: set data.tokenizer (e.g. 'builtin:recall') or actor_rollout_ref.model.path")
+    raise ConfigError("no tokenizer: set data.tokenizer (e.g. 'builtin:recall') or actor_rollout_ref.model.path")
   if name.startswith("builtin:"):
     build_tokenizer(save_dir=save_dir)  # written next to the run so users can load it the usual way
     name = save_dir
