@@ -53,8 +53,8 @@ def truncate_jsonl(path: str, last_step: int) -> int:
   with open(partial, "w", encoding="utf-8") as f:
     f.writelines(line + "\n" for line in kept)
   os.replace(partial, path)  # atomic: an interruption leaves the old file or the new one
-  log.warning("%s: %d record(s) after step %d (this run writes those steps again) moved to %s", path,
-              len(dropped), last_step, os.path.splitext(path)[0] + ".dropped.jsonl")
+  why = f"after step {last_step}, which this run writes again" if last_step >= 0 else "of an earlier run"
+  log.warning("%s: moved %d record(s) %s to %s", path, len(dropped), why, os.path.splitext(path)[0] + ".dropped.jsonl")
   return len(dropped)
 
 

@@ -12,6 +12,7 @@ raises the callback's own exception instead.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 
@@ -21,11 +22,22 @@ import numpy as np
 
 from jaxrlhf import rewards
 from jaxrlhf.data import PromptDataset
+from jaxrlhf.errors import UserError
 
 
 # Exceptions raised by reward callbacks, newest last; callbacks run on XLA's threads, hence the lock.
 _callback_errors: list[BaseException] = []
 _callback_errors_lock = threading.Lock()
+
+
+class _UserErrorsReachTheUser(logging.Filter):
+  """JAX logs every callback exception with its traceback; a UserError is reported once, by the caller."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], UserError))
+
+
+logging.getLogger("jax._src.callback").addFilter(_UserErrorsReachTheUser())
 
 
 @contextlib.contextmanager
