@@ -78,7 +78,8 @@ class Checkpointer:
     while os.path.exists(target + (f".{suffix}" if suffix else "")):
       suffix += 1
     target += f".{suffix}" if suffix else ""
-    os.rename(source, target)
+    if jax.process_index() == 0:  # one process renames; every process has stopped counting it as a step
+      os.rename(source, target)
     self._manager.reload()
     return target
 

@@ -100,11 +100,15 @@ def _config_file_error(error: BaseException, config_path: str) -> str | None:
   frames = [f for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) == path]
   if not frames:
     return None
-  text = str(error.args[0]) if error.args else str(error)
-  missing = re.search(r"""Key "([^"]+)" does not exist|^'?\\?'?([\w.]+)\\?'?'?\n""", text)
+  text = error
+  while isinstance(text, BaseException) and text.args:  # ml_collections wraps a KeyError in an AttributeError
+    text = text.args[0]
+  text = str(text)
+  # ml_collections' two wordings: assigning a key the locked tree lacks, and reading one it lacks.
+  missing = re.search(r'Key "([^"]+)" does not exist', text) or re.match(r"""['"\\]*(\w+)['"\\]*\n""", text)
   close = re.search(r'Did you mean "([^"]+)"', text)
   if missing:
-    message = f"unknown config key '{missing.group(1) or missing.group(2)}'"
+    message = f"unknown config key '{missing.group(1)}'"
     message += f" (did you mean '{close.group(1)}'?)" if close else ""
   else:
     message = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

@@ -249,9 +249,9 @@ class Trainer:
   def resume(self, checkpointer: Checkpointer) -> int:
     """Restores per `trainer.resume_mode`; returns the step to continue from (0 for a fresh run).
 
-    `auto` takes the newest checkpoint that reads back whole: an unreadable one (a file truncated
-    after the save) is logged, renamed `unreadable_global_step_N` (kept, no longer a step) and the
-    previous one is tried.
+    `auto` takes the newest checkpoint that reads back whole. Newer ones that do not (a file truncated
+    after the save) are logged and renamed `unreadable_global_step_N` (kept, no longer steps). When
+    none reads back, nothing is renamed: that is more likely a config that no longer fits the run.
     """
     config = self.config.trainer
     if config.resume_mode == "disable":
@@ -264,15 +264,24 @@ class Trainer:
       finally:
         source.close()
     else:
+      unreadable: list[tuple[int, CheckpointError]] = []
       for step in sorted(checkpointer.all_steps(), reverse=True):
         try:
           self.state, meta = checkpointer.restore(step, self.state)
           break
         except CheckpointError as e:
-          kept = checkpointer.set_aside(step)
-          logging.warning("%s; kept it as %s and resuming from the checkpoint before it", e, kept)
+          unreadable.append((step, e))
       else:
+        if unreadable:
+          raise CheckpointError(
+              f"no checkpoint in {self.run_dir} can be restored; the newest: {unreadable[0][1]}",
+              hint="if the model or optimizer config changed, start a new trainer.experiment_name (or "
+                   "trainer.resume_mode=disable)") from unreadable[0][1]
         return 0
+      for bad_step, error in unreadable:
+        kept = checkpointer.set_aside(bad_step)
+        logging.warning("%s; kept it as %s and resuming from step %d, the newest checkpoint that reads back",
+                        error, kept, step)
     self.gen_cursor = int(meta.get("gen_cursor", 0))
     logging.info("resumed from %s step %d", self.run_dir, step)
     return int(step)

@@ -239,7 +239,7 @@ def test_generate_reads_the_trainers_parquet_prompts_with_the_chat_template(file
 
 @pytest.fixture(scope="module")
 def trained_run(files, tmp_path_factory):
-  """A real Orbax checkpoint (global_step_1) of a run that started from the HF directory `files/hf_model`."""
+  """Real Orbax checkpoints (global_step_1, _2) of a run that started from the HF directory `files/hf_model`."""
   config = small_config(tmp_path_factory.mktemp("run"))
   for key in config.actor_rollout_ref.model.override_config.keys():
     config.actor_rollout_ref.model.override_config[key] = None
@@ -249,6 +249,7 @@ def trained_run(files, tmp_path_factory):
   trainer.train_step(0)
   checkpointer = Checkpointer(trainer.run_dir)
   trainer.save(checkpointer, 1)
+  trainer.save(checkpointer, 2)
   checkpointer.close()
   return config, os.path.join(trainer.run_dir, "global_step_1")
 
@@ -300,8 +301,29 @@ def test_resuming_at_or_past_the_last_step_says_the_run_is_complete(trained_run,
   config.trainer.total_training_steps = 1
   config.trainer.resume_mode = "auto"
   assert Trainer(config, devices=jax.devices()[:1]).fit() == []
-  assert "already complete: the checkpoint at step 1 is at or past trainer.total_training_steps=1" in \
+  assert "already complete: the checkpoint at step 2 is at or past trainer.total_training_steps=1" in \
       capsys.readouterr().out
+
+
+def test_auto_resume_sets_an_unreadable_latest_checkpoint_aside_and_takes_the_one_before(trained_run, tmp_path,
+                                                                                        caplog):
+  config, step_dir = trained_run
+  config = config.copy_and_resolve_references()
+  config.trainer.default_local_dir = str(tmp_path)
+  config.trainer.resume_mode = "auto"
+  run_dir = tmp_path / "quickstart" / "recall_ppo"
+  shutil.copytree(os.path.dirname(step_dir), run_dir)
+  meta = run_dir / "global_step_2" / "meta" / "metadata"  # JSON: read back, it was a JSONDecodeError naming no file
+  meta.write_bytes(meta.read_bytes()[:40])
+  trainer = Trainer(config, devices=jax.devices()[:1])
+  checkpointer = Checkpointer(trainer.run_dir)
+  with caplog.at_level("WARNING"):
+    assert trainer.resume(checkpointer) == 1
+  assert checkpointer.all_steps() == [1]
+  checkpointer.close()
+  message = " ".join(r.getMessage() for r in caplog.records)
+  assert f"checkpoint {run_dir}/global_step_2 cannot be read" in message and "resuming from step 1" in message
+  assert os.listdir(run_dir / "unreadable_global_step_2")  # kept as it was
 
 
 def _train_flags(run_root, steps):
