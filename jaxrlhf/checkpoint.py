@@ -104,14 +104,19 @@ def _unreadable_as_checkpoint_error(step_dir: str):
                           f"{type(e).__name__}: {detail}") from e
 
 
+def _named(key: str, path: str) -> str:
+  """How a message names where a path came from: `--flag '/p'` or `config.key='/p'`."""
+  return f"{key} {path!r}" if key.startswith("--") else f"{key}={path!r}"
+
+
 def split_step_dir(path: str, key: str = "trainer.resume_from_path") -> tuple[str, int]:
   """'/runs/p/e/global_step_40' -> ('/runs/p/e', 40); errors name the path and the `key` (flag) it came from."""
   path = os.path.abspath(path.rstrip("/"))
   name = os.path.basename(path)
   if not name.startswith(STEP_PREFIX + "_") or not name[len(STEP_PREFIX) + 1:].isdigit():
-    raise CheckpointError(f"{key}={path!r} must be a '{STEP_PREFIX}_<N>' checkpoint directory")
+    raise CheckpointError(f"{_named(key, path)} must be a '{STEP_PREFIX}_<N>' checkpoint directory")
   if not os.path.isdir(path):
-    raise CheckpointError(f"{key}={path!r} does not exist")
+    raise CheckpointError(f"{_named(key, path)} does not exist")
   return os.path.dirname(path), int(name[len(STEP_PREFIX) + 1:])
 
 
@@ -121,7 +126,7 @@ def read_checkpoint(step_dir: str, key: str = "trainer.resume_from_path"):
   with ocp.CheckpointManager(run_dir, options=ocp.CheckpointManagerOptions(step_prefix=STEP_PREFIX),
                              item_names=("state", "meta")) as manager:
     if step not in manager.all_steps():
-      raise CheckpointError(f"{key}={step_dir!r} is not a finished jaxrlhf checkpoint")
+      raise CheckpointError(f"{_named(key, step_dir)} is not a finished jaxrlhf checkpoint")
     with _unreadable_as_checkpoint_error(os.path.abspath(step_dir)):
       restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
                                                                meta=ocp.args.JsonRestore()))
