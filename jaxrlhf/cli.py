@@ -20,6 +20,8 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from absl import app, flags
+
 from jaxrlhf.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -118,7 +120,6 @@ def _config_file_error(error: BaseException, config_path: str) -> str | None:
 
 def absl_main(prog: str, main: Callable[[list[str]], object], argv: list[str] | None = None) -> None:
   """`absl.app.run(main)` with the one error style, for flag and config-file errors as well."""
-  from absl import app, flags
   argv = list(sys.argv if argv is None else argv)
   verbose = _take_verbose(argv)
 
@@ -132,7 +133,8 @@ def absl_main(prog: str, main: Callable[[list[str]], object], argv: list[str] | 
     except flags.Error as error:
       if verbose:
         traceback.print_exc()
-      fail(prog, str(error).splitlines()[0], f"python {args[0]} --helpshort lists the flags")
+      command = f"python {prog}" if prog.endswith(".py") else prog
+      fail(prog, str(error).splitlines()[0], f"{command} --helpshort lists the flags")
     except Exception as error:  # noqa: BLE001  (a config file or an override that does not fit the tree)
       message = _unknown_override(args) or (config_path and _config_file_error(error, config_path))
       if not message:

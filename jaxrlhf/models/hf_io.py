@@ -374,7 +374,7 @@ class _ReadPlan:
   fresh_head: bool | str
 
 
-def _read_plan(path: str, config: DecoderConfig, head: str) -> _ReadPlan:
+def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = True) -> _ReadPlan:
   """Checks the checkpoint at `path` against `config` from the safetensors headers alone (no tensor is read).
 
   Raises CheckpointError for missing tensors, a tensor whose shape differs from the config's, and
@@ -422,7 +422,7 @@ def _read_plan(path: str, config: DecoderConfig, head: str) -> _ReadPlan:
   used = {s.hf_name for s in specs}
   unused = [n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
             and not (n == "lm_head.weight" and (config.tie_word_embeddings or head != "lm"))]
-  if unused:
+  if unused and warn_unused:
     log.warning("%s: %d tensor(s) not used for head=%r: %s", path, len(unused), head, unused[:8])
   return _ReadPlan(specs, files, shape_of, fresh_head)
 
@@ -432,7 +432,7 @@ def check_hf_checkpoint(path: str, config: DecoderConfig, *, head: str = "lm") -
 
   Reads only the safetensors headers: the validation pass runs it before any weight is loaded.
   """
-  _read_plan(path, config, head)
+  _read_plan(path, config, head, warn_unused=False)  # load_hf_params says it, once
 
 
 def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardings=None, dtype: str | None = None,
