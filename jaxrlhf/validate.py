@@ -107,29 +107,28 @@ def check_tokenizer(config) -> None:
 
 # ----- data ----------------------------------------------------------------------------------------
 
-def _parquet_columns(path: str, columns: list[str], limit: int) -> tuple[set[str], dict[str, list], int]:
-  """(column names, the first `limit` values of `columns` that exist, number of rows) of a parquet file."""
+def _parquet_columns(path: str, column: str, limit: int) -> tuple[set[str], list, int]:
+  """(column names, the first `limit` values of `column` if it exists, number of rows) of a parquet file."""
   import pyarrow as pa
   import pyarrow.parquet as pq
   try:
     parquet = pq.ParquetFile(path)
     names = set(parquet.schema_arrow.names)
-    wanted = [c for c in columns if c in names]
-    values = {c: [] for c in wanted}
-    if wanted:
-      for batch in parquet.iter_batches(batch_size=min(limit, 65536), columns=wanted):
-        for c in wanted:
-          values[c].extend(batch.column(c).to_pylist())
-        if len(values[wanted[0]]) >= limit:
+    values = []
+    if column in names:
+      for batch in parquet.iter_batches(batch_size=min(limit, 65536), columns=[column]):
+        values.extend(batch.column(column).to_pylist())
+        if len(values) >= limit:
           break
-    return names, {c: v[:limit] for c, v in values.items()}, parquet.metadata.num_rows
+    return names, values[:limit], parquet.metadata.num_rows
   except (OSError, pa.ArrowException) as e:
     raise DataError(f"data file {path!r} is not a readable parquet file: {e}") from None
 
 
-def _jsonl_columns(path: str, columns: list[str], limit: int) -> tuple[set[str], dict[str, list], int]:
+def _jsonl_columns(path: str, column: str, limit: int) -> tuple[set[str], list, int]:
+  """The same for a jsonl file: names and values from its first `limit` rows; all rows are counted."""
   names: set[str] = set()
-  values: dict[str, list] = {c: [] for c in columns}
+  values = []
   rows = 0
   with open(path, encoding="utf-8") as f:
     for line_no, line in enumerate(f, 1):
@@ -145,29 +144,27 @@ def _jsonl_columns(path: str, columns: list[str], limit: int) -> tuple[set[str],
       if not isinstance(row, dict):
         raise DataError(f"{path}:{line_no}: expected a JSON object per line, got {type(row).__name__}")
       names |= set(row)
-      for c in columns:
-        if c in row:
-          values[c].append(row[c])
+      if column in row:
+        values.append(row[column])
   return names, values, rows
 
 
 def check_data_file(key: str, path: str, prompt_key: str, reward_fn_key: str, *,
                     check_data_sources: bool = True, limit: int = DATA_SOURCE_SAMPLE_ROWS) -> None:
   """One data file of `key`: exists, has the prompt / data_source / reward_model columns, known data_sources."""
-  columns = [prompt_key, reward_fn_key, "reward_model"]
   if path.startswith("builtin:"):
     try:
       rows = builtin_rows(path)
     except ValueError as e:
       raise DataError(f"{key}: {e}") from None
-    names, values, num_rows = set(rows[0]) if rows else set(), {c: [r[c] for r in rows[:limit] if c in r]
-                                                                 for c in columns}, len(rows)
+    names = set(rows[0]) if rows else set()
+    data_sources, num_rows = [row.get(reward_fn_key) for row in rows[:limit]], len(rows)
   elif not os.path.exists(path):
     raise DataError(f"{key}: data file {path!r} does not exist")
   elif path.endswith(".parquet"):
-    names, values, num_rows = _parquet_columns(path, columns, limit)
+    names, data_sources, num_rows = _parquet_columns(path, reward_fn_key, limit)
   elif path.endswith((".jsonl", ".json")):
-    names, values, num_rows = _jsonl_columns(path, columns, limit)
+    names, data_sources, num_rows = _jsonl_columns(path, reward_fn_key, limit)
   else:
     raise DataError(f"{key}: data file {path!r}: expected a .parquet, .jsonl or builtin:<task>:<split> path")
   if num_rows == 0:
@@ -178,7 +175,7 @@ def check_data_file(key: str, path: str, prompt_key: str, reward_fn_key: str, *,
       raise DataError(f"{key}: data file {path!r} has no column {column!r} ({what}); columns: {sorted(names)}")
   if not check_data_sources:
     return
-  check_data_sources_known(values[reward_fn_key], f"{key}: data file {path!r}, column {reward_fn_key!r}")
+  check_data_sources_known(data_sources, f"{key}: data file {path!r}, column {reward_fn_key!r}")
   if num_rows > limit:
     log.info("%s: checked the %s of the first %d of %d rows in %s; the rest are checked when the dataset is built",
              key, reward_fn_key, limit, num_rows, path)
