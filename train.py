@@ -1,10 +1,16 @@
-"""jaxrlhf entry point: `python train.py --config configs/X.py [--config.some.key=value ...]`."""
+"""jaxrlhf entry point: `python train.py --config configs/X.py [--config.some.key=value ...] [-v]`.
 
-import os
+Bad input (a config key, a path, a data file, a checkpoint) prints one or two lines and exits 2;
+`-v` / `--verbose` adds the traceback.
+"""
+
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
+
+from jaxrlhf.cli import absl_main
+from jaxrlhf.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
                                           lock_config=True)
@@ -19,34 +25,27 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "with --distributed: this
 def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # library INFO chatter (XLA, Orbax) off unless -v is given
-  from jaxrlhf.config import ConfigError
+    logging.set_verbosity(logging.WARNING)  # library INFO chatter (XLA, Orbax) off unless -v N is given
   from jaxrlhf.trainer import Trainer
   from jaxrlhf.trainer.guards import GuardError
 
   if _CONFIG.value is None:
-    raise app.UsageError("--config is required, e.g. --config configs/quickstart.py")
+    raise UserError("--config is required, e.g. --config configs/quickstart.py")
   if _DISTRIBUTED.value:
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts; GPUs and TPUs use their own
     jax.distributed.initialize(num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-  try:
-    trainer = Trainer(_CONFIG.value)
-  except ConfigError as e:
-    raise app.UsageError(str(e)) from e
-  except (ValueError, FileNotFoundError, ImportError) as e:
-    # Bad data, model, mesh or checkpoint paths: one clear line (JAXRLHF_DEBUG=1 keeps the traceback).
-    if os.environ.get("JAXRLHF_DEBUG"):
-      raise
-    sys.exit(f"jaxrlhf: error: {e}")
+  trainer = Trainer(_CONFIG.value)
   try:
     history = trainer.fit()
   except GuardError as e:
-    sys.exit(f"jaxrlhf: {e}")
+    sys.exit(f"jaxrlhf: {e}")  # a stop the guards decided, not bad input: exit 1
+  if not history:
+    return  # already complete: fit() said so
   val_keys = [k for k in history[-1] if k.startswith("val-core/")]
   summary = ", ".join(f"{k}: {history[0].get(k, float('nan')):.3f} -> {history[-1][k]:.3f}" for k in val_keys)
   print(f"done: {len(history)} records in {trainer.run_dir}/metrics.jsonl; {summary}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  absl_main("train.py", main)

@@ -9,15 +9,21 @@ for GAE, critic PPO sizes inherited from the actor).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 
 import ml_collections
 from ml_collections import config_dict
 
+from jaxrlhf import algos
+from jaxrlhf.errors import UserError
+from jaxrlhf.models.decoder import REMAT_POLICIES
+from jaxrlhf.tracking.tracking import LOGGERS
+
 _placeholder = config_dict.placeholder
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config value is missing, unknown, of the wrong type or inconsistent; the message names the key."""
 
 
@@ -149,7 +155,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       enable=False,
       model=dict(path=""),  # HF AutoModelForSequenceClassification checkpoint (num_labels=1), actor's tokenizer
       combine_with_rule=False,  # True: score = rule reward + reward model; False: the reward model alone (verl)
-      on_error="raise",  # raise | zero: a reward function that fails scores 0 and is counted (reward/errors)
+      on_error="raise",  # raise | zero: a reward function that fails scores 0 and is counted (reward/num_errors)
       # DAPO overlong shaping: a linear penalty over the last `len` tokens before max_response_length.
       overlong_buffer=dict(enable=False, len=4096, penalty_factor=1.0),
   )
@@ -222,13 +228,22 @@ def get_base_config() -> ml_collections.ConfigDict:
   return config
 
 
-# Keys whose non-default values belong to later issues: refuse them rather than ignore them.
-_NOT_YET_SUPPORTED = {
-    "actor_rollout_ref.model.lora_rank": 0,
+# Keys verl has that jaxrlhf accepts but does not implement (yet): any value but the default is
+# refused, saying what jaxrlhf does instead. Delete a row when its feature lands.
+NOT_IMPLEMENTED = {
+    "actor_rollout_ref.model.lora_rank": (0, "jaxrlhf fine-tunes every parameter (no LoRA adapters yet)"),
+    "critic.model.lora_rank": (0, "jaxrlhf fine-tunes every parameter (no LoRA adapters yet)"),
+    "actor_rollout_ref.rollout.name": (
+        "jax", "generation always runs jaxrlhf's JAX sampler inside the compiled step (no vllm/sglang/hf)"),
+    "actor_rollout_ref.rollout.max_num_batched_tokens": (
+        8192, "generation runs the whole batch (data.train_batch_size x rollout.n sequences) at once; "
+        "bound it with data.train_batch_size"),
     # verl 0.9.1's rollout correction: the math is in `algos.rollout_correction`; the step does not feed it yet.
-    "algorithm.rollout_correction.rollout_is": None,
-    "algorithm.rollout_correction.rollout_rs": None,
-    "algorithm.rollout_correction.bypass_mode": False,
+    "algorithm.rollout_correction.rollout_is": (None, "no rollout importance weights (the step does not feed "
+                                                "algos.rollout_correction yet)"),
+    "algorithm.rollout_correction.rollout_rs": (None, "no rollout rejection sampling (the step does not feed "
+                                                "algos.rollout_correction yet)"),
+    "algorithm.rollout_correction.bypass_mode": (False, "the old log-probs are always recomputed by the actor"),
 }
 
 # Registered choices whose inputs the step does not produce yet: (key, value) -> what is missing.
@@ -248,7 +263,6 @@ _CHOICES = {
     "algorithm.filter_groups.metric": ("score", "seq_reward"),
     "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
     "critic.optim.lr_scheduler_type": ("constant", "cosine"),
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "actor_rollout_ref.model.dtype": ("float32", "bfloat16"),
     "actor_rollout_ref.model.param_dtype": ("float32", "bfloat16"),
@@ -258,9 +272,72 @@ _CHOICES = {
     "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
     "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
 }
-_OPTIONAL_CHOICES = {"actor_rollout_ref.rollout.dtype",  # None = derived (see resolve_config)
-                     "algorithm.rollout_correction.rollout_is"}  # None = off
-_LOGGERS = ("console", "jsonl", "wandb", "tensorboard", "mlflow")
+
+
+def _registry_choices() -> dict[str, list[str]]:
+  """Choice keys whose choices are a registry: read at validation time, so user-registered names count."""
+  kl_types = list(algos.KL_PENALTY_TYPES)
+  remat = sorted(REMAT_POLICIES)
+  return {
+      "algorithm.adv_estimator": algos.ADV_ESTIMATORS.names(),
+      "actor_rollout_ref.actor.policy_loss.loss_mode": algos.POLICY_LOSSES.names(),
+      "actor_rollout_ref.actor.loss_agg_mode": list(algos.LOSS_AGG_MODES),
+      "critic.loss_agg_mode": list(algos.LOSS_AGG_MODES),
+      "actor_rollout_ref.actor.kl_loss_type": kl_types,
+      "algorithm.kl_penalty": kl_types,
+      "algorithm.kl_ctrl.type": list(algos.KL_CONTROLLERS),
+      "actor_rollout_ref.model.remat_policy": remat,
+      "critic.model.remat_policy": remat,
+  }
+
+
+def _at_least(low):
+  return (lambda v: v >= low), f">= {low}"
+
+
+def _above(low):
+  return (lambda v: v > low), f"> {low}"
+
+
+def _within(low, high, *, open_low=False, open_high=False):
+  check = lambda v: (v > low if open_low else v >= low) and (v < high if open_high else v <= high)
+  return check, f"in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+
+
+# Numeric ranges (None = derived or off, never checked). Sampling (temperature, top_p, top_k) is
+# checked by `_check_sampling`, which knows about do_sample.
+_RANGES = {
+    **{key: _at_least(1) for key in (
+        "data.train_batch_size", "data.gen_batch_size", "data.val_batch_size", "data.max_prompt_length",
+        "data.max_response_length", "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.rollout.val_kwargs.n", "actor_rollout_ref.rollout.tensor_model_parallel_size",
+        "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
+        "trainer.total_epochs", "trainer.total_training_steps", "trainer.max_actor_ckpt_to_keep",
+        "algorithm.kl_ctrl.horizon", "trainer.guard.reward_window")},
+    **{key: _at_least(0) for key in (
+        "actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.optim.lr",
+        "critic.optim.lr", "actor_rollout_ref.actor.optim.weight_decay", "critic.optim.weight_decay",
+        "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
+        "critic.cliprange_value", "trainer.critic_warmup", "trainer.log_val_generations",
+        "trainer.guard.max_rollbacks")},
+    **{key: _above(0) for key in (
+        "actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.grad_clip", "critic.grad_clip",
+        "actor_rollout_ref.actor.optim.eps", "critic.optim.eps", "algorithm.kl_ctrl.target_kl",
+        "trainer.guard.kl_max", "trainer.peak_flops_per_device")},
+    **{key: _within(0, 1) for key in (
+        "algorithm.gamma", "algorithm.lam", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
+        "critic.optim.lr_warmup_steps_ratio", "actor_rollout_ref.actor.optim.min_lr_ratio",
+        "critic.optim.min_lr_ratio", "trainer.guard.kl_warmup_steps_ratio")},
+    "actor_rollout_ref.actor.clip_ratio_c": _above(1),
+    "trainer.guard.lr_backoff": _within(0, 1, open_low=True),
+    "trainer.prometheus_port": _within(0, 65535),
+    **{key: _at_least(1) for key in (
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu")},
+    "actor_rollout_ref.model.logits_chunk_size": _at_least(0),  # 0 = no chunking
+}
 
 
 def _flatten(config, prefix=""):
@@ -300,6 +377,11 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   return module.get_config()
 
 
+def all_keys() -> list[str]:
+  """Every leaf key of the config tree, dotted (for messages that suggest the key meant)."""
+  return list(_flatten(get_base_config()))
+
+
 def get(config, path: str):
   node = config
   for part in path.split("."):
@@ -321,35 +403,32 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       continue
     if not isinstance(value, expected):
       raise ConfigError(f"config key '{path}' expects {expected.__name__}, got {value!r} ({type(value).__name__})")
-  for path, choices in _CHOICES.items():
-    if values[path] not in choices and not (path in _OPTIONAL_CHOICES and values[path] is None):
-      raise ConfigError(f"config key '{path}' must be one of {choices}, got {values[path]!r}")
+  for path, expected in base_types.items():
+    value = values[path]
+    if expected is float and value is not None and not math.isfinite(value):
+      raise ConfigError(f"config key '{path}' must be a finite number, got {value!r}")
+  for path, choices in {**_CHOICES, **_registry_choices()}.items():
+    # None: derived from another key (rollout.dtype, critic.loss_agg_mode; see resolve_config).
+    if values[path] is not None and values[path] not in choices:
+      raise ConfigError(f"config key '{path}' must be one of {list(choices)}, got {values[path]!r}")
   for name in values["trainer.logger"]:
-    if name not in _LOGGERS:
-      raise ConfigError(f"config key 'trainer.logger' has unknown logger {name!r}; known: {_LOGGERS}")
-  port = values["trainer.prometheus_port"]
-  if port is not None and not 0 <= port <= 65535:
-    raise ConfigError(f"config key 'trainer.prometheus_port' must be in 0..65535, got {port}")
-  for path, default in _NOT_YET_SUPPORTED.items():
+    if name not in LOGGERS:
+      raise ConfigError(f"config key 'trainer.logger' has unknown logger {name!r}; known: {list(LOGGERS)}")
+  for path, (check, expected) in _RANGES.items():
+    if values[path] is not None and not check(values[path]):
+      raise ConfigError(f"config key '{path}' must be {expected}, got {values[path]!r}")
+  rollout = config.actor_rollout_ref.rollout
+  _check_sampling("actor_rollout_ref.rollout", rollout)
+  _check_sampling("actor_rollout_ref.rollout.val_kwargs", rollout.val_kwargs)
+  for path, (default, instead) in NOT_IMPLEMENTED.items():
     if values[path] != default:
-      raise ConfigError(f"config key '{path}'={values[path]!r} is not supported yet (only {default!r})")
+      raise ConfigError(f"config key '{path}'={values[path]!r} is not implemented (only {default!r} is accepted): "
+                        f"{instead}")
   for (path, value), missing in _NOT_YET_WIRED.items():
     if values[path] == value:
       raise ConfigError(f"config key '{path}'={value!r} is not supported yet: the step does not compute {missing}")
   data = config.data
   actor = config.actor_rollout_ref.actor
-  for path in ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
-               "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_epochs",
-               "actor_rollout_ref.rollout.n"):
-    if values[path] < 1:
-      raise ConfigError(f"config key '{path}' must be >= 1, got {values[path]}")
-  for path in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu"):
-    if values[path] is not None and values[path] < 1:
-      raise ConfigError(f"config key '{path}' must be >= 1 (or None), got {values[path]}")
-  if values["actor_rollout_ref.model.logits_chunk_size"] < 0:
-    raise ConfigError("config key 'actor_rollout_ref.model.logits_chunk_size' must be >= 0 (0 = no chunking), "
-                      f"got {values['actor_rollout_ref.model.logits_chunk_size']}")
   if data.train_batch_size % actor.ppo_mini_batch_size:
     raise ConfigError(
         f"data.train_batch_size={data.train_batch_size} is not divisible by "
@@ -371,10 +450,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(
           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} is smaller than one "
           f"sequence: data.max_prompt_length + data.max_response_length = {seq_len} (use_dynamic_bsz=True)")
-  rollout = config.actor_rollout_ref.rollout
-  if rollout.temperature <= 0 and rollout.do_sample:
-    raise ConfigError("actor_rollout_ref.rollout.temperature must be > 0 when do_sample=True "
-                      f"(got {rollout.temperature}); use do_sample=False for greedy decoding")
+
+
+def _check_sampling(prefix: str, sampling) -> None:
+  """temperature > 0 unless greedy (do_sample=False), top_p in (0, 1], top_k -1 (off) or >= 0."""
+  if sampling.do_sample and not sampling.temperature > 0:
+    raise ConfigError(f"config key '{prefix}.temperature' must be > 0 when do_sample=True (got "
+                      f"{sampling.temperature}); use {prefix}.do_sample=False for greedy decoding")
+  if not 0 < sampling.top_p <= 1:
+    raise ConfigError(f"config key '{prefix}.top_p' must be in (0, 1], got {sampling.top_p!r} (1.0 = off)")
+  if sampling.top_k < -1:
+    raise ConfigError(f"config key '{prefix}.top_k' must be >= -1, got {sampling.top_k!r} (-1 = off)")
 
 
 def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

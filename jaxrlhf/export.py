@@ -1,23 +1,27 @@
 """Export a training checkpoint's actor (and critic) as Hugging Face checkpoints.
 
     python -m jaxrlhf.export --checkpoint runs/proj/exp/global_step_40 --out exported/actor \
-        [--critic_out exported/critic] [--dtype bfloat16]
+        [--critic_out exported/critic] [--dtype bfloat16] [--overwrite] [-v]
 
 The actor is written as a causal LM (config.json + safetensors) that
 `transformers.AutoModelForCausalLM.from_pretrained` loads; the critic as a token-classification
 model with one label (verl's critic format). When the run started from an HF checkpoint, that
-checkpoint's tokenizer and generation config are copied alongside; the built-in tokenizer of a
-from-scratch run is copied from the run directory.
+checkpoint's tokenizer and generation config files are copied alongside (nothing else from it); the
+built-in tokenizer of a from-scratch run is copied from the run directory.
+
+An output directory that already holds files is refused unless `--overwrite` is given (then its
+config.json, weights and tokenizer files are replaced and any other file in it is left alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 
+from jaxrlhf import cli
 from jaxrlhf.checkpoint import CheckpointError, read_checkpoint
-from jaxrlhf.models import model_config_from, save_hf_checkpoint
+from jaxrlhf.errors import UserError
+from jaxrlhf.models import copy_tokenizer_files, model_config_from, save_hf_checkpoint
 
 
 def write_hf(actor_params, config, out_dir: str, *, critic_params=None, critic_out: str | None = None,
@@ -31,8 +35,7 @@ def write_hf(actor_params, config, out_dir: str, *, critic_params=None, critic_o
   model_config = model_config_from(actor_model)
   save_hf_checkpoint(actor_params, model_config, out_dir, head="lm", dtype=dtype, source_dir=actor_model.path or None)
   if not actor_model.path and tokenizer_dir and os.path.isdir(tokenizer_dir):
-    for name in os.listdir(tokenizer_dir):
-      shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
+    copy_tokenizer_files(tokenizer_dir, out_dir)
   if critic_out:
     if critic_params is None:
       raise CheckpointError("the run has no critic (critic.enable was off)")
@@ -43,24 +46,43 @@ def write_hf(actor_params, config, out_dir: str, *, critic_params=None, critic_o
   return out_dir
 
 
-def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None, dtype: str | None = None):
-  state, _, config = read_checkpoint(step_dir)
+def check_out_dir(flag: str, path: str, overwrite: bool) -> None:
+  """Refuses to write into a directory that holds files, unless `overwrite`."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f"{flag} {path!r} is a file, not a directory")
+  if os.path.isdir(path) and os.listdir(path) and not overwrite:
+    shown = sorted(os.listdir(path))
+    raise UserError(f"{flag} {path!r} is not empty (it holds {', '.join(shown[:4])}"
+                    f"{', ...' if len(shown) > 4 else ''}); nothing was written",
+                    hint="pick a new directory, or pass --overwrite to replace its config.json, weights and "
+                         "tokenizer files (other files are left alone)")
+
+
+def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None, dtype: str | None = None,
+                      overwrite: bool = False):
+  for flag, path in (("--out", out_dir), ("--critic_out", critic_out)):
+    if path:
+      check_out_dir(flag, path, overwrite)
+  state, _, config = read_checkpoint(step_dir, key="--checkpoint")
+  if critic_out and state.get("critic_params") is None:
+    raise CheckpointError(f"--critic_out: the run of --checkpoint {step_dir!r} has no critic (critic.enable was off)")
   tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
   return write_hf(state["actor_params"], config, out_dir, critic_params=state.get("critic_params"),
                   critic_out=critic_out, tokenizer_dir=tokenizer_dir, dtype=dtype)
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m jaxrlhf.export", description=__doc__.splitlines()[0])
   parser.add_argument("--checkpoint", required=True, help="a global_step_N checkpoint directory")
   parser.add_argument("--out", required=True, help="output directory for the actor (causal LM)")
   parser.add_argument("--critic_out", default=None, help="output directory for the critic (token classification)")
   parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="weights dtype (default: as trained)")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="write into non-empty output directories (replaces config.json, weights, tokenizer files)")
+  cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
-  try:
-    export_checkpoint(args.checkpoint, args.out, args.critic_out, args.dtype)
-  except (CheckpointError, ValueError) as e:
-    parser.exit(2, f"jaxrlhf.export: error: {e}\n")
+  cli.run(parser.prog, export_checkpoint, args.checkpoint, args.out, args.critic_out, args.dtype, args.overwrite,
+          verbose=args.verbose)
   print(f"exported {args.checkpoint} -> {args.out}" + (f", critic -> {args.critic_out}" if args.critic_out else ""))
 
 

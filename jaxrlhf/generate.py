@@ -6,9 +6,11 @@
 
 PATH: an HF directory (config.json + safetensors + tokenizer) or a run's `global_step_N` directory
 (the tokenizer then comes from the run's model path, else the run's `tokenizer/` folder).
-FILE: a text file with one prompt per line, or a .jsonl/.json file whose rows have a `prompt` field
-(a string, or a verl list of chat messages, which always goes through the chat template). Text is
-tokenized as-is (no special tokens added) unless --chat applies the tokenizer's chat template.
+FILE: a text file with one prompt per line, a .jsonl/.json file whose rows have a `prompt` field
+(a string, or a verl list of chat messages, which always goes through the chat template), or a verl
+.parquet file as the trainer reads it (its `prompt` column: chat messages). Text is tokenized as-is
+(no special tokens added) unless --chat applies the tokenizer's chat template. The prompts are read
+before the model is loaded, so a bad file fails at once; `-v` shows the traceback of an error.
 Each output line: {"prompt", "sample", "response", "response_ids" (up to and including EOS),
 "finish_reason" ("stop" | "length")}. Prompts are padded to length/batch buckets
 (`jaxrlhf.rollout.buckets`), so a run compiles a few programs at most.
@@ -26,16 +28,36 @@ import sys
 import jax
 import numpy as np
 
+from jaxrlhf import cli
 from jaxrlhf.checkpoint import read_checkpoint
+from jaxrlhf.errors import UserError
 from jaxrlhf.models import (Decoder, cast_floating, generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer,
                             model_config_from, pad_token_id)
 from jaxrlhf.rollout import SamplingParams, generate, pad_prompts, repeat_interleave, response_lengths_and_clip
 
 
+def _parquet_prompts(path: str) -> list:
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  try:
+    table = pq.read_table(path)
+  except (OSError, pa.ArrowException) as e:
+    raise UserError(f"--prompts {path!r} is not a readable parquet file: {e}") from None
+  if "prompt" not in table.column_names:
+    raise UserError(f"--prompts {path!r} has no 'prompt' column (verl's prompt column); columns: "
+                    f"{sorted(table.column_names)}")
+  return table.column("prompt").to_pylist()
+
+
 def read_prompts(path: str) -> list:
-  """Strings (or lists of chat messages) from a text file or a jsonl file with a `prompt` field."""
+  """Strings (or lists of chat messages) from a text file, a jsonl file with a `prompt` field, or verl parquet."""
   if not os.path.isfile(path):
-    raise ValueError(f"--prompts {path!r} is not a file")
+    raise UserError(f"--prompts {path!r} is not a file")
+  if path.endswith(".parquet"):
+    prompts = _parquet_prompts(path)
+    if not prompts:
+      raise UserError(f"--prompts {path!r} holds no prompt")
+    return prompts
   with open(path, encoding="utf-8") as f:
     lines = [line.rstrip("\n") for line in f]
   if not path.endswith((".jsonl", ".json")):
@@ -48,12 +70,12 @@ def read_prompts(path: str) -> list:
       try:
         row = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number} is not valid JSON: {e}") from None
+        raise UserError(f"--prompts {path}:{number} is not valid JSON: {e}") from None
       if not isinstance(row, dict) or "prompt" not in row:
-        raise ValueError(f"{path}:{number} has no 'prompt' field (expected a JSON object per line)")
+        raise UserError(f"--prompts {path}:{number} has no 'prompt' field (expected a JSON object per line)")
       prompts.append(row["prompt"])
   if not prompts:
-    raise ValueError(f"--prompts {path!r} holds no prompt")
+    raise UserError(f"--prompts {path!r} holds no prompt")
   return prompts
 
 
@@ -61,46 +83,46 @@ def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
   if isinstance(prompt, list) or chat:
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if not getattr(tokenizer, "chat_template", None):
-      raise ValueError("--chat (or a prompt given as chat messages) needs a tokenizer with a chat template")
+      raise UserError("--chat (or a prompt given as chat messages) needs a tokenizer with a chat template")
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
   if not isinstance(prompt, str):
-    raise ValueError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+    raise UserError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
   return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
 def load_model(path: str):
   """(params, DecoderConfig, tokenizer, eos ids, pad id) of an HF directory or a `global_step_N` directory."""
   if not os.path.isdir(path):
-    raise ValueError(f"--model {path!r} is not a directory")
+    raise UserError(f"--model {path!r} is not a directory (an HF checkpoint directory or a run's global_step_N)")
   if os.path.exists(os.path.join(path, "config.json")):
     model_config = load_hf_config(path)
     params = load_hf_params(path, model_config)
     tokenizer, source = load_tokenizer(path), path
   else:
-    state, _, config = read_checkpoint(path)
+    state, _, config = read_checkpoint(path, key="--model")
     model_section = config.actor_rollout_ref.model
     model_config = model_config_from(model_section)
     params = jax.tree.map(np.asarray, state["actor_params"])
     source = model_section.path or None
     tokenizer_dir = source or os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer")
     if not os.path.isdir(tokenizer_dir):
-      raise ValueError(f"checkpoint {path!r}: no tokenizer at {tokenizer_dir!r} (the run's model path or "
+      raise UserError(f"checkpoint {path!r}: no tokenizer at {tokenizer_dir!r} (the run's model path or "
                        "its tokenizer/ folder)")
     tokenizer = load_tokenizer(tokenizer_dir)
   if len(tokenizer) > model_config.vocab_size:
-    raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+    raise UserError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
                      f"{model_config.vocab_size}")
   eos_ids = generation_eos_ids(source, tokenizer)
   return params, model_config, tokenizer, eos_ids, pad_token_id(tokenizer, eos_ids)
 
 
 def run(args) -> list[dict]:
+  texts = read_prompts(args.prompts)  # before the model: a bad prompts file fails at once
   params, model_config, tokenizer, eos_ids, pad_id = load_model(args.model)
-  texts = read_prompts(args.prompts)
   encoded = [encode_prompt(tokenizer, text, args.chat) for text in texts]
   for text, ids in zip(texts, encoded):
     if not ids:
-      raise ValueError(f"prompt {text!r} tokenizes to no tokens")
+      raise UserError(f"prompt {text!r} tokenizes to no tokens")
   greedy = args.temperature <= 0
   sampling = SamplingParams(max_new_tokens=args.max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad_id,
                             temperature=1.0 if greedy else args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -148,7 +170,7 @@ def parse_args(argv=None):
   parser.add_argument("--prompts", required=True, help="text file (one prompt per line) or jsonl with 'prompt'")
   parser.add_argument("--output", required=True, help="output .jsonl")
   parser.add_argument("--max_new_tokens", type=int, default=256)
-  parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+  parser.add_argument("--temperature", type=float, default=1.0, help="> 0 samples; 0 = greedy")
   parser.add_argument("--top_p", type=float, default=1.0)
   parser.add_argument("--top_k", type=int, default=-1, help="-1 = off")
   parser.add_argument("--n", type=int, default=1, help="samples per prompt")
@@ -157,10 +179,13 @@ def parse_args(argv=None):
   parser.add_argument("--batch_size", type=int, default=32, help="rows per generate call (padded to a bucket)")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                       help="compute dtype (weights cast once); default: the checkpoint's")
+  cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
   for name, low in (("max_new_tokens", 1), ("n", 1), ("batch_size", 1)):
     if getattr(args, name) < low:
       parser.error(f"--{name} must be >= {low}, got {getattr(args, name)}")
+  if not args.temperature >= 0.0 or args.temperature == float("inf"):  # NaN fails the first test
+    parser.error(f"--temperature must be > 0 (sampling) or 0 (greedy), got {args.temperature}")
   if not 0.0 < args.top_p <= 1.0:
     parser.error(f"--top_p must be in (0, 1], got {args.top_p}")
   if args.top_k == 0 or args.top_k < -1:
@@ -169,7 +194,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-  run(parse_args(argv))
+  args = parse_args(argv)
+  cli.run("python -m jaxrlhf.generate", run, args, verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from jaxrlhf import config as config_module
 from jaxrlhf.config import ConfigError, get_base_config, resolve_config, validate_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,8 +52,8 @@ def test_wrong_type_names_the_key():
     ("algorithm.rollout_correction.rollout_is", "tokens", "algorithm.rollout_correction.rollout_is"),
     ("algorithm.rollout_correction.loss_type", "ppo", "algorithm.rollout_correction.loss_type"),
     # Registered, but the step does not feed them yet: refused, never silently ignored.
-    ("algorithm.rollout_correction.rollout_is", "token", "rollout_is'='token' is not supported yet"),
-    ("algorithm.rollout_correction.bypass_mode", True, "bypass_mode'=True is not supported yet"),
+    ("algorithm.rollout_correction.rollout_is", "token", "rollout_is'='token' is not implemented"),
+    ("algorithm.rollout_correction.bypass_mode", True, "bypass_mode'=True is not implemented"),
     ("algorithm.adv_estimator", "gdpo", "per-component reward scores"),
     ("algorithm.adv_estimator", "optimal_token_baseline", "sum_pi_squared"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode", "rollout's log-probs"),
@@ -137,3 +139,79 @@ def test_rollout_dtype_follows_the_actor_unless_set():
   assert resolve_config(config).actor_rollout_ref.rollout.dtype == "bfloat16"
   config.actor_rollout_ref.rollout.dtype = "float32"
   assert resolve_config(config).actor_rollout_ref.rollout.dtype == "float32"
+
+
+def _set(config, key, value):
+  node = config
+  *parents, leaf = key.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+
+
+@pytest.mark.parametrize("key", sorted(config_module._registry_choices()))
+def test_every_registry_choice_key_names_key_value_and_choices(key):
+  config = get_base_config()
+  _set(config, key, "no_such_choice")
+  choices = config_module._registry_choices()[key]
+  with pytest.raises(ConfigError, match=f"'{key}' must be one of .*{choices[0]}.*got 'no_such_choice'"):
+    validate_config(config)
+
+
+def test_choices_come_from_the_registries_so_registered_names_are_accepted():
+  from jaxrlhf import algos
+  config = get_base_config()
+  config.algorithm.adv_estimator = "test_my_estimator"
+  with pytest.raises(ConfigError, match="test_my_estimator"):
+    validate_config(config)
+  algos.register_adv_estimator("test_my_estimator")(lambda **kwargs: None)
+  try:
+    validate_config(config)
+  finally:
+    algos.ADV_ESTIMATORS.functions.pop("test_my_estimator")
+
+
+@pytest.mark.parametrize("key", sorted(config_module.NOT_IMPLEMENTED))
+def test_keys_read_by_nothing_refuse_other_values_saying_what_happens_instead(key):
+  default, instead = config_module.NOT_IMPLEMENTED[key]
+  config = get_base_config()
+  if isinstance(default, bool):
+    other = not default
+  elif isinstance(default, int):
+    other = default + 8
+  elif key.startswith("algorithm.rollout_correction."):
+    other = "token"  # a string option (a valid rollout_is choice)
+  else:
+    other = 4 if default is None else "vllm"
+  _set(config, key, other)
+  with pytest.raises(ConfigError, match=f"'{key}'=.* is not implemented") as info:
+    validate_config(config)
+  assert instead in str(info.value)
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("critic.ppo_epochs", 0, ">= 1"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 0, ">= 1"),
+    ("trainer.total_training_steps", 0, ">= 1"),
+    ("algorithm.gamma", 1.5, "in [0, 1]"),
+    ("actor_rollout_ref.actor.clip_ratio_c", 1.0, "> 1"),
+    ("actor_rollout_ref.actor.optim.lr", float("inf"), "finite"),
+    ("actor_rollout_ref.rollout.temperature", float("nan"), "finite"),
+    ("actor_rollout_ref.rollout.top_p", 0.0, "(0, 1]"),
+    ("actor_rollout_ref.rollout.top_k", -2, ">= -1"),
+    ("actor_rollout_ref.rollout.val_kwargs.top_p", 1.5, "(0, 1]"),
+])
+def test_numeric_ranges_name_the_key_and_the_range(key, value, expected):
+  config = get_base_config()
+  _set(config, key, value)
+  with pytest.raises(ConfigError, match=re.escape(key) + ".*" + re.escape(expected)):
+    validate_config(config)
+
+
+def test_greedy_validation_may_have_temperature_zero_but_sampling_may_not():
+  config = get_base_config()
+  config.actor_rollout_ref.rollout.val_kwargs.temperature = 0.0  # do_sample=False by default: greedy
+  validate_config(config)
+  config.actor_rollout_ref.rollout.val_kwargs.do_sample = True
+  with pytest.raises(ConfigError, match="val_kwargs.temperature' must be > 0 when do_sample=True"):
+    validate_config(config)

@@ -12,8 +12,11 @@ by phase and the compile time. Needs the `aot` extra: `pip install -e '.[aot]'`.
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
+
+from jaxrlhf.cli import absl_main
+from jaxrlhf.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
                                           lock_config=True)
@@ -27,27 +30,16 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.ERROR)  # the GPU plugin and libtpu are chatty about missing hardware
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  from jaxrlhf.aot.targets import TargetError, parse_target, prepare_environment
+  from jaxrlhf.aot.targets import parse_target, prepare_environment
 
   if _CONFIG.value is None or _TARGET.value is None:
-    raise app.UsageError("--config and --target are required, e.g. --config configs/quickstart.py --target h100x8")
-  try:
-    target = parse_target(_TARGET.value)
-  except TargetError as e:
-    raise app.UsageError(str(e)) from e
+    raise UserError("--config and --target are required, e.g. --config configs/quickstart.py --target h100x8")
+  target = parse_target(_TARGET.value)
   prepare_environment(target)  # before JAX starts
 
   from jaxrlhf.aot.compile import compile_step, format_report, write_json
-  from jaxrlhf.config import ConfigError
 
-  try:
-    report = compile_step(_CONFIG.value, target, phases=True if _PHASES.value else None)
-  except ConfigError as e:
-    raise app.UsageError(str(e)) from e
-  except (ValueError, FileNotFoundError, ImportError) as e:
-    if os.environ.get("JAXRLHF_DEBUG"):
-      raise
-    sys.exit(f"jaxrlhf.aot: error: {e}")
+  report = compile_step(_CONFIG.value, target, phases=True if _PHASES.value else None)
   print(format_report(report), flush=True)
   if _JSON.value:
     write_json(report, _JSON.value)
@@ -55,4 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  absl_main("python -m jaxrlhf.aot", main)

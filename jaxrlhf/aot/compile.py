@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxrlhf.aot.targets import Target
 from jaxrlhf.config import resolve_config
+from jaxrlhf.errors import UserError
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.parallel.report import fmt_bytes, per_device_bytes
@@ -41,7 +42,7 @@ _ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1
              "f64": 8, "u64": 8, "s16": 2, "u16": 2, "f8e4m3fn": 1, "f8e5m2": 1}
 
 
-class AotError(ValueError):
+class AotError(UserError, ValueError):
   """A config that cannot be compiled ahead of time as given (the message names the key)."""
 
 

@@ -23,6 +23,8 @@ import math
 import os
 import re
 
+from jaxrlhf.errors import UserError
+
 GIB = 1024**3
 
 
@@ -97,7 +99,7 @@ TPU_SPECS = {
 }
 
 
-class TargetError(ValueError):
+class TargetError(UserError, ValueError):
   """A --target name that is not understood, or whose compiler is not installed."""
 
 

@@ -18,9 +18,10 @@ import grain
 import numpy as np
 
 from jaxrlhf.data.builtin import builtin_rows
+from jaxrlhf.errors import UserError
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
   """A data file, row or column is not what the trainer expects; the message names it."""
 
 

@@ -19,6 +19,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
 from typing import Any
 
@@ -41,6 +42,11 @@ _PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*
 _INDEX_FILE = "model.safetensors.index.json"
 # Tensors some checkpoints carry that we recompute or do not use.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Besides config.json and the weights, what a model directory needs: the tokenizer and generation config.
+MODEL_DIR_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+                   "chat_template.jinja", "chat_template.json")
+_TOKENIZER_SUFFIXES = (".tiktoken",)
 
 
 # ----- config ------------------------------------------------------------------------------------
@@ -163,12 +169,13 @@ def model_config_from(model, tokenizer=None) -> DecoderConfig:
   if model.path:
     config_path = os.path.join(model.path, "config.json")
     if not os.path.exists(config_path):
-      raise ValueError(f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint directory)")
+      raise CheckpointError(f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint "
+                            "directory)")
     model_config = config_from_hf_dict({**_read_json(config_path), **overrides}, where=config_path, **extra)
   else:
     model_config = DecoderConfig.from_dict({**overrides, **extra})
   if tokenizer is not None and len(tokenizer) > model_config.vocab_size:
-    raise ValueError(f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+    raise CheckpointError(f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
                      f"{len(tokenizer)} tokens")
   return model_config
 
@@ -363,6 +370,76 @@ def _place(array: np.ndarray, sharding):
   return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
+@dataclasses.dataclass
+class _ReadPlan:
+  """What `load_hf_params` reads: tensor specs by file, our shapes, and whether the value head is fresh."""
+  specs: list
+  files: dict[str, str]
+  shape_of: dict
+  fresh_head: bool | str
+
+
+def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = True) -> _ReadPlan:
+  """Checks the checkpoint at `path` against `config` from the safetensors headers alone (no tensor is read).
+
+  Raises CheckpointError for missing tensors, a tensor whose shape differs from the config's, and
+  layers beyond `num_hidden_layers` (a config.json that would silently train a truncated model).
+  """
+  from safetensors import safe_open
+  _check_head(head)
+  shapes, _ = abstract_params(Decoder(config, head=head))
+  specs = _tensor_specs(shapes)
+  files = _weight_files(path)
+  shape_of = dict(_flatten(shapes))
+
+  missing = [s.hf_name for s in specs if s.hf_name not in files]
+  fresh_head = head == "value" and set(missing) <= {"score.weight", "score.bias"} and "score.weight" in missing
+  if fresh_head:
+    log.info("%s has no value head (score.weight): the critic starts from a fresh one", path)
+    specs = [s for s in specs if s.path[0] != "score"]
+    missing = []
+  elif head == "value" and missing == ["score.bias"]:
+    specs = [s for s in specs if s.hf_name != "score.bias"]  # a bias-free head: ours starts at zero
+    missing = []
+    fresh_head = "bias"
+  if missing:
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    raise CheckpointError(f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
+                          f"tie_word_embeddings={config.tie_word_embeddings})")
+  layers = sorted({int(m.group(1)) for n in files if (m := re.match(r"model\.layers\.(\d+)\.", n))})
+  if layers and layers[-1] >= config.num_hidden_layers:
+    raise CheckpointError(
+        f"{path} holds {layers[-1] + 1} decoder layers but its config sets num_hidden_layers="
+        f"{config.num_hidden_layers}: training would silently drop layers {config.num_hidden_layers}.."
+        f"{layers[-1]} (fix config.json, or override_config.num_hidden_layers)")
+
+  for file in sorted({files[spec.hf_name] for spec in specs}):
+    with safe_open(file, framework="numpy") as f:
+      for spec in specs:
+        if files[spec.hf_name] != file:
+          continue
+        expected = _hf_shape(spec, tuple(shape_of[spec.path].shape))
+        found = tuple(f.get_slice(spec.hf_name).get_shape())
+        if found != expected:
+          raise CheckpointError(f"tensor {spec.hf_name} in {file} has shape {list(found)}, but the config "
+                                f"expects {list(expected)}")
+
+  used = {s.hf_name for s in specs}
+  unused = [n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
+            and not (n == "lm_head.weight" and (config.tie_word_embeddings or head != "lm"))]
+  if unused and warn_unused:
+    log.warning("%s: %d tensor(s) not used for head=%r: %s", path, len(unused), head, unused[:8])
+  return _ReadPlan(specs, files, shape_of, fresh_head)
+
+
+def check_hf_checkpoint(path: str, config: DecoderConfig, *, head: str = "lm") -> None:
+  """Raises CheckpointError unless `load_hf_params(path, config, head=head)` can read every tensor it needs.
+
+  Reads only the safetensors headers: the validation pass runs it before any weight is loaded.
+  """
+  _read_plan(path, config, head, warn_unused=False)  # load_hf_params says it, once
+
+
 def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardings=None, dtype: str | None = None,
                    rng=None):
   """Reads the checkpoint at `path` into our param tree for `Decoder(config, head)`.
@@ -379,44 +456,21 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
   if dtype not in _NUMPY_DTYPES:
     raise ValueError(f"dtype={dtype!r} is not one of {list(_NUMPY_DTYPES)}")
   np_dtype = _NUMPY_DTYPES[dtype]
-  shapes, _ = abstract_params(Decoder(config, head=head))
-  specs = _tensor_specs(shapes)
-  files = _weight_files(path)
-  shape_of = dict(_flatten(shapes))
+  plan = _read_plan(path, config, head)
   sharding_of = dict(_flatten(shardings)) if shardings is not None else {}
-
-  missing = [s.hf_name for s in specs if s.hf_name not in files]
-  fresh_head = head == "value" and set(missing) <= {"score.weight", "score.bias"} and "score.weight" in missing
-  if fresh_head:
-    log.info("%s has no value head (score.weight): the critic starts from a fresh one", path)
-    specs = [s for s in specs if s.path[0] != "score"]
-    missing = []
-  elif head == "value" and missing == ["score.bias"]:
-    specs = [s for s in specs if s.hf_name != "score.bias"]  # a bias-free head: ours starts at zero
-    missing = []
-    fresh_head = "bias"
-  if missing:
-    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-    raise CheckpointError(f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
-                          f"tie_word_embeddings={config.tie_word_embeddings})")
 
   flat: dict[tuple[str, ...], Any] = {}
   by_file: dict[str, list[_TensorSpec]] = {}
-  for spec in specs:
-    by_file.setdefault(files[spec.hf_name], []).append(spec)
+  for spec in plan.specs:
+    by_file.setdefault(plan.files[spec.hf_name], []).append(spec)
   for file, file_specs in sorted(by_file.items()):
     with safe_open(file, framework="numpy") as f:
       for spec in file_specs:
-        shape = tuple(shape_of[spec.path].shape)
-        expected = _hf_shape(spec, shape)
-        found = tuple(f.get_slice(spec.hf_name).get_shape())
-        if found != expected:
-          raise CheckpointError(f"tensor {spec.hf_name} in {file} has shape {list(found)}, but the config "
-                                f"expects {list(expected)}")
+        shape = tuple(plan.shape_of[spec.path].shape)
         array = np.ascontiguousarray(_to_ours(spec, f.get_tensor(spec.hf_name), shape).astype(np_dtype))
         flat[spec.path] = _place(array, sharding_of.get(spec.path))
 
-  if fresh_head:
+  if plan.fresh_head:
     d = config.hidden_size
     rng = jax.random.key(0) if rng is None else rng
     fresh = {("score", "kernel"): np.asarray(INIT_STD * jax.random.normal(rng, (d, 1), np.float32)),
@@ -424,12 +478,6 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
     for key, value in fresh.items():
       if key not in flat:
         flat[key] = _place(value.astype(np_dtype), sharding_of.get(key))
-
-  used = {s.hf_name for s in specs}
-  unused = [n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
-            and not (n == "lm_head.weight" and (config.tie_word_embeddings or head != "lm"))]
-  if unused:
-    log.warning("%s: %d tensor(s) not used for head=%r: %s", path, len(unused), head, unused[:8])
   return _unflatten(flat)
 
 
@@ -513,9 +561,16 @@ def save_hf_checkpoint(params, config: DecoderConfig, out_dir: str, *, head: str
                 f, indent=2)
 
   if source_dir:
-    for file in sorted(os.listdir(source_dir)):
-      source = os.path.join(source_dir, file)
-      weights = file.endswith((".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")) or file == _INDEX_FILE
-      if os.path.isfile(source) and not weights and file != "config.json":
-        shutil.copy2(source, os.path.join(out_dir, file))
+    copy_tokenizer_files(source_dir, out_dir)
   return out_dir
+
+
+def copy_tokenizer_files(source_dir: str, out_dir: str) -> list[str]:
+  """Copies the tokenizer and generation-config files of `source_dir` (nothing else: no data, no weights)."""
+  copied = []
+  for file in sorted(os.listdir(source_dir)):
+    source = os.path.join(source_dir, file)
+    if os.path.isfile(source) and (file in MODEL_DIR_FILES or file.endswith(_TOKENIZER_SUFFIXES)):
+      shutil.copy2(source, os.path.join(out_dir, file))
+      copied.append(file)
+  return copied

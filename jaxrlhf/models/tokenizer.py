@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 
+from jaxrlhf.checkpoint import CheckpointError
+
 
 def load_tokenizer(path: str):
   """`transformers.AutoTokenizer` from a local checkpoint directory, never running repository code."""
   if not os.path.isdir(path):
-    raise ValueError(f"tokenizer path {path!r} is not a directory")
+    raise CheckpointError(f"tokenizer path {path!r} is not a directory")
   from transformers import AutoTokenizer
   return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
@@ -34,11 +36,11 @@ def generation_eos_ids(path: str | None, tokenizer) -> tuple[int, ...]:
       try:
         generation_config = json.load(f)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{config_path} is not valid JSON: {e}") from None
+        raise CheckpointError(f"{config_path} is not valid JSON: {e}") from None
     ids += _as_ids(generation_config.get("eos_token_id"))
   ids = tuple(dict.fromkeys(ids))  # de-duplicated, order kept
   if not ids:
-    raise ValueError(f"no eos token id: neither the tokenizer nor {config_path or 'a generation_config.json'} "
+    raise CheckpointError(f"no eos token id: neither the tokenizer nor {config_path or 'a generation_config.json'} "
                      "defines eos_token_id")
   return ids
 

@@ -18,6 +18,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrlhf.errors import UserError
+
 BATCH_AXES = ("data", "fsdp")
 
 TRAIN_RULES = (
@@ -55,7 +57,7 @@ GENERATION_WIDE_TP_RULES = (
 )
 
 
-class ShardingError(ValueError):
+class ShardingError(UserError, ValueError):
   """A parameter dimension is not divisible by the mesh axes its layout puts on it."""
 
 

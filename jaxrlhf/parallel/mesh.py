@@ -8,10 +8,12 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import AxisType, Mesh
 
+from jaxrlhf.errors import UserError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
-class MeshError(ValueError):
+class MeshError(UserError, ValueError):
   """The requested mesh shape does not match the devices."""
 
 

@@ -9,13 +9,14 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from jaxrlhf.errors import UserError
 from jaxrlhf.rewards.registry import UnknownDataSourceError, default_compute_score, normalize_result
 
 ON_ERROR_MODES = ("raise", "zero")
 ERROR_KEY = "reward_error"
 
 
-class RewardFunctionError(RuntimeError):
+class RewardFunctionError(UserError, RuntimeError):
     """A reward function raised or returned something that is not a finite number for one sample."""
 
 
@@ -75,7 +76,8 @@ def score_batch(
             if on_error == "raise":
                 raise RewardFunctionError(
                     f"reward function {getattr(fn, '__name__', fn)!r} failed on sample {index} "
-                    f"(data_source={data_source!r}): {type(error).__name__}: {error}"
+                    f"(data_source={data_source!r}): {type(error).__name__}: {error}",
+                    hint="reward_model.on_error=zero scores such a sample 0 and counts it (metric reward/num_errors)",
                 ) from error
             errors[index] = 1.0
             extra_rows.append({})

@@ -15,6 +15,7 @@ A dict result carries the reward under ``"score"``; its other numeric entries ar
 
 from typing import Any, Callable, Optional, Union
 
+from jaxrlhf.errors import UserError
 from jaxrlhf.rewards import exact_match, gsm8k
 from jaxrlhf.rewards import math as math_reward
 
@@ -24,7 +25,7 @@ RewardFn = Callable[..., RewardResult]
 _REGISTRY: dict[str, RewardFn] = {}
 
 
-class UnknownDataSourceError(ValueError):
+class UnknownDataSourceError(UserError, ValueError):
     """No reward function is registered for a data_source: a data/config error, never a sample's."""
 
 

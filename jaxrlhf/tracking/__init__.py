@@ -5,9 +5,9 @@ JAX or NumPy scalars) into plain Python numbers once and hands them to each back
 per backend. Only process 0 writes; on other processes every call is a no-op.
 """
 
-from jaxrlhf.tracking.jsonl import read_metrics
+from jaxrlhf.tracking.jsonl import read_metrics, truncate_jsonl
 from jaxrlhf.tracking.plots import plot_metrics
 from jaxrlhf.tracking.profiling import maybe_profile
 from jaxrlhf.tracking.tracking import LOGGERS, Tracking
 
-__all__ = ["LOGGERS", "Tracking", "maybe_profile", "plot_metrics", "read_metrics"]
+__all__ = ["LOGGERS", "Tracking", "maybe_profile", "plot_metrics", "read_metrics", "truncate_jsonl"]

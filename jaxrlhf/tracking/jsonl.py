@@ -2,12 +2,20 @@
 
 Non-finite numbers (NaN, ±inf) are written as `null`: strict JSON has no NaN, and readers in other
 languages choke on Python's `NaN` token. `read_metrics` therefore returns None for them.
+
+A run that resumes from step N writes steps N+1... again, so the file is first cut back to the records
+of steps <= N (`truncate_jsonl`; a fresh run, N = 0, starts an empty file). What is cut is not deleted:
+it is appended to `<name>.dropped.jsonl` beside it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+
+log = logging.getLogger(__name__)
 
 
 def _json_safe(value):
@@ -18,8 +26,42 @@ def _json_safe(value):
   return value
 
 
+def truncate_jsonl(path: str, last_step: int) -> int:
+  """Cuts `path` back to its records with `"step"` <= `last_step` (and drops an unfinished last line).
+
+  The records cut go to `<path without .jsonl>.dropped.jsonl`, in their order; returns how many.
+  """
+  if not os.path.exists(path):
+    return 0
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().split("\n")
+  kept, dropped = [], []
+  for line in lines[:-1]:  # anything after the last newline is a write cut short
+    if line.strip():
+      try:
+        step = json.loads(line).get("step")
+      except (json.JSONDecodeError, AttributeError):
+        step = None
+      (kept if isinstance(step, (int, float)) and step <= last_step else dropped).append(line)
+  if lines[-1].strip():
+    dropped.append(lines[-1])
+  if not dropped:
+    return 0
+  with open(os.path.splitext(path)[0] + ".dropped.jsonl", "a", encoding="utf-8") as f:
+    f.writelines(line + "\n" for line in dropped)
+  partial = path + ".tmp"
+  with open(partial, "w", encoding="utf-8") as f:
+    f.writelines(line + "\n" for line in kept)
+  os.replace(partial, path)  # atomic: an interruption leaves the old file or the new one
+  why = f"after step {last_step}, which this run writes again" if last_step >= 0 else "of an earlier run"
+  log.warning("%s: moved %d record(s) %s to %s", path, len(dropped), why, os.path.splitext(path)[0] + ".dropped.jsonl")
+  return len(dropped)
+
+
 class JsonlLogger:
-  def __init__(self, path: str):
+  def __init__(self, path: str, start_step: int = 0):
+    """Appends to `path` after cutting it back to the steps before `start_step` (a fresh run: nothing)."""
+    truncate_jsonl(path, start_step if start_step > 0 else -1)
     self._file = open(path, "a")
 
   def log(self, record: dict, step: int) -> None:

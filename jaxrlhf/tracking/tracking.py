@@ -68,13 +68,13 @@ class Tracking:
       return self._console
     if name == "jsonl":
       from jaxrlhf.tracking.jsonl import JsonlLogger
-      return JsonlLogger(self.metrics_path)
+      return JsonlLogger(self.metrics_path, start_step=start_step)
     if name == "wandb":
       from jaxrlhf.tracking.wandb_logger import WandbLogger
       return WandbLogger(self.run_dir, project=project, experiment=experiment, config=config)
     if name == "tensorboard":
       from jaxrlhf.tracking.tensorboard_logger import TensorboardLogger
-      return TensorboardLogger(os.path.join(self.run_dir, "tensorboard"), config=config)
+      return TensorboardLogger(os.path.join(self.run_dir, "tensorboard"), config=config, start_step=start_step)
     from jaxrlhf.tracking.mlflow_logger import MlflowLogger
     return MlflowLogger(self.run_dir, project=project, experiment=experiment, config=config)
 

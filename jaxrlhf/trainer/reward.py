@@ -4,11 +4,18 @@
 the last valid token. The rule reward is one `jax.pure_callback` per batch: decode every response
 (batched), look each row's data_source, ground truth and extra_info up by its `sample_index` in the
 host-side dataset, and score the whole batch with `jaxrlhf.rewards.score_batch`.
+
+An exception in the callback reaches the host as a `JaxRuntimeError` whose text buries the reward
+function's message in XLA's traceback; `host_callback_errors` (around the code that runs a step)
+raises the callback's own exception instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+import threading
 from collections.abc import Callable
 
 import jax
@@ -19,6 +26,38 @@ from jaxrlhf import algos, rewards
 from jaxrlhf.data import PromptDataset
 from jaxrlhf.models.decoder import Decoder, reward_model_scores
 from jaxrlhf.trainer.model_outputs import sequence_inputs
+from jaxrlhf.errors import UserError
+
+
+# Exceptions raised by reward callbacks, newest last; callbacks run on XLA's threads, hence the lock.
+_callback_errors: list[BaseException] = []
+_callback_errors_lock = threading.Lock()
+
+
+class _UserErrorsReachTheUser(logging.Filter):
+  """JAX logs every callback exception with its traceback; a UserError is reported once, by the caller."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], UserError))
+
+
+logging.getLogger("jax._src.callback").addFilter(_UserErrorsReachTheUser())
+
+
+@contextlib.contextmanager
+def host_callback_errors():
+  """Re-raises a reward callback's own exception in place of the `JaxRuntimeError` that carries it."""
+  with _callback_errors_lock:
+    _callback_errors.clear()
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as error:
+    with _callback_errors_lock:
+      original = _callback_errors[-1] if _callback_errors else None
+      _callback_errors.clear()
+    if original is None or str(original) not in str(error):
+      raise  # not (only) the callback's failure: keep XLA's error whole
+    raise original from error
 
 
 def decode_responses(tokenizer, responses_NxR: np.ndarray, response_mask_NxR: np.ndarray) -> list[str]:
@@ -37,13 +76,18 @@ def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable
   def host_score(responses_NxR, response_mask_NxR, sample_index_N):
     texts = decode_responses(tokenizer, responses_NxR, response_mask_NxR)
     rows = np.asarray(sample_index_N).tolist()
-    scores_N, extras = rewards.score_batch(
-        compute_score_fn,
-        [dataset.data_sources[i] for i in rows],
-        texts,
-        [dataset.ground_truths[i] for i in rows],
-        [dataset.extra_infos[i] for i in rows],
-        extra_keys=(), on_error=on_error)
+    try:
+      scores_N, extras = rewards.score_batch(
+          compute_score_fn,
+          [dataset.data_sources[i] for i in rows],
+          texts,
+          [dataset.ground_truths[i] for i in rows],
+          [dataset.extra_infos[i] for i in rows],
+          extra_keys=(), on_error=on_error)
+    except Exception as error:
+      with _callback_errors_lock:
+        _callback_errors.append(error)
+      raise
     errors_N = extras.get(rewards.ERROR_KEY, np.zeros_like(scores_N))
     return scores_N.astype(np.float32), errors_N.astype(np.float32)
 

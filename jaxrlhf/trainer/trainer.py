@@ -17,9 +17,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrlhf import rewards
-from jaxrlhf.checkpoint import Checkpointer, split_step_dir
-from jaxrlhf.config import resolve_config
+from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
+from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.export import write_hf
@@ -27,21 +26,22 @@ from jaxrlhf.models import Decoder, generation_eos_ids, init_params, load_hf_par
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.rollout import SamplingParams
-from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics
+from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
 from jaxrlhf.trainer.program import build_program, model_configs
-from jaxrlhf.trainer.reward import decode_responses, make_reward_fn
+from jaxrlhf.trainer.reward import decode_responses, host_callback_errors, make_reward_fn
 from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
 from jaxrlhf.trainer.state import TrainState
+from jaxrlhf.validate import check_data_sources_known, validate_run
 
 
 def tokenizer_from_config(config, save_dir: str):
   """data.tokenizer, else the actor's model path; `builtin:<task>` builds and saves the built-in one."""
   name = config.data.tokenizer or config.actor_rollout_ref.model.path
   if not name:
-    raise ValueError("no tokenizer: set data.tokenizer (e.g. 'builtin:recall') or actor_rollout_ref.model.path")
+    raise ConfigError("no tokenizer: set data.tokenizer (e.g. 'builtin:recall') or actor_rollout_ref.model.path")
   if name.startswith("builtin:"):
     build_tokenizer(save_dir=save_dir)  # written next to the run so users can load it the usual way
     name = save_dir
@@ -50,10 +50,12 @@ def tokenizer_from_config(config, save_dir: str):
 
 _VALIDATION_STREAM = 1 << 30  # fold_in tag of validation keys (training folds in step numbers < 2**30)
 
+
 class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, devices=None):
     """`devices`: the devices of the mesh (default: all); tests and notebooks pass a subset."""
     self.config = config = resolve_config(config)
+    compute_score = validate_run(config)  # paths, data, reward functions: before anything heavy
     trainer_cfg = config.trainer
     self.run_dir = os.path.join(trainer_cfg.default_local_dir, trainer_cfg.project_name, trainer_cfg.experiment_name)
     os.makedirs(self.run_dir, exist_ok=True)
@@ -68,12 +70,15 @@ class Trainer:
     self.train_data = build_dataset(data_cfg.train_files, self.tokenizer, **dataset_kwargs)
     self.val_data = build_dataset(data_cfg.val_files, self.tokenizer, **dataset_kwargs) \
         if any(data_cfg.val_files) else None
+    if compute_score is None and (not config.reward_model.enable or config.reward_model.combine_with_rule):
+      # validate_run saw a sample of each file; every row is here now, still before anything compiles.
+      check_data_sources_known(self.train_data.data_sources, "data.train_files")
+      if self.val_data is not None:
+        check_data_sources_known(self.val_data.data_sources, "data.val_files")
     self.schedule = BatchSchedule(len(self.train_data), data_cfg.train_batch_size, seed=data_cfg.seed,
                                   shuffle=data_cfg.shuffle)
     self.total_steps = trainer_cfg.total_training_steps or self.schedule.batches_per_epoch * trainer_cfg.total_epochs
 
-    custom = config.custom_reward_function
-    compute_score = rewards.load_custom_reward_function(custom.path, custom.name) if custom.path else None
     self.model_config, self.critic_model_config, self.reward_model_config = model_configs(config, self.tokenizer)
     self.critic_model_path = config.critic.model.path or config.actor_rollout_ref.model.path
     eos_ids = generation_eos_ids(config.actor_rollout_ref.model.path or None, self.tokenizer)
@@ -167,17 +172,18 @@ class Trainer:
     timings: dict[str, float] = {}
     extra: dict[str, float] = {}
     start = time.perf_counter()
-    if self.filter_groups:
-      self.state, device_metrics, extra["training/num_gen_batches"] = self._dynamic_sampling_step(rng, timings)
-    else:
-      batch = self._load_batch(self.train_data, self.schedule.indices(step))
-      if self.config.trainer.fuse_step:
-        self.state, device_metrics = self.jitted_step(self.state, batch, rng)
+    with host_callback_errors():  # a reward function's own error, not XLA's wrapping of it
+      if self.filter_groups:
+        self.state, device_metrics, extra["training/num_gen_batches"] = self._dynamic_sampling_step(rng, timings)
       else:
-        run = timed(timings)
-        rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
-        self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
-    metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        batch = self._load_batch(self.train_data, self.schedule.indices(step))
+        if self.config.trainer.fuse_step:
+          self.state, device_metrics = self.jitted_step(self.state, batch, rng)
+        else:
+          run = timed(timings)
+          rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
+          self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
+      metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     if self.ppo.use_critic and step + 1 < self.config.trainer.critic_warmup:  # verl: the actor did not update
       for key in self.ppo.actor_update_metric_names:
         metrics.pop(key, None)
@@ -248,7 +254,12 @@ class Trainer:
              tokenizer_dir=os.path.join(self.run_dir, "tokenizer"))
 
   def resume(self, checkpointer: Checkpointer) -> int:
-    """Restores per `trainer.resume_mode`; returns the step to continue from (0 for a fresh run)."""
+    """Restores per `trainer.resume_mode`; returns the step to continue from (0 for a fresh run).
+
+    `auto` takes the newest checkpoint that reads back whole. Newer ones that do not (a file truncated
+    after the save) are logged and renamed `unreadable_global_step_N` (kept, no longer steps). When
+    none reads back, nothing is renamed: that is more likely a config that no longer fits the run.
+    """
     config = self.config.trainer
     if config.resume_mode == "disable":
       return 0
@@ -260,10 +271,24 @@ class Trainer:
       finally:
         source.close()
     else:
-      step = checkpointer.latest_step()
-      if step is None:
+      unreadable: list[tuple[int, CheckpointError]] = []
+      for step in sorted(checkpointer.all_steps(), reverse=True):
+        try:
+          self.state, meta = checkpointer.restore(step, self.state)
+          break
+        except CheckpointError as e:
+          unreadable.append((step, e))
+      else:
+        if unreadable:
+          raise CheckpointError(
+              f"no checkpoint in {self.run_dir} can be restored; the newest: {unreadable[0][1]}",
+              hint="if the model or optimizer config changed, start a new trainer.experiment_name (or "
+                   "trainer.resume_mode=disable)") from unreadable[0][1]
         return 0
-      self.state, meta = checkpointer.restore(step, self.state)
+      for bad_step, error in unreadable:
+        kept = checkpointer.set_aside(bad_step)
+        logging.warning("%s; kept it as %s and resuming from step %d, the newest checkpoint that reads back",
+                        error, kept, step)
     self.gen_cursor = int(meta.get("gen_cursor", 0))
     logging.info("resumed from %s step %d", self.run_dir, step)
     return int(step)
@@ -297,14 +322,15 @@ class Trainer:
     scores, responses, masks = [], [], []
     # A fresh key per validation (and per batch), from a stream the training steps' keys never use.
     val_rng = jax.random.fold_in(jax.random.fold_in(self.rng, _VALIDATION_STREAM), step)
-    for b in range(num_batches):
-      indices = order[b * batch_size:(b + 1) * batch_size]
-      batch = self._load_batch(data, indices)
-      batch_scores, batch_responses, batch_masks = jax.device_get(self.validate_fn(
-          self.state.actor_params, self.state.reward_params, batch, jax.random.fold_in(val_rng, b)))
-      scores.append(batch_scores)
-      responses.append(batch_responses)
-      masks.append(batch_masks)
+    with host_callback_errors():
+      for b in range(num_batches):
+        indices = order[b * batch_size:(b + 1) * batch_size]
+        batch = self._load_batch(data, indices)
+        batch_scores, batch_responses, batch_masks = jax.device_get(self.validate_fn(
+            self.state.actor_params, self.state.reward_params, batch, jax.random.fold_in(val_rng, b)))
+        scores.append(batch_scores)
+        responses.append(batch_responses)
+        masks.append(batch_masks)
     valid = len(data) * n
     scores = np.concatenate(scores)[:valid].reshape(len(data), n)
     masks = np.concatenate(masks)[:valid]
@@ -324,13 +350,23 @@ class Trainer:
   def fit(self) -> list[dict]:
     """Runs to `total_steps` with validation, checkpoints and guards; returns the step records.
 
-    Resumes per `trainer.resume_mode`; writes metrics.jsonl (appending on resume) and the plot.
+    Resumes per `trainer.resume_mode`; writes metrics.jsonl (on resume, after cutting the records of the
+    steps past the checkpoint, which it writes again) and the plot.
     """
     config = self.config.trainer
-    if jax.process_index() == 0 and "console" in config.logger:
-      print(self.layout_report(), flush=True)
     checkpointer = Checkpointer(self.run_dir, max_to_keep=config.max_actor_ckpt_to_keep)
     start_step = self.resume(checkpointer)
+    if start_step >= self.total_steps:
+      checkpointer.close()
+      print(f"{self.run_dir}: already complete: the checkpoint at step {start_step} is at or past "
+            f"trainer.total_training_steps={self.total_steps}; nothing to train (raise total_training_steps "
+            "to continue it)", flush=True)
+      return []
+    if jax.process_index() == 0:
+      # Steps after the checkpoint are written again (all of them on a fresh start): keep each step once.
+      truncate_jsonl(os.path.join(self.run_dir, "val_generations.jsonl"), start_step if start_step > 0 else -1)
+    if jax.process_index() == 0 and "console" in config.logger:
+      print(self.layout_report(), flush=True)
     tracking = Tracking(config.logger, self.run_dir, total_steps=self.total_steps, config=self.config,
                         project=config.project_name, experiment=config.experiment_name,
                         prometheus_port=config.prometheus_port, start_step=start_step)

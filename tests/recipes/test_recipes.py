@@ -244,7 +244,6 @@ def shrink_to_fixtures(config, model_path, data_dir, run_dir):
   actor.ppo_micro_batch_size_per_gpu = 2
   rollout = config.actor_rollout_ref.rollout
   rollout.n = min(rollout.n, 2)
-  rollout.log_prob_micro_batch_size_per_gpu = 4
   if config.critic.ppo_micro_batch_size_per_gpu is not None:
     config.critic.ppo_micro_batch_size_per_gpu = 2
   if config.reward_model.overlong_buffer.enable:

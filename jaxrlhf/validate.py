@@ -1,0 +1,217 @@
+"""The validation pass a run makes before anything heavy: no tokenizing, no weights, no compiling.
+
+`Trainer` calls `validate_run` first thing, after `resolve_config` has checked the config tree itself
+(keys, types, choices against the registries, ranges, keys not implemented). This pass checks what the
+config points at, in the order a user would fix them:
+
+- the model directories (actor, critic, reward model): config.json, safetensors, and every tensor's
+  shape and the layer count against the config, from the safetensors headers alone;
+- the tokenizer directory;
+- the data files: they exist and have the prompt and data_source columns, and every data_source they
+  hold has a reward function (a file's first `DATA_SOURCE_SAMPLE_ROWS` rows; the trainer checks every
+  row again once the dataset is built, still before compiling);
+- the custom reward file and function (imported once here; the trainer uses the function returned);
+- the checkpoint `trainer.resume_from_path` names.
+
+Every failure is a `UserError` naming the config key and the file, column or tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+
+from jaxrlhf import rewards
+from jaxrlhf.checkpoint import STEP_PREFIX, CheckpointError, split_step_dir
+from jaxrlhf.config import ConfigError
+from jaxrlhf.data import DataError
+from jaxrlhf.data.builtin import builtin_rows
+from jaxrlhf.models import check_hf_checkpoint, load_hf_config, model_config_from
+
+log = logging.getLogger(__name__)
+
+DATA_SOURCE_SAMPLE_ROWS = 10_000  # rows per data file whose data_source is checked before tokenizing
+
+
+def validate_run(config) -> Callable | None:
+  """Checks a resolved config's paths, data and reward functions; returns the custom reward function (or None)."""
+  check_models(config)
+  check_tokenizer(config)
+  compute_score = load_reward_function(config)
+  uses_rule_reward = compute_score is None and (not config.reward_model.enable
+                                                or config.reward_model.combine_with_rule)
+  for key in ("data.train_files", "data.val_files"):
+    for path in _files(config.data[key.split(".")[1]]):
+      check_data_file(key, path, config.data.prompt_key, config.data.reward_fn_key,
+                      check_data_sources=uses_rule_reward)
+  check_resume(config)
+  return compute_score
+
+
+def _files(files) -> list[str]:
+  return [files] if isinstance(files, str) else [f for f in files if f]
+
+
+# ----- models --------------------------------------------------------------------------------------
+
+def check_model_dir(key: str, path: str) -> None:
+  """`key`=`path` is a Hugging Face checkpoint directory (config.json + *.safetensors)."""
+  if not os.path.exists(path):
+    raise ConfigError(f"{key}={path!r} does not exist (expected a Hugging Face checkpoint directory: config.json + "
+                      "*.safetensors)")
+  if not os.path.isdir(path):
+    raise ConfigError(f"{key}={path!r} is not a directory (expected a Hugging Face checkpoint directory)")
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    raise ConfigError(f"{key}={path!r} has no config.json (expected a Hugging Face checkpoint directory)")
+
+
+def check_models(config) -> None:
+  """Every model directory the run loads, against the config the run builds for it (shapes, layer count)."""
+  actor = config.actor_rollout_ref.model
+  sections = []
+  if actor.path:
+    sections.append(("actor_rollout_ref.model", actor, "lm"))
+  if config.critic.enable:
+    # verl's critic loads its own path, else the actor's checkpoint with a fresh value head.
+    critic = config.critic.model
+    if critic.path and critic.path != actor.path:
+      sections.append(("critic.model", critic, "value"))
+    elif actor.path:
+      sections.append(("actor_rollout_ref.model", actor, "value"))
+  if config.reward_model.enable:
+    sections.append(("reward_model.model", config.reward_model.model, "reward"))
+  for key, section, head in sections:
+    check_model_dir(f"{key}.path", section.path)
+    try:
+      model_config = load_hf_config(section.path) if head == "reward" else model_config_from(section)
+      check_hf_checkpoint(section.path, model_config, head=head)
+    except CheckpointError as e:
+      raise CheckpointError(f"{key}.path: {e}", hint=e.hint) from None
+    except ValueError as e:  # DecoderConfig's own checks (heads, sizes) on the checkpoint's config.json
+      raise ConfigError(f"{key}.path={section.path!r}: {e}") from None
+
+
+def check_tokenizer(config) -> None:
+  name = config.data.tokenizer
+  if name.startswith("builtin:"):
+    return
+  if not name and not config.actor_rollout_ref.model.path:
+    raise ConfigError("no tokenizer: set data.tokenizer (a tokenizer directory, or 'builtin:recall') or "
+                      "actor_rollout_ref.model.path")
+  if name and not os.path.isdir(name):
+    raise ConfigError(f"data.tokenizer={name!r} is not a directory (expected a tokenizer directory, or "
+                      "'builtin:<task>'; '' = the actor's model.path)")
+
+
+# ----- data ----------------------------------------------------------------------------------------
+
+def _parquet_columns(path: str, column: str, limit: int) -> tuple[set[str], list, int]:
+  """(column names, the first `limit` values of `column` if it exists, number of rows) of a parquet file."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  try:
+    parquet = pq.ParquetFile(path)
+    names = set(parquet.schema_arrow.names)
+    values = []
+    if column in names:
+      for batch in parquet.iter_batches(batch_size=min(limit, 65536), columns=[column]):
+        values.extend(batch.column(column).to_pylist())
+        if len(values) >= limit:
+          break
+    return names, values[:limit], parquet.metadata.num_rows
+  except (OSError, pa.ArrowException) as e:
+    raise DataError(f"data file {path!r} is not a readable parquet file: {e}") from None
+
+
+def _jsonl_columns(path: str, column: str, limit: int) -> tuple[set[str], list, int]:
+  """The same for a jsonl file: names and values from its first `limit` rows; all rows are counted."""
+  names: set[str] = set()
+  values = []
+  rows = 0
+  with open(path, encoding="utf-8") as f:
+    for line_no, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      rows += 1
+      if rows > limit:
+        continue  # counted, not parsed
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{line_no}: not valid JSON ({e})") from None
+      if not isinstance(row, dict):
+        raise DataError(f"{path}:{line_no}: expected a JSON object per line, got {type(row).__name__}")
+      names |= set(row)
+      if column in row:
+        values.append(row[column])
+  return names, values, rows
+
+
+def check_data_file(key: str, path: str, prompt_key: str, reward_fn_key: str, *,
+                    check_data_sources: bool = True, limit: int = DATA_SOURCE_SAMPLE_ROWS) -> None:
+  """One data file of `key`: exists, has the prompt / data_source / reward_model columns, known data_sources."""
+  if path.startswith("builtin:"):
+    try:
+      rows = builtin_rows(path)
+    except ValueError as e:
+      raise DataError(f"{key}: {e}") from None
+    names = set(rows[0]) if rows else set()
+    data_sources, num_rows = [row.get(reward_fn_key) for row in rows[:limit]], len(rows)
+  elif not os.path.exists(path):
+    raise DataError(f"{key}: data file {path!r} does not exist")
+  elif path.endswith(".parquet"):
+    names, data_sources, num_rows = _parquet_columns(path, reward_fn_key, limit)
+  elif path.endswith((".jsonl", ".json")):
+    names, data_sources, num_rows = _jsonl_columns(path, reward_fn_key, limit)
+  else:
+    raise DataError(f"{key}: data file {path!r}: expected a .parquet, .jsonl or builtin:<task>:<split> path")
+  if num_rows == 0:
+    raise DataError(f"{key}: data file {path!r} has no rows")
+  for column, what in ((prompt_key, "data.prompt_key"), (reward_fn_key, "data.reward_fn_key"),
+                       ("reward_model", "its 'ground_truth' field")):
+    if column not in names:
+      raise DataError(f"{key}: data file {path!r} has no column {column!r} ({what}); columns: {sorted(names)}")
+  if not check_data_sources:
+    return
+  check_data_sources_known(data_sources, f"{key}: data file {path!r}, column {reward_fn_key!r}")
+  if num_rows > limit:
+    log.info("%s: checked the %s of the first %d of %d rows in %s; the rest are checked when the dataset is built",
+             key, reward_fn_key, limit, num_rows, path)
+
+
+def check_data_sources_known(data_sources: Iterable, where: str) -> None:
+  """Every distinct data_source has a registered reward function; the error names the first one that has none."""
+  for data_source in dict.fromkeys(data_sources):  # distinct, in order of first appearance
+    try:
+      rewards.get_reward_fn(data_source)
+    except rewards.UnknownDataSourceError as e:
+      raise rewards.UnknownDataSourceError(f"{where}: {e}") from None
+
+
+# ----- reward function and resume path -------------------------------------------------------------
+
+def load_reward_function(config) -> Callable | None:
+  custom = config.custom_reward_function
+  if not custom.path:
+    return None
+  try:
+    return rewards.load_custom_reward_function(custom.path, custom.name)
+  except (OSError, ImportError, AttributeError, TypeError, ValueError) as e:
+    raise ConfigError(str(e)) from e
+
+
+def check_resume(config) -> None:
+  trainer = config.trainer
+  if trainer.resume_mode != "resume_path":
+    return
+  if not trainer.resume_from_path:
+    raise ConfigError("trainer.resume_mode='resume_path' needs trainer.resume_from_path (a "
+                      f"<run dir>/{STEP_PREFIX}_<N> checkpoint directory)")
+  step_dir = os.path.abspath(trainer.resume_from_path)
+  split_step_dir(step_dir)
+  for item in ("state", "meta"):
+    if not os.path.isdir(os.path.join(step_dir, item)):
+      raise CheckpointError(f"trainer.resume_from_path={trainer.resume_from_path!r} is not a finished jaxrlhf "
+                            f"checkpoint (it has no {item}/ folder)")
