@@ -20,13 +20,13 @@ import numpy as np
 from jaxrlhf import rewards
 from jaxrlhf.checkpoint import Checkpointer, split_step_dir
 from jaxrlhf.config import resolve_config
-from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, process_rows
+from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.export import write_hf
 from jaxrlhf.models import Decoder, generation_eos_ids, init_params, load_hf_params, load_tokenizer, pad_token_id
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
-from jaxrlhf.rollout import SamplingParams
+from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops
 from jaxrlhf.trainer.guards import Guard
@@ -146,11 +146,22 @@ class Trainer:
     return {k: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh))
             for k, v in arrays.items()}
 
+  def _prompt_width(self, dataset, indices: np.ndarray) -> int:
+    """`data.bucket_prompt_lengths`: the batch's longest prompt rounded up to a bucket; else max_prompt_length."""
+    max_prompt_length = self.config.data.max_prompt_length
+    if not self.config.data.bucket_prompt_lengths:
+      return max_prompt_length
+    return pick_bucket(longest_prompt(dataset, indices), prompt_length_buckets(max_prompt_length))
+
   def _load_batch(self, dataset, indices: np.ndarray) -> dict[str, jax.Array]:
-    """A global batch of dataset rows where each process reads only its own share of the rows."""
+    """A global batch of dataset rows where each process reads only its own share of the rows.
+
+    Every process sees the whole data set, so all agree on the batch's prompt width.
+    """
+    width = self._prompt_width(dataset, indices)
     if jax.process_count() == 1:
-      return self._device_batch(batch_arrays(dataset, indices))
-    local = batch_arrays(dataset, process_rows(indices, jax.process_index(), jax.process_count()))
+      return self._device_batch(batch_arrays(dataset, indices, width))
+    local = batch_arrays(dataset, process_rows(indices, jax.process_index(), jax.process_count()), width)
     return {k: jax.make_array_from_process_local_data(batch_sharding(self.mesh, (len(indices),) + v.shape[1:]), v,
                                                       (len(indices),) + v.shape[1:])
             for k, v in local.items()}
@@ -207,7 +218,8 @@ class Trainer:
       batch = self._load_batch(self.train_data, indices)
       round_rng = jax.random.fold_in(rng, len(rounds))
       rounds.append(self.phased.generate_and_score(self.state, batch, round_rng, timed(timings)))
-      selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric)
+      selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric,
+                               self.ppo.sampling.pad_token_id)
       if selected is not None:
         break
       if 0 < filter_groups.max_num_gen_batches <= len(rounds):

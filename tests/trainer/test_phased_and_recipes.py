@@ -30,7 +30,8 @@ def test_group_filter_keeps_groups_with_varied_scores():
   scores = np.array([1, 1, 0, 1, 0, 0, 1, 0], np.float32)
   groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
   np.testing.assert_array_equal(group_is_informative(scores, groups), [False, True, False, True])
-  rollout = {"group_index": groups, "responses": np.arange(8)[:, None], "decode_steps": np.int32(3)}
+  rollout = {"group_index": groups, "responses": np.arange(8)[:, None], "decode_steps": np.int32(3),
+             "prompts": np.zeros((8, 2), np.int32), "prompt_mask": np.ones((8, 2), np.int32)}
   scored = {"scores": scores, "token_level_scores": scores[:, None]}
   assert select_groups([(rollout, scored)], 3, "score") is None  # only 2 informative groups
   picked, picked_scores = select_groups([(rollout, scored), (rollout, scored)], 3, "score")
