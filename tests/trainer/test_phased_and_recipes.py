@@ -24,6 +24,10 @@ def test_phased_mode_matches_fused_mode_and_times_every_phase(tmp_path):
   for phase in ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor"):
     assert b[f"timing_s/{phase}"] > 0 and f"timing_per_token_ms/{phase}" in b
   assert "timing_s/gen" not in a
+  # verl: generation time per response token; the update phases' own MFU.
+  response_tokens = b["response_length/mean"] * 16
+  assert b["timing_per_token_ms/gen"] == pytest.approx(1000 * b["timing_s/gen"] / response_tokens)
+  assert b["perf/mfu/actor"] > 0 and b["perf/mfu/critic"] > 0 and "perf/mfu/critic" not in a
 
 
 def test_group_filter_keeps_groups_with_varied_scores():
