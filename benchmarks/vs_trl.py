@@ -142,7 +142,10 @@ def prepare(work_dir: str, models: list[str]) -> dict:
 # ----- jaxrlhf: train.py with this file as its config ------------------------------------------------
 
 def get_config(spec: str):
-  """`train.py --config benchmarks/vs_trl.py:algo=ppo,model=DIR,data=PARQUET,steps=5,response_length=64,run_dir=DIR`."""
+  """`train.py --config benchmarks/vs_trl.py:algo=ppo,model=DIR,data=PARQUET,steps=5,response_length=64,run_dir=DIR`.
+
+  Optional: `fuse=0` (phased mode: per-phase times and MFU), `bucket=0` (prompts padded to max_prompt_length).
+  """
   from jaxrlhf.config import get_base_config
 
   args = dict(item.split("=", 1) for item in spec.split(","))
@@ -172,6 +175,7 @@ def get_config(spec: str):
   else:
     algorithm.adv_estimator = "grpo"
   config.trainer.fuse_step = args.get("fuse", "1") == "1"
+  config.data.bucket_prompt_lengths = args.get("bucket", "1") == "1"
   config.trainer.total_training_steps = int(args["steps"])
   config.trainer.val_before_train = False
   config.trainer.logger = ("jsonl",)
@@ -237,6 +241,7 @@ def trl_worker(algo: str, model_dir: str, parquet: str, steps: int, response_len
   from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
   torch.set_num_threads(THREADS)
+  datasets.disable_caching()
   spec = importlib.util.spec_from_file_location("gsm8k", os.path.join(ROOT, "jaxrlhf", "rewards", "gsm8k.py"))
   gsm8k = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(gsm8k)
@@ -273,13 +278,13 @@ def trl_worker(algo: str, model_dir: str, parquet: str, steps: int, response_len
     from trl.experimental.ppo import PPOConfig, PPOTrainer
     from trl.experimental.ppo import ppo_trainer
 
-    truths = {}
-    def tokenize(row):
+    truths, prompt_ids = {}, []
+    for row in rows:
       ids = tokenizer(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
                       add_special_tokens=False)["input_ids"]
       truths[tuple(ids)] = row["reward_model"]["ground_truth"]
-      return {"input_ids": ids}
-    token_rows = rows.map(tokenize, remove_columns=rows.column_names)
+      prompt_ids.append(ids)
+    token_rows = datasets.Dataset.from_dict({"input_ids": prompt_ids})
 
     class RuleReward(torch.nn.Module):
       """Stands in for PPOTrainer's reward model: verl's GSM8K rule on the decoded response."""
