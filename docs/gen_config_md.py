@@ -82,7 +82,8 @@ _DOCS = {
                        "word-level tokenizer", "same (no `builtin:`)"),
     "data.prompt_key": ("column holding the chat messages", SAME),
     "data.reward_fn_key": ("column selecting the reward function", SAME),
-    "data.max_prompt_length": ("prompt tokens; prompts are left-padded to this", SAME),
+    "data.max_prompt_length": ("prompt tokens at most; with `bucket_prompt_lengths=False` every prompt is "
+                               "left-padded to this", SAME),
     "data.max_response_length": ("generated tokens per response", SAME),
     "data.train_batch_size": ("prompts per training step (each sampled `rollout.n` times)", SAME),
     "data.gen_batch_size": ("DAPO dynamic sampling: prompts generated per round before filtering; None = "
@@ -92,6 +93,12 @@ _DOCS = {
     "data.seed": ("seed of the prompt order", SAME),
     "data.truncation": ("an over-long prompt: `error`, or keep its `left`/`right`/`middle` part", SAME),
     "data.filter_overlong_prompts": ("drop prompts longer than `max_prompt_length` when loading", SAME),
+    "data.bucket_prompt_lengths": ("left-pad each batch's prompts (training, DAPO rounds, validation) to its longest "
+                                   "prompt rounded up to a length bucket (16, 32, 64, ... below `max_prompt_length`, "
+                                   "and `max_prompt_length`): one compiled step per bucket used, same numbers as "
+                                   "full padding; False = always `max_prompt_length`. `jaxrlhf.aot` compiles "
+                                   "`max_prompt_length` (the worst case)",
+                                   "none (verl pads every prompt to `max_prompt_length`)"),
     # ----- actor
     "actor_rollout_ref.actor.ppo_mini_batch_size": ("prompts per PPO update (x `rollout.n` sequences)", SAME),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("sequences per device per gradient-accumulation "

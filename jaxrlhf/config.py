@@ -89,6 +89,9 @@ def get_base_config() -> ml_collections.ConfigDict:
       seed=1,
       truncation="error",  # error | left | right | middle
       filter_overlong_prompts=False,
+      # Beyond verl: pad each batch's prompts to its longest prompt rounded up to a length bucket
+      # (rollout.buckets.prompt_length_buckets), not always to max_prompt_length. False = verl's padding.
+      bucket_prompt_lengths=True,
   )
 
   config.actor_rollout_ref = dict(

@@ -8,8 +8,9 @@ from jaxrlhf.data.dataset import (
     build_dataset,
     encode_prompt,
     load_rows,
+    longest_prompt,
     process_rows,
 )
 
 __all__ = ["BatchSchedule", "DataError", "PromptDataset", "batch_arrays", "build_dataset", "encode_prompt",
-           "load_rows", "process_rows"]
+           "load_rows", "longest_prompt", "process_rows"]

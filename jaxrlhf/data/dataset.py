@@ -1,7 +1,8 @@
 """verl-format prompt datasets: read rows, apply the chat template, left-pad, batch deterministically.
 
 Rows come from parquet (pyarrow), jsonl, or a built-in task (`builtin:<task>:<split>`). Every row
-becomes a left-padded prompt of `max_prompt_length` tokens; the row's position in the dataset
+becomes a left-padded prompt of `max_prompt_length` tokens (a batch may keep only the columns its longest
+prompt needs, `batch_arrays(prompt_width=...)`); the row's position in the dataset
 (`sample_index`) is what travels with the batch into the compiled step, where the reward callback
 looks the ground truth up on the host. Batch order comes from grain: a seeded shuffle per epoch,
 `drop_last`, and batch `k` is a pure function of (seed, k), so resuming needs only the step.
@@ -167,6 +168,22 @@ def process_rows(indices: np.ndarray, process_index: int, process_count: int) ->
   return indices[process_index * share:(process_index + 1) * share]
 
 
-def batch_arrays(dataset: PromptDataset, indices: np.ndarray) -> dict[str, np.ndarray]:
-  return {"input_ids": dataset.input_ids[indices], "attention_mask": dataset.attention_mask[indices],
-          "sample_index": indices.astype(np.int32)}
+def longest_prompt(dataset: PromptDataset, indices: np.ndarray) -> int:
+  """Tokens in the longest prompt of the rows `indices`."""
+  return int(dataset.attention_mask[indices].sum(axis=1).max())
+
+
+def batch_arrays(dataset: PromptDataset, indices: np.ndarray, prompt_width: int | None = None
+                 ) -> dict[str, np.ndarray]:
+  """The rows `indices`, their prompts left-padded to `prompt_width` tokens (None: `max_prompt_length`).
+
+  Prompts are left-padded, so a narrower batch is the last `prompt_width` columns; it must hold the
+  longest prompt of the rows (`longest_prompt`).
+  """
+  width = dataset.input_ids.shape[1] if prompt_width is None else prompt_width
+  if not longest_prompt(dataset, indices) <= width <= dataset.input_ids.shape[1]:
+    raise ValueError(f"prompt_width={width} must lie between the batch's longest prompt "
+                     f"({longest_prompt(dataset, indices)}) and max_prompt_length ({dataset.input_ids.shape[1]})")
+  columns = slice(dataset.input_ids.shape[1] - width, None)
+  return {"input_ids": dataset.input_ids[indices, columns],
+          "attention_mask": dataset.attention_mask[indices, columns], "sample_index": indices.astype(np.int32)}

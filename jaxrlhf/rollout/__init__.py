@@ -6,6 +6,7 @@ from jaxrlhf.rollout.buckets import (
     PaddedPrompts,
     pad_prompts,
     pick_bucket,
+    prompt_length_buckets,
     repeat_interleave,
     response_lengths_and_clip,
 )
@@ -24,7 +25,7 @@ from jaxrlhf.rollout.sampler import (
 
 __all__ = [
     "DEFAULT_BATCH_BUCKETS", "DEFAULT_LENGTH_BUCKETS", "PaddedPrompts", "pad_prompts", "pick_bucket",
-    "repeat_interleave", "response_lengths_and_clip",
+    "prompt_length_buckets", "repeat_interleave", "response_lengths_and_clip",
     "DecodeState", "Engine", "Prefix", "ResultTokens", "SlotData",
     "SamplingParams", "choose_tokens", "decode_step", "filter_logits", "generate", "greedy_tokens", "prefill_cache",
     "token_keys", "token_log_probs",

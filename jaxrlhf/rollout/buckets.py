@@ -33,6 +33,15 @@ def pick_bucket(size: int, buckets: Sequence[int], what: str = "prompt length") 
   return fallback
 
 
+def prompt_length_buckets(max_prompt_length: int, buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS) -> tuple[int, ...]:
+  """The widths a training or validation batch of prompts is padded to: `buckets` below the maximum, and it.
+
+  The data set's prompts are at most `max_prompt_length` tokens, so no batch ever falls past the last
+  bucket: a run compiles at most one step program per bucket.
+  """
+  return tuple(b for b in sorted(buckets) if b < max_prompt_length) + (max_prompt_length,)
+
+
 @dataclasses.dataclass(frozen=True)
 class PaddedPrompts:
   """A left-padded batch; rows >= num_prompts are batch padding (all-zero mask, `active_B` False)."""

@@ -19,8 +19,13 @@ def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
           f"{prefix}/min": jnp.min(jnp.where(valid, x, jnp.inf))}
 
 
-def batch_metrics(rollout: dict, scored: dict, adv: dict, values) -> dict[str, jax.Array]:
-  """From the rollout, its scores (`PPOStep.score`), the advantage phase's output and the values (or None)."""
+def batch_metrics(rollout: dict, scored: dict, adv: dict, values, max_prompt_length: int | None = None
+                  ) -> dict[str, jax.Array]:
+  """From the rollout, its scores (`PPOStep.score`), the advantage phase's output and the values (or None).
+
+  `prompt_length/clip_ratio` counts prompts of `max_prompt_length` tokens (None: the padded width), so it
+  means the same whether the batch's prompts were padded to a bucket or to the maximum.
+  """
   mask_f = rollout["response_mask"].astype(jnp.float32)
   lengths_N = rollout["response_mask"].sum(axis=1)
   prompt_lengths_N = rollout["prompt_mask"].sum(axis=1)
@@ -37,7 +42,7 @@ def batch_metrics(rollout: dict, scored: dict, adv: dict, values) -> dict[str, j
   metrics["response_length/clip_ratio"] = jnp.mean((lengths_N == mask_f.shape[1]).astype(jnp.float32))
   metrics.update(_stats("prompt_length", prompt_lengths_N))
   metrics["prompt_length/clip_ratio"] = jnp.mean(
-      (prompt_lengths_N == rollout["prompt_mask"].shape[1]).astype(jnp.float32))
+      (prompt_lengths_N == (max_prompt_length or rollout["prompt_mask"].shape[1])).astype(jnp.float32))
   metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + lengths_N.sum()).astype(jnp.float32)
   metrics["perf/decode_steps"] = jnp.asarray(rollout["decode_steps"], jnp.float32)
   metrics["reward/num_errors"] = scored["reward_errors"].sum()

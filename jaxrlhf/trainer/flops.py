@@ -1,10 +1,12 @@
-"""Model FLOPs of a PPO step and the device peak they are measured against (`perf/mfu/actor`).
+"""Model FLOPs of a PPO step and the device peak they are measured against (`perf/mfu/{actor,critic}`).
 
 Per token, a decoder forward costs 2 * (non-embedding params) + 4 * layers * hidden * context
 (attention scores and values over a context of `context` tokens); backward costs twice the forward.
 The actor's work in a step: rollout (one forward per prompt and generated token), old log-probs and,
 when a KL term needs it, the reference (one forward each over the sequences), and `ppo_epochs`
 updates (forward + backward). MFU = those FLOPs / (step time x devices x peak FLOP/s per device).
+Where the update phases are timed (phased mode), `update_flops` over each phase's time gives the
+per-phase MFU verl reports.
 """
 
 from __future__ import annotations
@@ -39,6 +41,22 @@ def actor_step_flops(model_config, num_params: int, *, prompt_tokens: float, res
                                       model_config.hidden_size, context)
   forwards = 1 + 1 + (1 if use_reference else 0)  # rollout, old log-prob, reference
   return per_token * tokens * (forwards + 3 * ppo_epochs)
+
+
+def update_flops(config, *, prompt_tokens: float, response_tokens: float, num_sequences: int, epochs: int,
+                 head: str) -> float:
+  """Model FLOPs of an update phase: `epochs` passes of forward + backward (3 forwards) over the real tokens.
+
+  As verl's `perf/mfu/*`: tokens in the batch, not padding; rematerialisation is not model work. The
+  language-model head (`head="lm"`) counts at the response positions only, the log-probs the step
+  needs; a value head (`"value"`) is one output per response position.
+  """
+  tokens = prompt_tokens + response_tokens
+  context = tokens / max(num_sequences, 1) / 2.0  # causal: each token sees half the sequence on average
+  attention = 4.0 * config.num_attention_heads * config.resolved_head_dim * context
+  body = tokens * config.num_hidden_layers * (layer_matmul_flops_per_token(config) + attention)
+  head_outputs = config.vocab_size if head == "lm" else 1
+  return 3.0 * epochs * (body + response_tokens * 2.0 * config.hidden_size * head_outputs)
 
 
 @functools.lru_cache(maxsize=None)

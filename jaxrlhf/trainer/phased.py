@@ -81,10 +81,20 @@ def group_is_informative(scores_N: np.ndarray, group_index_N: np.ndarray) -> np.
   return np.asarray(keep, bool)
 
 
-def select_groups(rounds: list[tuple[dict, dict]], num_groups: int, metric: str):
+def left_pad_prompts(rollout: dict, width: int, pad_token_id: int) -> dict:
+  """A rollout's prompts (numpy) left-padded to `width` columns: rounds of bucketed prompt widths join."""
+  columns = width - rollout["prompts"].shape[1]
+  if columns == 0:
+    return rollout
+  return dict(rollout, prompts=np.pad(rollout["prompts"], ((0, 0), (columns, 0)), constant_values=pad_token_id),
+              prompt_mask=np.pad(rollout["prompt_mask"], ((0, 0), (columns, 0))))
+
+
+def select_groups(rounds: list[tuple[dict, dict]], num_groups: int, metric: str, pad_token_id: int = 0):
   """Kept groups of all rounds -> (rollout, scored) numpy dicts of exactly `num_groups` groups.
 
-  Groups keep their order of generation; group ids are renumbered 0..num_groups-1.
+  Groups keep their order of generation; group ids are renumbered 0..num_groups-1. Rounds whose
+  prompts were padded to different widths are left-padded (with `pad_token_id`) to the widest.
   """
   rollout_parts, scored_parts, kept = [], [], 0
   for rollout, scored in rounds:
@@ -101,6 +111,8 @@ def select_groups(rounds: list[tuple[dict, dict]], num_groups: int, metric: str)
         kept += 1
   if kept < num_groups:
     return None
+  width = max(p["prompts"].shape[1] for p in rollout_parts)
+  rollout_parts = [left_pad_prompts(p, width, pad_token_id) for p in rollout_parts]
   rollout = {k: np.concatenate([p[k] for p in rollout_parts]) for k in rollout_parts[0]}
   n = len(rollout["group_index"]) // num_groups
   rollout["group_index"] = np.repeat(np.arange(num_groups, dtype=np.int32), n)

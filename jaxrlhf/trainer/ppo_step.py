@@ -223,7 +223,7 @@ class PPOStep:
       metrics.update(critic_metrics)
     actor_params, actor_opt_state, actor_metrics = actor_result or self.update_actor(state, data, rngs["actor"])
     metrics.update(actor_metrics)
-    metrics.update(batch_metrics(rollout, scored, adv, values))
+    metrics.update(batch_metrics(rollout, scored, adv, values, self.config.data.max_prompt_length))
     new_state = state.replace(step=state.step + 1, actor_params=actor_params, actor_opt_state=actor_opt_state,
                               critic_params=critic_params, critic_opt_state=critic_opt_state, kl_coef=adv["kl_coef"])
     return new_state, metrics

@@ -57,7 +57,11 @@ class StepProgram:
                    out_shardings=(state_shardings, replicated_sharding), donate_argnums=0)
 
   def abstract_batch(self, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
-    """A batch of `rows` prompts as the data path delivers it (`data.batch_arrays`), in the batch layout."""
+    """A batch of `rows` prompts as the data path delivers it (`data.batch_arrays`), in the batch layout.
+
+    At its widest, `max_prompt_length`: batches padded to a shorter bucket (`data.bucket_prompt_lengths`)
+    compile smaller programs, so this is the worst case.
+    """
     prompt_len = self.config.data.max_prompt_length
     shapes = {"input_ids": ((rows, prompt_len), jnp.int32), "attention_mask": ((rows, prompt_len), jnp.int32),
               "sample_index": ((rows,), jnp.int32)}

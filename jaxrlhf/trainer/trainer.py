@@ -19,15 +19,15 @@ import numpy as np
 
 from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
 from jaxrlhf.config import ConfigError, resolve_config
-from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, process_rows
+from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.export import write_hf
 from jaxrlhf.models import Decoder, generation_eos_ids, init_params, load_hf_params, load_tokenizer, pad_token_id
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
-from jaxrlhf.rollout import SamplingParams
+from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
-from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops
+from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
 from jaxrlhf.trainer.program import build_program, model_configs
@@ -155,11 +155,22 @@ class Trainer:
     return {k: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh))
             for k, v in arrays.items()}
 
+  def _prompt_width(self, dataset, indices: np.ndarray) -> int:
+    """`data.bucket_prompt_lengths`: the batch's longest prompt rounded up to a bucket; else max_prompt_length."""
+    max_prompt_length = self.config.data.max_prompt_length
+    if not self.config.data.bucket_prompt_lengths:
+      return max_prompt_length
+    return pick_bucket(longest_prompt(dataset, indices), prompt_length_buckets(max_prompt_length))
+
   def _load_batch(self, dataset, indices: np.ndarray) -> dict[str, jax.Array]:
-    """A global batch of dataset rows where each process reads only its own share of the rows."""
+    """A global batch of dataset rows where each process reads only its own share of the rows.
+
+    Every process sees the whole data set, so all agree on the batch's prompt width.
+    """
+    width = self._prompt_width(dataset, indices)
     if jax.process_count() == 1:
-      return self._device_batch(batch_arrays(dataset, indices))
-    local = batch_arrays(dataset, process_rows(indices, jax.process_index(), jax.process_count()))
+      return self._device_batch(batch_arrays(dataset, indices, width))
+    local = batch_arrays(dataset, process_rows(indices, jax.process_index(), jax.process_count()), width)
     return {k: jax.make_array_from_process_local_data(batch_sharding(self.mesh, (len(indices),) + v.shape[1:]), v,
                                                       (len(indices),) + v.shape[1:])
             for k, v in local.items()}
@@ -190,24 +201,45 @@ class Trainer:
     elapsed = time.perf_counter() - start
     metrics.update(extra)
     tokens = metrics["perf/total_num_tokens"]
+    response_tokens = metrics["response_length/mean"] * self._num_sequences
     for phase, seconds in timings.items():
       metrics[f"timing_s/{phase}"] = seconds
-      metrics[f"timing_per_token_ms/{phase}"] = 1000.0 * seconds / max(tokens, 1.0)
+      phase_tokens = response_tokens if phase == "gen" else tokens  # verl: gen per response token
+      metrics[f"timing_per_token_ms/{phase}"] = 1000.0 * seconds / max(phase_tokens, 1.0)
     metrics["timing_s/step"] = elapsed
     metrics["perf/time_per_step"] = elapsed
     metrics["perf/throughput"] = tokens / elapsed / self.mesh.size
-    metrics["perf/mfu/actor"] = self._actor_flops(metrics) / (elapsed * self.mesh.size * self.peak_flops)
+    metrics.update(self._mfu(metrics, timings, elapsed, actor_updated=not (
+        self.ppo.use_critic and step < self.config.trainer.critic_warmup)))
     metrics["training/global_step"] = step + 1
     metrics["training/epoch"] = self.schedule.epoch_of(step)
     return metrics
 
-  def _actor_flops(self, metrics) -> float:
-    n = self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n  # sequences per step
-    return actor_step_flops(self.model_config, self.actor_num_params,
-                            prompt_tokens=metrics["prompt_length/mean"] * n,
-                            response_tokens=metrics["response_length/mean"] * n, num_sequences=n,
-                            ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
-                            use_reference=self.ppo.use_reference)
+  @property
+  def _num_sequences(self) -> int:
+    return self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n
+
+  def _mfu(self, metrics, timings: dict[str, float], elapsed: float, actor_updated: bool) -> dict[str, float]:
+    """`perf/mfu/{actor,critic}`: an update phase's model FLOPs over its time x devices x the peak (verl's).
+
+    The fused step times no phase: there `perf/mfu/actor` is the actor's FLOPs of the whole step
+    (rollout, log-probs, updates) over the step time.
+    """
+    n, peak = self._num_sequences, self.mesh.size * self.peak_flops
+    tokens = dict(prompt_tokens=metrics["prompt_length/mean"] * n, response_tokens=metrics["response_length/mean"] * n)
+    if "update_actor" not in timings:
+      return {"perf/mfu/actor": actor_step_flops(
+          self.model_config, self.actor_num_params, **tokens, num_sequences=n,
+          ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
+          use_reference=self.ppo.use_reference) / (elapsed * peak)}
+    mfu = {}
+    phases = [("critic", self.critic_model_config, self.config.critic, "value")] if self.ppo.use_critic else []
+    if actor_updated:
+      phases.append(("actor", self.model_config, self.config.actor_rollout_ref.actor, "lm"))
+    for name, model_config, section, head in phases:
+      flops = update_flops(model_config, **tokens, num_sequences=n, epochs=section.ppo_epochs, head=head)
+      mfu[f"perf/mfu/{name}"] = flops / (timings[f"update_{name}"] * peak)
+    return mfu
 
   def _dynamic_sampling_step(self, rng, timings):
     """DAPO: generate rounds of `gen_batch_size` prompts until `train_batch_size` groups have varied rewards."""
@@ -220,7 +252,8 @@ class Trainer:
       batch = self._load_batch(self.train_data, indices)
       round_rng = jax.random.fold_in(rng, len(rounds))
       rounds.append(self.phased.generate_and_score(self.state, batch, round_rng, timed(timings)))
-      selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric)
+      selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric,
+                               self.ppo.sampling.pad_token_id)
       if selected is not None:
         break
       if 0 < filter_groups.max_num_gen_batches <= len(rounds):

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from jaxrlhf.models import DecoderConfig
-from jaxrlhf.trainer.flops import actor_step_flops, device_peak_flops, forward_flops_per_token
+from jaxrlhf.trainer.flops import (actor_step_flops, device_peak_flops, forward_flops_per_token,
+                                   layer_matmul_flops_per_token, update_flops)
 
 
 def test_actor_step_flops_formula():
@@ -16,6 +17,17 @@ def test_actor_step_flops_formula():
   flops = actor_step_flops(config, num_params, prompt_tokens=24, response_tokens=16, num_sequences=4,
                            ppo_epochs=2, use_reference=True)
   assert flops == pytest.approx(per_token * 40 * (3 + 6))
+
+
+def test_update_flops_count_real_tokens_and_the_lm_head_at_responses_only():
+  config = DecoderConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2)
+  # 4 sequences of 6 prompt + 4 response tokens: 40 tokens, mean context 5; 2 epochs of 3 forwards.
+  body = 40 * 2 * (layer_matmul_flops_per_token(config) + 4 * 2 * 8 * 5.0)
+  lm = update_flops(config, prompt_tokens=24, response_tokens=16, num_sequences=4, epochs=2, head="lm")
+  value = update_flops(config, prompt_tokens=24, response_tokens=16, num_sequences=4, epochs=2, head="value")
+  assert lm == pytest.approx(6 * (body + 16 * 2 * 16 * 100))
+  assert value == pytest.approx(6 * (body + 16 * 2 * 16))
 
 
 def test_peak_flops_from_config_table_or_measurement():

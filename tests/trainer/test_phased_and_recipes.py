@@ -24,13 +24,18 @@ def test_phased_mode_matches_fused_mode_and_times_every_phase(tmp_path):
   for phase in ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor"):
     assert b[f"timing_s/{phase}"] > 0 and f"timing_per_token_ms/{phase}" in b
   assert "timing_s/gen" not in a
+  # verl: generation time per response token; the update phases' own MFU.
+  response_tokens = b["response_length/mean"] * 16
+  assert b["timing_per_token_ms/gen"] == pytest.approx(1000 * b["timing_s/gen"] / response_tokens)
+  assert b["perf/mfu/actor"] > 0 and b["perf/mfu/critic"] > 0 and "perf/mfu/critic" not in a
 
 
 def test_group_filter_keeps_groups_with_varied_scores():
   scores = np.array([1, 1, 0, 1, 0, 0, 1, 0], np.float32)
   groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
   np.testing.assert_array_equal(group_is_informative(scores, groups), [False, True, False, True])
-  rollout = {"group_index": groups, "responses": np.arange(8)[:, None], "decode_steps": np.int32(3)}
+  rollout = {"group_index": groups, "responses": np.arange(8)[:, None], "decode_steps": np.int32(3),
+             "prompts": np.zeros((8, 2), np.int32), "prompt_mask": np.ones((8, 2), np.int32)}
   scored = {"scores": scores, "token_level_scores": scores[:, None]}
   assert select_groups([(rollout, scored)], 3, "score") is None  # only 2 informative groups
   picked, picked_scores = select_groups([(rollout, scored), (rollout, scored)], 3, "score")
