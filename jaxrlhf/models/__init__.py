@@ -33,6 +33,7 @@ __all__ = [
     "CACHE_LOGICAL_AXES", "REMAT_POLICIES", "Decoder", "DecoderConfig", "abstract_params", "cast_floating",
     "init_cache", "init_params", "last_valid_index", "positions_from_mask", "reward_model_scores",
     "SUPPORTED_ARCHITECTURES", "SUPPORTED_MODEL_TYPES", "CheckpointError", "check_hf_checkpoint", "config_from_hf_dict",
-    "copy_tokenizer_files", "hf_config_dict", "hf_state_dict", "load_hf_config", "load_hf_params", "model_config_from", "save_hf_checkpoint",
+    "copy_tokenizer_files", "hf_config_dict", "hf_state_dict", "load_hf_config", "load_hf_params", "model_config_from",
+    "save_hf_checkpoint",
     "generation_eos_ids", "load_tokenizer", "pad_token_id",
 ]
