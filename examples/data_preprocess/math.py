@@ -16,10 +16,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
 
 try:
-    from jaxrlhf.rewards.math import extract_boxed_answer
+  from jaxrlhf.rewards.math import extract_boxed_answer
 except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.append(os.path.dirname(os.path.dirname(_HERE)))
-    from jaxrlhf.rewards.math import extract_boxed_answer
+  sys.path.append(os.path.dirname(os.path.dirname(_HERE)))
+  from jaxrlhf.rewards.math import extract_boxed_answer
 
 # Reading, row layout and writing are shared with gsm8k.py (loaded by path: this folder is not a package).
 _spec = importlib.util.spec_from_file_location("jaxrlhf_preprocess_gsm8k", os.path.join(_HERE, "gsm8k.py"))
@@ -31,20 +31,20 @@ INSTRUCTION = "Let's think step by step and output the final answer within \\box
 
 
 def main(argv=None):
-    return _common.convert(
-        argv,
-        description=__doc__.splitlines()[0],
-        default_output_dir="~/data/math",
-        default_data_source=DATA_SOURCE,
-        question_column="problem",
-        answer_column="solution",
-        ground_truth_fn=extract_boxed_answer,
-        instruction=INSTRUCTION,
-    )
+  return _common.convert(
+      argv,
+      description=__doc__.splitlines()[0],
+      default_output_dir="~/data/math",
+      default_data_source=DATA_SOURCE,
+      question_column="problem",
+      answer_column="solution",
+      ground_truth_fn=extract_boxed_answer,
+      instruction=INSTRUCTION,
+  )
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (OSError, ValueError) as error:  # bad input: one clear line, no traceback
-        sys.exit(f"error: {error}")
+  try:
+    main()
+  except (OSError, ValueError) as error:  # bad input: one clear line, no traceback
+    sys.exit(f"error: {error}")

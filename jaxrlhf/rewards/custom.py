@@ -17,58 +17,58 @@ from jaxrlhf.rewards.registry import default_compute_score
 def load_custom_reward_function(
     path: str, name: str = "compute_score", reward_kwargs: Optional[dict[str, Any]] = None
 ) -> Callable[..., Any]:
-    """Imports the file at ``path`` and returns its callable ``name``.
+  """Imports the file at ``path`` and returns its callable ``name``.
 
-    ``reward_kwargs`` (verl's ``custom_reward_function.reward_kwargs``) are bound as keyword
-    arguments. Every failure names the file: missing file, an import-time error inside it, or a
-    ``name`` that it does not define or that is not callable.
-    """
-    if not path:
-        raise ValueError("custom_reward_function.path is empty")
-    resolved = os.path.abspath(os.path.expanduser(str(path)))
-    if not os.path.isfile(resolved):
-        raise FileNotFoundError(f"custom_reward_function.path: reward file {resolved!r} does not exist")
+  ``reward_kwargs`` (verl's ``custom_reward_function.reward_kwargs``) are bound as keyword
+  arguments. Every failure names the file: missing file, an import-time error inside it, or a
+  ``name`` that it does not define or that is not callable.
+  """
+  if not path:
+    raise ValueError("custom_reward_function.path is empty")
+  resolved = os.path.abspath(os.path.expanduser(str(path)))
+  if not os.path.isfile(resolved):
+    raise FileNotFoundError(f"custom_reward_function.path: reward file {resolved!r} does not exist")
 
-    # A stable module name per file keeps pickling/dataclasses in the user's file working, and two
-    # custom files never collide.
-    module_name = "jaxrlhf_custom_reward_" + hashlib.sha1(resolved.encode()).hexdigest()[:12]
-    loader = importlib.machinery.SourceFileLoader(module_name, resolved)  # any suffix, not just .py
-    spec = importlib.util.spec_from_loader(module_name, loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        loader.exec_module(module)
-    except Exception as error:
-        sys.modules.pop(module_name, None)
-        raise ImportError(
-            f"custom_reward_function.path: importing reward file {resolved!r} failed: "
-            f"{type(error).__name__}: {error}"
-        ) from error
+# A stable module name per file keeps pickling/dataclasses in the user's file working, and two
+# custom files never collide.
+  module_name = "jaxrlhf_custom_reward_" + hashlib.sha1(resolved.encode()).hexdigest()[:12]
+  loader = importlib.machinery.SourceFileLoader(module_name, resolved)  # any suffix, not just .py
+  spec = importlib.util.spec_from_loader(module_name, loader)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[module_name] = module
+  try:
+    loader.exec_module(module)
+  except Exception as error:
+    sys.modules.pop(module_name, None)
+    raise ImportError(
+        f"custom_reward_function.path: importing reward file {resolved!r} failed: "
+        f"{type(error).__name__}: {error}"
+    ) from error
 
-    if not hasattr(module, name):
-        defined = sorted(
-            attr for attr, value in vars(module).items()
-            if callable(value) and not attr.startswith("_") and getattr(value, "__module__", None) == module_name
-        )
-        raise AttributeError(
-            f"custom_reward_function.name: reward file {resolved!r} defines no {name!r}; "
-            f"functions it defines: {defined}"
-        )
-    fn = getattr(module, name)
-    if not callable(fn):
-        raise TypeError(
-            f"custom_reward_function.name: {name!r} in reward file {resolved!r} is a "
-            f"{type(fn).__name__}, not a function"
-        )
-    if reward_kwargs:
-        fn = functools.partial(fn, **dict(reward_kwargs))
-    return fn
+  if not hasattr(module, name):
+    defined = sorted(
+        attr for attr, value in vars(module).items()
+        if callable(value) and not attr.startswith("_") and getattr(value, "__module__", None) == module_name
+    )
+    raise AttributeError(
+        f"custom_reward_function.name: reward file {resolved!r} defines no {name!r}; "
+        f"functions it defines: {defined}"
+    )
+  fn = getattr(module, name)
+  if not callable(fn):
+    raise TypeError(
+        f"custom_reward_function.name: {name!r} in reward file {resolved!r} is a "
+        f"{type(fn).__name__}, not a function"
+    )
+  if reward_kwargs:
+    fn = functools.partial(fn, **dict(reward_kwargs))
+  return fn
 
 
 def get_compute_score_fn(
     path: Optional[str] = None, name: str = "compute_score", reward_kwargs: Optional[dict[str, Any]] = None
 ) -> Callable[..., Any]:
-    """The reward function a run uses: the custom one when ``path`` is set, else the registry's."""
-    if not path:
-        return functools.partial(default_compute_score, **reward_kwargs) if reward_kwargs else default_compute_score
-    return load_custom_reward_function(path, name, reward_kwargs)
+  """The reward function a run uses: the custom one when ``path`` is set, else the registry's."""
+  if not path:
+    return functools.partial(default_compute_score, **reward_kwargs) if reward_kwargs else default_compute_score
+  return load_custom_reward_function(path, name, reward_kwargs)

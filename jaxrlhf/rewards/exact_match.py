@@ -14,15 +14,15 @@ def compute_score(
     score: float = 1.0,
 ) -> float:
     # parquet list columns come back as lists or numpy arrays; anything else is one answer.
-    is_many = hasattr(ground_truth, "__iter__") and not isinstance(ground_truth, (str, bytes, dict))
-    candidates = list(ground_truth) if is_many else [ground_truth]
-    response = solution_str.strip()
+  is_many = hasattr(ground_truth, "__iter__") and not isinstance(ground_truth, (str, bytes, dict))
+  candidates = list(ground_truth) if is_many else [ground_truth]
+  response = solution_str.strip()
+  if not case_sensitive:
+    response = response.casefold()
+  for candidate in candidates:
+    candidate = str(candidate).strip()
     if not case_sensitive:
-        response = response.casefold()
-    for candidate in candidates:
-        candidate = str(candidate).strip()
-        if not case_sensitive:
-            candidate = candidate.casefold()
-        if response == candidate:
-            return float(score)
-    return 0.0
+      candidate = candidate.casefold()
+    if response == candidate:
+      return float(score)
+  return 0.0

@@ -23,19 +23,19 @@ _NUMBER_RE = re.compile(r"(-?[0-9.,]+)")
 
 
 def extract_solution(solution_str: str, method: str = "strict") -> Optional[str]:
-    """Returns the extracted answer string, or None when the response contains none."""
-    if method not in EXTRACTION_METHODS:
-        raise ValueError(f"gsm8k extraction method must be one of {EXTRACTION_METHODS}, got {method!r}")
-    tail = solution_str[-SOLUTION_CLIP_CHARS:]
-    if method == "strict":
-        matches = _STRICT_RE.findall(tail)
-        if not matches:
-            return None
-        return matches[-1].replace(",", "").replace("$", "")
-    for token in reversed(_NUMBER_RE.findall(tail)):
-        if token not in ("", "."):
-            return token
-    return None
+  """Returns the extracted answer string, or None when the response contains none."""
+  if method not in EXTRACTION_METHODS:
+    raise ValueError(f"gsm8k extraction method must be one of {EXTRACTION_METHODS}, got {method!r}")
+  tail = solution_str[-SOLUTION_CLIP_CHARS:]
+  if method == "strict":
+    matches = _STRICT_RE.findall(tail)
+    if not matches:
+      return None
+    return matches[-1].replace(",", "").replace("$", "")
+  for token in reversed(_NUMBER_RE.findall(tail)):
+    if token not in ("", "."):
+      return token
+  return None
 
 
 def compute_score(
@@ -46,7 +46,7 @@ def compute_score(
     score: float = 1.0,
 ) -> float:
     # A ground truth read back from parquet/jsonl as a number still compares as its string.
-    answer = extract_solution(solution_str, method=method)
-    if answer is None:
-        return 0.0
-    return float(score) if answer == str(ground_truth) else float(format_score)
+  answer = extract_solution(solution_str, method=method)
+  if answer is None:
+    return 0.0
+  return float(score) if answer == str(ground_truth) else float(format_score)

@@ -26,93 +26,93 @@ _REGISTRY: dict[str, RewardFn] = {}
 
 
 class UnknownDataSourceError(UserError, ValueError):
-    """No reward function is registered for a data_source: a data/config error, never a sample's."""
+  """No reward function is registered for a data_source: a data/config error, never a sample's."""
 
 
 def register_reward(*data_sources: str, overwrite: bool = False) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering ``fn`` as the reward for each of ``data_sources``.
+  """Decorator registering ``fn`` as the reward for each of ``data_sources``.
 
-    Re-registering a taken data_source with a different function raises unless ``overwrite=True``,
-    so two tasks cannot silently fight over one name.
-    """
-    if not data_sources:
-        raise ValueError("register_reward needs at least one data_source name")
+  Re-registering a taken data_source with a different function raises unless ``overwrite=True``,
+  so two tasks cannot silently fight over one name.
+  """
+  if not data_sources:
+    raise ValueError("register_reward needs at least one data_source name")
+  for name in data_sources:
+    if not isinstance(name, str) or not name:
+      raise ValueError(f"data_source names must be non-empty strings, got {name!r}")
+
+  def decorator(fn: RewardFn) -> RewardFn:
+    if not callable(fn):
+      raise TypeError(f"register_reward{data_sources} was applied to non-callable {fn!r}")
     for name in data_sources:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"data_source names must be non-empty strings, got {name!r}")
+      existing = _REGISTRY.get(name)
+      if existing is not None and existing is not fn and not overwrite:
+        raise ValueError(
+            f"data_source {name!r} already has reward function {_qualname(existing)}; "
+            f"pass overwrite=True to replace it with {_qualname(fn)}"
+        )
+    for name in data_sources:
+      _REGISTRY[name] = fn
+    return fn
 
-    def decorator(fn: RewardFn) -> RewardFn:
-        if not callable(fn):
-            raise TypeError(f"register_reward{data_sources} was applied to non-callable {fn!r}")
-        for name in data_sources:
-            existing = _REGISTRY.get(name)
-            if existing is not None and existing is not fn and not overwrite:
-                raise ValueError(
-                    f"data_source {name!r} already has reward function {_qualname(existing)}; "
-                    f"pass overwrite=True to replace it with {_qualname(fn)}"
-                )
-        for name in data_sources:
-            _REGISTRY[name] = fn
-        return fn
-
-    return decorator
+  return decorator
 
 
 def unregister_reward(*data_sources: str) -> None:
-    """Removes registrations (missing names are ignored); mainly for tests and notebooks."""
-    for name in data_sources:
-        _REGISTRY.pop(name, None)
+  """Removes registrations (missing names are ignored); mainly for tests and notebooks."""
+  for name in data_sources:
+    _REGISTRY.pop(name, None)
 
 
 def registered_data_sources() -> list[str]:
-    return sorted(_REGISTRY)
+  return sorted(_REGISTRY)
 
 
 def get_reward_fn(data_source: str) -> RewardFn:
-    fn = _REGISTRY.get(data_source) if isinstance(data_source, str) else None
-    if fn is None:
-        what = "an empty data_source" if not data_source else f"data_source {data_source!r}"
-        raise UnknownDataSourceError(
-            f"no reward function is registered for {what}; registered data_sources: "
-            f"{registered_data_sources()}. Register one with @jaxrlhf.rewards.register_reward(...) "
-            "or set custom_reward_function.path"
-        )
-    return fn
+  fn = _REGISTRY.get(data_source) if isinstance(data_source, str) else None
+  if fn is None:
+    what = "an empty data_source" if not data_source else f"data_source {data_source!r}"
+    raise UnknownDataSourceError(
+        f"no reward function is registered for {what}; registered data_sources: "
+        f"{registered_data_sources()}. Register one with @jaxrlhf.rewards.register_reward(...) "
+        "or set custom_reward_function.path"
+    )
+  return fn
 
 
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None
 ) -> RewardResult:
-    """Scores one response with the function registered for ``data_source``.
+  """Scores one response with the function registered for ``data_source``.
 
-    Returns a float, or the function's dict (which must hold a ``"score"``) unchanged.
-    """
-    result = get_reward_fn(data_source)(data_source, solution_str, ground_truth, extra_info)
-    return normalize_result(result, data_source)
+  Returns a float, or the function's dict (which must hold a ``"score"``) unchanged.
+  """
+  result = get_reward_fn(data_source)(data_source, solution_str, ground_truth, extra_info)
+  return normalize_result(result, data_source)
 
 
 def normalize_result(result: Any, data_source: str) -> RewardResult:
-    """A reward function's return as a float or a dict with a ``"score"``; anything else raises."""
-    if isinstance(result, dict):
-        if "score" not in result:
-            raise ValueError(
-                f"reward function for data_source {data_source!r} returned a dict without a 'score' key "
-                f"(keys: {sorted(result)})"
-            )
-        return result
-    if isinstance(result, str):
-        raise TypeError(f"reward function for data_source {data_source!r} returned a string {result!r}, not a number")
-    try:
-        return float(result)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"reward function for data_source {data_source!r} returned {type(result).__name__} {result!r}, "
-            "expected a number or a dict with a 'score' key"
-        ) from None
+  """A reward function's return as a float or a dict with a ``"score"``; anything else raises."""
+  if isinstance(result, dict):
+    if "score" not in result:
+      raise ValueError(
+          f"reward function for data_source {data_source!r} returned a dict without a 'score' key "
+          f"(keys: {sorted(result)})"
+      )
+    return result
+  if isinstance(result, str):
+    raise TypeError(f"reward function for data_source {data_source!r} returned a string {result!r}, not a number")
+  try:
+    return float(result)
+  except (TypeError, ValueError):
+    raise TypeError(
+        f"reward function for data_source {data_source!r} returned {type(result).__name__} {result!r}, "
+        "expected a number or a dict with a 'score' key"
+    ) from None
 
 
 def _qualname(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+  return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 # Built-in rules. verl's data_source names, plus short aliases.
@@ -120,14 +120,14 @@ def _qualname(fn: Any) -> str:
 
 @register_reward("openai/gsm8k", "gsm8k")
 def _gsm8k(data_source, solution_str, ground_truth, extra_info=None):
-    return gsm8k.compute_score(solution_str, ground_truth)
+  return gsm8k.compute_score(solution_str, ground_truth)
 
 
 @register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
 def _math(data_source, solution_str, ground_truth, extra_info=None):
-    return math_reward.compute_score(solution_str, ground_truth)
+  return math_reward.compute_score(solution_str, ground_truth)
 
 
 @register_reward("exact_match")
 def _exact_match(data_source, solution_str, ground_truth, extra_info=None):
-    return exact_match.compute_score(solution_str, ground_truth)
+  return exact_match.compute_score(solution_str, ground_truth)

@@ -43,42 +43,42 @@ CASES = [
 
 @pytest.mark.parametrize("response,ground_truth,strict,flexible", CASES)
 def test_hand_written_table(response, ground_truth, strict, flexible):
-    assert gsm8k.compute_score(response, ground_truth) == strict
-    assert gsm8k.compute_score(response, ground_truth, method="strict") == strict
-    assert gsm8k.compute_score(response, ground_truth, method="flexible") == flexible
+  assert gsm8k.compute_score(response, ground_truth) == strict
+  assert gsm8k.compute_score(response, ground_truth, method="strict") == strict
+  assert gsm8k.compute_score(response, ground_truth, method="flexible") == flexible
 
 
 def test_format_score_only_when_an_answer_was_found():
-    assert gsm8k.compute_score("#### 71", "72", format_score=0.1) == 0.1
-    assert gsm8k.compute_score("no answer", "72", format_score=0.1) == 0.0
-    assert gsm8k.compute_score("#### 72", "72", format_score=0.1, score=2.0) == 2.0
-    assert gsm8k.compute_score("it is 71", "72", method="flexible", format_score=0.1) == 0.1
+  assert gsm8k.compute_score("#### 71", "72", format_score=0.1) == 0.1
+  assert gsm8k.compute_score("no answer", "72", format_score=0.1) == 0.0
+  assert gsm8k.compute_score("#### 72", "72", format_score=0.1, score=2.0) == 2.0
+  assert gsm8k.compute_score("it is 71", "72", method="flexible", format_score=0.1) == 0.1
 
 
 def test_extract_solution():
-    assert gsm8k.extract_solution("a\n#### 1,234") == "1234"
-    assert gsm8k.extract_solution("nothing") is None
-    assert gsm8k.extract_solution("x 1,234 . ", method="flexible") == "1,234"
-    assert gsm8k.extract_solution(". . .", method="flexible") is None
+  assert gsm8k.extract_solution("a\n#### 1,234") == "1234"
+  assert gsm8k.extract_solution("nothing") is None
+  assert gsm8k.extract_solution("x 1,234 . ", method="flexible") == "1,234"
+  assert gsm8k.extract_solution(". . .", method="flexible") is None
 
 
 def test_numeric_ground_truth_compares_as_its_string():
-    assert gsm8k.compute_score("#### 72", 72) == 1.0
+  assert gsm8k.compute_score("#### 72", 72) == 1.0
 
 
 def test_unknown_method_is_rejected():
-    with pytest.raises(ValueError, match="'fuzzy'"):
-        gsm8k.compute_score("#### 1", "1", method="fuzzy")
+  with pytest.raises(ValueError, match="'fuzzy'"):
+    gsm8k.compute_score("#### 1", "1", method="fuzzy")
 
 
 @settings(max_examples=60, deadline=None)
 @given(number=st.integers(-10**9, 10**9))
 def test_strict_reads_thousands_separators(number):
-    assert gsm8k.compute_score(f"so the answer is\n#### {number:,}", str(number)) == 1.0
+  assert gsm8k.compute_score(f"so the answer is\n#### {number:,}", str(number)) == 1.0
 
 
 @settings(max_examples=60, deadline=None)
 @given(prefix=st.text(max_size=50), body=st.text(min_size=300, max_size=400))
 def test_only_the_last_300_characters_matter(prefix, body):
-    for method in ("strict", "flexible"):
-        assert gsm8k.extract_solution(prefix + body, method) == gsm8k.extract_solution(body[-300:], method)
+  for method in ("strict", "flexible"):
+    assert gsm8k.extract_solution(prefix + body, method) == gsm8k.extract_solution(body[-300:], method)

@@ -46,14 +46,14 @@ DIFFERENT = [
 
 @pytest.mark.parametrize("answer,ground_truth", EQUIVALENT)
 def test_equivalent_answers_score_one(answer, ground_truth):
-    assert math_reward.is_equiv(answer, ground_truth)
-    assert math_reward.compute_score(f"So the answer is $\\boxed{{{answer}}}$.", ground_truth) == 1.0
+  assert math_reward.is_equiv(answer, ground_truth)
+  assert math_reward.compute_score(f"So the answer is $\\boxed{{{answer}}}$.", ground_truth) == 1.0
 
 
 @pytest.mark.parametrize("answer,ground_truth", DIFFERENT)
 def test_different_answers_score_zero(answer, ground_truth):
-    assert not math_reward.is_equiv(answer, ground_truth)
-    assert math_reward.compute_score(f"\\boxed{{{answer}}}", ground_truth) == 0.0
+  assert not math_reward.is_equiv(answer, ground_truth)
+  assert math_reward.compute_score(f"\\boxed{{{answer}}}", ground_truth) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -70,31 +70,31 @@ def test_different_answers_score_zero(answer, ground_truth):
     ],
 )
 def test_last_boxed_only_string(text, expected):
-    assert math_reward.last_boxed_only_string(text) == expected
+  assert math_reward.last_boxed_only_string(text) == expected
 
 
 def test_extract_boxed_answer_and_remove_boxed():
-    assert math_reward.extract_boxed_answer(r"\boxed{\{1, 2\}}") == r"\{1, 2\}"
-    assert math_reward.extract_boxed_answer("nothing") is None
-    assert math_reward.remove_boxed(r"\fbox{x}") == "x"
-    with pytest.raises(ValueError, match="not a boxed"):
-        math_reward.remove_boxed("x")
+  assert math_reward.extract_boxed_answer(r"\boxed{\{1, 2\}}") == r"\{1, 2\}"
+  assert math_reward.extract_boxed_answer("nothing") is None
+  assert math_reward.remove_boxed(r"\fbox{x}") == "x"
+  with pytest.raises(ValueError, match="not a boxed"):
+    math_reward.remove_boxed("x")
 
 
 def test_compute_score_cases():
-    assert math_reward.compute_score(r"first \boxed{1} then \boxed{2}", "2") == 1.0
-    assert math_reward.compute_score(r"first \boxed{1} then \boxed{2}", "1") == 0.0
-    assert math_reward.compute_score(r"\fbox{7}", "7") == 1.0
-    assert math_reward.compute_score(r"$\boxed 7$", "7") == 1.0
-    assert math_reward.compute_score("the answer is 7", "7") == 0.0
-    assert math_reward.compute_score(r"\boxed{\frac{1}{2}", r"\frac{1}{2}") == 0.0
-    assert math_reward.compute_score(r"\boxed{8}", "7", format_score=0.1) == 0.1
-    assert math_reward.compute_score("7", "7", format_score=0.1) == 0.0
-    assert math_reward.compute_score(r"\boxed{7}", 7) == 1.0
+  assert math_reward.compute_score(r"first \boxed{1} then \boxed{2}", "2") == 1.0
+  assert math_reward.compute_score(r"first \boxed{1} then \boxed{2}", "1") == 0.0
+  assert math_reward.compute_score(r"\fbox{7}", "7") == 1.0
+  assert math_reward.compute_score(r"$\boxed 7$", "7") == 1.0
+  assert math_reward.compute_score("the answer is 7", "7") == 0.0
+  assert math_reward.compute_score(r"\boxed{\frac{1}{2}", r"\frac{1}{2}") == 0.0
+  assert math_reward.compute_score(r"\boxed{8}", "7", format_score=0.1) == 0.1
+  assert math_reward.compute_score("7", "7", format_score=0.1) == 0.0
+  assert math_reward.compute_score(r"\boxed{7}", 7) == 1.0
 
 
 def test_malformed_latex_does_not_raise():
-    for text in [r"\frac", r"\frac1", r"\sqrt", "", "=", "/", r"\text{ "]:
-        math_reward.strip_string(text)
-    assert math_reward.is_equiv(r"\frac", r"\frac")
-    assert math_reward.is_equiv(None, None) and not math_reward.is_equiv("1", None)
+  for text in [r"\frac", r"\frac1", r"\sqrt", "", "=", "/", r"\text{ "]:
+    math_reward.strip_string(text)
+  assert math_reward.is_equiv(r"\frac", r"\frac")
+  assert math_reward.is_equiv(None, None) and not math_reward.is_equiv("1", None)
