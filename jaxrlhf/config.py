@@ -252,8 +252,6 @@ NOT_IMPLEMENTED = {
 # Registered choices whose inputs the step does not produce yet: (key, value) -> what is missing.
 _NOT_YET_WIRED = {
     ("algorithm.adv_estimator", "gdpo"): "per-component reward scores from the reward function",
-    ("algorithm.adv_estimator", "optimal_token_baseline"): "sum_pi_squared from the old-log-prob phase",
-    ("algorithm.adv_estimator", "tir_optimal_token_baseline"): "sum_pi_squared from the old-log-prob phase",
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode"): (
         "the rollout's log-probs as the old ones (algorithm.rollout_correction.bypass_mode)"),
     ("actor_rollout_ref.actor.kl_loss_type", "full"): "the reference's logits in the update (exact KL over the vocabulary)",

@@ -55,7 +55,6 @@ def test_wrong_type_names_the_key():
     ("algorithm.rollout_correction.rollout_is", "token", "rollout_is'='token' is not implemented"),
     ("algorithm.rollout_correction.bypass_mode", True, "bypass_mode'=True is not implemented"),
     ("algorithm.adv_estimator", "gdpo", "per-component reward scores"),
-    ("algorithm.adv_estimator", "optimal_token_baseline", "sum_pi_squared"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode", "rollout's log-probs"),
     ("actor_rollout_ref.actor.kl_loss_type", "full", "reference's logits in the update"),
     ("algorithm.kl_penalty", "full", "reference's logits in the old-log-prob phase"),

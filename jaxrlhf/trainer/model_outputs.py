@@ -42,9 +42,14 @@ def chunk_length(rows: int, length: int, chunk_tokens: int, num_batch_shards: in
   return max(1, min(length, chunk_tokens // rows_per_device))
 
 
-def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: float, with_entropy: bool,
-                     chunk_len: int, constrain: Callable = lambda x, logical_axes: x):
-  """(log_prob_BxL, entropy_BxL or None) of `tokens` under softmax(head(hidden) / T), fp32.
+# Per-token statistics of the distribution softmax(z), z = logits / temperature, beside the log-prob.
+TOKEN_STATISTICS = {"entropy": algos.entropy_from_logits, "sum_pi_squared": algos.sum_pi_squared_from_logits}
+
+
+def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: float, statistics: tuple[str, ...],
+                     chunk_len: int, constrain: Callable = lambda x, logical_axes: x) -> dict:
+  """{"log_prob": [B, L], and each of `statistics` (TOKEN_STATISTICS names): [B, L]} of `tokens` under
+  softmax(head(hidden) / T), fp32.
 
   With `chunk_len` < L the positions run as a `lax.scan` over chunks of `chunk_len` (the last one padded);
   each chunk's logits are recomputed in the backward instead of kept. `constrain(x, logical_axes)`
@@ -53,25 +58,21 @@ def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: floa
   def outputs(h_BxCxD, tokens_BxC):
     h_BxCxD = constrain(h_BxCxD, ("batch", "length", None))
     z_BxCxV = constrain(head_outputs(config, "lm", params, h_BxCxD), ("batch", "length", "vocab")) / temperature
-    log_prob_BxC = token_log_probs(z_BxCxV, tokens_BxC, 1.0)
-    entropy_BxC = algos.entropy_from_logits(z_BxCxV) if with_entropy else jnp.zeros_like(log_prob_BxC)
-    return log_prob_BxC, entropy_BxC
+    return {"log_prob": token_log_probs(z_BxCxV, tokens_BxC, 1.0),
+            **{name: TOKEN_STATISTICS[name](z_BxCxV) for name in statistics}}
 
   rows, length = tokens_BxL.shape
   if chunk_len >= length:
-    log_prob_BxL, entropy_BxL = outputs(hidden_BxLxD, tokens_BxL)
-  else:
-    num_chunks = -(-length // chunk_len)
-    pad = num_chunks * chunk_len - length
-    to_chunks = lambda x: jnp.moveaxis(
-        jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape((rows, num_chunks, chunk_len) + x.shape[2:]),
-        1, 0)
-    chunk_outputs = jax.checkpoint(lambda _, inputs: (None, outputs(*inputs)), prevent_cse=False)
-    _, (log_prob_KxBxC, entropy_KxBxC) = jax.lax.scan(chunk_outputs, None,
-                                                      (to_chunks(hidden_BxLxD), to_chunks(tokens_BxL)))
-    from_chunks = lambda x_KxBxC: jnp.moveaxis(x_KxBxC, 0, 1).reshape(rows, num_chunks * chunk_len)[:, :length]
-    log_prob_BxL, entropy_BxL = from_chunks(log_prob_KxBxC), from_chunks(entropy_KxBxC)
-  return log_prob_BxL, entropy_BxL if with_entropy else None
+    return outputs(hidden_BxLxD, tokens_BxL)
+  num_chunks = -(-length // chunk_len)
+  pad = num_chunks * chunk_len - length
+  to_chunks = lambda x: jnp.moveaxis(
+      jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape((rows, num_chunks, chunk_len) + x.shape[2:]),
+      1, 0)
+  chunk_outputs = jax.checkpoint(lambda _, inputs: (None, outputs(*inputs)), prevent_cse=False)
+  _, out_KxBxC = jax.lax.scan(chunk_outputs, None, (to_chunks(hidden_BxLxD), to_chunks(tokens_BxL)))
+  return jax.tree.map(lambda x_KxBxC: jnp.moveaxis(x_KxBxC, 0, 1).reshape(rows, num_chunks * chunk_len)[:, :length],
+                      out_KxBxC)
 
 
 class ModelOutputs:
@@ -110,15 +111,19 @@ class ModelOutputs:
     return packing.response_outputs(per_token, micro["packed"], micro["prompts"].shape[1],
                                     micro["responses"].shape[1])
 
-  def log_probs(self, params, micro: dict, with_entropy: bool = True):
-    """(log_prob_NxR, entropy_NxR or None) of the response tokens; logits in fp32 / temperature."""
+  def token_outputs(self, params, micro: dict, statistics: tuple[str, ...] = ()) -> dict:
+    """{"log_prob": [N, R] of the response tokens, and each of `statistics` (TOKEN_STATISTICS): [N, R]}."""
     hidden_BxLxD = self._hidden(self.actor, params, micro)
     tokens_BxL = packing.next_tokens(micro["packed"]["input_ids"]) if "packed" in micro else micro["responses"]
     chunk_len = chunk_length(tokens_BxL.shape[0], tokens_BxL.shape[1], self.chunk_tokens, self.num_batch_shards)
-    log_prob_BxL, entropy_BxL = lm_token_outputs(self.actor.config, params, hidden_BxLxD, tokens_BxL,
-                                                 self.temperature, with_entropy, chunk_len, self.constrain)
-    return (self._to_responses(log_prob_BxL, micro),
-            None if entropy_BxL is None else self._to_responses(entropy_BxL, micro))
+    out = lm_token_outputs(self.actor.config, params, hidden_BxLxD, tokens_BxL, self.temperature, statistics,
+                           chunk_len, self.constrain)
+    return {name: self._to_responses(x, micro) for name, x in out.items()}
+
+  def log_probs(self, params, micro: dict, with_entropy: bool = True):
+    """(log_prob_NxR, entropy_NxR or None) of the response tokens; logits in fp32 / temperature."""
+    out = self.token_outputs(params, micro, ("entropy",) if with_entropy else ())
+    return out["log_prob"], out.get("entropy")
 
   def values(self, params, micro: dict):
     """V at the state before each response token, [N, R]."""

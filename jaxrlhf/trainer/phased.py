@@ -46,7 +46,7 @@ class PhasedStep:
     old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout)
     ref = run("ref", self.ref, state.ref_params, rollout) if ppo.use_reference else None
     values = run("values", self.values, state.critic_params, rollout) if ppo.use_critic else None
-    adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values)
+    adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values, old[1].get("sum_pi_squared"))
     data = run(None, self.data, rollout, old[0], ref, adv)
     critic = None
     if ppo.use_critic:

@@ -33,6 +33,7 @@ from jaxrlhf.trainer.model_outputs import ModelOutputs
 from jaxrlhf.trainer.state import TrainState
 
 ACTOR, CRITIC = "actor_rollout_ref.actor", "critic"  # config paths of the two trained sections
+OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")  # need sum_pi_squared
 
 
 class PPOStep:
@@ -90,21 +91,26 @@ class PPOStep:
                                        micro_per_device)
     return update_loop.forward_phase(outputs_fn, rollout, batching)
 
-  def _rollout_log_probs(self, params, rollout: dict, phase: str, with_entropy: bool = False):
-    outputs_fn = lambda micro: self.outputs.log_probs(params, micro, with_entropy)[:1 + with_entropy]
-    return self._forward_phase(outputs_fn, rollout, self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed,
+  def _rollout_log_probs(self, params, rollout: dict, phase: str, statistics: tuple[str, ...] = ()):
+    return self._forward_phase(lambda micro: self.outputs.token_outputs(params, micro, statistics), rollout,
+                               self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed,
                                self.batcher.forward_micro_per_device[phase])
 
   def old_log_prob(self, actor_params, rollout: dict):
-    """Phase `old_log_prob`: (log-probs of the rollout policy, {"actor/entropy": its entropy}, as verl)."""
+    """Phase `old_log_prob`: (log-probs of the rollout policy, aux). aux["metrics"] holds its entropy
+    (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the optimal token baselines."""
     actor = self.config.actor_rollout_ref.actor
-    log_probs, entropy = jax.lax.stop_gradient(self._rollout_log_probs(
-        self.layouts.fetch(actor_params, self.layouts.actor_device), rollout, "old_log_prob", with_entropy=True))
-    return log_probs, {"actor/entropy": algos.agg_loss(entropy, rollout["response_mask"], actor.loss_agg_mode,
-                                                       loss_scale_factor=actor.loss_scale_factor)}
+    statistics = ("entropy",) + (("sum_pi_squared",) if self.config.algorithm.adv_estimator in OTB_ESTIMATORS else ())
+    out = jax.lax.stop_gradient(self._rollout_log_probs(
+        self.layouts.fetch(actor_params, self.layouts.actor_device), rollout, "old_log_prob", statistics))
+    aux = {"metrics": {"actor/entropy": algos.agg_loss(out["entropy"], rollout["response_mask"], actor.loss_agg_mode,
+                                                       loss_scale_factor=actor.loss_scale_factor)}}
+    if "sum_pi_squared" in out:
+      aux["sum_pi_squared"] = out["sum_pi_squared"]
+    return out["log_prob"], aux
 
   def ref_log_prob(self, ref_params, rollout: dict):
-    return self._rollout_log_probs(self.layouts.fetch(ref_params, self.layouts.ref_device), rollout, "ref")[0]
+    return self._rollout_log_probs(self.layouts.fetch(ref_params, self.layouts.ref_device), rollout, "ref")["log_prob"]
 
   def critic_values(self, critic_params, rollout: dict):
     values_NxR = self._forward_phase(lambda micro: self.outputs.values(critic_params, micro), rollout,
@@ -118,7 +124,8 @@ class PPOStep:
     """0.0 during the KL warm-up (no KL term in reward or loss), else 1.0."""
     return (step >= self.kl_warmup_steps).astype(jnp.float32)
 
-  def advantages(self, state: TrainState, rollout: dict, scored: dict, old_log_probs, ref_log_probs, values):
+  def advantages(self, state: TrainState, rollout: dict, scored: dict, old_log_probs, ref_log_probs, values,
+                 sum_pi_squared=None):
     """Phase `adv`: KL in reward (+ controller update), then the configured estimator."""
     algo = self.config.algorithm
     kl_coef, metrics = state.kl_coef, {}
@@ -134,7 +141,8 @@ class PPOStep:
         algo.adv_estimator, token_level_rewards=token_level_rewards,
         response_mask=rollout["response_mask"].astype(jnp.float32), values=values, index=rollout["group_index"],
         reward_baselines=scored.get("reward_baselines"), gamma=algo.gamma, lam=algo.lam,
-        norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+        norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, old_log_probs=old_log_probs,
+        sum_pi_squared=sum_pi_squared)
     return {"advantages": advantages, "returns": returns, "token_level_rewards": token_level_rewards,
             "kl_coef": kl_coef, "metrics": metrics}
 
@@ -203,19 +211,18 @@ class PPOStep:
 
   def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng) -> tuple[TrainState, dict]:
     """Everything after the reward, in one program (used by the fused step and by DAPO's rounds)."""
-    old_log_probs, old_metrics = self.old_log_prob(state.actor_params, rollout)
+    old = self.old_log_prob(state.actor_params, rollout)
     ref_log_probs = self.ref_log_prob(state.ref_params, rollout) if self.use_reference else None
     values = self.critic_values(state.critic_params, rollout) if self.use_critic else None
-    adv = self.advantages(state, rollout, scored, old_log_probs, ref_log_probs, values)
-    return self.finish(state, rollout, scored, (old_log_probs, old_metrics), ref_log_probs, values, adv,
-                       self.split_rng(rng))
+    adv = self.advantages(state, rollout, scored, old[0], ref_log_probs, values, old[1].get("sum_pi_squared"))
+    return self.finish(state, rollout, scored, old, ref_log_probs, values, adv, self.split_rng(rng))
 
   def finish(self, state, rollout, scored, old, ref_log_probs, values, adv, rngs, critic_result=None,
              actor_result=None):
     """Updates (unless given, as in phased mode) and the new state + metrics. `old`: `old_log_prob`'s output."""
-    old_log_probs, old_metrics = old
+    old_log_probs, old_aux = old
     data = self.update_data(rollout, old_log_probs, ref_log_probs, adv)
-    metrics = {**old_metrics, **adv["metrics"]}
+    metrics = {**old_aux["metrics"], **adv["metrics"]}
     critic_params, critic_opt_state = state.critic_params, state.critic_opt_state
     if self.use_critic:
       critic_params, critic_opt_state, critic_metrics = critic_result or self.update_critic(

@@ -45,6 +45,11 @@ def test_response_heads_in_chunks_equal_whole_logits(models, chunk_tokens):
   log_prob, entropy = jax.jit(outputs.log_probs)(actor_params, micro)
   close(log_prob, want_log_prob)
   close(entropy, want_entropy)
+  # The optimal token baselines' input, from the same chunks.
+  stats = jax.jit(outputs.token_outputs, static_argnums=2)(actor_params, micro, ("sum_pi_squared",))
+  ids, positions, mask = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
+  logits_NxRxV = actor.apply({"params": actor_params}, ids, positions, mask)[0][:, 5:13]  # prompt 6, response 8
+  close(stats["sum_pi_squared"], algos.sum_pi_squared_from_logits(logits_NxRxV / TEMPERATURE))
   close(jax.jit(outputs.values)(critic_params, micro), want_values)
 
 
@@ -75,7 +80,7 @@ def test_chunks_keep_the_logits_of_one_chunk_only():
   def temp_bytes(chunk_tokens):
     from jaxrlhf.trainer.model_outputs import lm_token_outputs
     chunk = chunk_length(8, 64, chunk_tokens, 1)
-    f = lambda p, h: jnp.sum(lm_token_outputs(config, p, h, tokens, 1.0, True, chunk)[0])
+    f = lambda p, h: jnp.sum(lm_token_outputs(config, p, h, tokens, 1.0, ("entropy",), chunk)["log_prob"])
     compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, hidden).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 

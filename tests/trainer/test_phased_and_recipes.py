@@ -125,3 +125,16 @@ def test_critic_warmup_1_skips_nothing(tmp_path):
   assert "actor/pg_loss" in trainer.train_step(0)
   assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(actor_before),
                                                       jax.tree.leaves(jax.device_get(trainer.state.actor_params))))
+
+
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baselines_get_sum_pi_squared_from_the_old_log_prob_phase(tmp_path, estimator):
+  trainer = Trainer(small_config(tmp_path, **ONE, **{"algorithm.adv_estimator": estimator}), devices=jax.devices()[:1])
+  batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(0))
+  rollout = jax.jit(trainer.ppo.rollout)(trainer.state.actor_params, batch, jax.random.key(0))
+  _, aux = jax.jit(trainer.ppo.old_log_prob)(trainer.state.actor_params, rollout)
+  mask = np.asarray(rollout["response_mask"], bool)
+  sum_pi_squared = np.asarray(aux["sum_pi_squared"])[mask]
+  assert np.all((sum_pi_squared > 0) & (sum_pi_squared <= 1))  # sum_v pi_v^2 of a distribution
+  metrics = trainer.train_step(0)
+  assert not trainer.ppo.use_critic and np.isfinite(metrics["actor/pg_loss"])
