@@ -50,6 +50,16 @@ _MODEL = {
     "remat_policy": ("what gradient checkpointing saves: `full` (nothing), `dots_saveable`, `nothing_saveable`, ... "
                      "(`jax.checkpoint_policies`)",
                      "— (ours; verl has only on/off plus `enable_activation_offload`)"),
+    "scan_layers": ("the decoder layers as one `nn.scan` over stacked weights (one compiled layer body whatever "
+                    "the depth; KV cache stacked per layer); False = a Python loop of `layers_<i>` modules. "
+                    "Checkpoints of either layout load into either", "— (ours; XLA compile time)"),
+    "attention_impl": ("attention kernel: `auto` (cudnn on NVIDIA GPUs, splash on TPU, xla on CPU, by the mesh's "
+                       "devices), `xla` (the whole [L, S] score matrix), `blockwise` (online softmax over blocks, "
+                       "plain JAX, any backend), `cudnn` (bf16/fp16), `splash` (TPU Pallas). Packed rows, a "
+                       "partial sliding window, a cache prefill and fp32 (cudnn) fall back to blockwise; decode "
+                       "steps keep their own path", "`attn_implementation` (`flash_attention_2`, `sdpa`, `eager`)"),
+    "attention_block_size": ("query and key block of `blockwise` attention (and splash's tiles)",
+                             "— (ours)"),
     "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning", SAME),
     "dtype": ("compute dtype: `float32` or `bfloat16`",
               "`fsdp_config.mixed_precision` (`model_dtype` / `reduce_dtype`)"),

@@ -14,6 +14,8 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
+from jaxrlhf.models.attention import ATTENTION_IMPLS
+
 _placeholder = config_dict.placeholder
 
 
@@ -54,6 +56,9 @@ def _model() -> ml_collections.ConfigDict:
       use_remove_padding=False,
       enable_gradient_checkpointing=False,
       remat_policy="full",  # with gradient checkpointing: full | dots_saveable | nothing_saveable | ...
+      scan_layers=True,  # layers as one nn.scan over stacked weights (False: a Python loop)
+      attention_impl="auto",  # auto | xla | blockwise | cudnn | splash (auto: by the mesh's device platform)
+      attention_block_size=512,  # blockwise attention's query/key block
       lora_rank=0,
       dtype="float32",  # compute dtype
       param_dtype="float32",
@@ -217,6 +222,8 @@ _CHOICES = {
     "actor_rollout_ref.model.param_dtype": ("float32", "bfloat16"),
     "critic.model.dtype": ("float32", "bfloat16"),
     "critic.model.param_dtype": ("float32", "bfloat16"),
+    "actor_rollout_ref.model.attention_impl": ATTENTION_IMPLS,
+    "critic.model.attention_impl": ATTENTION_IMPLS,
     "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
 }
 _OPTIONAL_CHOICES = {"actor_rollout_ref.rollout.dtype"}  # None = derived (see resolve_config)
