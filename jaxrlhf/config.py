@@ -14,8 +14,6 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from jaxrlhf.models.attention import ATTENTION_IMPLS
-
 _placeholder = config_dict.placeholder
 
 
@@ -209,6 +207,10 @@ _NOT_YET_SUPPORTED = {
     "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.actor.fsdp_config.param_offload": False,
 }
+
+# jaxrlhf.models.attention.ATTENTION_IMPLS (this module imports no JAX: `python -m jaxrlhf.aot` loads a config
+# before it chooses JAX's platform; tests/models/test_attention.py checks that the two agree).
+ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 
 _CHOICES = {
     "data.truncation": ("error", "left", "right", "middle"),

@@ -18,7 +18,7 @@ window, when on), `kv_mask_BxS[s]` > 0 (padding) and, for packed rows, the same 
              sliding window, padding and packing as segment ids.
 What a vendor kernel cannot express falls back to blockwise (`choose_kernel` says why): fp32 inputs or
 packed segment ids for cudnn, a per-layer (traced) window flag, a cache prefill (queries offset into
-a longer cache).
+a longer cache), and a process without cuDNN (an ahead-of-time compile for GPUs on a CPU host).
 """
 
 from __future__ import annotations
@@ -282,7 +282,10 @@ def blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_ma
 
 def cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window=None):
   """cuDNN flash attention (no cache, no packing). Each row is rotated left by its first valid column so
-  its tokens start at 0 (right padding, which cuDNN takes as lengths), then rotated back."""
+  its tokens start at 0 (right padding, which cuDNN takes as lengths), then rotated back.
+
+  Returns None where cuDNN cannot run the call: no cuDNN in this process (compiling ahead of time on a
+  CPU host, where the GPU compile then uses blockwise) or a shape it refuses; the caller falls back."""
   batch, length, kv_heads, group, head_dim = q_BxLxKxGxH.shape
   mask_BxL = kv_mask_BxS > 0
   index_L = jnp.arange(length, dtype=jnp.int32)
@@ -293,10 +296,14 @@ def cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, wind
   take = lambda x, index_BxL: jnp.take_along_axis(x, index_BxL.reshape(index_BxL.shape + (1,) * (x.ndim - 2)), axis=1)
   q_BxLxQxH = take(q_BxLxKxGxH.reshape(batch, length, kv_heads * group, head_dim), rotate_BxL)
   dtype = q_BxLxKxGxH.dtype
-  out_BxLxQxH = jax.nn.dot_product_attention(
-      q_BxLxQxH, take(keys_BxSxKxH.astype(dtype), rotate_BxL), take(values_BxSxKxH.astype(dtype), rotate_BxL),
-      is_causal=True, query_seq_lengths=lengths_B, key_value_seq_lengths=lengths_B,
-      local_window_size=None if window is None else (window - 1, 0), implementation="cudnn")
+  try:
+    out_BxLxQxH = jax.nn.dot_product_attention(
+        q_BxLxQxH, take(keys_BxSxKxH.astype(dtype), rotate_BxL), take(values_BxSxKxH.astype(dtype), rotate_BxL),
+        is_causal=True, query_seq_lengths=lengths_B, key_value_seq_lengths=lengths_B,
+        local_window_size=None if window is None else (window - 1, 0), implementation="cudnn")
+  except (RuntimeError, NotImplementedError, ValueError) as e:  # raised while tracing, before any compute
+    _log_fallback("cudnn", f"cuDNN attention is not available for this call ({e})")
+    return None
   unrotate_BxL = (index_L[None] - first_B[:, None]) % length
   out_BxLxQxH = jnp.where((lengths_B > 0)[:, None, None, None], take(out_BxLxQxH, unrotate_BxL), 0)
   return out_BxLxQxH.reshape(batch, length, kv_heads, group, head_dim)

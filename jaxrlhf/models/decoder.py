@@ -43,9 +43,7 @@ the package:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
-import re
 from typing import Any
 
 import flax.linen as nn
@@ -53,12 +51,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
 # MASK_VALUE is re-exported: the sampler's filtered logit uses the same value.
 from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attention_impl,  # noqa: F401
                                       blockwise_attention, choose_kernel, cudnn_attention, splash_attention,
                                       xla_attention)
 
-log = logging.getLogger(__name__)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 INIT_STD = 0.02  # std of every fresh kernel and embedding (HF's `initializer_range` default)
 HEADS = ("lm", "value", "reward")
@@ -273,6 +271,9 @@ class Attention(nn.Module):
                                           segment_ids_BxL, window, window_on, cfg.attention_block_size)
     elif impl == "cudnn":
       out_BxLxKxGxH = cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window)
+      if out_BxLxKxGxH is None:  # no cuDNN in this process (compiling ahead of time on a CPU host) or shape
+        out_BxLxKxGxH = blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, 0, kv_mask_BxS, None,
+                                            window, None, cfg.attention_block_size)
     else:
       out_BxLxKxGxH = splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL,
                                        window, cfg.attention_block_size)
@@ -434,72 +435,14 @@ def init_cache(config: DecoderConfig, batch: int, max_length: int):
 CACHE_LOGICAL_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
 
 
-# ----- stacked <-> unstacked layers --------------------------------------------------------------
-
-_LAYER_KEY = re.compile(r"layers_(\d+)$")
-
-
-def _is_unstacked(node) -> bool:
-  return isinstance(node, dict) and "layers_0" in node
-
-
-def _is_stacked(node) -> bool:
-  return isinstance(node, dict) and "layers" in node and isinstance(node["layers"], dict)
-
-
-def stack_layers(tree, stack=None):
-  """Any tree holding `layers_0 .. layers_{n-1}` dicts (params, optimizer moments, their shapes or
-  shardings) with each such group replaced by `layers`: one subtree whose leaves stack the layers'
-  along a new leading axis. `stack(leaves) -> leaf` (default `jnp.stack`) decides how a leaf stacks."""
-  stack = stack or (lambda leaves: jnp.stack(leaves))
-
-  def convert(node):
-    if not _is_unstacked(node):
-      return node
-    indices = sorted(int(m.group(1)) for key in node if (m := _LAYER_KEY.match(str(key))))
-    if indices != list(range(len(indices))):
-      raise ValueError(f"layers {indices} are not numbered 0..{len(indices) - 1}")
-    rest = {k: v for k, v in node.items() if not _LAYER_KEY.match(str(k))}
-    layers = [node[f"layers_{i}"] for i in indices]
-    return {**rest, "layers": jax.tree.map(lambda *leaves: stack(list(leaves)), *layers)}
-  return jax.tree.map(convert, tree, is_leaf=_is_unstacked)
-
-
-def unstack_layers(tree, num_layers: int, unstack=None):
-  """The inverse of `stack_layers`: `layers` groups split into `layers_0 .. layers_{n-1}`.
-  `unstack(leaf, i) -> leaf i` (default: `leaf[i]`)."""
-  unstack = unstack or (lambda leaf, i: leaf[i])
-
-  def convert(node):
-    if not _is_stacked(node):
-      return node
-    rest = {k: v for k, v in node.items() if k != "layers"}
-    return {**rest, **{f"layers_{i}": jax.tree.map(lambda leaf, i=i: unstack(leaf, i), node["layers"])
-                       for i in range(num_layers)}}
-  return jax.tree.map(convert, tree, is_leaf=_is_stacked)
-
-
-def has_stacked_layers(tree) -> bool:
-  found = []
-  jax.tree.map(lambda node: found.append(_is_stacked(node)), tree, is_leaf=lambda n: _is_stacked(n) or
-               _is_unstacked(n))
-  return any(found)
-
-
-def has_unstacked_layers(tree) -> bool:
-  found = []
-  jax.tree.map(lambda node: found.append(_is_unstacked(node)), tree, is_leaf=lambda n: _is_stacked(n) or
-               _is_unstacked(n))
-  return any(found)
-
-
 def params_for(config: DecoderConfig, params):
   """`params` in the layer layout of `config` (`scan_layers`), converting a tree in the other one
   (e.g. from a checkpoint written before the layer scan)."""
-  if config.scan_layers and has_unstacked_layers(params):
+  layout = layer_layout(params)
+  if config.scan_layers and layout == "unstacked":
     return stack_layers(params)
-  if not config.scan_layers and has_stacked_layers(params):
-    return unstack_layers(params, config.num_hidden_layers)
+  if not config.scan_layers and layout == "stacked":
+    return unstack_layers(params)
   return params
 
 
