@@ -136,7 +136,7 @@ def read_checkpoint(step_dir: str):
   return restored.state, restored.meta, config
 
 
-# ----- layer layouts: stacked (scanned layers) <-> unstacked (a loop of modules) --------------------------------------------------------------
+# ----- layer layouts: stacked (scanned layers) <-> unstacked (a loop of modules) -----------------------
 
 _LAYER_KEY = re.compile(r"layers_(\d+)$")
 

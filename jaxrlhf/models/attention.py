@@ -214,7 +214,7 @@ def _blockwise_bwd(block_q, block_k, window, residuals, d_out):
   saved log-sum-exp; dk, dv accumulate over query blocks, dq over key blocks."""
   q, k, v, offset, kv_mask, segment_q, segment_k, window_on, out, lse = residuals
   blocks = _Blocks(q, k, block_q, block_k, window)
-  b, kh, g, h = blocks.batch, blocks.kv_heads, blocks.group, blocks.head_dim
+  b, kh, h = blocks.batch, blocks.kv_heads, blocks.head_dim
   d_out32 = d_out.astype(jnp.float32)
   # D_i = rowsum(dO * O): [B, K, G, L]
   delta = jnp.einsum("blkgh,blkgh->bkgl", d_out32, out.astype(jnp.float32))
@@ -310,32 +310,35 @@ def cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, wind
 
 
 def splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL=None, window=None,
-                     block_size: int = 512):
+                     block_size: int = 512, interpret: bool = False):
   """Pallas TPU splash attention (no cache). Padding and packing both become segment ids: a packed row's
   own, or 1 for valid and 0 for padding (a pad query then sees only pads, and its output is unused)."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
   batch, length, kv_heads, group, head_dim = q_BxLxKxGxH.shape
   dtype = q_BxLxKxGxH.dtype
+  # The kernel's tiles are multiples of 128 that divide the length: pad it (padding is segment 0).
+  block = min(max(128, block_size // 128 * 128), -(-length // 128) * 128)
+  padded = -(-length // block) * block
   if window is None:
-    mask = mask_lib.CausalMask((length, length))
+    mask = mask_lib.CausalMask((padded, padded))
   else:  # LocalMask's window is (left, right) inclusive offsets from the query: (window - 1, 0) is ours
-    mask = mask_lib.LocalMask((length, length), (window - 1, 0), offset=0)
-  block = min(block_size, length)
+    mask = mask_lib.LocalMask((padded, padded), (window - 1, 0), offset=0)
   sizes = kernel_lib.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                                 block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-  kernel = kernel_lib.make_splash_mqa_single_device(mask_lib.MultiHeadMask([mask] * group), block_sizes=sizes)
+  kernel = kernel_lib.make_splash_mqa_single_device(mask_lib.MultiHeadMask([mask] * group), block_sizes=sizes,
+                                                    interpret=interpret)  # interpret: the tests, on CPU
   segment_BxL = segment_ids_BxL if segment_ids_BxL is not None else (kv_mask_BxS > 0)
-  segment_BxL = segment_BxL.astype(jnp.int32)
+  segment_BxL = _pad_axis(segment_BxL.astype(jnp.int32), 1, padded)
   scale = np.float32(1.0 / np.sqrt(head_dim))
   # [B, L, K, G, H] -> [B, K, G, L, H]: one MQA call (G query heads over one key/value head) per (row, kv head).
-  q_BxKxGxLxH = (q_BxLxKxGxH.transpose(0, 2, 3, 1, 4).astype(jnp.float32) * scale).astype(dtype)
-  k_BxKxSxH = keys_BxSxKxH.astype(dtype).transpose(0, 2, 1, 3)
-  v_BxKxSxH = values_BxSxKxH.astype(dtype).transpose(0, 2, 1, 3)
+  q_BxKxGxLxH = (_pad_axis(q_BxLxKxGxH, 1, padded).transpose(0, 2, 3, 1, 4).astype(jnp.float32) * scale).astype(dtype)
+  k_BxKxSxH = _pad_axis(keys_BxSxKxH.astype(dtype), 1, padded).transpose(0, 2, 1, 3)
+  v_BxKxSxH = _pad_axis(values_BxSxKxH.astype(dtype), 1, padded).transpose(0, 2, 1, 3)
 
   def one_row(q_KxGxLxH, k_KxSxH, v_KxSxH, segment_L):
     segments = kernel_lib.SegmentIds(q=segment_L, kv=segment_L)
     return jax.vmap(lambda q, k_, v_: kernel(q, k_, v_, segment_ids=segments))(q_KxGxLxH, k_KxSxH, v_KxSxH)
 
   out_BxKxGxLxH = jax.vmap(one_row)(q_BxKxGxLxH, k_BxKxSxH, v_BxKxSxH, segment_BxL)
-  return out_BxKxGxLxH.transpose(0, 3, 1, 2, 4).astype(dtype)
+  return out_BxKxGxLxH.transpose(0, 3, 1, 2, 4)[:, :length].astype(dtype)

@@ -13,8 +13,9 @@ carries logical axis names (`embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `vo
 
 Attention works in two modes with one code path:
 - no cache: causal self-attention over the given tokens, keys masked by `kv_mask_BxS` (padding);
-- cache: the new keys/values are written at `cache_index` into a preallocated cache of length S and
-  queries attend to every cached position <= their own index that `kv_mask_BxS` marks valid.
+- cache: the new keys/values are written at `cache_index` into a preallocated cache and queries attend
+  to every cached position <= their own index that `kv_mask_BxS` marks valid; the cache may be longer
+  than `kv_mask_BxS` (S), and then only its first S columns are read.
 Packed rows (`use_remove_padding`, no cache) add `segment_ids_BxL`: several sequences share a row and
 attention is block-diagonal causal, a token sees only earlier tokens of its own segment; segment 0 is
 padding and sees nothing. Positions then restart in each segment (the caller passes them).
@@ -245,13 +246,25 @@ class Attention(nn.Module):
       offset = 0
       new_cache = None
     else:
-      zero = jnp.zeros((), jnp.int32)
-      layer = jnp.asarray(layer, jnp.int32)
-      start = (layer, zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
-      new_cache = {name: jax.lax.dynamic_update_slice(cache[name], new[None].astype(cache[name].dtype), start)
-                   for name, new in (("k", k_BxLxKxH), ("v", v_BxLxKxH))}
-      keys_BxSxKxH = jax.lax.dynamic_index_in_dim(new_cache["k"], layer, keepdims=False)
-      values_BxSxKxH = jax.lax.dynamic_index_in_dim(new_cache["v"], layer, keepdims=False)
+      zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
+      new_cache, layer_cache = {}, {}
+      for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
+        new_BxLxKxH = new_BxLxKxH.astype(cache[name].dtype)
+        if isinstance(layer, int):  # the loop: write the new columns in place, read the layer back
+          start = (layer, zero, index, zero, zero)
+          new_cache[name] = jax.lax.dynamic_update_slice(cache[name], new_BxLxKxH[None], start)
+          layer_cache[name] = new_cache[name][layer]
+        else:
+          # In the scan, the layer's slice is taken out, updated and written back whole: reading the
+          # updated stacked cache instead makes XLA keep a copy of all of it inside the loop body.
+          old_BxSxKxH = jax.lax.dynamic_index_in_dim(cache[name], layer, keepdims=False)
+          layer_cache[name] = jax.lax.dynamic_update_slice(old_BxSxKxH, new_BxLxKxH, (zero, index, zero, zero))
+          new_cache[name] = jax.lax.dynamic_update_slice(cache[name], layer_cache[name][None],
+                                                         (layer, zero, zero, zero, zero))
+      # Queries see the first S = len(kv_mask) columns: a cache allocated longer (for later decode
+      # segments) costs this call nothing beyond them, and is never copied to grow.
+      visible = kv_mask_BxS.shape[1]
+      keys_BxSxKxH, values_BxSxKxH = layer_cache["k"][:, :visible], layer_cache["v"][:, :visible]
       offset = cache_index
 
     group = num_heads // num_kv

@@ -130,3 +130,27 @@ def test_for_platform_resolves_auto_only(tiny_model_config):
   assert fixed.for_platform("gpu") is fixed
   with pytest.raises(ValueError, match="attention_impl='flash'"):
     dataclasses.replace(tiny_model_config, attention_impl="flash")
+
+
+@pytest.mark.parametrize("window, packed", [(None, False), (37, False), (None, True)])
+def test_splash_kernel_matches_xla_in_interpret_mode(window, packed):
+  # The TPU kernel run by Pallas' interpreter on CPU: padding (as segment ids), packing, a window, a length
+  # its 128-wide tiles do not divide.
+  from jaxrlhf.models.attention import splash_attention
+  length, head_dim = 200, 128
+  q, k, v = (jax.random.normal(key, shape, jnp.float32) for key, shape in zip(
+      jax.random.split(jax.random.key(5), 3), [(B, length, K, G, head_dim), (B, length, K, head_dim)] + [
+          (B, length, K, head_dim)]))
+  mask = np.ones((B, length), np.int32)
+  mask[0, :30], mask[0, 180:] = 0, 0
+  segments = None
+  if packed:
+    mask = np.ones((B, length), np.int32)
+    segments = np.zeros((B, length), np.int32)
+    segments[:, :90], segments[:, 90:170] = 1, 2
+    segments = jnp.asarray(segments)
+  mask = jnp.asarray(mask)
+  out_s = splash_attention(q, k, v, mask, segments, window, block_size=128, interpret=True)
+  out_x = xla_attention(q, k, v, jnp.arange(length), mask, segments, window)
+  valid = np.asarray(mask if segments is None else segments, bool) > 0
+  np.testing.assert_allclose(np.asarray(out_s)[valid], np.asarray(out_x)[valid], atol=1e-5, rtol=1e-5)
