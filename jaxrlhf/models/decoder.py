@@ -249,22 +249,22 @@ class Attention(nn.Module):
       zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
       new_cache, layer_cache = {}, {}
       for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
-        new_BxLxKxH = new_BxLxKxH.astype(cache[name].dtype)
+        new_BxKxLxH = new_BxLxKxH.astype(cache[name].dtype).transpose(0, 2, 1, 3)
         if isinstance(layer, int):  # the loop: write the new columns in place, read the layer back
-          start = (layer, zero, index, zero, zero)
-          new_cache[name] = jax.lax.dynamic_update_slice(cache[name], new_BxLxKxH[None], start)
+          start = (layer, zero, zero, index, zero)
+          new_cache[name] = jax.lax.dynamic_update_slice(cache[name], new_BxKxLxH[None], start)
           layer_cache[name] = new_cache[name][layer]
         else:
           # In the scan, the layer's slice is taken out, updated and written back whole: reading the
           # updated stacked cache instead makes XLA keep a copy of all of it inside the loop body.
-          old_BxSxKxH = jax.lax.dynamic_index_in_dim(cache[name], layer, keepdims=False)
-          layer_cache[name] = jax.lax.dynamic_update_slice(old_BxSxKxH, new_BxLxKxH, (zero, index, zero, zero))
+          old_BxKxSxH = jax.lax.dynamic_index_in_dim(cache[name], layer, keepdims=False)
+          layer_cache[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_BxKxLxH, (zero, zero, index, zero))
           new_cache[name] = jax.lax.dynamic_update_slice(cache[name], layer_cache[name][None],
                                                          (layer, zero, zero, zero, zero))
       # Queries see the first S = len(kv_mask) columns: a cache allocated longer (for later decode
       # segments) costs this call nothing beyond them, and is never copied to grow.
       visible = kv_mask_BxS.shape[1]
-      keys_BxSxKxH, values_BxSxKxH = layer_cache["k"][:, :visible], layer_cache["v"][:, :visible]
+      keys_BxSxKxH, values_BxSxKxH = (layer_cache[name][:, :, :visible].transpose(0, 2, 1, 3) for name in "kv")
       offset = cache_index
 
     group = num_heads // num_kv
@@ -438,14 +438,19 @@ def head_outputs(config: DecoderConfig, head: str, params, hidden_xD):
   return _dot_general_f32(hidden_xD.astype(dtype), params["lm_head"]["kernel"].astype(dtype), dims)
 
 
+# The KV cache's axes: [layers, B, K, S, H]. Heads before length is the layout GPU attention reads; with
+# [.., S, K, H] XLA:GPU relayouts the whole stacked cache once more (a second copy of it in memory).
+CACHE_LOGICAL_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
+
+
 def init_cache(config: DecoderConfig, batch: int, max_length: int):
-  """Zeroed KV cache {'k', 'v'}, each [layers, B, S, kv_heads, head_dim] (one layout, scan or loop)."""
-  shape = (config.num_hidden_layers, batch, max_length, config.num_key_value_heads, config.resolved_head_dim)
+  """Zeroed KV cache {'k', 'v'}, each [layers, B, kv_heads, S, head_dim] (`CACHE_LOGICAL_AXES`; one layout,
+  scan or loop)."""
+  sizes = dict(layers=config.num_hidden_layers, batch=batch, kv_heads=config.num_key_value_heads,
+               length=max_length, head_dim=config.resolved_head_dim)
+  shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
   dtype = _DTYPES[config.dtype]
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-
-
-CACHE_LOGICAL_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
 
 
 def params_for(config: DecoderConfig, params):

@@ -83,7 +83,7 @@ def _result(token_B, valid_B, length_B, log_prob_B) -> ResultTokens:
 @struct.dataclass
 class Prefix:
   """A prefilled request: its KV cache over a left-padded prompt bucket and its first sampled token."""
-  cache: Any  # {'k','v'}: [layers, 1, P, kv_heads, head_dim] (`init_cache`), P = max_prefill_length
+  cache: Any  # {"k","v"}: [layers, 1, kv_heads, P, head_dim] (`init_cache`), P = max_prefill_length
   mask_1xP: jax.Array  # int32, left padding
   token: jax.Array  # [1] int32: the first generated token (not yet in the cache)
   position: jax.Array  # [1] int32: its token position
@@ -94,7 +94,7 @@ class Prefix:
 @struct.dataclass
 class DecodeState:
   """Everything `generate` transforms, for `max_concurrent_decodes` slots (B, one row each) and cache length S."""
-  cache: Any  # {'k','v'}: [layers, B, S, kv_heads, head_dim]
+  cache: Any  # {"k","v"}: [layers, B, kv_heads, S, head_dim] (`init_cache`)
   kv_mask_BxS: jax.Array  # int32: valid cache columns per slot
   index: jax.Array  # int32 scalar: the column the next generate step writes (shared by all slots)
   tokens_B: jax.Array  # int32: each slot's last generated token, fed by the next step

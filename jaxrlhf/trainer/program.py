@@ -87,9 +87,10 @@ class StepProgram:
   def kv_cache_bytes_per_device(self) -> int:
     """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout."""
     data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
-    shape = (self.model_config.num_hidden_layers, data_cfg.train_batch_size * n,
-             data_cfg.max_prompt_length + data_cfg.max_response_length,
-             self.model_config.num_key_value_heads, self.model_config.resolved_head_dim)  # CACHE_LOGICAL_AXES
+    sizes = dict(layers=self.model_config.num_hidden_layers, batch=data_cfg.train_batch_size * n,
+                 length=data_cfg.max_prompt_length + data_cfg.max_response_length,
+                 kv_heads=self.model_config.num_key_value_heads, head_dim=self.model_config.resolved_head_dim)
+    shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
     sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
     cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.rollout_dtype))
     return 2 * per_device_bytes(cache_leaf, sharding)  # keys and values

@@ -91,5 +91,5 @@ def test_cached_prefill_and_decode_match(pair):
       steps.append(logits)
     outputs[name] = (steps, cache)
   _close(outputs["scan"][0], outputs["loop"][0])
-  assert outputs["scan"][1]["k"].shape == (3, batch, total, 2, 8)
+  assert outputs["scan"][1]["k"].shape == (3, batch, 2, total, 8)  # [layers, B, K, S, H]
   _close(outputs["scan"][1], outputs["loop"][1])
