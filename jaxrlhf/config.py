@@ -55,7 +55,7 @@ def _model() -> ml_collections.ConfigDict:
       enable_gradient_checkpointing=False,
       remat_policy="full",  # with gradient checkpointing: full | dots_saveable | nothing_saveable | ...
       scan_layers=True,  # layers as one nn.scan over stacked weights (False: a Python loop)
-      attention_impl="auto",  # auto | xla | blockwise | cudnn | splash (auto: by the mesh's device platform)
+      attention_impl="auto",  # auto (cudnn on GPU, blockwise on TPU, xla on CPU) | xla | blockwise | cudnn | splash
       attention_block_size=512,  # blockwise attention's query/key block
       lora_rank=0,
       dtype="float32",  # compute dtype
