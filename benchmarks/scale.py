@@ -6,9 +6,12 @@ step's FLOPs (analytic, all devices), compile seconds on this machine. Then two 
   (should fall as 1/fsdp; no compile needed, the layouts alone give it);
 - compile seconds of the same step with 4, 32 and 80 decoder layers (a loop over layers would keep it flat).
 
-    python benchmarks/scale.py [--only recipes|fsdp|layers] [--timeout 1800]
+    python benchmarks/scale.py [--only recipes|fsdp|layers] [--timeout 1800] [--results NAME]
+        [--extra=--config.actor_rollout_ref.model.attention_impl=xla ...]
 
-Writes benchmarks/results/scale.json and prints markdown tables for benchmarks/README.md.
+Writes benchmarks/results/<NAME>.json (default scale.json) and prints markdown tables for
+benchmarks/README.md. `--extra` adds a config override to every compile (a before/after variant: e.g.
+`scan_layers=False` or `attention_impl=xla` on the actor and critic).
 Needs the `aot` extra (`pip install -e '.[aot]'`).
 """
 
@@ -103,17 +106,20 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--only", choices=["recipes", "fsdp", "layers"], default=None)
   parser.add_argument("--timeout", type=float, default=1800)
+  parser.add_argument("--results", default="scale", help="results file name under benchmarks/results/ (no .json)")
+  parser.add_argument("--extra", action="append", default=[], help="a config override added to every compile")
   args = parser.parse_args()
-  results_path = os.path.join(ROOT, "benchmarks", "results", "scale.json")
+  results_path = os.path.join(ROOT, "benchmarks", "results", f"{args.results}.json")
   results = json.load(open(results_path)) if os.path.exists(results_path) else {}
   if args.only in (None, "recipes"):
     rows = []
     for label, recipe, model, target, extra in RECIPES:
-      report = aot(recipe, model, target, extra, args.timeout)
+      report = aot(recipe, model, target, (*extra, *args.extra), args.timeout)
       print(f"{label} on {target}: " + (report.get("error") or
                                         f"{gib(report['peak_bytes_per_device'])} GiB, fits={report['fits']}"),
             flush=True)
-      rows.append({"label": label, "recipe": recipe, "target": target, "overrides": list(extra), "report": report})
+      rows.append({"label": label, "recipe": recipe, "target": target, "overrides": [*extra, *args.extra],
+                   "report": report})
     results["recipes"] = rows
     print(recipe_table(rows))
   if args.only in (None, "fsdp"):
@@ -130,7 +136,8 @@ def main():
     sweep = {}
     for layers in LAYER_COUNTS:
       report = aot("grpo_gsm8k_qwen2_5_0_5b.py", "qwen2.5-0.5b-instruct", "h100x8",
-                   (f"--config.actor_rollout_ref.model.override_config.num_hidden_layers={layers}",), args.timeout)
+                   (f"--config.actor_rollout_ref.model.override_config.num_hidden_layers={layers}", *args.extra),
+                   args.timeout)
       sweep[layers] = {"compile_seconds": report.get("compile_seconds"), "error": report.get("error"),
                        "peak_bytes_per_device": report.get("peak_bytes_per_device")}
       print(f"{layers} layers: {sweep[layers]}", flush=True)

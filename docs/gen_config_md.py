@@ -50,6 +50,17 @@ _MODEL = {
     "remat_policy": ("what gradient checkpointing saves: `full` (nothing), `dots_saveable`, `nothing_saveable`, ... "
                      "(`jax.checkpoint_policies`)",
                      "— (ours; verl has only on/off plus `enable_activation_offload`)"),
+    "scan_layers": ("the decoder layers as one `nn.scan` over stacked weights (one compiled layer body whatever "
+                    "the depth; KV cache stacked per layer); False = a Python loop of `layers_<i>` modules. "
+                    "Checkpoints of either layout load into either", "— (ours; XLA compile time)"),
+    "attention_impl": ("attention kernel: `auto` (cudnn on NVIDIA GPUs, blockwise on TPU, xla on CPU, by the mesh's "
+                       "devices), `xla` (the whole [L, S] score matrix), `blockwise` (online softmax over blocks, "
+                       "plain JAX, any backend), `cudnn` (bf16/fp16), `splash` (TPU Pallas; one device only for "
+                       "now). Packed rows (cudnn), a partial sliding window, a cache prefill, fp32 (cudnn) and a "
+                       "process without cuDNN (compiling ahead of time on a CPU host) fall back to blockwise; decode "
+                       "steps keep their own path", "`attn_implementation` (`flash_attention_2`, `sdpa`, `eager`)"),
+    "attention_block_size": ("query and key block of `blockwise` attention (and splash's tiles)",
+                             "— (ours)"),
     "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning", SAME),
     "logits_chunk_size": ("LM head (log-probs, entropy) in chunks of about this many tokens per device: the "
                           "[rows, length, vocab] logits never exist at once and the backward recomputes each "

@@ -6,6 +6,11 @@ The frozen models (reference policy, reward model) are not saved: they are rebui
 (the seed or the model path), as verl does. Batches and per-step RNG are pure functions of (seed, step), so the step is the whole
 iterator state.
 
+Layer layouts: a model with scanned layers holds each layer parameter stacked under `layers/...`; one
+with a loop of modules (and every checkpoint written before the scan) under `layers_<i>/...`.
+`stack_layers` / `unstack_layers` convert any tree (params, optimizer moments, shapes) between the two,
+and `Checkpointer.restore` uses them to resume a checkpoint of either layout into either model.
+
 Saves are asynchronous and atomic: Orbax writes into a temporary directory and renames it when the
 write has finished, so an interrupted save is never picked up by `latest_step()`. Restoring takes
 the target shardings, so a checkpoint saved on one mesh restores onto another. A finished checkpoint
@@ -17,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 
@@ -36,6 +44,26 @@ class CheckpointError(UserError, ValueError):
 def _without_reference(state):
   """Frozen models (reference policy, reward model) are rebuilt from their source, not saved."""
   return state.replace(ref_params=None, reward_params=None)
+
+
+def _layer_sharding(sharding):
+  """One layer's sharding of a stacked leaf: without the leading layer axis."""
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:]),
+                                      memory_kind=sharding.memory_kind)
+  return sharding
+
+
+def _abstract_layer(leaf: jax.ShapeDtypeStruct, _: int) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype, sharding=_layer_sharding(leaf.sharding))
+
+
+def _abstract_stack(leaves: list) -> jax.ShapeDtypeStruct:
+  sharding = leaves[0].sharding
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(None, *sharding.spec),
+                                          memory_kind=sharding.memory_kind)
+  return jax.ShapeDtypeStruct((len(leaves),) + tuple(leaves[0].shape), leaves[0].dtype, sharding=sharding)
 
 
 class Checkpointer:
@@ -61,13 +89,28 @@ class Checkpointer:
     return os.path.join(self.directory, f"{STEP_PREFIX}_{step}")
 
   def restore(self, step: int, target_state):
-    """Restores onto the shardings of `target_state` (arrays or ShapeDtypeStructs); keeps its ref params."""
+    """Restores onto the shardings of `target_state` (arrays or ShapeDtypeStructs); keeps its ref params.
+
+    A checkpoint in the other layer layout (one written before the layer scan, `layers_<i>`, restored
+    into scanned layers, or the reverse) is read in its own layout and converted to the target's.
+    """
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state))
     with _unreadable_as_checkpoint_error(self.step_dir(step)):
+      saved, wanted = layer_layout(self._manager.item_metadata(step)["state"].tree), layer_layout(abstract)
+      convert = saved is not None and wanted is not None and saved != wanted
+      if convert:
+        abstract = (unstack_layers(abstract, _abstract_layer) if saved == "unstacked"
+                    else stack_layers(abstract, _abstract_stack))
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    state = restored.state.replace(ref_params=target_state.ref_params, reward_params=target_state.reward_params)
+    state = restored.state
+    if convert:
+      logging.info("checkpoint step %d has %s layers: converting to %s", step, saved, wanted)
+      state = stack_layers(state) if wanted == "stacked" else unstack_layers(state)
+      target = _without_reference(target_state)
+      state = jax.device_put(state, jax.tree.map(lambda x: x.sharding, target))
+    state = state.replace(ref_params=target_state.ref_params, reward_params=target_state.reward_params)
     return state, restored.meta
 
   def set_aside(self, step: int) -> str:
@@ -132,3 +175,58 @@ def read_checkpoint(step_dir: str, key: str = "trainer.resume_from_path"):
                                                                meta=ocp.args.JsonRestore()))
   config = ml_collections.ConfigDict(json.loads(restored.meta["config"]))
   return restored.state, restored.meta, config
+
+
+# ----- layer layouts: stacked (scanned layers) <-> unstacked (a loop of modules) -----------------------
+
+_LAYER_KEY = re.compile(r"layers_(\d+)$")
+
+
+def _is_unstacked(node) -> bool:
+  return isinstance(node, dict) and "layers_0" in node
+
+
+def _is_stacked(node) -> bool:
+  return isinstance(node, dict) and "layers" in node and isinstance(node["layers"], dict)
+
+
+def stack_layers(tree, stack=None):
+  """Any tree holding `layers_0 .. layers_{n-1}` dicts (params, optimizer moments, their shapes or
+  shardings) with each such group replaced by `layers`: one subtree whose leaves stack the layers'
+  along a new leading axis. `stack(leaves) -> leaf` (default `jnp.stack`) decides how a leaf stacks."""
+  stack = stack or (lambda leaves: jnp.stack(leaves))
+
+  def convert(node):
+    if not _is_unstacked(node):
+      return node
+    indices = sorted(int(m.group(1)) for key in node if (m := _LAYER_KEY.match(str(key))))
+    if indices != list(range(len(indices))):
+      raise ValueError(f"layers {indices} are not numbered 0..{len(indices) - 1}")
+    rest = {k: v for k, v in node.items() if not _LAYER_KEY.match(str(k))}
+    layers = [node[f"layers_{i}"] for i in indices]
+    return {**rest, "layers": jax.tree.map(lambda *leaves: stack(list(leaves)), *layers)}
+  return jax.tree.map(convert, tree, is_leaf=_is_unstacked)
+
+
+def unstack_layers(tree, unstack=None):
+  """The inverse of `stack_layers`: each `layers` group split into `layers_0 .. layers_{n-1}`, n the
+  leading dim of its leaves. `unstack(leaf, i) -> layer i of leaf` (default: `leaf[i]`)."""
+  unstack = unstack or (lambda leaf, i: leaf[i])
+
+  def convert(node):
+    if not _is_stacked(node):
+      return node
+    rest = {k: v for k, v in node.items() if k != "layers"}
+    num_layers = jax.tree.leaves(node["layers"])[0].shape[0]
+    return {**rest, **{f"layers_{i}": jax.tree.map(lambda leaf, i=i: unstack(leaf, i), node["layers"])
+                       for i in range(num_layers)}}
+  return jax.tree.map(convert, tree, is_leaf=_is_stacked)
+
+
+def layer_layout(tree) -> str | None:
+  """"stacked" (`layers/...`), "unstacked" (`layers_<i>/...`) or None (no layers) of a tree of nested dicts
+  (and other pytree nodes); the first group found decides."""
+  found = []
+  jax.tree.map(lambda node: found.append("stacked" if _is_stacked(node) else "unstacked" if _is_unstacked(node)
+                                         else None), tree, is_leaf=lambda n: _is_stacked(n) or _is_unstacked(n))
+  return next((layout for layout in found if layout), None)

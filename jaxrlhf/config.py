@@ -61,6 +61,9 @@ def _model() -> ml_collections.ConfigDict:
       use_remove_padding=False,
       enable_gradient_checkpointing=False,
       remat_policy="full",  # with gradient checkpointing: full | dots_saveable | nothing_saveable | ...
+      scan_layers=True,  # layers as one nn.scan over stacked weights (False: a Python loop)
+      attention_impl="auto",  # auto (cudnn on GPU, blockwise on TPU, xla on CPU) | xla | blockwise | cudnn | splash
+      attention_block_size=512,  # blockwise attention's query/key block
       lora_rank=0,
       # LM head (log-probs, entropy): tokens per device whose logits exist at once; the backward
       # recomputes them chunk by chunk. 0 = all positions at once.
@@ -258,6 +261,10 @@ _NOT_YET_WIRED = {
     ("algorithm.kl_penalty", "full"): "the reference's logits in the old-log-prob phase (exact KL over the vocabulary)",
 }
 
+# jaxrlhf.models.attention.ATTENTION_IMPLS (this module imports no JAX: `python -m jaxrlhf.aot` loads a config
+# before it chooses JAX's platform; tests/models/test_attention.py checks that the two agree).
+ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
+
 _CHOICES = {
     "data.truncation": ("error", "left", "right", "middle"),
     "reward_model.on_error": ("raise", "zero"),
@@ -269,6 +276,8 @@ _CHOICES = {
     "actor_rollout_ref.model.param_dtype": ("float32", "bfloat16"),
     "critic.model.dtype": ("float32", "bfloat16"),
     "critic.model.param_dtype": ("float32", "bfloat16"),
+    "actor_rollout_ref.model.attention_impl": ATTENTION_IMPLS,
+    "critic.model.attention_impl": ATTENTION_IMPLS,
     "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
     "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
     "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),

@@ -32,7 +32,7 @@ from jaxrlhf import cli
 from jaxrlhf.checkpoint import read_checkpoint
 from jaxrlhf.errors import UserError
 from jaxrlhf.models import (Decoder, cast_floating, generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer,
-                            model_config_from, pad_token_id)
+                            model_config_from, pad_token_id, params_for)
 from jaxrlhf.rollout import SamplingParams, generate, pad_prompts, repeat_interleave, response_lengths_and_clip
 
 
@@ -102,7 +102,7 @@ def load_model(path: str):
     state, _, config = read_checkpoint(path, key="--model")
     model_section = config.actor_rollout_ref.model
     model_config = model_config_from(model_section)
-    params = jax.tree.map(np.asarray, state["actor_params"])
+    params = params_for(model_config, jax.tree.map(np.asarray, state["actor_params"]))  # either layer layout
     source = model_section.path or None
     tokenizer_dir = source or os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer")
     if not os.path.isdir(tokenizer_dir):

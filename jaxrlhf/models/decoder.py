@@ -13,12 +13,21 @@ carries logical axis names (`embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `vo
 
 Attention works in two modes with one code path:
 - no cache: causal self-attention over the given tokens, keys masked by `kv_mask_BxS` (padding);
-- cache: the new keys/values are written at `cache_index` into a preallocated cache of length S and
-  queries attend to every cached position <= their own index that `kv_mask_BxS` marks valid.
+- cache: the new keys/values are written at `cache_index` into a preallocated cache and queries attend
+  to every cached position <= their own index that `kv_mask_BxS` marks valid; the cache may be longer
+  than `kv_mask_BxS` (S), and then only its first S columns are read.
 Packed rows (`use_remove_padding`, no cache) add `segment_ids_BxL`: several sequences share a row and
 attention is block-diagonal causal, a token sees only earlier tokens of its own segment; segment 0 is
 padding and sees nothing. Positions then restart in each segment (the caller passes them).
 The sliding window, like HF's, counts sequence (cache) indices, not token positions.
+
+Layers. With `scan_layers` (the default) the layers are one `nn.scan` over stacked weights: every
+layer parameter has a leading layer axis (logical name `layers`, no mesh axis) under `layers/...`, and
+XLA compiles one layer body whatever the depth. Without it they are a Python loop of modules
+`layers_0 .. layers_{n-1}` (the layout of checkpoints written before the scan; `stack_layers` /
+`unstack_layers` convert between the two). Either way the KV cache is one array per k/v with a
+leading layer axis (`init_cache`); the scan carries it and each layer updates its own slice in place.
+Attention kernels (`attention_impl`: xla, blockwise, cudnn, splash, auto) are in `models/attention.py`.
 
 Shape letters. Array names end in their shape (`logits_BxLxV`); each letter means one thing across
 the package:
@@ -43,10 +52,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
+# MASK_VALUE is re-exported: the sampler's filtered logit uses the same value.
+from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attention_impl,  # noqa: F401
+                                      blockwise_attention, choose_kernel, cudnn_attention, splash_attention,
+                                      xla_attention)
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-# Added to the score of a masked key (and to a filtered-out logit when sampling): finite, so a query
-# with no valid key (a left pad) gives no NaN, and exp() of it underflows to exactly 0.
-MASK_VALUE = -1e9
 INIT_STD = 0.02  # std of every fresh kernel and embedding (HF's `initializer_range` default)
 HEADS = ("lm", "value", "reward")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -89,13 +101,26 @@ class DecoderConfig:
   rope_high_freq_factor: float = 4.0  # llama3
   rope_original_max_position_embeddings: int = 8192  # llama3
   remat_policy: str = "none"  # one of REMAT_POLICIES
+  scan_layers: bool = True  # layers as one nn.scan over stacked weights (False: a Python loop of modules)
+  attention_impl: str = "auto"  # one of attention.ATTENTION_IMPLS ("auto": by the device platform)
+  attention_block_size: int = 512  # blockwise attention's query and key block
 
   def __post_init__(self):
     for name, value, allowed in (("dtype", self.dtype, _DTYPES), ("param_dtype", self.param_dtype, _DTYPES),
                                  ("rope_type", self.rope_type, ROPE_TYPES),
-                                 ("remat_policy", self.remat_policy, REMAT_POLICIES)):
+                                 ("remat_policy", self.remat_policy, REMAT_POLICIES),
+                                 ("attention_impl", self.attention_impl, ATTENTION_IMPLS)):
       if value not in allowed:
         raise ValueError(f"model config {name}={value!r} is not supported; expected one of {list(allowed)}")
+    if self.attention_block_size < 1:
+      raise ValueError(f"model config attention_block_size={self.attention_block_size} must be >= 1")
+
+  def for_platform(self, platform: str) -> "DecoderConfig":
+    """`attention_impl="auto"` resolved for a device platform ("cpu", "gpu"/"cuda", "tpu"): the compile
+    target's, which differs from this process's default backend when compiling ahead of time."""
+    if self.attention_impl != "auto":
+      return self
+    return dataclasses.replace(self, attention_impl=auto_attention_impl(platform))
 
   @property
   def resolved_head_dim(self) -> int:
@@ -194,7 +219,9 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
-               segment_ids_BxL=None):
+               segment_ids_BxL=None, layer=0, window_on=None):
+    """`cache`: the whole stacked cache {"k", "v"} [layers, B, S, K, H]; this layer reads and writes
+    slice `layer`. `window_on` (traced bool, optional): whether this layer uses the sliding window."""
     cfg = self.config
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     num_heads, num_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.resolved_head_dim
@@ -216,39 +243,53 @@ class Attention(nn.Module):
     batch, length = x_BxLxD.shape[:2]
     if cache is None:
       keys_BxSxKxH, values_BxSxKxH = k_BxLxKxH, v_BxLxKxH
-      query_index_L = jnp.arange(length)
+      offset = 0
       new_cache = None
     else:
-      zero = jnp.zeros((), jnp.int32)
-      start = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
-      keys_BxSxKxH = jax.lax.dynamic_update_slice(cache["k"], k_BxLxKxH.astype(cache["k"].dtype), start)
-      values_BxSxKxH = jax.lax.dynamic_update_slice(cache["v"], v_BxLxKxH.astype(cache["v"].dtype), start)
-      query_index_L = cache_index + jnp.arange(length)
-      new_cache = {"k": keys_BxSxKxH, "v": values_BxSxKxH}
-    key_index_S = jnp.arange(keys_BxSxKxH.shape[1])
+      zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
+      new_cache, layer_cache = {}, {}
+      for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
+        new_BxKxLxH = new_BxLxKxH.astype(cache[name].dtype).transpose(0, 2, 1, 3)
+        if isinstance(layer, int):  # the loop: write the new columns in place, read the layer back
+          start = (layer, zero, zero, index, zero)
+          new_cache[name] = jax.lax.dynamic_update_slice(cache[name], new_BxKxLxH[None], start)
+          layer_cache[name] = new_cache[name][layer]
+        else:
+          # In the scan, the layer's slice is taken out, updated and written back whole: reading the
+          # updated stacked cache instead makes XLA keep a copy of all of it inside the loop body.
+          old_BxKxSxH = jax.lax.dynamic_index_in_dim(cache[name], layer, keepdims=False)
+          layer_cache[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_BxKxLxH, (zero, zero, index, zero))
+          new_cache[name] = jax.lax.dynamic_update_slice(cache[name], layer_cache[name][None],
+                                                         (layer, zero, zero, zero, zero))
+      # Queries see the first S = len(kv_mask) columns: a cache allocated longer (for later decode
+      # segments) costs this call nothing beyond them, and is never copied to grow.
+      visible = kv_mask_BxS.shape[1]
+      keys_BxSxKxH, values_BxSxKxH = (layer_cache[name][:, :, :visible].transpose(0, 2, 1, 3) for name in "kv")
+      offset = cache_index
 
     group = num_heads // num_kv
     q_BxLxKxGxH = q_BxLxQxH.reshape(batch, length, num_kv, group, head_dim)
-    scores_BxKxGxLxS = jnp.einsum("blkgh,bskh->bkgls", q_BxLxKxGxH, keys_BxSxKxH.astype(dtype),
-                                  preferred_element_type=jnp.float32) / jnp.sqrt(head_dim).astype(jnp.float32)
-    allowed_LxS = key_index_S[None, :] <= query_index_L[:, None]
-    if self.sliding_window is not None:
-      allowed_LxS &= key_index_S[None, :] > query_index_L[:, None] - self.sliding_window
-    allowed_BxLxS = allowed_LxS[None] & (kv_mask_BxS[:, None, :] > 0)
-    if segment_ids_BxL is not None:
-      same_BxLxS = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
-      allowed_BxLxS &= same_BxLxS & (segment_ids_BxL[:, None, :] > 0)
-    scores_BxKxGxLxS = jnp.where(allowed_BxLxS[:, None, None], scores_BxKxGxLxS, MASK_VALUE)
-    probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(dtype)
+    window = self.sliding_window
+    impl = cfg.attention_impl if cfg.attention_impl != "auto" else auto_attention_impl(jax.default_backend())
     if cache is not None and length == 1:
-      # One query per row (a decode step): the weighted sum of values as a multiply-reduce over the cache
-      # in its own [B, S, K, H] layout. As a batched matmul, XLA:CPU first copies the whole value cache
-      # into a [B, K, H, S] layout at every step; this is ~12% faster per fp32 decode step, same on bf16.
-      probs_BxSxKxG = probs_BxKxGxLxS[:, :, :, 0].transpose(0, 3, 1, 2).astype(jnp.float32)
-      out_BxKxGxH = jnp.sum(probs_BxSxKxG[..., None] * values_BxSxKxH[:, :, :, None, :].astype(jnp.float32), axis=1)
-      out_BxLxKxGxH = out_BxKxGxH[:, None].astype(dtype)
+      impl = "xla"  # a decode step: one query row, its own path
     else:
-      out_BxLxKxGxH = jnp.einsum("bkgls,bskh->blkgh", probs_BxKxGxLxS, values_BxSxKxH.astype(dtype))
+      impl = choose_kernel(impl, dtype=dtype, cached=cache is not None, packed=segment_ids_BxL is not None,
+                           traced_window=window is not None and window_on is not None)
+    if impl == "xla":
+      out_BxLxKxGxH = xla_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset + jnp.arange(length),
+                                    kv_mask_BxS, segment_ids_BxL, window, window_on)
+    elif impl == "blockwise":
+      out_BxLxKxGxH = blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_mask_BxS,
+                                          segment_ids_BxL, window, window_on, cfg.attention_block_size)
+    elif impl == "cudnn":
+      out_BxLxKxGxH = cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window)
+      if out_BxLxKxGxH is None:  # no cuDNN in this process (compiling ahead of time on a CPU host) or shape
+        out_BxLxKxGxH = blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, 0, kv_mask_BxS, None,
+                                            window, None, cfg.attention_block_size)
+    else:
+      out_BxLxKxGxH = splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL,
+                                       window, cfg.attention_block_size)
     out_BxLxQxH = out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim)
     out_BxLxD = nn.DenseGeneral(
         cfg.hidden_size, axis=(-2, -1), use_bias=cfg.o_bias, dtype=dtype, param_dtype=param_dtype, name="o_proj",
@@ -276,27 +317,42 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+  """One layer, called as a scan body: ((x, cache), layer index, window flag, *shared inputs) ->
+  ((x, cache), None); the Python loop calls it the same way."""
   config: DecoderConfig
   sliding_window: int | None = None
 
   @nn.compact
-  def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
+  def __call__(self, carry, layer, window_on, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index=None,
                segment_ids_BxL=None):
+    x_BxLxD, cache = carry
     cfg = self.config
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], name=name)
-    attn_BxLxD, new_cache = Attention(cfg, self.sliding_window, name="self_attn")(
+    attn_BxLxD, cache = Attention(cfg, self.sliding_window, name="self_attn")(
         norm("input_layernorm")(x_BxLxD), cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index,
-        segment_ids_BxL)
+        segment_ids_BxL, layer, window_on)
     x_BxLxD = x_BxLxD + attn_BxLxD
     x_BxLxD = x_BxLxD + MLP(cfg, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
-    return x_BxLxD, new_cache
+    return (x_BxLxD, cache), None
 
 
 def _layer_class(config: DecoderConfig):
   policy = REMAT_POLICIES[config.remat_policy]
   if policy is None:
     return DecoderLayer
-  return nn.remat(DecoderLayer, policy=policy, prevent_cse=True)
+  # Inside a scan the loop boundary already keeps XLA from merging the recomputation into the forward.
+  return nn.remat(DecoderLayer, policy=policy, prevent_cse=not config.scan_layers)
+
+
+def _layer_windows(config: DecoderConfig):
+  """(static window or None, per-layer flag [layers] bool or None): the flag only when the window covers
+  some layers but not all (Qwen2 `max_window_layers`), the one case a scan cannot make static."""
+  start, layers = config.sliding_window_start_layer, config.num_hidden_layers
+  if config.sliding_window is None or start >= layers:
+    return None, None
+  if start <= 0:
+    return config.sliding_window, None
+  return config.sliding_window, jnp.arange(layers) >= start
 
 
 class Decoder(nn.Module):
@@ -328,14 +384,19 @@ class Decoder(nn.Module):
     x_BxLxD = embed(input_ids_BxL)
     cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
     layer_class = _layer_class(cfg)
-    new_cache = [] if cache is not None else None
-    for i in range(cfg.num_hidden_layers):
-      window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
-      x_BxLxD, layer_cache = layer_class(cfg, window, name=f"layers_{i}")(
-          x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS,
-          None if cache is None else cache[i], cache_index, segment_ids_BxL)
-      if cache is not None:
-        new_cache.append(layer_cache)
+    shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index, segment_ids_BxL)
+    if cfg.scan_layers:
+      window, window_on_N = _layer_windows(cfg)
+      layers = nn.scan(layer_class, variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
+                       length=cfg.num_hidden_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+      (x_BxLxD, cache), _ = layers(cfg, window, name="layers")(
+          (x_BxLxD, cache), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared)
+    else:
+      for i in range(cfg.num_hidden_layers):
+        window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
+        (x_BxLxD, cache), _ = layer_class(cfg, window, name=f"layers_{i}")((x_BxLxD, cache), i, None, *shared)
+    new_cache = cache
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
     if return_hidden:
       return x_BxLxD, new_cache
@@ -377,14 +438,30 @@ def head_outputs(config: DecoderConfig, head: str, params, hidden_xD):
   return _dot_general_f32(hidden_xD.astype(dtype), params["lm_head"]["kernel"].astype(dtype), dims)
 
 
+# The KV cache's axes: [layers, B, K, S, H]. Heads before length is the layout GPU attention reads; with
+# [.., S, K, H] XLA:GPU relayouts the whole stacked cache once more (a second copy of it in memory).
+CACHE_LOGICAL_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
+
+
 def init_cache(config: DecoderConfig, batch: int, max_length: int):
-  """Zeroed KV cache: one {'k','v'} [B, S, kv_heads, head_dim] pair per layer."""
-  shape = (batch, max_length, config.num_key_value_heads, config.resolved_head_dim)
+  """Zeroed KV cache {'k', 'v'}, each [layers, B, kv_heads, S, head_dim] (`CACHE_LOGICAL_AXES`; one layout,
+  scan or loop)."""
+  sizes = dict(layers=config.num_hidden_layers, batch=batch, kv_heads=config.num_key_value_heads,
+               length=max_length, head_dim=config.resolved_head_dim)
+  shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
   dtype = _DTYPES[config.dtype]
-  return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in range(config.num_hidden_layers)]
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
-CACHE_LOGICAL_AXES = ("batch", "length", "kv_heads", "head_dim")
+def params_for(config: DecoderConfig, params):
+  """`params` in the layer layout of `config` (`scan_layers`), converting a tree in the other one
+  (e.g. from a checkpoint written before the layer scan)."""
+  layout = layer_layout(params)
+  if config.scan_layers and layout == "unstacked":
+    return stack_layers(params)
+  if not config.scan_layers and layout == "stacked":
+    return unstack_layers(params)
+  return params
 
 
 def positions_from_mask(mask_BxL):

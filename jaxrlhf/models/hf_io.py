@@ -5,7 +5,9 @@ refused). Each tensor is read once on the host with `safetensors.safe_open(frame
 converted to our layout (HF linears are [out, in]; ours are [in, out], with q/k/v/o split into
 [embed, heads, head_dim]) and placed straight into its target sharding with
 `jax.make_array_from_callback`, so each device receives only its slice and the host holds one tensor
-at a time, never a copy of the model per device.
+at a time, never a copy of the model per device. Scanned layers (`scan_layers`) stack HF's per-layer
+tensors `model.layers.<i>.*` along a leading axis of one leaf `layers/...`: each layer is placed on its
+own, then the device stacks them; export slices the stacked leaf back into per-layer tensors.
 
 Heads and HF classes: head="lm" <-> `*ForCausalLM`, head="value" <-> `*ForTokenClassification`
 (num_labels=1, `score.weight` + `score.bias`: verl's critic format), head="reward" <->
@@ -28,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxrlhf.checkpoint import CheckpointError
-from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params
+from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params, params_for
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +154,14 @@ def load_hf_config(path: str, **overrides) -> DecoderConfig:
   return config_from_hf_dict(_read_json(config_path), config_path, **overrides)
 
 
-def compute_settings(model) -> dict[str, str]:
-  """A model section's compute keys as DecoderConfig fields: dtype, param_dtype, remat_policy."""
+def compute_settings(model) -> dict[str, Any]:
+  """A model section's compute keys as DecoderConfig fields: dtype, param_dtype, remat_policy, scan_layers,
+  attention_impl, attention_block_size (the last three default as DecoderConfig's when a config saved
+  before they existed lacks them)."""
+  defaults = {f.name: f.default for f in dataclasses.fields(DecoderConfig)}
+  layout = {key: model.get(key, defaults[key]) for key in ("scan_layers", "attention_impl", "attention_block_size")}
   return dict(dtype=model.dtype, param_dtype=model.param_dtype,
-              remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none")
+              remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none", **layout)
 
 
 def model_config_from(model, tokenizer=None) -> DecoderConfig:
@@ -252,6 +258,7 @@ class _TensorSpec:
   hf_name: str
   path: tuple[str, ...]  # key path in our param tree
   kind: str  # "copy" | "linear" (HF [out,in] <-> ours [in,out]) | "in_heads" | "out_heads"
+  layer: int | None = None  # scanned layers: this HF tensor is slice `layer` of the stacked leaf at `path`
 
 
 def _check_head(head: str):
@@ -268,12 +275,17 @@ def _flatten(tree, prefix=()):
 
 
 def _tensor_specs(shapes) -> list[_TensorSpec]:
-  """One spec per leaf of our param tree (flattened), with its HF name."""
+  """One spec per HF tensor: a leaf of our param tree (flattened), or one layer's slice of a stacked leaf
+  (`layers/...`, scanned layers), with its HF name."""
   specs = []
-  for path, _ in _flatten(shapes):
+  for path, shaped in _flatten(shapes):
     module, leaf = path[:-1], path[-1]
     hf_leaf = "weight" if leaf in ("kernel", "embedding", "weight") else "bias"
-    if module[0].startswith("layers_"):
+    layers: list[int | None] = [None]
+    if module[0] == "layers":
+      layers = list(range(shaped.shape[0]))
+      hf_module = "model.layers.{}" + "".join("." + m for m in module[1:])
+    elif module[0].startswith("layers_"):
       hf_module = "model.layers." + module[0][len("layers_"):] + "".join("." + m for m in module[1:])
     elif module[0] in ("embed_tokens", "norm"):
       hf_module = "model." + module[0]
@@ -288,11 +300,12 @@ def _tensor_specs(shapes) -> list[_TensorSpec]:
       kind = "out_heads" if leaf == "kernel" else "copy"
     else:
       kind = "linear" if leaf == "kernel" else "copy"
-    specs.append(_TensorSpec(f"{hf_module}.{hf_leaf}", path, kind))
+    specs.extend(_TensorSpec(f"{hf_module.format(layer)}.{hf_leaf}", path, kind, layer) for layer in layers)
   return specs
 
 
 def _hf_shape(spec: _TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The HF tensor's shape for our leaf (of one layer: `shape` without the stacked layer axis)."""
   leaf = spec.path[-1]
   if spec.kind == "linear":
     return shape[::-1]
@@ -418,7 +431,8 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
       for spec in specs:
         if files[spec.hf_name] != file:
           continue
-        expected = _hf_shape(spec, tuple(shape_of[spec.path].shape))
+        shape = tuple(shape_of[spec.path].shape)
+        expected = _hf_shape(spec, shape[1:] if spec.layer is not None else shape)  # a stacked leaf's layer
         found = tuple(f.get_slice(spec.hf_name).get_shape())
         if found != expected:
           raise CheckpointError(f"tensor {spec.hf_name} in {file} has shape {list(found)}, but the config "
@@ -438,6 +452,23 @@ def check_hf_checkpoint(path: str, config: DecoderConfig, *, head: str = "lm") -
   Reads only the safetensors headers: the validation pass runs it before any weight is loaded.
   """
   _read_plan(path, config, head, warn_unused=False)  # load_hf_params says it, once
+
+
+def _layer_sharding(sharding):
+  """The sharding of one layer of a stacked leaf: its NamedSharding without the leading layer axis."""
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    spec = tuple(sharding.spec)[1:]
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec),
+                                      memory_kind=sharding.memory_kind)
+  return sharding
+
+
+def _stack_placed(layers: list, sharding):
+  """One stacked leaf from its layers, each already on device in `_layer_sharding(sharding)`: the device
+  holds the layers and the stack of one leaf at a time, the host never the whole stack."""
+  if sharding is None:
+    return jax.numpy.stack(layers)
+  return jax.jit(lambda *xs: jax.numpy.stack(xs), out_shardings=sharding)(*layers)
 
 
 def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardings=None, dtype: str | None = None,
@@ -463,12 +494,22 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
   by_file: dict[str, list[_TensorSpec]] = {}
   for spec in plan.specs:
     by_file.setdefault(plan.files[spec.hf_name], []).append(spec)
+  layer_slices: dict[tuple[str, ...], dict[int, Any]] = {}
   for file, file_specs in sorted(by_file.items()):
     with safe_open(file, framework="numpy") as f:
       for spec in file_specs:
         shape = tuple(plan.shape_of[spec.path].shape)
+        if spec.layer is not None:
+          shape = shape[1:]
         array = np.ascontiguousarray(_to_ours(spec, f.get_tensor(spec.hf_name), shape).astype(np_dtype))
-        flat[spec.path] = _place(array, sharding_of.get(spec.path))
+        if spec.layer is None:
+          flat[spec.path] = _place(array, sharding_of.get(spec.path))
+        else:
+          layer_slices.setdefault(spec.path, {})[spec.layer] = _place(
+              array, _layer_sharding(sharding_of.get(spec.path)))
+  for path in list(layer_slices):
+    slices = layer_slices.pop(path)  # the layers are freed once stacked
+    flat[path] = _stack_placed([slices[i] for i in range(len(slices))], sharding_of.get(path))
 
   if plan.fresh_head:
     d = config.hidden_size
@@ -505,17 +546,22 @@ def hf_state_dict(params, config: DecoderConfig, head: str = "lm", dtype: str | 
   _check_head(head)
   np_dtype = _NUMPY_DTYPES[dtype or config.param_dtype]
   shapes, _ = abstract_params(Decoder(config, head=head))
-  flat = dict(_flatten(params))
+  flat = dict(_flatten(params_for(config, params)))
   shape_of = dict(_flatten(shapes))
   tensors = {}
+  host: dict[tuple[str, ...], np.ndarray] = {}  # one stacked leaf on the host at a time
   for spec in _tensor_specs(shapes):
     if spec.path not in flat:
       raise CheckpointError(f"params have no {'/'.join(spec.path)} (HF {spec.hf_name}) for head={head!r}")
     expected = tuple(shape_of[spec.path].shape)
-    value = _to_host(flat[spec.path])
+    if spec.path not in host:
+      host = {spec.path: _to_host(flat[spec.path])}
+    value = host[spec.path]
     if tuple(value.shape) != expected:
       raise CheckpointError(f"param {'/'.join(spec.path)} has shape {list(value.shape)}, but the config "
                             f"expects {list(expected)}")
+    if spec.layer is not None:
+      value = value[spec.layer]
     tensors[spec.hf_name] = np.ascontiguousarray(_to_hf(spec, value).astype(np_dtype))
   return tensors
 

@@ -31,6 +31,7 @@ TRAIN_RULES = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("length", None),
+    ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
 )
 
 GENERATION_RULES = (
@@ -42,6 +43,7 @@ GENERATION_RULES = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("length", None),
+    ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
 )
 
 # Generation with tensor parallelism over fsdp x tensor: every model-parallel dim uses both axes.
@@ -54,6 +56,7 @@ GENERATION_WIDE_TP_RULES = (
     ("kv_heads", ("fsdp", "tensor")),
     ("head_dim", None),
     ("length", None),
+    ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
 )
 
 

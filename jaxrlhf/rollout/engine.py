@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrlhf.models import Decoder, DecoderConfig, init_cache, load_hf_params
+from jaxrlhf.models import CACHE_LOGICAL_AXES, Decoder, DecoderConfig, init_cache, load_hf_params
 from jaxrlhf.rollout.buckets import DEFAULT_LENGTH_BUCKETS, pick_bucket
 from jaxrlhf.rollout.sampler import SamplingParams, decode_step, prefill_cache, token_keys
 
@@ -83,7 +83,7 @@ def _result(token_B, valid_B, length_B, log_prob_B) -> ResultTokens:
 @struct.dataclass
 class Prefix:
   """A prefilled request: its KV cache over a left-padded prompt bucket and its first sampled token."""
-  cache: Any  # per layer {'k','v'}: [1, P, kv_heads, head_dim], P = max_prefill_length
+  cache: Any  # {"k","v"}: [layers, 1, kv_heads, P, head_dim] (`init_cache`), P = max_prefill_length
   mask_1xP: jax.Array  # int32, left padding
   token: jax.Array  # [1] int32: the first generated token (not yet in the cache)
   position: jax.Array  # [1] int32: its token position
@@ -94,7 +94,7 @@ class Prefix:
 @struct.dataclass
 class DecodeState:
   """Everything `generate` transforms, for `max_concurrent_decodes` slots (B, one row each) and cache length S."""
-  cache: Any  # per layer {'k','v'}: [B, S, kv_heads, head_dim]
+  cache: Any  # {"k","v"}: [layers, B, kv_heads, S, head_dim] (`init_cache`)
   kv_mask_BxS: jax.Array  # int32: valid cache columns per slot
   index: jax.Array  # int32 scalar: the column the next generate step writes (shared by all slots)
   tokens_B: jax.Array  # int32: each slot's last generated token, fed by the next step
@@ -236,7 +236,7 @@ class Engine:
     done_1 = self._finished(token_1, length_1)
     # Left-padded to max_prefill_length so that one compiled `insert` serves every bucket.
     pad = self._max_prefill_length - prompt_len
-    cache = jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (pad, 0), (0, 0), (0, 0))), cache)
+    cache = jax.tree.map(lambda x: jnp.pad(x, _length_widths(x.ndim, (pad, 0))), cache)
     prefix = Prefix(cache=cache, mask_1xP=jnp.pad(kv_mask_1xP, ((0, 0), (pad, 0))), token=token_1,
                     position=position_1 + 1, done=done_1, key_data=jax.random.key_data(rng)[None])
     return prefix, _result(token_1, jnp.ones((1,), bool), length_1, log_prob_1)
@@ -245,9 +245,9 @@ class Engine:
     prompt_len = prefix.mask_1xP.shape[1]
     start = state.index - prompt_len
     zero = jnp.int32(0)
-    cache = [{name: jax.lax.dynamic_update_slice(layer[name], new[name].astype(layer[name].dtype),
-                                                 (slot, start, zero, zero))
-              for name in ("k", "v")} for layer, new in zip(state.cache, prefix.cache)]
+    at = tuple(slot if axis == "batch" else start if axis == "length" else zero for axis in CACHE_LOGICAL_AXES)
+    cache = jax.tree.map(lambda old, new: jax.lax.dynamic_update_slice(old, new.astype(old.dtype), at),
+                         state.cache, prefix.cache)
     row_S = jax.lax.dynamic_update_slice(jnp.zeros((self.cache_length,), jnp.int32), prefix.mask_1xP[0], (start,))
     return state.replace(
         cache=cache,
@@ -260,8 +260,12 @@ class Engine:
 
   def _compact(self, state: DecodeState) -> DecodeState:
     shift = self.cache_length - self._keep
-    left = lambda x: jnp.concatenate([x[:, shift:], jnp.zeros_like(x[:, :shift])], axis=1)
-    return state.replace(cache=jax.tree.map(left, state.cache), kv_mask_BxS=left(state.kv_mask_BxS),
+    def left(x, axis):
+      kept = jax.lax.slice_in_dim(x, shift, x.shape[axis], axis=axis)
+      return jnp.concatenate([kept, jnp.zeros_like(jax.lax.slice_in_dim(x, 0, shift, axis=axis))], axis=axis)
+    length_axis = CACHE_LOGICAL_AXES.index("length")
+    return state.replace(cache=jax.tree.map(lambda x: left(x, length_axis), state.cache),
+                         kv_mask_BxS=left(state.kv_mask_BxS, 1),
                          index=state.index - shift)
 
   def _generate_impl(self, params, state: DecodeState):
@@ -321,3 +325,7 @@ class Engine:
           free_slots.append(slot)
     return outputs
 
+
+def _length_widths(ndim: int, widths: tuple[int, int]):
+  """`jnp.pad` widths that pad a cache array's length axis only."""
+  return [widths if axis == CACHE_LOGICAL_AXES.index("length") else (0, 0) for axis in range(ndim)]

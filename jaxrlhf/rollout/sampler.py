@@ -3,8 +3,10 @@
 The prefill runs every prompt token but the last and keeps only the KV cache, so XLA never computes
 [B, P, vocab] logits; decode step s feeds one token (the last prompt token, then each sampled token)
 and samples from its logits, so no forward is spent on a token that is never fed back. The loop stops
-early once every row has emitted EOS. Long decodes run as a few consecutive loops whose cache grows
-between them (`SamplingParams.segment_ends`), so early steps attend over a shorter cache. Sampled
+early once every row has emitted EOS. Long decodes run as a few consecutive loops that attend over a
+growing prefix of the cache (`SamplingParams.segment_ends`), so early steps attend over a shorter one;
+the cache itself is allocated once at its final length (growing a stacked [layers, ...] cache would
+copy all of it). Sampled
 tokens' log-probs come from the temperature-scaled full distribution (the same `z = logits /
 temperature` the training forward uses, SPEC §4), so the rollout's log-probs equal the actor's
 recomputed `old_log_prob` for the same weights (in the same dtype; a bf16 rollout differs slightly).
@@ -22,7 +24,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, MASK_VALUE, init_cache, positions_from_mask
+from jaxrlhf.models.decoder import MASK_VALUE, init_cache, positions_from_mask
 
 
 
@@ -141,18 +143,21 @@ def decode_step(apply_fn: Callable, params, tokens_B, positions_B, kv_mask_BxS, 
 
 
 def prefill_cache(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_mask_BxP, cache_length: int,
-                  constrain_cache: Callable | None = None):
+                  constrain_cache: Callable | None = None, visible_length: int | None = None):
   """KV cache of every prompt token but the last, whose forward is the first decode step.
 
   Only the cache of this call is used, so XLA drops its language-model head: no [B, P, V] logits.
-  Left padding puts every row's last prompt token in the last column. Returns (cache, kv_mask_BxS).
+  Left padding puts every row's last prompt token in the last column. Returns (cache, kv_mask_BxS):
+  the cache has `cache_length` columns, the mask `visible_length` (default all), the columns the
+  first decode segment attends over.
   """
   batch, prompt_len = prompt_ids_BxP.shape
+  visible_length = visible_length or cache_length
   constrain_cache = constrain_cache or (lambda cache: cache)
   cache = constrain_cache(init_cache(model_config, batch, cache_length))
   prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
   kv_mask_BxS = jnp.concatenate(
-      [prompt_mask_BxP, jnp.zeros((batch, cache_length - prompt_len), jnp.int32)], axis=1)
+      [prompt_mask_BxP, jnp.zeros((batch, visible_length - prompt_len), jnp.int32)], axis=1)
   if prompt_len > 1:
     # Causal masking keeps these queries off column P-1, which the first decode step writes.
     _, cache = apply_fn(params, prompt_ids_BxP[:, :-1], positions_from_mask(prompt_mask_BxP)[:, :-1],
@@ -181,7 +186,8 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
   constrain_cache = constrain_cache or (lambda cache: cache)
   ends = sampling.segment_ends
   cache, kv_mask_BxS = prefill_cache(apply_fn, params, model_config, prompt_ids_BxP, prompt_mask_BxP,
-                                     cache_length(prompt_len, response_len, ends[0]), constrain_cache)
+                                     cache_length(prompt_len, response_len, ends[-1]), constrain_cache,
+                                     visible_length=cache_length(prompt_len, response_len, ends[0]))
   last_position_B = jnp.maximum(prompt_mask_BxP.sum(axis=1) - 1, 0)
 
   def body(carry):
@@ -208,13 +214,10 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
            jnp.zeros((batch, response_len), jnp.int32),
            cache, kv_mask_BxS, prompt_ids_BxP[:, -1].astype(jnp.int32))
   for index, end in enumerate(ends):
-    if index:  # a longer cache for this segment: zero columns, masked until written
-      *head, cache, kv_mask_BxS, input_B = carry
+    if index:  # this segment sees more cache columns: masked until written
+      *head, kv_mask_BxS, input_B = carry
       extra = cache_length(prompt_len, response_len, end) - kv_mask_BxS.shape[1]
-      length_axis = CACHE_LOGICAL_AXES.index("length")
-      widths = [(0, extra if axis == length_axis else 0) for axis in range(len(CACHE_LOGICAL_AXES))]
-      cache = constrain_cache(jax.tree.map(lambda x: jnp.pad(x, widths), cache))
-      carry = (*head, cache, jnp.pad(kv_mask_BxS, ((0, 0), (0, extra))), input_B)
+      carry = (*head, jnp.pad(kv_mask_BxS, ((0, 0), (0, extra))), input_B)
     cond = lambda c, end=end: (c[0] < end) & ~jnp.all(c[3])
     carry = jax.lax.while_loop(cond, body, carry)
   steps, tokens_BxR, log_probs_BxR, _, valid_BxR, *_ = carry

@@ -91,11 +91,13 @@ class StepProgram:
   def kv_cache_bytes_per_device(self) -> int:
     """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout."""
     data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
-    shape = (data_cfg.train_batch_size * n, data_cfg.max_prompt_length + data_cfg.max_response_length,
-             self.model_config.num_key_value_heads, self.model_config.resolved_head_dim)
+    sizes = dict(layers=self.model_config.num_hidden_layers, batch=data_cfg.train_batch_size * n,
+                 length=data_cfg.max_prompt_length + data_cfg.max_response_length,
+                 kv_heads=self.model_config.num_key_value_heads, head_dim=self.model_config.resolved_head_dim)
+    shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
     sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
     cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.rollout_dtype))
-    return 2 * self.model_config.num_hidden_layers * per_device_bytes(cache_leaf, sharding)
+    return 2 * per_device_bytes(cache_leaf, sharding)  # keys and values
 
 
 def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig, DecoderConfig | None]:
@@ -162,6 +164,10 @@ def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_mod
                   reward_model_config: DecoderConfig | None, reward_fn: Callable, eos_token_ids, pad_token_id: int,
                   total_steps: int) -> StepProgram:
   """The step of a resolved `config` on `mesh` (see the module docstring)."""
+  # attention_impl="auto" follows the mesh's devices: ahead of time they are not this host's.
+  platform = mesh.devices.flat[0].platform
+  model_config, critic_model_config = model_config.for_platform(platform), critic_model_config.for_platform(platform)
+  reward_model_config = reward_model_config.for_platform(platform) if reward_model_config is not None else None
   actor_cfg = config.actor_rollout_ref.actor
   optimizers = {"actor": make_optimizer(actor_cfg.optim, actor_cfg.grad_clip),
                 "critic": make_optimizer(config.critic.optim, config.critic.grad_clip)}

@@ -25,11 +25,19 @@ def test_forward_shapes_and_logical_axes(lm, tiny_model_config):
   logits, cache = model.apply({"params": params}, ids, positions_from_mask(jnp.ones_like(ids)), jnp.ones_like(ids))
   assert logits.shape == (3, 7, tiny_model_config.vocab_size) and logits.dtype == jnp.float32
   assert cache is None
-  assert logical["layers_0"]["self_attn"]["q_proj"]["kernel"] == ("embed", "heads", "head_dim")
-  assert logical["layers_0"]["self_attn"]["k_proj"]["kernel"] == ("embed", "kv_heads", "head_dim")
-  assert logical["layers_0"]["mlp"]["down_proj"]["kernel"] == ("mlp", "embed")
+  # Scanned layers: one stacked leaf per parameter, the layer axis first.
+  assert logical["layers"]["self_attn"]["q_proj"]["kernel"] == ("layers", "embed", "heads", "head_dim")
+  assert logical["layers"]["self_attn"]["k_proj"]["kernel"] == ("layers", "embed", "kv_heads", "head_dim")
+  assert logical["layers"]["mlp"]["down_proj"]["kernel"] == ("layers", "mlp", "embed")
   assert logical["embed_tokens"]["embedding"] == ("vocab", "embed")
-  assert params["layers_0"]["self_attn"]["k_proj"]["kernel"].shape == (32, 2, 8)  # GQA: 2 kv heads of 4
+  assert params["layers"]["self_attn"]["k_proj"]["kernel"].shape == (2, 32, 2, 8)  # GQA: 2 kv heads of 4
+
+
+def test_loop_layout_has_one_module_per_layer(tiny_model_config):
+  config = dataclasses.replace(tiny_model_config, scan_layers=False)
+  params, logical = init_params(Decoder(config), jax.random.key(0))
+  assert logical["layers_1"]["self_attn"]["q_proj"]["kernel"] == ("embed", "heads", "head_dim")
+  assert params["layers_0"]["self_attn"]["k_proj"]["kernel"].shape == (32, 2, 8)
 
 
 def test_causal_mask_future_tokens_do_not_change_past_logits(lm):

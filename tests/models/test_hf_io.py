@@ -80,8 +80,8 @@ def test_loads_onto_mesh_with_the_train_layout(qwen2, mesh_shape):
     assert all(shard.data.shape == shard_shape for shard in array.addressable_shards)
   _assert_same_params(placed, params)
   # The rules really split the model: embed over fsdp, mlp over tensor.
-  gate = placed["layers_0"]["mlp"]["gate_proj"]["kernel"].sharding.spec
-  assert tuple(gate) == ("fsdp", "tensor")
+  gate = placed["layers"]["mlp"]["gate_proj"]["kernel"].sharding.spec
+  assert tuple(gate) == (None, "fsdp", "tensor")  # the stacked layer axis stays whole
 
 
 # ----- dtypes and config forms -------------------------------------------------------------------

@@ -52,7 +52,7 @@ def test_config_switches_follow_the_checkpoint(checkpoint):
   if variant == "llama3_rope":
     assert (config.rope_type, config.rope_factor, config.rope_original_max_position_embeddings) == ("llama3", 8.0, 64)
   if variant == "qwen3":
-    assert config.head_dim == 16 and "q_norm" in checkpoint["params"]["layers_0"]["self_attn"]
+    assert config.head_dim == 16 and "q_norm" in checkpoint["params"]["layers"]["self_attn"]
   if variant == "mistral":
     assert config.sliding_window == 7
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.models import Decoder
-from jaxrlhf.models.decoder import init_params
+from jaxrlhf.models.decoder import init_cache, init_params
 
 
 @pytest.mark.parametrize("variant", ["plain", "qwen3_window"])
@@ -47,6 +47,6 @@ def test_segments_refuse_a_cache(tiny_model_config):
   model = Decoder(tiny_model_config, head="value")
   params, _ = init_params(model, jax.random.key(0))
   ones = jnp.ones((1, 4), jnp.int32)
-  cache = [{"k": jnp.zeros((1, 4, 2, 8)), "v": jnp.zeros((1, 4, 2, 8))}] * 2
+  cache = init_cache(tiny_model_config, 1, 4)
   with pytest.raises(ValueError, match="segment_ids_BxL"):
     model.apply({"params": params}, ones, ones, ones, cache, 0, segment_ids_BxL=ones)

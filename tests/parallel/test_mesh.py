@@ -38,8 +38,9 @@ def test_train_layout_splits_fsdp_and_generation_layout_gathers_it(tiny_model_co
   shapes, logical = abstract_params(Decoder(tiny_model_config))
   train = logical_to_shardings(logical, shapes, mesh, TRAIN_RULES)
   generation = logical_to_shardings(logical, shapes, mesh, GENERATION_RULES)
-  q_train = train["layers_0"]["self_attn"]["q_proj"]["kernel"].spec
-  q_gen = generation["layers_0"]["self_attn"]["q_proj"]["kernel"].spec
-  assert q_train == P("fsdp", "tensor", None) and q_gen == P(None, "tensor", None)
-  assert train["layers_0"]["mlp"]["down_proj"]["kernel"].spec == P("tensor", "fsdp")
+  # Scanned layers: the stacked layer axis (first) is never split.
+  q_train = train["layers"]["self_attn"]["q_proj"]["kernel"].spec
+  q_gen = generation["layers"]["self_attn"]["q_proj"]["kernel"].spec
+  assert q_train == P(None, "fsdp", "tensor", None) and q_gen == P(None, None, "tensor", None)
+  assert train["layers"]["mlp"]["down_proj"]["kernel"].spec == P(None, "tensor", "fsdp")
   assert generation["embed_tokens"]["embedding"].spec == P("tensor", None)
