@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
+from etils import epath
 
 from jaxrlhf.errors import UserError
 
@@ -97,7 +98,9 @@ class Checkpointer:
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state))
     with _unreadable_as_checkpoint_error(self.step_dir(step)):
-      saved, wanted = layer_layout(self._manager.item_metadata(step)["state"].tree), layer_layout(abstract)
+      # The saved tree's structure, from its metadata (the manager knows item types only after a save).
+      saved_tree = ocp.StandardCheckpointHandler().metadata(epath.Path(self.step_dir(step)) / "state").tree
+      saved, wanted = layer_layout(saved_tree), layer_layout(abstract)
       convert = saved is not None and wanted is not None and saved != wanted
       if convert:
         abstract = (unstack_layers(abstract, _abstract_layer) if saved == "unstacked"
