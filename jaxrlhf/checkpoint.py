@@ -68,7 +68,7 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, step_prefix=STEP_PREFIX,
                                              enable_async_checkpointing=async_save, create=True),
-        item_names=("state", "meta"))
+        item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -88,7 +88,9 @@ class Checkpointer:
     """
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state))
-    saved, wanted = layer_layout(self._manager.item_metadata(step)["state"].tree), layer_layout(abstract)
+    saved_metadata = self._manager.item_metadata(step)["state"]  # the saved tree's structure, no arrays read
+    saved = layer_layout(getattr(saved_metadata, "tree", saved_metadata)) if saved_metadata is not None else None
+    wanted = layer_layout(abstract)
     convert = saved is not None and wanted is not None and saved != wanted
     if convert:
       abstract = (unstack_layers(abstract, _abstract_layer) if saved == "unstacked"
