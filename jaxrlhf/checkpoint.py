@@ -74,7 +74,7 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, step_prefix=STEP_PREFIX,
                                              enable_async_checkpointing=async_save, create=True),
-        item_names=("state", "meta"))
+        item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()

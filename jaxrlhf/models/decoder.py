@@ -26,7 +26,8 @@ layer parameter has a leading layer axis (logical name `layers`, no mesh axis) u
 XLA compiles one layer body whatever the depth. Without it they are a Python loop of modules
 `layers_0 .. layers_{n-1}` (the layout of checkpoints written before the scan; `stack_layers` /
 `unstack_layers` convert between the two). Either way the KV cache is one array per k/v with a
-leading layer axis (`init_cache`); the scan carries it and each layer updates its own slice in place.
+leading layer axis, [layers, B, K, S, H] (`init_cache`); the scan carries it and each layer updates
+its own slice.
 Attention kernels (`attention_impl`: xla, blockwise, cudnn, splash, auto) are in `models/attention.py`.
 
 Shape letters. Array names end in their shape (`logits_BxLxV`); each letter means one thing across
@@ -220,7 +221,7 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
                segment_ids_BxL=None, layer=0, window_on=None):
-    """`cache`: the whole stacked cache {"k", "v"} [layers, B, S, K, H]; this layer reads and writes
+    """`cache`: the whole stacked cache {"k", "v"} [layers, B, K, S, H]; this layer reads and writes
     slice `layer`. `window_on` (traced bool, optional): whether this layer uses the sliding window."""
     cfg = self.config
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
@@ -361,7 +362,7 @@ class Decoder(nn.Module):
   head="lm": returns (logits_BxLxV fp32, cache); head="value" / "reward": returns (scores_BxL fp32, cache)
   (a reward model's score of a sequence is the score at its last valid token: `reward_model_scores`).
   `positions_BxL` are token positions (left padding makes them differ per row); `kv_mask_BxS` marks
-  valid keys: the attention mask without cache, the whole cache's validity with one.
+  valid keys: the attention mask without cache, the validity of the cache's first S columns with one.
   `segment_ids_BxL` (packed rows, no cache): block-diagonal causal attention within each segment id > 0.
   `return_hidden`: the final normed hidden states x_BxLxD (compute dtype) instead of the head's output,
   for callers that apply `head_outputs` to some positions only.

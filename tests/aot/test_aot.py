@@ -17,7 +17,7 @@ from jaxrlhf.aot.targets import TargetError, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-def config_text(sizes, lengths, estimator: str, mesh, kl_loss: bool = True) -> str:
+def config_text(sizes, lengths, estimator: str, mesh, kl_loss: bool = True, scan_layers: bool = True) -> str:
   """A config file: model (vocab, hidden, mlp, layers, heads, kv heads), (prompts, prompt len, response
   len) with one mini-batch, the advantage estimator and the mesh (data, fsdp, tensor)."""
   return f"""
@@ -33,6 +33,7 @@ def get_config():
   c.actor_rollout_ref.actor.use_kl_loss = {kl_loss}
   c.algorithm.adv_estimator = {estimator!r}
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = {tuple(mesh)}
+  c.actor_rollout_ref.model.scan_layers = c.critic.model.scan_layers = {scan_layers}
   return c
 """
 
@@ -41,11 +42,12 @@ def get_config():
 # of 8 + 8 tokens; GRPO with a KL loss (actor, Adam moments, reference; no critic), split 8 ways.
 STATE_HEAVY = config_text((8192, 512, 2048, 8, 8, 8), (8, 8, 8), "grpo", (1, 1, 8))
 # Matmul-bound and loop-free where it can be: one epoch, one mini-batch, one micro-batch, so every
-# update loop has one iteration and XLA's FLOP count (which counts a loop body once) sees all the work.
-FLOPS_PROBE = config_text((512, 256, 1024, 2, 4, 2), (4, 32, 32), "gae", (1, 1, 1))
-# 128 prompts x 4096 response tokens x a 65536-token vocabulary: its fp32 logits (137 GB) fit on no
-# device unless the LM head runs in chunks (`logits_chunk_size`, on by default).
-TOO_BIG = config_text((65536, 64, 128, 1, 2, 2), (128, 16, 4096), "grpo", (1, -1, 1), kl_loss=False)
+# update loop has one iteration and XLA's FLOP count (which counts a loop body once) sees all the work;
+# for the same reason the layers are a Python loop, not a scan.
+FLOPS_PROBE = config_text((512, 256, 1024, 2, 4, 2), (4, 32, 32), "gae", (1, 1, 1), scan_layers=False)
+# 512 prompts x 4096 response tokens x a 65536-token vocabulary: its fp32 logits (64 rows per device: 64 GiB
+# per logits buffer) fit on no device unless the LM head runs in chunks (`logits_chunk_size`, on by default).
+TOO_BIG = config_text((65536, 64, 128, 1, 2, 2), (512, 16, 4096), "grpo", (1, -1, 1), kl_loss=False)
 
 
 def run_aot(tmp_path, config_text: str, *args):
@@ -92,8 +94,9 @@ def test_compiles_for_target_and_memory_matches_hand_count(tmp_path, target):
   # The donated state comes back in place: arguments = the state, aliased = nearly all of the outputs.
   assert abs(step["argument_bytes"] - report["state_bytes_per_device"]) < 0.01 * step["argument_bytes"]
   assert step["alias_bytes"] > 0.95 * report["state_bytes_per_device"]
+  # At most the hand count (state + two gradient buffers); with the layers as a scan XLA needs fewer.
   hand = _hand_count(report)
-  assert abs(step["total_bytes"] - hand) / hand < 0.10, (step, hand)
+  assert report["state_bytes_per_device"] <= step["total_bytes"] < 1.10 * hand, (step, hand)
   assert "fits: yes" in result.stdout and "mesh {'data': 1, 'fsdp': 1, 'tensor': 8}" in result.stdout
 
 

@@ -24,7 +24,9 @@ def test_checkpoint_resumes_into_the_other_layer_layout(tmp_path, saved_scan):
   saved = Trainer(small_config(tmp_path, **MESH, **layout(saved_scan)))
   checkpointer = Checkpointer(str(tmp_path / "ckpt"))
   saved.save(checkpointer, 1)
-  checkpointer.wait()
+  checkpointer.close()
+
+  checkpointer = Checkpointer(str(tmp_path / "ckpt"))  # a fresh process's view: only what is on disk
 
   target = Trainer(small_config(tmp_path, **MESH, **layout(not saved_scan)))
   restored, meta = checkpointer.restore(1, target.state)
