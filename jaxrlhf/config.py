@@ -15,10 +15,7 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from jaxrlhf import algos
 from jaxrlhf.errors import UserError
-from jaxrlhf.models.decoder import REMAT_POLICIES
-from jaxrlhf.tracking.tracking import LOGGERS
 
 _placeholder = config_dict.placeholder
 
@@ -286,6 +283,10 @@ _CHOICES = {
 
 def _registry_choices() -> dict[str, list[str]]:
   """Choice keys whose choices are a registry: read at validation time, so user-registered names count."""
+  # Imported here, not at the top: loading a config file must not load JAX, because `python -m jaxrlhf.aot`
+  # reads the config before it sets up the target's environment (JAX reads it when it starts).
+  from jaxrlhf import algos
+  from jaxrlhf.models.decoder import REMAT_POLICIES
   kl_types = list(algos.KL_PENALTY_TYPES)
   remat = sorted(REMAT_POLICIES)
   return {
@@ -421,6 +422,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     # None: derived from another key (rollout.dtype, critic.loss_agg_mode; see resolve_config).
     if values[path] is not None and values[path] not in choices:
       raise ConfigError(f"config key '{path}' must be one of {list(choices)}, got {values[path]!r}")
+  from jaxrlhf.tracking.tracking import LOGGERS  # not at the top: see _registry_choices
   for name in values["trainer.logger"]:
     if name not in LOGGERS:
       raise ConfigError(f"config key 'trainer.logger' has unknown logger {name!r}; known: {list(LOGGERS)}")

@@ -214,3 +214,12 @@ def test_greedy_validation_may_have_temperature_zero_but_sampling_may_not():
   config.actor_rollout_ref.rollout.val_kwargs.do_sample = True
   with pytest.raises(ConfigError, match="val_kwargs.temperature' must be > 0 when do_sample=True"):
     validate_config(config)
+
+
+def test_loading_a_config_file_does_not_load_jax():
+  """`python -m jaxrlhf.aot` reads the config before it sets up the target's environment, which JAX reads
+  when it loads: a config file (and jaxrlhf.config) must not import it."""
+  code = ("import sys; from jaxrlhf.config import load_config_file; "
+          "load_config_file('configs/grpo_gsm8k_qwen2_5_7b.py'); print('jax' in sys.modules)")
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.stdout.strip() == "False", out.stderr[-2000:]
