@@ -89,7 +89,7 @@ class PPOStep:
     seq_len = rollout["prompts"].shape[1] + rollout["responses"].shape[1]
     batching = self.batcher.phase_plan(section, section_path, rollout["responses"].shape[0], seq_len, packed,
                                        micro_per_device)
-    return update_loop.forward_phase(outputs_fn, rollout, batching)
+    return update_loop.forward_phase(outputs_fn, rollout, batching, self.layouts.to_train)
 
   def _rollout_log_probs(self, params, rollout: dict, phase: str, statistics: tuple[str, ...] = ()):
     return self._forward_phase(lambda micro: self.outputs.token_outputs(params, micro, statistics), rollout,

@@ -89,26 +89,28 @@ def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
 SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")  # what a model's forward reads
 
 
-def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None):
-  """`outputs_fn(micro) -> [N, R]` (or a tuple of them) over the rollout: at once on padded rows
+def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None,
+                  to_train: Callable = lambda tree: tree):
+  """`outputs_fn(micro) -> [N, R]` (or a tree of them) over the rollout: at once on padded rows
   (`batching` None), by micro-batches of padded rows, or slot by slot on packed rows (an empty slot is
-  skipped; 0 off the response mask)."""
+  skipped; 0 off the response mask). `to_train` pins each micro-batch's rows to the batch layout, so
+  every device runs its share of a micro-batch, not all of it."""
+  sequences = {key: rollout[key] for key in SEQUENCE_KEYS}
   if batching is None:
-    return outputs_fn(rollout)
+    return outputs_fn(sequences)
   if not batching.packed:
     num_rows = rollout["responses"].shape[0]
-    padded = packing.pad_rows({key: rollout[key] for key in SEQUENCE_KEYS}, batching.num_micro * batching.rows)
+    padded = packing.pad_rows(sequences, batching.num_micro * batching.rows)
     micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), padded)
     return jax.tree.map(lambda out_MxBxR: out_MxBxR.reshape((-1,) + out_MxBxR.shape[2:])[:num_rows],
-                        jax.lax.map(outputs_fn, micro_batches))
+                        jax.lax.map(lambda micro: outputs_fn(to_train(micro)), micro_batches))
   plan = pack_sequences(rollout, batching)
   mask_NxR = rollout["response_mask"]
-  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(outputs_fn, dict(
-      rollout, packed=packing.slot(plan, 0))))
+  slot_micro = lambda k: to_train(dict(sequences, packed=packing.slot(plan, k)))
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(outputs_fn, slot_micro(0)))
 
   def run_slot(out, k):
-    slot_values = jax.lax.cond(plan["used"][k], lambda: outputs_fn(dict(rollout, packed=packing.slot(plan, k))),
-                               lambda: zeros)
+    slot_values = jax.lax.cond(plan["used"][k], lambda: outputs_fn(slot_micro(k)), lambda: zeros)
     in_slot_Nx1 = (plan["slot_N"] == k)[:, None]
     return jax.tree.map(lambda new_NxR, out_NxR: jnp.where(in_slot_Nx1, new_NxR, out_NxR), slot_values, out), None
 
