@@ -42,7 +42,10 @@ BIG_RECIPES = {
 # What a big recipe may change from its 0.5B parent: model, layout, micro-batch size, run name.
 BIG_RECIPE_CHANGES = ("actor_rollout_ref.model.path", "actor_rollout_ref.rollout.tensor_model_parallel_size",
                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "trainer.experiment_name", "mesh.data",
+                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                      "critic.forward_micro_batch_size_per_gpu", "trainer.experiment_name", "mesh.data",
                       "mesh.fsdp", "mesh.tensor")
 # Published sizes (the Hub model cards), in parameters.
 PUBLIC_SIZES = {"qwen2.5-0.5b-instruct": 0.49e9, "qwen2.5-1.5b-instruct": 1.54e9, "qwen2.5-7b-instruct": 7.61e9,
