@@ -144,8 +144,9 @@ _DOCS = {
     "actor_rollout_ref.actor.use_kl_loss": ("add `kl_loss_coef * KL(pi, ref)` to the actor loss", SAME),
     "actor_rollout_ref.actor.kl_loss_coef": ("KL loss weight", SAME),
     "actor_rollout_ref.actor.kl_loss_type": ("KL estimator: `kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`, "
-                                             "`full`, or `<name>+` (straight-through)",
-                                             "same (verl 0.9.1 raises on `full`)"),
+                                             "`full` (exact KL over the vocabulary from both policies' logits, "
+                                             "per LM-head chunk), or `<name>+` (straight-through)",
+                                             "same, and `full` works here (verl 0.9.1 raises on it)"),
     "actor_rollout_ref.actor.ppo_epochs": ("passes over the rollout batch per step", SAME),
     "actor_rollout_ref.actor.shuffle": ("reshuffle the mini-batches every epoch (seeded)", SAME),
     "actor_rollout_ref.actor.grad_clip": ("global gradient-norm clip; a step with a non-finite norm is skipped",
@@ -243,7 +244,9 @@ _DOCS = {
                                                "`reinforce` (-A * log-prob * weight)", SAME),
     "algorithm.norm_adv_by_std_in_grpo": ("GRPO divides by the group std; False = Dr.GRPO", SAME),
     "algorithm.use_kl_in_reward": ("subtract `beta * KL` from the token rewards", SAME),
-    "algorithm.kl_penalty": ("KL estimator for the in-reward penalty (as `kl_loss_type`)", SAME),
+    "algorithm.kl_penalty": ("KL estimator for the in-reward penalty (as `kl_loss_type`; `full` runs the "
+                             "reference in the old-log-prob phase, which then replaces the ref phase)",
+                             "same, and `full` works here (verl 0.9.1 raises on it)"),
     "algorithm.kl_ctrl.type": ("`fixed` or `adaptive` coefficient (SPEC §2; checkpointed)", SAME),
     "algorithm.kl_ctrl.kl_coef": ("initial in-reward KL coefficient `beta`", SAME),
     "algorithm.kl_ctrl.horizon": ("adaptive controller horizon", SAME),

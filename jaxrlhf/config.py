@@ -254,8 +254,6 @@ _NOT_YET_WIRED = {
     ("algorithm.adv_estimator", "gdpo"): "per-component reward scores from the reward function",
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode"): (
         "the rollout's log-probs as the old ones (algorithm.rollout_correction.bypass_mode)"),
-    ("actor_rollout_ref.actor.kl_loss_type", "full"): "the reference's logits in the update (exact KL over the vocabulary)",
-    ("algorithm.kl_penalty", "full"): "the reference's logits in the old-log-prob phase (exact KL over the vocabulary)",
 }
 
 # jaxrlhf.models.attention.ATTENTION_IMPLS (this module imports no JAX: `python -m jaxrlhf.aot` loads a config

@@ -56,8 +56,6 @@ def test_wrong_type_names_the_key():
     ("algorithm.rollout_correction.bypass_mode", True, "bypass_mode'=True is not implemented"),
     ("algorithm.adv_estimator", "gdpo", "per-component reward scores"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode", "rollout's log-probs"),
-    ("actor_rollout_ref.actor.kl_loss_type", "full", "reference's logits in the update"),
-    ("algorithm.kl_penalty", "full", "reference's logits in the old-log-prob phase"),
     ("critic.forward_micro_batch_size_per_gpu", 0, "critic.forward_micro_batch_size_per_gpu' must be >= 1"),
     ("actor_rollout_ref.model.logits_chunk_size", -1, "logits_chunk_size' must be >= 0"),
 ])

@@ -34,17 +34,24 @@ def place_scores_on_last_token(scores_N, response_mask_NxR):
 
 def apply_kl_penalty(token_level_scores_NxR, old_log_prob_NxR, ref_log_prob_NxR, response_mask_NxR, kl_coef, *,
                      kl_penalty_type: str, kl_ctrl_type: str = "fixed", target_kl: float = 0.0,
-                     horizon: float = 1.0, kl_gate=1.0):
+                     horizon: float = 1.0, kl_gate=1.0, full_kl_NxR=None):
   """token_level_rewards = token_level_scores - kl_gate * beta * KL per token (SPEC §2), and the controller.
 
-  `kl_gate` gates the penalty (1, or 0 during a KL warm-up). Returns (token_level_rewards_NxR,
+  `kl_gate` gates the penalty (1, or 0 during a KL warm-up). `kl_penalty_type="full"` reads the exact
+  per-token KL over the vocabulary from `full_kl_NxR` (`full_kl` of both policies' logits) instead of
+  an estimate from the sampled token's log-probs. Returns (token_level_rewards_NxR,
   new kl_coef, current_kl): current_kl is the mean over sequences of each sequence's token-mean KL,
   what the adaptive controller tracks (and verl logs as `actor/reward_kl_penalty`).
   """
   if kl_ctrl_type not in KL_CONTROLLERS:
     raise ValueError(f"algorithm.kl_ctrl.type={kl_ctrl_type!r}; expected one of {list(KL_CONTROLLERS)}")
   mask_f = response_mask_NxR.astype(jnp.float32)
-  kl_NxR = kl_penalty(old_log_prob_NxR, ref_log_prob_NxR, kl_penalty_type) * mask_f
+  if kl_penalty_type == "full":
+    if full_kl_NxR is None:
+      raise ValueError("kl_penalty_type='full' needs full_kl_NxR: the exact KL from both policies' logits")
+    kl_NxR = full_kl_NxR * mask_f
+  else:
+    kl_NxR = kl_penalty(old_log_prob_NxR, ref_log_prob_NxR, kl_penalty_type) * mask_f
   token_level_rewards_NxR = token_level_scores_NxR - kl_gate * kl_coef * kl_NxR
   current_kl = jnp.mean(masked_mean(kl_NxR, mask_f, axis=-1))
   num_sequences = mask_f.shape[0]

@@ -15,11 +15,15 @@ from jaxrlhf.trainer.model_outputs import ModelOutputs
 def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, actor, on_policy: bool):
   """Policy loss - entropy bonus (+ KL loss to the reference). `actor`: the actor's config section.
 
-  aux: per-step scalars; `kl_gate` is 0 during the KL warm-up, else 1. `on_policy` (one epoch, one
-  mini-batch): the current log-prob (stopped) is the old one, so the ratio is exactly 1, as in verl.
+  aux: per-step values; `kl_gate` is 0 during the KL warm-up, else 1; `ref_params` (the reference
+  policy's weights) when `kl_loss_type="full"`: the exact KL over the vocabulary needs its logits.
+  `on_policy` (one epoch, one mini-batch): the current log-prob (stopped) is the old one, so the ratio
+  is exactly 1, as in verl.
   """
   mask = micro["response_mask"]
-  log_prob, entropy = outputs.log_probs(params, micro)
+  full_kl = actor.use_kl_loss and actor.kl_loss_type == "full"
+  out = outputs.token_outputs(params, micro, ("entropy",), ref_params=aux["ref_params"] if full_kl else None)
+  log_prob, entropy = out["log_prob"], out["entropy"]
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy else micro["old_log_probs"]
   pg_loss, pg_metrics = algos.compute_policy_loss(
       old_log_prob, log_prob, micro["advantages"], mask,
@@ -35,7 +39,7 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
              "actor/pg_clipfrac_lower": pg_metrics["pg_clipfrac_lower"],
              "actor/ppo_kl": pg_metrics["ppo_kl"]}
   if actor.use_kl_loss:
-    kl = algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
+    kl = out["full_kl"] if full_kl else algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
     kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)
     loss = loss + aux["kl_gate"] * actor.kl_loss_coef * kl_loss
     metrics["actor/kl_loss"] = kl_loss

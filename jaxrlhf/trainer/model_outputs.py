@@ -47,30 +47,43 @@ TOKEN_STATISTICS = {"entropy": algos.entropy_from_logits, "sum_pi_squared": algo
 
 
 def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: float, statistics: tuple[str, ...],
-                     chunk_len: int, constrain: Callable = lambda x, logical_axes: x) -> dict:
+                     chunk_len: int, constrain: Callable = lambda x, logical_axes: x, ref=None) -> dict:
   """{"log_prob": [B, L], and each of `statistics` (TOKEN_STATISTICS names): [B, L]} of `tokens` under
   softmax(head(hidden) / T), fp32.
+
+  `ref`: (ref_params, ref_hidden_BxLxD) of the reference policy at the same positions; adds
+  "ref_log_prob" and "full_kl" (the exact KL(pi || ref) over the vocabulary, `algos.full_kl`), so the
+  two policies' logits meet one chunk at a time.
 
   With `chunk_len` < L the positions run as a `lax.scan` over chunks of `chunk_len` (the last one padded);
   each chunk's logits are recomputed in the backward instead of kept. `constrain(x, logical_axes)`
   pins the chunk's hidden states and logits to the train layout (`StepLayouts.constrain_activation`).
   """
-  def outputs(h_BxCxD, tokens_BxC):
+  def logits(head_params, h_BxCxD):
     h_BxCxD = constrain(h_BxCxD, ("batch", "length", None))
-    z_BxCxV = constrain(head_outputs(config, "lm", params, h_BxCxD), ("batch", "length", "vocab")) / temperature
-    return {"log_prob": token_log_probs(z_BxCxV, tokens_BxC, 1.0),
-            **{name: TOKEN_STATISTICS[name](z_BxCxV) for name in statistics}}
+    return constrain(head_outputs(config, "lm", head_params, h_BxCxD), ("batch", "length", "vocab")) / temperature
+
+  def outputs(h_BxCxD, tokens_BxC, ref_h_BxCxD=None):
+    z_BxCxV = logits(params, h_BxCxD)
+    out = {"log_prob": token_log_probs(z_BxCxV, tokens_BxC, 1.0),
+           **{name: TOKEN_STATISTICS[name](z_BxCxV) for name in statistics}}
+    if ref_h_BxCxD is not None:
+      ref_z_BxCxV = logits(ref[0], ref_h_BxCxD)
+      out.update(ref_log_prob=token_log_probs(ref_z_BxCxV, tokens_BxC, 1.0),
+                 full_kl=algos.full_kl(z_BxCxV, ref_z_BxCxV))
+    return out
 
   rows, length = tokens_BxL.shape
+  inputs = (hidden_BxLxD, tokens_BxL) + ((ref[1],) if ref is not None else ())
   if chunk_len >= length:
-    return outputs(hidden_BxLxD, tokens_BxL)
+    return outputs(*inputs)
   num_chunks = -(-length // chunk_len)
   pad = num_chunks * chunk_len - length
   to_chunks = lambda x: jnp.moveaxis(
       jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape((rows, num_chunks, chunk_len) + x.shape[2:]),
       1, 0)
-  chunk_outputs = jax.checkpoint(lambda _, inputs: (None, outputs(*inputs)), prevent_cse=False)
-  _, out_KxBxC = jax.lax.scan(chunk_outputs, None, (to_chunks(hidden_BxLxD), to_chunks(tokens_BxL)))
+  chunk_outputs = jax.checkpoint(lambda _, chunk: (None, outputs(*chunk)), prevent_cse=False)
+  _, out_KxBxC = jax.lax.scan(chunk_outputs, None, tuple(to_chunks(x) for x in inputs))
   return jax.tree.map(lambda x_KxBxC: jnp.moveaxis(x_KxBxC, 0, 1).reshape(rows, num_chunks * chunk_len)[:, :length],
                       out_KxBxC)
 
@@ -111,13 +124,21 @@ class ModelOutputs:
     return packing.response_outputs(per_token, micro["packed"], micro["prompts"].shape[1],
                                     micro["responses"].shape[1])
 
-  def token_outputs(self, params, micro: dict, statistics: tuple[str, ...] = ()) -> dict:
-    """{"log_prob": [N, R] of the response tokens, and each of `statistics` (TOKEN_STATISTICS): [N, R]}."""
+  def token_outputs(self, params, micro: dict, statistics: tuple[str, ...] = (), ref_params=None) -> dict:
+    """{"log_prob": [N, R] of the response tokens, and each of `statistics` (TOKEN_STATISTICS): [N, R]}.
+
+    With `ref_params` (the reference policy's) also "ref_log_prob" and "full_kl" [N, R] (exact KL over
+    the vocabulary, `kl_penalty` / `kl_loss_type` "full"); the reference's forward carries no gradient.
+    """
     hidden_BxLxD = self._hidden(self.actor, params, micro)
+    ref = None
+    if ref_params is not None:
+      ref_params = jax.lax.stop_gradient(ref_params)
+      ref = (ref_params, self._hidden(self.actor, ref_params, micro))
     tokens_BxL = packing.next_tokens(micro["packed"]["input_ids"]) if "packed" in micro else micro["responses"]
     chunk_len = chunk_length(tokens_BxL.shape[0], tokens_BxL.shape[1], self.chunk_tokens, self.num_batch_shards)
     out = lm_token_outputs(self.actor.config, params, hidden_BxLxD, tokens_BxL, self.temperature, statistics,
-                           chunk_len, self.constrain)
+                           chunk_len, self.constrain, ref)
     return {name: self._to_responses(x, micro) for name, x in out.items()}
 
   def log_probs(self, params, micro: dict, with_entropy: bool = True):

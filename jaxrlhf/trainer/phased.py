@@ -43,10 +43,11 @@ class PhasedStep:
     """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""
     ppo = self.ppo
     keys = ppo.split_rng(rng)
-    old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout)
-    ref = run("ref", self.ref, state.ref_params, rollout) if ppo.use_reference else None
+    old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout,
+              state.ref_params if ppo.full_kl_in_reward else None)
+    ref = run("ref", self.ref, state.ref_params, rollout) if ppo.ref_phase else old[1].get("ref_log_prob")
     values = run("values", self.values, state.critic_params, rollout) if ppo.use_critic else None
-    adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values, old[1].get("sum_pi_squared"))
+    adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values, old[1])
     data = run(None, self.data, rollout, old[0], ref, adv)
     critic = None
     if ppo.use_critic:

@@ -65,6 +65,12 @@ class PPOStep:
     self.batcher = update_loop.MicroBatcher(config, num_batch_shards)
     self.use_critic = bool(config.critic.enable)
     self.use_reference = bool(actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+    # Exact KL over the vocabulary ("full") needs both policies' logits in one place: the old-log-prob
+    # phase runs the reference too (for the reward; it then yields the reference log-probs as well, so
+    # there is no separate ref phase), and the actor loss runs it per micro-batch.
+    self.full_kl_in_reward = bool(config.algorithm.use_kl_in_reward and config.algorithm.kl_penalty == "full")
+    self.full_kl_loss = bool(actor.use_kl_loss and actor.kl_loss_type == "full")
+    self.ref_phase = self.use_reference and not self.full_kl_in_reward
     # Performance switches (SPEC §5, `packing`): the critic follows the actor's (or its own model's) packing.
     self.actor_packed = bool(config.actor_rollout_ref.model.use_remove_padding)
     self.critic_packed = self.actor_packed or bool(config.critic.model.use_remove_padding)
@@ -91,22 +97,26 @@ class PPOStep:
                                        micro_per_device)
     return update_loop.forward_phase(outputs_fn, rollout, batching, self.layouts.to_train)
 
-  def _rollout_log_probs(self, params, rollout: dict, phase: str, statistics: tuple[str, ...] = ()):
-    return self._forward_phase(lambda micro: self.outputs.token_outputs(params, micro, statistics), rollout,
-                               self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed,
+  def _rollout_log_probs(self, params, rollout: dict, phase: str, statistics: tuple[str, ...] = (),
+                         ref_params=None):
+    return self._forward_phase(lambda micro: self.outputs.token_outputs(params, micro, statistics, ref_params),
+                               rollout, self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed,
                                self.batcher.forward_micro_per_device[phase])
 
-  def old_log_prob(self, actor_params, rollout: dict):
+  def old_log_prob(self, actor_params, rollout: dict, ref_params=None):
     """Phase `old_log_prob`: (log-probs of the rollout policy, aux). aux["metrics"] holds its entropy
-    (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the optimal token baselines."""
+    (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the optimal token baselines. With
+    `ref_params` (full KL in the reward) aux also holds "full_kl" and "ref_log_prob" [N, R]."""
     actor = self.config.actor_rollout_ref.actor
     statistics = ("entropy",) + (("sum_pi_squared",) if self.config.algorithm.adv_estimator in OTB_ESTIMATORS else ())
+    if ref_params is not None:
+      ref_params = self.layouts.fetch(ref_params, self.layouts.ref_device)
     out = jax.lax.stop_gradient(self._rollout_log_probs(
-        self.layouts.fetch(actor_params, self.layouts.actor_device), rollout, "old_log_prob", statistics))
+        self.layouts.fetch(actor_params, self.layouts.actor_device), rollout, "old_log_prob", statistics,
+        ref_params))
     aux = {"metrics": {"actor/entropy": algos.agg_loss(out["entropy"], rollout["response_mask"], actor.loss_agg_mode,
                                                        loss_scale_factor=actor.loss_scale_factor)}}
-    if "sum_pi_squared" in out:
-      aux["sum_pi_squared"] = out["sum_pi_squared"]
+    aux.update({key: out[key] for key in ("sum_pi_squared", "full_kl", "ref_log_prob") if key in out})
     return out["log_prob"], aux
 
   def ref_log_prob(self, ref_params, rollout: dict):
@@ -125,8 +135,10 @@ class PPOStep:
     return (step >= self.kl_warmup_steps).astype(jnp.float32)
 
   def advantages(self, state: TrainState, rollout: dict, scored: dict, old_log_probs, ref_log_probs, values,
-                 sum_pi_squared=None):
-    """Phase `adv`: KL in reward (+ controller update), then the configured estimator."""
+                 old_aux=None):
+    """Phase `adv`: KL in reward (+ controller update), then the configured estimator. `old_aux`:
+    `old_log_prob`'s aux ("sum_pi_squared" for the optimal token baselines, "full_kl" for the full KL)."""
+    old_aux = old_aux or {}
     algo = self.config.algorithm
     kl_coef, metrics = state.kl_coef, {}
     token_level_rewards = scored["token_level_scores"]
@@ -134,7 +146,7 @@ class PPOStep:
       token_level_rewards, kl_coef, current_kl = algos.apply_kl_penalty(
           token_level_rewards, old_log_probs, ref_log_probs, rollout["response_mask"], kl_coef,
           kl_penalty_type=algo.kl_penalty, kl_ctrl_type=algo.kl_ctrl.type, target_kl=algo.kl_ctrl.target_kl,
-          horizon=algo.kl_ctrl.horizon, kl_gate=self.kl_gate(state.step))
+          horizon=algo.kl_ctrl.horizon, kl_gate=self.kl_gate(state.step), full_kl_NxR=old_aux.get("full_kl"))
       metrics["actor/reward_kl_penalty"] = current_kl
       metrics["actor/reward_kl_penalty_coeff"] = state.kl_coef
     advantages, returns = algos.compute_advantage(
@@ -142,7 +154,7 @@ class PPOStep:
         response_mask=rollout["response_mask"].astype(jnp.float32), values=values, index=rollout["group_index"],
         reward_baselines=scored.get("reward_baselines"), gamma=algo.gamma, lam=algo.lam,
         norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, old_log_probs=old_log_probs,
-        sum_pi_squared=sum_pi_squared)
+        sum_pi_squared=old_aux.get("sum_pi_squared"))
     return {"advantages": advantages, "returns": returns, "token_level_rewards": token_level_rewards,
             "kl_coef": kl_coef, "metrics": metrics}
 
@@ -184,8 +196,11 @@ class PPOStep:
       params = self.layouts.fetch(params, self.layouts.actor_device)
       opt_state = self.layouts.fetch(opt_state, self.layouts.actor_opt_device)
       actor_updates_done = jnp.maximum(state.step - warmup_steps, 0)
+      aux = {"kl_gate": kl_gate}
+      if self.full_kl_loss:
+        aux["ref_params"] = self.layouts.fetch(state.ref_params, self.layouts.ref_device)
       params, opt_state, metrics = self._update(
-          self.actor_loss, actor, ACTOR, self.actor_packed, params, opt_state, {"kl_gate": kl_gate}, data, rng,
+          self.actor_loss, actor, ACTOR, self.actor_packed, params, opt_state, aux, data, rng,
           tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](actor_updates_done) * state.lr_scale,
           prefix="actor")
       if actor.use_kl_loss:
@@ -211,10 +226,10 @@ class PPOStep:
 
   def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng) -> tuple[TrainState, dict]:
     """Everything after the reward, in one program (used by the fused step and by DAPO's rounds)."""
-    old = self.old_log_prob(state.actor_params, rollout)
-    ref_log_probs = self.ref_log_prob(state.ref_params, rollout) if self.use_reference else None
+    old = self.old_log_prob(state.actor_params, rollout, state.ref_params if self.full_kl_in_reward else None)
+    ref_log_probs = self.ref_log_prob(state.ref_params, rollout) if self.ref_phase else old[1].get("ref_log_prob")
     values = self.critic_values(state.critic_params, rollout) if self.use_critic else None
-    adv = self.advantages(state, rollout, scored, old[0], ref_log_probs, values, old[1].get("sum_pi_squared"))
+    adv = self.advantages(state, rollout, scored, old[0], ref_log_probs, values, old[1])
     return self.finish(state, rollout, scored, old, ref_log_probs, values, adv, self.split_rng(rng))
 
   def finish(self, state, rollout, scored, old, ref_log_probs, values, adv, rngs, critic_result=None,

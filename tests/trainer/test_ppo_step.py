@@ -94,3 +94,29 @@ def test_bf16_rollout_of_an_fp32_actor(tmp_path):
   hlo = trainer.jitted_step.lower(trainer.state, batch, jax.random.key(0)).as_text()
   bf16_dots = re.findall(r"dot_general.*\(tensor<[^>]*bf16>, tensor<[^>]*bf16>\) -> tensor<[^>]*f32>", hlo)
   assert bf16_dots, "no bf16 x bf16 -> fp32 matmul in the step"
+
+
+@pytest.fixture(scope="module")
+def full_kl_runs(tmp_path_factory):
+  """One step with the exact KL over the vocabulary in the reward and in the loss, the reference
+  perturbed away from the actor, fused and phased."""
+  runs = {}
+  for fuse in (True, False):
+    trainer = Trainer(small_config(tmp_path_factory.mktemp(f"full_kl_{fuse}"), **{
+        "trainer.fuse_step": fuse, "algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "full",
+        "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_type": "full"}),
+        devices=jax.devices()[:1])
+    assert trainer.ppo.full_kl_in_reward and trainer.ppo.full_kl_loss and not trainer.ppo.ref_phase
+    noise = jax.random.normal(jax.random.key(3), ())
+    trainer.state = trainer.state.replace(ref_params=jax.tree.map(
+        lambda x: x * (1.0 + 0.2 * noise) if x.ndim > 1 else x, trainer.state.ref_params))
+    runs[fuse] = trainer.train_step(0)
+  return runs
+
+
+def test_full_kl_in_reward_and_loss(full_kl_runs):
+  fused, phased = full_kl_runs[True], full_kl_runs[False]
+  assert fused["actor/kl_loss"] > 1e-4 and fused["actor/reward_kl_penalty"] > 1e-4
+  for key, value in fused.items():
+    if not key.startswith(TIMING_DEPENDENT):
+      np.testing.assert_allclose(phased[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
