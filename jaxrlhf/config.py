@@ -241,19 +241,11 @@ NOT_IMPLEMENTED = {
     "actor_rollout_ref.rollout.max_num_batched_tokens": (
         8192, "generation runs the whole batch (data.train_batch_size x rollout.n sequences) at once; "
         "bound it with data.train_batch_size"),
-    # verl 0.9.1's rollout correction: the math is in `algos.rollout_correction`; the step does not feed it yet.
-    "algorithm.rollout_correction.rollout_is": (None, "no rollout importance weights (the step does not feed "
-                                                "algos.rollout_correction yet)"),
-    "algorithm.rollout_correction.rollout_rs": (None, "no rollout rejection sampling (the step does not feed "
-                                                "algos.rollout_correction yet)"),
-    "algorithm.rollout_correction.bypass_mode": (False, "the old log-probs are always recomputed by the actor"),
 }
 
 # Registered choices whose inputs the step does not produce yet: (key, value) -> what is missing.
 _NOT_YET_WIRED = {
     ("algorithm.adv_estimator", "gdpo"): "per-component reward scores from the reward function",
-    ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode"): (
-        "the rollout's log-probs as the old ones (algorithm.rollout_correction.bypass_mode)"),
 }
 
 # jaxrlhf.models.attention.ATTENTION_IMPLS (this module imports no JAX: `python -m jaxrlhf.aot` loads a config
@@ -439,6 +431,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(f"config key '{path}'={value!r} is not supported yet: the step does not compute {missing}")
   data = config.data
   actor = config.actor_rollout_ref.actor
+  _check_rollout_correction(config)
   if data.train_batch_size % actor.ppo_mini_batch_size:
     raise ConfigError(
         f"data.train_batch_size={data.train_batch_size} is not divisible by "
@@ -460,6 +453,24 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(
           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} is smaller than one "
           f"sequence: data.max_prompt_length + data.max_response_length = {seq_len} (use_dynamic_bsz=True)")
+
+
+def _check_rollout_correction(config) -> None:
+  """The `bypass_mode` loss needs the rollout's log-probs as the old ones; thresholds and rejection options
+  parse (`algos.rollout_correction` names the key when they do not)."""
+  correction = config.algorithm.rollout_correction
+  if config.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode" and not correction.bypass_mode:
+    raise ConfigError("config key 'actor_rollout_ref.actor.policy_loss.loss_mode'='bypass_mode' needs "
+                      "algorithm.rollout_correction.bypass_mode=True (the rollout's log-probs as the old ones); "
+                      "bypass_mode=True selects that loss by itself, as in verl")
+  from jaxrlhf.algos import rollout_correction  # not at the top: see _registry_choices
+  try:
+    if correction.rollout_is is not None:
+      rollout_correction.parse_rollout_is_threshold(correction.rollout_is_threshold)
+    if correction.rollout_rs is not None:
+      rollout_correction.parse_rollout_rs(correction.rollout_rs, correction.rollout_rs_threshold)
+  except ValueError as error:
+    raise ConfigError(f"config key {error}") from None
 
 
 def _check_sampling(prefix: str, sampling) -> None:

@@ -36,7 +36,8 @@ class Generation:
                     constrain_cache=self.layouts.constrain_cache)
 
   def rollout(self, actor_params, batch, rng) -> dict:
-    """Prompts x n (interleaved, group ids) -> responses, returned in the train layout.
+    """Prompts x n (interleaved, group ids) -> responses and the sampler's log-probs of them (what rollout
+    correction compares with the training forward's), returned in the train layout.
 
     ReMax also decodes each prompt greedily once: its reward is the baseline.
     """
@@ -45,10 +46,11 @@ class Generation:
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
     generation_params = self.generation_params(actor_params)  # the gathered copy lives only in this phase
     out = self.sample(generation_params, prompts_NxP, prompt_mask_NxP, rng, self.sampling)
-    responses_NxR, response_mask_NxR = self.layouts.to_train((out["responses"], out["response_mask"]))
+    responses_NxR, response_mask_NxR, rollout_log_probs_NxR = self.layouts.to_train(
+        (out["responses"], out["response_mask"], out["rollout_log_probs"]))
     prompts_NxP, prompt_mask_NxP = self.layouts.to_train((prompts_NxP, prompt_mask_NxP))
     rollout = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
-               "response_mask": response_mask_NxR,
+               "response_mask": response_mask_NxR, "rollout_log_probs": rollout_log_probs_NxR,
                "sample_index": jnp.repeat(batch["sample_index"], n, axis=0),
                "group_index": jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
                "decode_steps": out["num_steps"]}

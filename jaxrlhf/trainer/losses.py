@@ -12,24 +12,31 @@ from jaxrlhf import algos
 from jaxrlhf.trainer.model_outputs import ModelOutputs
 
 
-def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, actor, on_policy: bool):
+def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, actor, on_policy: bool,
+               rollout_correction=None):
   """Policy loss - entropy bonus (+ KL loss to the reference). `actor`: the actor's config section.
 
   aux: per-step values; `kl_gate` is 0 during the KL warm-up, else 1; `ref_params` (the reference
   policy's weights) when `kl_loss_type="full"`: the exact KL over the vocabulary needs its logits.
   `on_policy` (one epoch, one mini-batch): the current log-prob (stopped) is the old one, so the ratio
-  is exactly 1, as in verl.
+  is exactly 1, as in verl. `rollout_correction` (`algorithm.rollout_correction`, bypass mode): the
+  loss is verl's `bypass_mode` with those settings, whatever `policy_loss.loss_mode` says (as verl).
+  Decoupled correction weights arrive in the micro-batch (`rollout_is_weights`).
   """
   mask = micro["response_mask"]
   full_kl = actor.use_kl_loss and actor.kl_loss_type == "full"
   out = outputs.token_outputs(params, micro, ("entropy",), ref_params=aux["ref_params"] if full_kl else None)
   log_prob, entropy = out["log_prob"], out["entropy"]
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy else micro["old_log_probs"]
+  correction = {} if rollout_correction is None else {
+      key: rollout_correction[key] for key in algos.ROLLOUT_CORRECTION_CONFIG_KEYS}
   pg_loss, pg_metrics = algos.compute_policy_loss(
       old_log_prob, log_prob, micro["advantages"], mask,
-      loss_mode=actor.policy_loss.loss_mode, clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
+      loss_mode="bypass_mode" if rollout_correction is not None else actor.policy_loss.loss_mode,
+      clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
       clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
-      loss_agg_mode=actor.loss_agg_mode, rng=rng, **normalizers,
+      loss_agg_mode=actor.loss_agg_mode, rng=rng, rollout_is_weights=micro.get("rollout_is_weights"),
+      **normalizers, **correction,
       **{key: actor.policy_loss[key] for key in algos.POLICY_LOSS_CONFIG_KEYS},
       **{key: actor[key] for key in algos.ACTOR_LOSS_CONFIG_KEYS})
   entropy_loss = algos.agg_loss(entropy, mask, actor.loss_agg_mode, **normalizers)
@@ -37,7 +44,9 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
   metrics = {"actor/pg_loss": pg_loss, "actor/entropy_loss": entropy_loss,
              "actor/pg_clipfrac": pg_metrics["pg_clipfrac"],
              "actor/pg_clipfrac_lower": pg_metrics["pg_clipfrac_lower"],
-             "actor/ppo_kl": pg_metrics["ppo_kl"]}
+             "actor/ppo_kl": pg_metrics["ppo_kl"],
+             # bypass mode: verl's rollout_corr/ family, each a mean over this micro-batch (see update_loop)
+             **{key: value for key, value in pg_metrics.items() if key.startswith("rollout_corr/")}}
   if actor.use_kl_loss:
     kl = out["full_kl"] if full_kl else algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
     kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)

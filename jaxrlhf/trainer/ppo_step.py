@@ -71,11 +71,24 @@ class PPOStep:
     self.full_kl_in_reward = bool(config.algorithm.use_kl_in_reward and config.algorithm.kl_penalty == "full")
     self.full_kl_loss = bool(actor.use_kl_loss and actor.kl_loss_type == "full")
     self.ref_phase = self.use_reference and not self.full_kl_in_reward
+    # verl 0.9.1's rollout correction between the sampler's log-probs and the trainer's. Bypass mode: the
+    # rollout's log-probs are the old ones (no old-log-prob forward unless a statistic or the full KL needs
+    # it) and the `bypass_mode` loss corrects per micro-batch. Decoupled mode (rollout_is / rollout_rs set):
+    # weights and rejection from the old-log-prob phase's log-probs, once per batch, before the estimator.
+    correction = config.algorithm.rollout_correction
+    self.bypass = bool(correction.bypass_mode)
+    self.decoupled_correction = not self.bypass and (correction.rollout_is is not None
+                                                     or correction.rollout_rs is not None)
+    self.old_forward = not self.bypass or self.full_kl_in_reward or (
+        config.algorithm.adv_estimator in OTB_ESTIMATORS)
     # Performance switches (SPEC §5, `packing`): the critic follows the actor's (or its own model's) packing.
     self.actor_packed = bool(config.actor_rollout_ref.model.use_remove_padding)
     self.critic_packed = self.actor_packed or bool(config.critic.model.use_remove_padding)
-    on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
-    self.actor_loss = functools.partial(losses.actor_loss, outputs=self.outputs, actor=actor, on_policy=on_policy)
+    # In bypass mode the old log-probs are the rollout's, not this forward's: never on-policy by construction.
+    on_policy = (actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
+                 and not self.bypass)
+    self.actor_loss = functools.partial(losses.actor_loss, outputs=self.outputs, actor=actor, on_policy=on_policy,
+                                        rollout_correction=correction if self.bypass else None)
     self.critic_loss = functools.partial(losses.critic_loss, outputs=self.outputs, critic=config.critic)
     self.actor_update_metric_names: tuple[str, ...] = ()
 
@@ -106,7 +119,10 @@ class PPOStep:
   def old_log_prob(self, actor_params, rollout: dict, ref_params=None):
     """Phase `old_log_prob`: (log-probs of the rollout policy, aux). aux["metrics"] holds its entropy
     (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the optimal token baselines. With
-    `ref_params` (full KL in the reward) aux also holds "full_kl" and "ref_log_prob" [N, R]."""
+    `ref_params` (full KL in the reward) aux also holds "full_kl" and "ref_log_prob" [N, R].
+    Bypass mode: the old log-probs are the sampler's (`rollout_log_probs`)."""
+    if not self.old_forward:
+      return rollout["rollout_log_probs"], {"metrics": {}}
     actor = self.config.actor_rollout_ref.actor
     statistics = ("entropy",) + (("sum_pi_squared",) if self.config.algorithm.adv_estimator in OTB_ESTIMATORS else ())
     if ref_params is not None:
@@ -117,7 +133,7 @@ class PPOStep:
     aux = {"metrics": {"actor/entropy": algos.agg_loss(out["entropy"], rollout["response_mask"], actor.loss_agg_mode,
                                                        loss_scale_factor=actor.loss_scale_factor)}}
     aux.update({key: out[key] for key in ("sum_pi_squared", "full_kl", "ref_log_prob") if key in out})
-    return out["log_prob"], aux
+    return (rollout["rollout_log_probs"] if self.bypass else out["log_prob"]), aux
 
   def ref_log_prob(self, ref_params, rollout: dict):
     return self._rollout_log_probs(self.layouts.fetch(ref_params, self.layouts.ref_device), rollout, "ref")["log_prob"]
@@ -142,6 +158,7 @@ class PPOStep:
     algo = self.config.algorithm
     kl_coef, metrics = state.kl_coef, {}
     token_level_rewards = scored["token_level_scores"]
+    response_mask, rollout_is_weights = rollout["response_mask"], None
     if algo.use_kl_in_reward:
       token_level_rewards, kl_coef, current_kl = algos.apply_kl_penalty(
           token_level_rewards, old_log_probs, ref_log_probs, rollout["response_mask"], kl_coef,
@@ -149,18 +166,33 @@ class PPOStep:
           horizon=algo.kl_ctrl.horizon, kl_gate=self.kl_gate(state.step), full_kl_NxR=old_aux.get("full_kl"))
       metrics["actor/reward_kl_penalty"] = current_kl
       metrics["actor/reward_kl_penalty_coeff"] = state.kl_coef
+    if self.decoupled_correction:
+      # As verl: rejected tokens leave the response mask for the estimator and both updates.
+      correction = algo.rollout_correction
+      rollout_is_weights, response_mask, correction_metrics = algos.compute_rollout_correction_and_rejection_mask(
+          old_log_probs, rollout["rollout_log_probs"], response_mask,
+          **{key: correction[key] for key in algos.ROLLOUT_CORRECTION_CONFIG_KEYS if key != "loss_type"})
+      response_mask = response_mask.astype(rollout["response_mask"].dtype)
+      metrics.update(correction_metrics)
     advantages, returns = algos.compute_advantage(
         algo.adv_estimator, token_level_rewards=token_level_rewards,
-        response_mask=rollout["response_mask"].astype(jnp.float32), values=values, index=rollout["group_index"],
+        response_mask=response_mask.astype(jnp.float32), values=values, index=rollout["group_index"],
         reward_baselines=scored.get("reward_baselines"), gamma=algo.gamma, lam=algo.lam,
         norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, old_log_probs=old_log_probs,
         sum_pi_squared=old_aux.get("sum_pi_squared"))
-    return {"advantages": advantages, "returns": returns, "token_level_rewards": token_level_rewards,
-            "kl_coef": kl_coef, "metrics": metrics}
+    adv = {"advantages": advantages, "returns": returns, "token_level_rewards": token_level_rewards,
+           "kl_coef": kl_coef, "metrics": metrics, "response_mask": response_mask}
+    if rollout_is_weights is not None:
+      adv["rollout_is_weights"] = rollout_is_weights
+    return adv
 
   def update_data(self, rollout, old_log_probs, ref_log_probs, adv):
-    data = {key: rollout[key] for key in ("prompts", "prompt_mask", "responses", "response_mask")}
-    data.update(old_log_probs=old_log_probs, advantages=adv["advantages"])
+    """What the updates read: the sequences (the response mask after any rollout rejection), old
+    log-probs, advantages, and the reference's log-probs and rollout correction weights when present."""
+    data = {key: rollout[key] for key in ("prompts", "prompt_mask", "responses")}
+    data.update(response_mask=adv["response_mask"], old_log_probs=old_log_probs, advantages=adv["advantages"])
+    if "rollout_is_weights" in adv:
+      data["rollout_is_weights"] = adv["rollout_is_weights"]
     if ref_log_probs is not None:
       data["ref_log_probs"] = ref_log_probs
     return data

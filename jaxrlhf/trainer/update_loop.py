@@ -87,6 +87,10 @@ def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
 
 
 SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")  # what a model's forward reads
+# Loss metrics that are means over one micro-batch (bypass mode's rollout correction, as verl reduces them):
+# averaged over the micro-batches that ran. Every other metric is normalised by the mini-batch's counts and
+# summed.
+MICRO_MEAN_PREFIXES = ("rollout_corr/",)
 
 
 def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None,
@@ -150,6 +154,7 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
       return jax.tree.map(jnp.add, grads_acc, grads), metrics
 
     grads, micro_metrics = jax.lax.scan(packed_step, zeros, (jnp.arange(batching.num_micro), micro_rngs))
+    micro_batches_run = jnp.maximum(jnp.sum(plan["used"]), 1).astype(jnp.float32)
   else:
     padded = packing.pad_rows(minibatch, batching.num_micro * batching.rows)
     micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), padded)
@@ -159,8 +164,10 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
       return jax.tree.map(jnp.add, grads_acc, grads), metrics
 
     grads, micro_metrics = jax.lax.scan(padded_step, zeros, (micro_batches, micro_rngs))
+    micro_batches_run = float(batching.num_micro)
   # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
-  return grads, {k: v.sum() for k, v in micro_metrics.items()}
+  return grads, {k: v.sum() / micro_batches_run if k.startswith(MICRO_MEAN_PREFIXES) else v.sum()
+                 for k, v in micro_metrics.items()}
 
 
 def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
