@@ -230,8 +230,9 @@ _DOCS = {
     "algorithm.rollout_correction.rollout_is_threshold": ("`\"upper\"` truncates the weights (TIS); "
                                                           "`\"lower_upper\"` zeroes them outside (IcePop)",
                                                           "same (verl also takes a float)"),
-    "algorithm.rollout_correction.rollout_is_batch_normalize": ("rescale the weights to mean 1 over the "
-                                                                "micro-batch", SAME),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": ("rescale the weights to mean 1: over the batch "
+                                                                "(decoupled mode) or the micro-batch (bypass "
+                                                                "mode)", SAME),
     "algorithm.rollout_correction.rollout_rs": ("rejection: comma-separated `token_k1/k2/k3`, "
                                                 "`seq_sum_k1/k2/k3`, `seq_mean_k1/k2/k3`, `seq_max_k2/k3`; None = off",
                                                 SAME),

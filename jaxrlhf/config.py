@@ -243,11 +243,6 @@ NOT_IMPLEMENTED = {
         "bound it with data.train_batch_size"),
 }
 
-# Registered choices whose inputs the step does not produce yet: (key, value) -> what is missing.
-_NOT_YET_WIRED = {
-    ("algorithm.adv_estimator", "gdpo"): "per-component reward scores from the reward function",
-}
-
 # jaxrlhf.models.attention.ATTENTION_IMPLS (this module imports no JAX: `python -m jaxrlhf.aot` loads a config
 # before it chooses JAX's platform; tests/models/test_attention.py checks that the two agree).
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
@@ -426,12 +421,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if values[path] != default:
       raise ConfigError(f"config key '{path}'={values[path]!r} is not implemented (only {default!r} is accepted): "
                         f"{instead}")
-  for (path, value), missing in _NOT_YET_WIRED.items():
-    if values[path] == value:
-      raise ConfigError(f"config key '{path}'={value!r} is not supported yet: the step does not compute {missing}")
   data = config.data
   actor = config.actor_rollout_ref.actor
   _check_rollout_correction(config)
+  _check_gdpo(config)
   if data.train_batch_size % actor.ppo_mini_batch_size:
     raise ConfigError(
         f"data.train_batch_size={data.train_batch_size} is not divisible by "
@@ -453,6 +446,24 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       raise ConfigError(
           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} is smaller than one "
           f"sequence: data.max_prompt_length + data.max_response_length = {seq_len} (use_dynamic_bsz=True)")
+
+
+def _check_gdpo(config) -> None:
+  """GDPO normalises each named component of the rule reward's result: it needs the names (verl asserts
+  them too), one weight per name, and a rule reward."""
+  algo = config.algorithm
+  if algo.adv_estimator != "gdpo":
+    return
+  keys = algo.gdpo_reward_keys
+  if not keys:
+    raise ConfigError("config key 'algorithm.adv_estimator'='gdpo' needs algorithm.gdpo_reward_keys: the entries of "
+                      "the dict the reward function returns to normalise one by one, e.g. ('format', 'acc')")
+  if algo.gdpo_reward_weights is not None and len(algo.gdpo_reward_weights) != len(keys):
+    raise ConfigError(f"config key 'algorithm.gdpo_reward_weights' has {len(algo.gdpo_reward_weights)} weights for "
+                      f"{len(keys)} algorithm.gdpo_reward_keys {tuple(keys)}")
+  if config.reward_model.enable and not config.reward_model.combine_with_rule:
+    raise ConfigError("config key 'algorithm.adv_estimator'='gdpo' reads its components from the rule reward; "
+                      "reward_model.enable=True without reward_model.combine_with_rule has none")
 
 
 def _check_rollout_correction(config) -> None:

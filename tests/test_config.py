@@ -53,8 +53,7 @@ def test_wrong_type_names_the_key():
     ("algorithm.rollout_correction.loss_type", "ppo", "algorithm.rollout_correction.loss_type"),
     ("algorithm.rollout_correction.rollout_rs", "token_k9", "rollout_correction.rollout_rs: unknown option 'token_k9'"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode", "needs algorithm.rollout_correction.bypass_mode"),
-    # Registered, but the step does not feed them yet: refused, never silently ignored.
-    ("algorithm.adv_estimator", "gdpo", "per-component reward scores"),
+    ("algorithm.adv_estimator", "gdpo", "needs algorithm.gdpo_reward_keys"),
     ("critic.forward_micro_batch_size_per_gpu", 0, "critic.forward_micro_batch_size_per_gpu' must be >= 1"),
     ("actor_rollout_ref.model.logits_chunk_size", -1, "logits_chunk_size' must be >= 0"),
 ])

@@ -28,14 +28,18 @@ def score_batch(
     extra_infos: Optional[Sequence[Optional[dict]]] = None,
     *,
     extra_keys: Optional[Sequence[str]] = None,
+    require_extra_keys: bool = False,
     on_error: str = "raise",
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
   """Scores every sample; returns ``(scores float32[B], extras {key: float32[B]})``.
 
   ``compute_score_fn`` is called as verl calls it, with keywords ``data_source``,
   ``solution_str``, ``ground_truth``, ``extra_info``; None means ``default_compute_score``. A dict
-  result gives its ``"score"`` as the score and its other numeric entries as extras (0 for samples
-  that lack the key; non-numeric entries are dropped). ``extra_keys`` fixes the set of extras.
+  result gives its ``"score"`` as the score and its other entries as extras: numbers as float32
+  (0 for samples that lack the key), and, when ``extra_keys`` is None, text entries (verl's
+  ``"pred"``, what majority voting counts) as object arrays (None where missing). ``extra_keys``
+  fixes the set of extras, numbers only; with ``require_extra_keys`` a sample whose result lacks one
+  of them fails the batch (GDPO's reward components must all be there).
 
   ``on_error="raise"``: a reward function that raises or returns a non-number / non-finite value
   fails the batch with a ``RewardFunctionError`` naming the sample index and data_source.
@@ -84,9 +88,25 @@ def score_batch(
       continue
     scores[index] = score
     extra_rows.append(extras)
+    missing = [key for key in extra_keys or () if not isinstance(extras.get(key), float)]
+    if require_extra_keys and missing:
+      raise RewardFunctionError(
+          f"reward function {getattr(fn, '__name__', fn)!r} returned no number for {missing} on sample {index} "
+          f"(data_source={data_source!r}); it returned {sorted(['score', *extras])}",
+          hint="algorithm.gdpo_reward_keys names entries of the dict the reward function returns")
 
-  keys = list(extra_keys) if extra_keys is not None else sorted({k for row in extra_rows for k in row})
-  extras_out = {key: np.array([row.get(key, 0.0) for row in extra_rows], dtype=np.float32) for key in keys}
+  if extra_keys is not None:
+    keys = list(extra_keys)
+    extra_rows = [{k: v for k, v in row.items() if isinstance(v, float)} for row in extra_rows]
+  else:
+    keys = sorted({k for row in extra_rows for k in row})
+  extras_out = {}
+  for key in keys:
+    values = [row.get(key) for row in extra_rows]
+    if any(isinstance(v, str) for v in values):
+      extras_out[key] = np.array(values, dtype=object)
+    else:
+      extras_out[key] = np.array([0.0 if v is None else v for v in values], dtype=np.float32)
   if on_error == "zero":
     extras_out[ERROR_KEY] = errors
   return scores, extras_out
@@ -98,7 +118,8 @@ def _split_result(result: Any, data_source: str) -> tuple[float, dict[str, float
     score = normalize_result(result["score"], data_source)
     if isinstance(score, dict):
       raise TypeError(f"reward function for data_source {data_source!r} returned a dict as its 'score'")
-    extras = {key: float(value) for key, value in result.items() if key != "score" and _is_number(value)}
+    extras = {key: float(value) if _is_number(value) else value for key, value in result.items()
+              if key != "score" and (_is_number(value) or isinstance(value, str))}
   else:
     score, extras = result, {}
   if not math.isfinite(score):

@@ -19,9 +19,12 @@ def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
           f"{prefix}/min": jnp.min(jnp.where(valid, x, jnp.inf))}
 
 
-def batch_metrics(rollout: dict, scored: dict, adv: dict, values, max_prompt_length: int | None = None
-                  ) -> dict[str, jax.Array]:
+def batch_metrics(rollout: dict, scored: dict, adv: dict, values, max_prompt_length: int | None = None,
+                  component_keys: tuple[str, ...] = ()) -> dict[str, jax.Array]:
   """From the rollout, its scores (`PPOStep.score`), the advantage phase's output and the values (or None).
+
+  GDPO's reward components (`scored["reward_components"]`, named by `component_keys`) give verl's
+  `gdpo/<key>/{mean,std,max,min}` over the batch.
 
   `prompt_length/clip_ratio` counts prompts of `max_prompt_length` tokens (None: the padded width), so it
   means the same whether the batch's prompts were padded to a bucket or to the maximum.
@@ -46,4 +49,7 @@ def batch_metrics(rollout: dict, scored: dict, adv: dict, values, max_prompt_len
   metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + lengths_N.sum()).astype(jnp.float32)
   metrics["perf/decode_steps"] = jnp.asarray(rollout["decode_steps"], jnp.float32)
   metrics["reward/num_errors"] = scored["reward_errors"].sum()
+  for key, component_N in zip(component_keys, scored.get("reward_components", ())):
+    metrics.update({f"gdpo/{key}/{name}": fn(component_N)
+                    for name, fn in (("mean", jnp.mean), ("std", jnp.std), ("max", jnp.max), ("min", jnp.min))})
   return metrics

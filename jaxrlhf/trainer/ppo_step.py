@@ -179,7 +179,8 @@ class PPOStep:
         response_mask=response_mask.astype(jnp.float32), values=values, index=rollout["group_index"],
         reward_baselines=scored.get("reward_baselines"), gamma=algo.gamma, lam=algo.lam,
         norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, old_log_probs=old_log_probs,
-        sum_pi_squared=old_aux.get("sum_pi_squared"))
+        sum_pi_squared=old_aux.get("sum_pi_squared"), rollout_is_weights=rollout_is_weights,
+        reward_components=scored.get("reward_components"), reward_weights=algo.gdpo_reward_weights)
     adv = {"advantages": advantages, "returns": returns, "token_level_rewards": token_level_rewards,
            "kl_coef": kl_coef, "metrics": metrics, "response_mask": response_mask}
     if rollout_is_weights is not None:
@@ -277,7 +278,8 @@ class PPOStep:
       metrics.update(critic_metrics)
     actor_params, actor_opt_state, actor_metrics = actor_result or self.update_actor(state, data, rngs["actor"])
     metrics.update(actor_metrics)
-    metrics.update(batch_metrics(rollout, scored, adv, values, self.config.data.max_prompt_length))
+    metrics.update(batch_metrics(rollout, scored, adv, values, self.config.data.max_prompt_length,
+                                 self.config.algorithm.gdpo_reward_keys or ()))
     new_state = state.replace(step=state.step + 1, actor_params=actor_params, actor_opt_state=actor_opt_state,
                               critic_params=critic_params, critic_opt_state=critic_opt_state, kl_coef=adv["kl_coef"])
     return new_state, metrics

@@ -65,75 +65,104 @@ def decode_responses(tokenizer, responses_NxR: np.ndarray, response_mask_NxR: np
   return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
+def score_on_host(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | None, on_error: str,
+                  responses_NxR, response_mask_NxR, sample_index_N, extra_keys=None, require_extra_keys=False):
+  """(scores_N, extras) of decoded responses by the rule reward (`rewards.score_batch`), each row looked
+  up by its `sample_index` in `dataset`. Validation calls it directly (every extra the reward returns);
+  the step through `make_reward_fn`'s callback."""
+  texts = decode_responses(tokenizer, responses_NxR, response_mask_NxR)
+  rows = np.asarray(sample_index_N).tolist()
+  return rewards.score_batch(
+      compute_score_fn, [dataset.data_sources[i] for i in rows], texts, [dataset.ground_truths[i] for i in rows],
+      [dataset.extra_infos[i] for i in rows], extra_keys=extra_keys, require_extra_keys=require_extra_keys,
+      on_error=on_error)
+
+
 def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | None = None,
-                   on_error: str = "raise"):
-  """Returns `reward_fn(responses_NxR, response_mask_NxR, sample_index_N) -> (scores_N, errors_N)` (jittable).
+                   on_error: str = "raise", component_keys: tuple[str, ...] = ()):
+  """Returns `reward_fn(responses_NxR, response_mask_NxR, sample_index_N) -> (scores_N, errors_N,
+  components_KxN)` (jittable).
 
   on_error="raise": a reward function that raises or returns a non-number fails the step, naming the
-  sample and its data_source; "zero": that sample scores 0 and errors_N marks it.
+  sample and its data_source; "zero": that sample scores 0 and errors_N marks it. `component_keys`
+  (GDPO's `algorithm.gdpo_reward_keys`): entries of the dict the reward function returns, one row of
+  components_KxN each; every sample must return them all.
   """
 
   def host_score(responses_NxR, response_mask_NxR, sample_index_N):
-    texts = decode_responses(tokenizer, responses_NxR, response_mask_NxR)
-    rows = np.asarray(sample_index_N).tolist()
     try:
-      scores_N, extras = rewards.score_batch(
-          compute_score_fn,
-          [dataset.data_sources[i] for i in rows],
-          texts,
-          [dataset.ground_truths[i] for i in rows],
-          [dataset.extra_infos[i] for i in rows],
-          extra_keys=(), on_error=on_error)
+      scores_N, extras = score_on_host(tokenizer, dataset, compute_score_fn, on_error, responses_NxR,
+                                       response_mask_NxR, sample_index_N, extra_keys=component_keys,
+                                       require_extra_keys=True)
     except Exception as error:
       with _callback_errors_lock:
         _callback_errors.append(error)
       raise
     errors_N = extras.get(rewards.ERROR_KEY, np.zeros_like(scores_N))
-    return scores_N.astype(np.float32), errors_N.astype(np.float32)
+    components_KxN = np.stack([extras[key] for key in component_keys]) if component_keys else (
+        np.zeros((0, len(scores_N)), np.float32))
+    return scores_N.astype(np.float32), errors_N.astype(np.float32), components_KxN.astype(np.float32)
 
   def reward_fn(responses_NxR, response_mask_NxR, sample_index_N):
-    row = jax.ShapeDtypeStruct((responses_NxR.shape[0],), jnp.float32)
-    result = (row, row)
+    num_rows = responses_NxR.shape[0]
+    row = jax.ShapeDtypeStruct((num_rows,), jnp.float32)
+    result = (row, row, jax.ShapeDtypeStruct((len(component_keys), num_rows), jnp.float32))
     return jax.pure_callback(host_score, result, responses_NxR, response_mask_NxR, sample_index_N,
                              vmap_method="sequential")
 
   return reward_fn
 
 
+def uses_rule_reward(reward_model_config) -> bool:
+  """Whether the rule reward scores (no reward model, or one combined with the rule)."""
+  return not reward_model_config.enable or reward_model_config.combine_with_rule
+
+
+def model_scores(reward_model_config, reward_model: Decoder | None, reward_params, prompts_NxP, prompt_mask_NxP,
+                 responses_NxR, response_mask_NxR):
+  """The reward model's score of each sequence [N] (zeros without a reward model)."""
+  if not reward_model_config.enable:
+    return jnp.zeros(responses_NxR.shape[:1], jnp.float32)
+  ids_NxS, _, _ = sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
+  mask_NxS = jnp.concatenate([prompt_mask_NxP, response_mask_NxR], axis=1).astype(jnp.int32)
+  return reward_model_scores(reward_model, reward_params, ids_NxS, mask_NxS)
+
+
 def sequence_scores(reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params,
                     prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR, sample_index_N):
-  """(scores_N, errors_N): the rule reward, the reward model's score, or (combine_with_rule) their sum.
+  """(scores_N, errors_N, components_KxN): the rule reward, the reward model's score, or
+  (combine_with_rule) their sum; the rule reward's components (GDPO), K = 0 without.
 
   `reward_model_config`: the config's `reward_model` section; `reward_fn` as made by `make_reward_fn`.
   """
   zeros_N = jnp.zeros(responses_NxR.shape[:1], jnp.float32)
-  scores_N, errors_N = zeros_N, zeros_N
-  if not reward_model_config.enable or reward_model_config.combine_with_rule:
-    scores_N, errors_N = reward_fn(responses_NxR, response_mask_NxR, sample_index_N)
-  if reward_model_config.enable:
-    ids_NxS, _, _ = sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
-    mask_NxS = jnp.concatenate([prompt_mask_NxP, response_mask_NxR], axis=1).astype(jnp.int32)
-    scores_N = scores_N + reward_model_scores(reward_model, reward_params, ids_NxS, mask_NxS)
-  return scores_N, errors_N
+  scores_N, errors_N, components_KxN = zeros_N, zeros_N, jnp.zeros((0,) + zeros_N.shape, jnp.float32)
+  if uses_rule_reward(reward_model_config):
+    scores_N, errors_N, components_KxN = reward_fn(responses_NxR, response_mask_NxR, sample_index_N)
+  scores_N = scores_N + model_scores(reward_model_config, reward_model, reward_params, prompts_NxP, prompt_mask_NxP,
+                                     responses_NxR, response_mask_NxR)
+  return scores_N, errors_N, components_KxN
 
 
 def score_rollout(reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params,
                   rollout: dict) -> dict:
   """The step's reward phase: sequence scores (+ DAPO overlong penalty) placed on the last valid token.
 
-  Returns `scores` [N], `reward_errors` [N], `token_level_scores` [N, R], and for ReMax the greedy
-  baseline's `reward_baselines` [N].
+  Returns `scores` [N], `reward_errors` [N], `token_level_scores` [N, R], for GDPO the rule reward's
+  `reward_components` [K, N], and for ReMax the greedy baseline's `reward_baselines` [N].
   """
   responses_NxR, response_mask_NxR = rollout["responses"], rollout["response_mask"]
   score = functools.partial(sequence_scores, reward_model_config, reward_fn, reward_model, reward_params,
                             rollout["prompts"], rollout["prompt_mask"])
-  scores_N, errors_N = score(responses_NxR, response_mask_NxR, rollout["sample_index"])
+  scores_N, errors_N, components_KxN = score(responses_NxR, response_mask_NxR, rollout["sample_index"])
   overlong = reward_model_config.overlong_buffer
   if overlong.enable:
     scores_N = scores_N + algos.overlong_penalty(response_mask_NxR.sum(axis=1), responses_NxR.shape[1],
                                                  overlong.len, overlong.penalty_factor)
   out = {"scores": scores_N, "reward_errors": errors_N,
          "token_level_scores": algos.place_scores_on_last_token(scores_N, response_mask_NxR)}
+  if components_KxN.shape[0]:
+    out["reward_components"] = components_KxN
   if "baseline_responses" in rollout:
     out["reward_baselines"] = score(rollout["baseline_responses"], rollout["baseline_response_mask"],
                                     rollout["sample_index"])[0]

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
+from jaxrlhf import rewards
 from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
@@ -31,7 +32,8 @@ from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_fl
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
 from jaxrlhf.trainer.program import build_program, model_configs
-from jaxrlhf.trainer.reward import decode_responses, host_callback_errors, make_reward_fn
+from jaxrlhf.trainer.reward import (decode_responses, host_callback_errors, make_reward_fn, score_on_host,
+                                    uses_rule_reward)
 from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
 from jaxrlhf.trainer.state import TrainState
 from jaxrlhf.validate import check_data_sources_known, validate_run
@@ -55,7 +57,7 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, devices=None):
     """`devices`: the devices of the mesh (default: all); tests and notebooks pass a subset."""
     self.config = config = resolve_config(config)
-    compute_score = validate_run(config)  # paths, data, reward functions: before anything heavy
+    self.compute_score = compute_score = validate_run(config)  # paths, data, reward fns: before anything heavy
     trainer_cfg = config.trainer
     self.run_dir = os.path.join(trainer_cfg.default_local_dir, trainer_cfg.project_name, trainer_cfg.experiment_name)
     os.makedirs(self.run_dir, exist_ok=True)
@@ -83,7 +85,10 @@ class Trainer:
     self.critic_model_path = config.critic.model.path or config.actor_rollout_ref.model.path
     eos_ids = generation_eos_ids(config.actor_rollout_ref.model.path or None, self.tokenizer)
     pad_id = pad_token_id(self.tokenizer, eos_ids)
-    reward_fn = make_reward_fn(self.tokenizer, self.train_data, compute_score, config.reward_model.on_error)
+    # GDPO's reward components: entries of the dict the reward function returns, one advantage each.
+    components = tuple(config.algorithm.gdpo_reward_keys or ()) if config.algorithm.adv_estimator == "gdpo" else ()
+    reward_fn = make_reward_fn(self.tokenizer, self.train_data, compute_score, config.reward_model.on_error,
+                               components)
     self.program = build_program(config, self.mesh, model_config=self.model_config,
                                  critic_model_config=self.critic_model_config,
                                  reward_model_config=self.reward_model_config, reward_fn=reward_fn,
@@ -95,9 +100,7 @@ class Trainer:
     if self.val_data is not None:
       val_sampling = SamplingParams.from_rollout_config(
           config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True)
-      validate = make_validation_fn(self.ppo, val_sampling,
-                                    make_reward_fn(self.tokenizer, self.val_data, compute_score,
-                                                   config.reward_model.on_error))
+      validate = make_validation_fn(self.ppo, val_sampling)
       self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, state_shardings.reward_params,
                                                          None, replicated(self.mesh)),
                                  out_shardings=replicated(self.mesh))
@@ -355,22 +358,31 @@ class Trainer:
     scores, responses, masks = [], [], []
     # A fresh key per validation (and per batch), from a stream the training steps' keys never use.
     val_rng = jax.random.fold_in(jax.random.fold_in(self.rng, _VALIDATION_STREAM), step)
-    with host_callback_errors():
-      for b in range(num_batches):
-        indices = order[b * batch_size:(b + 1) * batch_size]
-        batch = self._load_batch(data, indices)
-        batch_scores, batch_responses, batch_masks = jax.device_get(self.validate_fn(
-            self.state.actor_params, self.state.reward_params, batch, jax.random.fold_in(val_rng, b)))
-        scores.append(batch_scores)
-        responses.append(batch_responses)
-        masks.append(batch_masks)
+    for b in range(num_batches):
+      indices = order[b * batch_size:(b + 1) * batch_size]
+      batch = self._load_batch(data, indices)
+      batch_scores, batch_responses, batch_masks = jax.device_get(self.validate_fn(
+          self.state.actor_params, self.state.reward_params, batch, jax.random.fold_in(val_rng, b)))
+      scores.append(batch_scores)
+      responses.append(batch_responses)
+      masks.append(batch_masks)
     valid = len(data) * n
-    scores = np.concatenate(scores)[:valid].reshape(len(data), n)
-    masks = np.concatenate(masks)[:valid]
-    metrics = validation_metrics(data.data_sources, scores, masks)
+    scores, responses, masks = (np.concatenate(x)[:valid] for x in (scores, responses, masks))
+    variables = {}
+    if uses_rule_reward(self.config.reward_model):
+      # On the host, with every entry the reward function returns (verl's validation variables).
+      rule_scores, variables = score_on_host(self.tokenizer, data, self.compute_score,
+                                             self.config.reward_model.on_error, responses, masks,
+                                             np.repeat(np.arange(len(data)), n))
+      variables.pop(rewards.ERROR_KEY, None)
+      scores = scores + rule_scores
+    variables = {"reward": scores, **{name: v for name, v in variables.items() if name != "reward"}}
+    metrics = validation_metrics(data.data_sources, {name: v.reshape(len(data), n) for name, v in variables.items()},
+                                 masks)
+    scores = scores.reshape(len(data), n)
     num_logged = min(self.config.trainer.log_val_generations, valid)
     if num_logged and jax.process_index() == 0:
-      texts = decode_responses(self.tokenizer, np.concatenate(responses)[:num_logged], masks[:num_logged])
+      texts = decode_responses(self.tokenizer, responses[:num_logged], masks[:num_logged])
       prompts = self.tokenizer.batch_decode(
           [row[m > 0].tolist() for row, m in zip(data.input_ids, data.attention_mask)][:-(-num_logged // n)])
       with open(os.path.join(self.run_dir, "val_generations.jsonl"), "a") as f:

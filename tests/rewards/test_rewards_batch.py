@@ -40,10 +40,15 @@ def test_dict_results_become_extras_missing_filled_with_zero():
 
   scores, extras = score_batch(fn, ["d"] * 3, ["a", "b", "c"], ["x"] * 3, [{"i": i} for i in range(3)])
   assert scores.tolist() == [1.0, 0.5, 0.25]
-  assert sorted(extras) == ["acc", "length"]  # the string "pred" is not a number
+  assert sorted(extras) == ["acc", "length", "pred"]
   assert extras["acc"].tolist() == [1.0, 0.0, 0.0]
   assert extras["length"].tolist() == [0.0, 3.0, 0.0]
-  assert all(v.dtype == np.float32 for v in extras.values())
+  assert extras["acc"].dtype == extras["length"].dtype == np.float32
+  assert extras["pred"].tolist() == ["72", None, None]  # text (what majority voting counts): None where missing
+  # With fixed keys (the step's callback) only numbers come back.
+  _, fixed = score_batch(fn, ["d"] * 3, ["a", "b", "c"], ["x"] * 3, [{"i": i} for i in range(3)],
+                         extra_keys=["acc", "pred"])
+  assert fixed["pred"].tolist() == [0.0, 0.0, 0.0] and fixed["pred"].dtype == np.float32
 
 
 def test_extra_keys_fix_the_result_structure():
@@ -55,6 +60,16 @@ def test_extra_keys_fix_the_result_structure():
   assert extras["format"].tolist() == [0.0]
   _, extras = score_batch(fn, [], [], [], extra_keys=["acc"])
   assert extras["acc"].shape == (0,)
+
+
+def test_required_extra_keys_name_the_sample_and_what_it_returned():
+  def fn(data_source, solution_str, ground_truth, extra_info):
+    return {"score": 1.0, "format": 1.0} if solution_str == "a" else {"score": 0.0, "acc": 0.0}
+
+  _, extras = score_batch(fn, ["d"], ["a"], ["x"], extra_keys=["format"], require_extra_keys=True)
+  assert extras["format"].tolist() == [1.0]
+  with pytest.raises(RewardFunctionError, match=r"no number for \['format'\] on sample 1 .*'acc', 'score'"):
+    score_batch(fn, ["d", "d"], ["a", "b"], ["x", "x"], extra_keys=["format"], require_extra_keys=True)
 
 
 def _failing(data_source, solution_str, ground_truth, extra_info):

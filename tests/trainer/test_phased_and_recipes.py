@@ -7,6 +7,7 @@ import pytest
 
 from jaxrlhf.trainer import Trainer
 from jaxrlhf.trainer.phased import group_is_informative, select_groups
+from jaxrlhf.trainer.reward import decode_responses
 from tests.helpers import TIMING_DEPENDENT, small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -63,7 +64,8 @@ def test_overlong_penalty_is_linear_over_the_buffer(tmp_path):
                                             "reward_model.overlong_buffer.len": 2,
                                             "reward_model.overlong_buffer.penalty_factor": 1.0})
   trainer = Trainer(config, devices=jax.devices()[:1])
-  trainer.ppo.reward_fn = lambda responses, mask, index: (jnp.ones(responses.shape[0]), jnp.zeros(responses.shape[0]))
+  trainer.ppo.reward_fn = lambda responses, mask, index: (jnp.ones(responses.shape[0]), jnp.zeros(responses.shape[0]),
+                                                         jnp.zeros((0, responses.shape[0])))
   mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], jnp.int32)  # lengths 1, 2, 3 of max 3, buffer 2
   rollout = {"prompts": jnp.ones((3, 2), jnp.int32), "prompt_mask": jnp.ones((3, 2), jnp.int32),
              "responses": jnp.zeros((3, 3), jnp.int32), "response_mask": mask, "sample_index": jnp.arange(3)}
@@ -138,3 +140,45 @@ def test_optimal_token_baselines_get_sum_pi_squared_from_the_old_log_prob_phase(
   assert np.all((sum_pi_squared > 0) & (sum_pi_squared <= 1))  # sum_v pi_v^2 of a distribution
   metrics = trainer.train_step(0)
   assert not trainer.ppo.use_critic and np.isfinite(metrics["actor/pg_loss"])
+
+
+def _component_reward_file(tmp_path, with_format=True):
+  """A reward returning verl-style components: `format` (even length) and `acc` (contains a 3)."""
+  path = tmp_path / "components.py"
+  fmt = '"format": float(len(solution_str) % 2 == 0), ' if with_format else ""
+  path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    acc = float('3' in solution_str)\n"
+                  f"    return {{'score': acc + 0.5 * (len(solution_str) % 2 == 0), {fmt}'acc': acc, "
+                  "'pred': solution_str[:1]}\n")
+  return str(path)
+
+
+def test_gdpo_reads_the_reward_components_and_validation_uses_acc(tmp_path):
+  overrides = {**ONE, "custom_reward_function.path": _component_reward_file(tmp_path),
+               "algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": ("format", "acc"),
+               "algorithm.gdpo_reward_weights": (0.5, 1.0), "critic.enable": False,
+               "actor_rollout_ref.rollout.temperature": 3.0, "actor_rollout_ref.rollout.val_kwargs.n": 2,
+               "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
+               "actor_rollout_ref.rollout.val_kwargs.temperature": 3.0}
+  trainer = Trainer(small_config(tmp_path / "run", **overrides), devices=jax.devices()[:1])
+  phased = trainer.phased
+  batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(1))
+  rollout = phased.gen(trainer.state.actor_params, batch, jax.random.key(0))
+  scored = jax.device_get(phased.reward(rollout, trainer.state.reward_params))
+  texts = decode_responses(trainer.tokenizer, np.asarray(rollout["responses"]), np.asarray(rollout["response_mask"]))
+  np.testing.assert_array_equal(scored["reward_components"],
+                                [[float(len(t) % 2 == 0) for t in texts], [float("3" in t) for t in texts]])
+  metrics = trainer.train_step(0)
+  assert "gdpo/format/mean" in metrics and "gdpo/acc/max" in metrics and np.isfinite(metrics["actor/pg_loss"])
+  val = trainer.validate(0)
+  assert "val-core/jaxrlhf/recall/acc/mean@2" in val and "val-aux/jaxrlhf/recall/reward/mean@2" in val
+  assert "val-core/jaxrlhf/recall/acc/maj@2/mean" in val  # `pred` is voted on
+
+
+def test_gdpo_fails_naming_a_component_the_reward_does_not_return(tmp_path):
+  overrides = {**ONE, "custom_reward_function.path": _component_reward_file(tmp_path, with_format=False),
+               "algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": ("format", "acc"),
+               "critic.enable": False}
+  trainer = Trainer(small_config(tmp_path / "run", **overrides), devices=jax.devices()[:1])
+  with pytest.raises(Exception, match=r"no number for \['format'\] on sample 0 .*it returned \['acc', 'pred', 'score'\]"):
+    trainer.train_step(0)
