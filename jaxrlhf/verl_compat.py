@@ -349,7 +349,8 @@ def plan(args: Sequence[str], config: ml_collections.ConfigDict, *,
       report.mapped.append((override.key, override.raw, override.key))
   # Translations see the mapped keys applied (the mesh they size may come from the command line too).
   scratch = ml_collections.ConfigDict(config.to_dict())
-  _set_all(scratch, report.assignments, tree_types)
+  unresolved_keys = {key for key, _, _ in report.unresolved}
+  _set_all(scratch, {k: v for k, v in report.assignments.items() if k not in unresolved_keys}, tree_types)
   done = {}  # translation function -> its row: keys that translate together (GPUs x nodes) share one row
   for override, entry in translations:
     if entry.fn in done:
@@ -392,7 +393,8 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 # ----- reading a verl run script ---------------------------------------------------------------------
 
-_VAR = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_]\w*)(?::?-(?P<default>[^}]*))?\}|(?P<plain>[A-Za-z_]\w*))")
+_VAR = re.compile(r"\$(?P<plain>[A-Za-z_]\w*)")
+_BRACED = re.compile(r"\$\{(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?-)(?P<default>.*))?\}", re.S)
 _ARITH = re.compile(r"\$\(\((?P<expr>[^()]*)\)\)")
 
 
@@ -412,16 +414,26 @@ class _Shell:
       self.missing.add(match.group(0))
       return match.group(0)
 
-    def var(match):
-      name = match.group("braced") or match.group("plain")
-      if name in self.vars:
-        return self.vars[name]
-      if match.group("default") is not None:
-        return self.expand(match.group("default"))
-      self.missing.add(name)
-      return match.group(0)
-
-    return _VAR.sub(var, _ARITH.sub(arith, text))
+    out, i = "", 0
+    while i < len(text):
+      end = _dollar_span(text, i) if text[i] == "$" else i + 1
+      piece = text[i:end]
+      arith_match, braced, plain = _ARITH.fullmatch(piece), _BRACED.fullmatch(piece), _VAR.fullmatch(piece)
+      if arith_match:
+        out += arith(arith_match)
+      elif braced or plain:
+        name = (braced or plain).group("name" if braced else "plain")
+        if name in self.vars:
+          out += self.vars[name]
+        elif braced and braced.group("op"):
+          out += " ".join(self.words('"' + braced.group("default").replace('"', "") + '"'))
+        else:
+          self.missing.add(name)
+          out += piece
+      else:
+        out += piece
+      i = end
+    return out
 
   def words(self, line: str) -> list[str]:
     """bash's word splitting and quote removal: single quotes keep `$`, double quotes expand it."""
@@ -473,7 +485,13 @@ class _Shell:
 
 
 def _dollar_span(line: str, start: int) -> int:
-  """End index of the `$...` expression starting at `start`."""
+  """End index of the `$...` expression starting at `start` (`${...}` may nest: `${A:-"${B}/x"}`)."""
+  if line.startswith("${", start):
+    depth = 0
+    for i in range(start + 1, len(line)):
+      depth += {"{": 1, "}": -1}.get(line[i], 0)
+      if depth == 0:
+        return i + 1
   for pattern in (_ARITH, _VAR):
     match = pattern.match(line, start)
     if match:
