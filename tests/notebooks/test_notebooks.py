@@ -59,3 +59,13 @@ def test_one_step_notebook_draws_the_tokens(monkeypatch):
   run_dir = os.path.join(ROOT, "runs", "notebook_one_step", "quickstart", "recall_ppo")
   for figure in ("one_step_tokens.png", "one_step_ratio.png"):
     assert os.path.exists(os.path.join(run_dir, figure))
+
+
+def test_readme_links_every_notebook():
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  section = readme.split("## Notebooks", 1)[1].split("\n## ", 1)[0]
+  for name in sorted(os.listdir(os.path.join(ROOT, "notebooks"))):
+    if name.endswith(".ipynb"):
+      assert f"(notebooks/{name})" in section, name
+      notebook = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
+      assert not any(cell.get("outputs") for cell in notebook.cells), f"{name}: commit it without outputs"
