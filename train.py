@@ -1,9 +1,15 @@
-"""jaxrlhf entry point: `python train.py --config configs/X.py [--config.some.key=value ...] [-v]`.
+"""jaxrlhf entry point: `python train.py --config configs/X.py [--config.some.key=value ...] [key=value ...] [-v]`.
+
+`key=value` arguments are verl's (Hydra-style) overrides, as in verl's run scripts: they apply after the
+`--config.` flags, and without --config they apply to configs/verl_defaults.py (verl's defaults);
+`jaxrlhf.verl_compat` says which verl keys are translated or ignored.
 
 Bad input (a config key, a path, a data file, a checkpoint) prints one or two lines and exits 2;
 `-v` / `--verbose` adds the traceback.
 """
 
+import json
+import os
 import sys
 
 from absl import flags, logging
@@ -11,6 +17,7 @@ from ml_collections import config_flags
 
 from jaxrlhf.cli import absl_main
 from jaxrlhf.errors import UserError
+from jaxrlhf import verl_compat
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
                                           lock_config=True)
@@ -22,20 +29,44 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "with --distributed
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "with --distributed: this process's index")
 
 
+def _config_with_overrides(verl_args: list[str]):
+  """--config (or verl's defaults when only verl overrides are given) with the verl overrides applied."""
+  config = _CONFIG.value
+  if config is None:
+    if not verl_args:
+      raise UserError("--config is required, e.g. --config configs/quickstart.py (or verl-style key=value "
+                      "overrides on configs/verl_defaults.py)")
+    from jaxrlhf.config import load_config_file
+    config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), verl_compat.DEFAULT_CONFIG))
+    config.lock()
+  if verl_args:
+    report = verl_compat.apply_overrides(config, verl_args)
+    for key, raw, became in report.translated:
+      print(f"verl key {key}={raw} -> {became}")
+    if report.ignored:
+      print(f"ignored {len(report.ignored)} verl key(s) that have no meaning in jaxrlhf:")
+      print("\n".join(report.ignored_lines()))
+  return config
+
+
 def main(argv):
-  del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # library INFO chatter (XLA, Orbax) off unless -v N is given
+  import jax
   from jaxrlhf.trainer import Trainer
   from jaxrlhf.trainer.guards import GuardError
 
-  if _CONFIG.value is None:
-    raise UserError("--config is required, e.g. --config configs/quickstart.py")
+  verl_args, rest = verl_compat.split_overrides(argv[1:])
+  if rest:
+    raise UserError(f"unexpected argument(s) {rest}: flags are --name=value, verl overrides key=value")
+  config = _config_with_overrides(verl_args)
   if _DISTRIBUTED.value:
-    import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts; GPUs and TPUs use their own
     jax.distributed.initialize(num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-  trainer = Trainer(_CONFIG.value)
+  trainer = Trainer(config)
+  if jax.process_index() == 0:  # the resolved config, to read back what every override became
+    with open(os.path.join(trainer.run_dir, "config.json"), "w") as f:
+      json.dump(trainer.config.to_dict(), f, indent=2, default=str)
   try:
     history = trainer.fit()
   except GuardError as e:

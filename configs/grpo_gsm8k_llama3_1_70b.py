@@ -7,7 +7,7 @@ in one mesh):
 
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
     huggingface-cli download meta-llama/Llama-3.1-70B-Instruct --local-dir ~/models/Llama-3.1-70B-Instruct
-    gpu_scripts/run_multi_node_slurm.sh configs/grpo_gsm8k_llama3_1_70b.py  # SLURM; or on each node:
+    sbatch --nodes=8 gpu_scripts/slurm_multinode.sbatch configs/grpo_gsm8k_llama3_1_70b.py  # SLURM; or on each node:
     python train.py --config configs/grpo_gsm8k_llama3_1_70b.py --distributed
 
 Ahead-of-time check for the 64 GPUs, from the architecture file alone (no weights):

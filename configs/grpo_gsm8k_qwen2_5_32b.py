@@ -6,7 +6,7 @@ Start one process per node (32 GPUs in one mesh):
 
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
     huggingface-cli download Qwen/Qwen2.5-32B-Instruct --local-dir ~/models/Qwen2.5-32B-Instruct
-    gpu_scripts/run_multi_node_slurm.sh configs/grpo_gsm8k_qwen2_5_32b.py  # SLURM; or on each node:
+    sbatch --nodes=4 gpu_scripts/slurm_multinode.sbatch configs/grpo_gsm8k_qwen2_5_32b.py  # SLURM; or on each node:
     python train.py --config configs/grpo_gsm8k_qwen2_5_32b.py --distributed
 
 Ahead-of-time check for the 32 GPUs, from the architecture file alone (no weights):

@@ -6,7 +6,7 @@ Start one process per node (64 GPUs in one mesh):
 
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
     huggingface-cli download Qwen/Qwen2.5-72B-Instruct --local-dir ~/models/Qwen2.5-72B-Instruct
-    gpu_scripts/run_multi_node_slurm.sh configs/grpo_gsm8k_qwen2_5_72b.py  # SLURM; or on each node:
+    sbatch --nodes=8 gpu_scripts/slurm_multinode.sbatch configs/grpo_gsm8k_qwen2_5_72b.py  # SLURM; or on each node:
     python train.py --config configs/grpo_gsm8k_qwen2_5_72b.py --distributed
 
 Ahead-of-time check for the 64 GPUs, from the architecture file alone (no weights):

@@ -178,6 +178,11 @@ class Trainer:
                                                       (len(indices),) + v.shape[1:])
             for k, v in local.items()}
 
+  def train_batch(self, step: int) -> dict[str, jax.Array]:
+    """Batch `step` of the training schedule, on the mesh: what `train_step` feeds the step (notebooks run
+    its phases one by one on it: `self.phased.generate_and_score` then `self.phased.train`)."""
+    return self._load_batch(self.train_data, self.schedule.indices(step))
+
   # ----- running ---------------------------------------------------------------------------------
 
   def train_step(self, step: int) -> dict[str, float]:
@@ -190,7 +195,7 @@ class Trainer:
       if self.filter_groups:
         self.state, device_metrics, extra["training/num_gen_batches"] = self._dynamic_sampling_step(rng, timings)
       else:
-        batch = self._load_batch(self.train_data, self.schedule.indices(step))
+        batch = self.train_batch(step)
         if self.config.trainer.fuse_step:
           self.state, device_metrics = self.jitted_step(self.state, batch, rng)
         else:
