@@ -241,6 +241,8 @@ NOT_IMPLEMENTED = {
     "actor_rollout_ref.rollout.max_num_batched_tokens": (
         8192, "generation runs the whole batch (data.train_batch_size x rollout.n sequences) at once; "
         "bound it with data.train_batch_size"),
+    "critic.model.logits_chunk_size": (
+        2048, "the critic has no LM head: its value head reads the response positions at once"),
 }
 
 # jaxrlhf.models.attention.ATTENTION_IMPLS (this module imports no JAX: `python -m jaxrlhf.aot` loads a config
@@ -425,6 +427,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   actor = config.actor_rollout_ref.actor
   _check_rollout_correction(config)
   _check_gdpo(config)
+  critic_overrides = [k for k, v in config.critic.model.override_config.items() if v is not None]
+  critic_path = config.critic.model.path
+  if critic_overrides and (not critic_path or critic_path == config.actor_rollout_ref.model.path):
+    raise ConfigError(f"config keys critic.model.override_config.{critic_overrides} are read only with a critic "
+                      "checkpoint of its own (critic.model.path): without one the critic takes the actor's "
+                      "architecture (actor_rollout_ref.model.override_config) and weights")
   if data.train_batch_size % actor.ppo_mini_batch_size:
     raise ConfigError(
         f"data.train_batch_size={data.train_batch_size} is not divisible by "

@@ -54,6 +54,8 @@ def test_wrong_type_names_the_key():
     ("algorithm.rollout_correction.rollout_rs", "token_k9", "rollout_correction.rollout_rs: unknown option 'token_k9'"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode", "needs algorithm.rollout_correction.bypass_mode"),
     ("algorithm.adv_estimator", "gdpo", "needs algorithm.gdpo_reward_keys"),
+    ("critic.model.override_config.hidden_size", 64, r"critic.model.override_config.\['hidden_size'\] are read only"),
+    ("critic.model.logits_chunk_size", 512, "the critic has no LM head"),
     ("critic.forward_micro_batch_size_per_gpu", 0, "critic.forward_micro_batch_size_per_gpu' must be >= 1"),
     ("actor_rollout_ref.model.logits_chunk_size", -1, "logits_chunk_size' must be >= 0"),
 ])
@@ -219,3 +221,12 @@ def test_loading_a_config_file_does_not_load_jax():
           "load_config_file('configs/grpo_gsm8k_qwen2_5_7b.py'); print('jax' in sys.modules)")
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_gdpo_needs_one_weight_per_component():
+  config = get_base_config()
+  config.algorithm.adv_estimator = "gdpo"
+  config.algorithm.gdpo_reward_keys = ("format", "acc")
+  config.algorithm.gdpo_reward_weights = (1.0,)
+  with pytest.raises(ConfigError, match=r"gdpo_reward_weights' has 1 weights for 2"):
+    validate_config(config)
