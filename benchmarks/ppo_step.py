@@ -55,7 +55,8 @@ def run(size: str, fused: bool, steps: int, response_length: int, run_dir: str) 
       "first_step_s (compile)": round(records[0]["timing_s/step"], 2),
       "step_s": round(statistics.median(r["timing_s/step"] for r in steady), 3),
       "tokens_per_s_per_device": round(statistics.median(r["perf/throughput"] for r in steady), 1),
-      "mfu_actor": round(statistics.median(r["perf/mfu/actor"] for r in steady), 4),
+      # fused: the whole step's MFU (no update-phase time); phased: the actor update's, as verl
+      "mfu": round(statistics.median(r["perf/mfu/step" if fused else "perf/mfu/actor"] for r in steady), 4),
       "peak_flops_per_device": trainer.peak_flops,
   }
   if not fused:

@@ -283,7 +283,8 @@ _DOCS = {
                           "`timing_s/*` (same numbers)", "— (ours; verl always runs phases)"),
     "trainer.log_val_generations": ("validation samples written to `<run dir>/val_generations.jsonl`",
                                     "same (verl logs them to the tracker)"),
-    "trainer.peak_flops_per_device": ("peak FLOP/s of one device for `perf/mfu/actor`; None = the known "
+    "trainer.peak_flops_per_device": ("peak FLOP/s of one device for `perf/mfu/*` (`actor`, `critic`: the update "
+                                      "phases, phased mode; `step`: the fused step); None = the known "
                                       "accelerator table, or measured once on CPU", "— (ours)"),
     "trainer.prometheus_port": ("serve metrics as Prometheus gauges on this port; None = off, 0 = any free port",
                                 "— (ours)"),

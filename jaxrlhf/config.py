@@ -209,7 +209,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       plot=True,
       fuse_step=True,  # False: phased mode, one jit per stage with timing_s/* per phase (same numbers)
       log_val_generations=0,  # validation samples written to <run dir>/val_generations.jsonl
-      peak_flops_per_device=_placeholder(float),  # for perf/mfu/actor; None = known accelerator table or measured
+      peak_flops_per_device=_placeholder(float),  # for perf/mfu/*; None = known accelerator table or measured
       prometheus_port=_placeholder(int),  # None = off; 0 = any free port
       profile_steps=(),  # global steps (from 1) to trace with jax.profiler into <run dir>/profile
       # Seeds' stable-pipeline practice, automated: on a KL blow-up or a reward collapse, restore the

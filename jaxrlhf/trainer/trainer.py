@@ -230,13 +230,13 @@ class Trainer:
   def _mfu(self, metrics, timings: dict[str, float], elapsed: float, actor_updated: bool) -> dict[str, float]:
     """`perf/mfu/{actor,critic}`: an update phase's model FLOPs over its time x devices x the peak (verl's).
 
-    The fused step times no phase: there `perf/mfu/actor` is the actor's FLOPs of the whole step
-    (rollout, log-probs, updates) over the step time.
+    The fused step times no phase, so it has no update MFU (verl's meaning): `perf/mfu/step` is the
+    actor's FLOPs of the whole step (rollout, log-probs, updates) over the step time instead.
     """
     n, peak = self._num_sequences, self.mesh.size * self.peak_flops
     tokens = dict(prompt_tokens=metrics["prompt_length/mean"] * n, response_tokens=metrics["response_length/mean"] * n)
     if "update_actor" not in timings:
-      return {"perf/mfu/actor": actor_step_flops(
+      return {"perf/mfu/step": actor_step_flops(
           self.model_config, self.actor_num_params, **tokens, num_sequences=n,
           ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
           use_reference=self.ppo.use_reference) / (elapsed * peak)}

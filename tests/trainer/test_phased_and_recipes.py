@@ -29,6 +29,8 @@ def test_phased_mode_matches_fused_mode_and_times_every_phase(tmp_path):
   response_tokens = b["response_length/mean"] * 16
   assert b["timing_per_token_ms/gen"] == pytest.approx(1000 * b["timing_s/gen"] / response_tokens)
   assert b["perf/mfu/actor"] > 0 and b["perf/mfu/critic"] > 0 and "perf/mfu/critic" not in a
+  # The fused step times no update phase: its MFU is the whole step's, under its own name.
+  assert a["perf/mfu/step"] > 0 and "perf/mfu/actor" not in a
 
 
 def test_group_filter_keeps_groups_with_varied_scores():

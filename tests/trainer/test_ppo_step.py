@@ -50,7 +50,7 @@ def test_metrics_follow_spec_names(tmp_path):
               "critic/rewards/mean", "critic/advantages/max", "critic/returns/min", "critic/values/mean",
               "critic/vf_explained_var", "response_length/mean", "response_length/clip_ratio",
               "prompt_length/mean", "prompt_length/clip_ratio", "timing_s/step", "perf/total_num_tokens",
-              "perf/time_per_step", "perf/throughput", "perf/mfu/actor", "training/global_step", "training/epoch"):
+              "perf/time_per_step", "perf/throughput", "perf/mfu/step", "training/global_step", "training/epoch"):
     assert key in metrics, key
     assert np.isfinite(metrics[key]), key
   assert all(k.startswith(SPEC_METRIC_PREFIXES) for k in metrics)
