@@ -370,6 +370,16 @@ row, agreeing to 1e-5 (rtol and atol):
 `tests/trainer/test_lr_schedule.py` shows the constant and cosine schedules equal verl's (warm-up from lr 0,
 the `lr_warmup_steps_ratio` fallback, `min_lr_ratio`, `num_cycles`).
 
+In the step, as verl's trainer composes them (tests under `tests/trainer/`): bypass mode takes the sampler's
+log-probs as the old ones (no old-log-prob forward) and the `bypass_mode` loss, whatever `loss_mode` says; in
+decoupled mode the weights and the rejection come from the old-log-prob phase once per batch, after the KL
+penalty and before the estimator, and rejected tokens leave the response mask of the estimator and of both
+updates; GDPO reads the components named by `gdpo_reward_keys` from the dict the reward function returns and
+logs `gdpo/<key>/{mean,std,max,min}`; validation's variables are the score (`reward`) and every entry the
+reward returns, `acc` is the core variable when present, `maj@k` votes on a text `pred` (same bootstrap
+draws as verl's); `actor/entropy` comes from the old-log-prob phase (absent in bypass mode, as verl); actor
+metrics are absent during the critic warm-up; `perf/mfu/actor` is the update phase's, in phased mode.
+
 Deliberate differences (each is an input verl never produces, or a choice the comparison shows):
 - rows without a valid response token are padding: they join no group, no whitening, no normaliser and no
   rollout-correction statistic, and get advantage 0 (verl counts every row; its rows are never empty, so
@@ -387,7 +397,13 @@ Deliberate differences (each is an input verl never produces, or a choice the co
   other draws; `kl_cov` and `grpo_passk` break ties by position (verl: `torch.topk`, unspecified);
 - the rollout-correction std metrics are computed two-pass (verl: E[x^2] - E[x]^2): the same number without
   fp32 cancellation; `rollout_is_threshold` / `rollout_rs_threshold` are strings (`"2.0"`, `"0.5_2.0"`)
-  because the config tree is typed (verl takes a float or a string).
+  because the config tree is typed (verl takes a float or a string);
+- rollout correction in decoupled mode runs (and logs `rollout_corr/...`) when `rollout_is` or `rollout_rs`
+  is set (verl: whenever the section exists and the rollout returned log-probs, which jaxrlhf's always
+  does); bypass mode's `rollout_corr/...` are per-micro-batch means averaged over the micro-batches, as verl;
+- `full` KL works (exact, from both policies' logits, per LM-head chunk; verl 0.9.1 raises on it);
+- the fused step (one program) has no update-phase time: it reports `perf/mfu/step` (the whole step's)
+  instead of `perf/mfu/actor`.
 """.splitlines()
 
 
