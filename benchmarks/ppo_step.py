@@ -87,7 +87,7 @@ def main():
   print("|---|---|---|---|---|---|")
   for r in results:
     print(f"| {r['size']} ({r['params'] / 1e6:.0f}M) | {r['mode']} | {r['step_s']} | {r['tokens_per_s_per_device']} "
-          f"| {r['mfu_actor']:.2%} | {r['first_step_s (compile)']} |")
+          f"| {r['mfu']:.2%} | {r['first_step_s (compile)']} |")
   by = {(r["size"], r["mode"]): r for r in results}
   for size in args.sizes:
     ratio = by[(size, "fused")]["tokens_per_s_per_device"] / by[(size, "phased")]["tokens_per_s_per_device"]
