@@ -16,6 +16,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxrlhf.errors import UserError
+from jaxrlhf.models.lora import resolve_target_modules
 
 _placeholder = config_dict.placeholder
 
@@ -61,7 +62,11 @@ def _model() -> ml_collections.ConfigDict:
       scan_layers=True,  # layers as one nn.scan over stacked weights (False: a Python loop)
       attention_impl="auto",  # auto (cudnn on GPU, blockwise on TPU, xla on CPU) | xla | blockwise | cudnn | splash
       attention_block_size=512,  # blockwise attention's query/key block
+      # LoRA (verl's keys): rank 0 = full fine-tuning; > 0 trains adapters on `target_modules` only
+      # ("all-linear", or a list such as ["q_proj", "v_proj"]) with scaling lora_alpha / lora_rank.
       lora_rank=0,
+      lora_alpha=16,
+      target_modules=ml_collections.FieldReference("all-linear", field_type=object),
       # LM head (log-probs, entropy): tokens per device whose logits exist at once; the backward
       # recomputes them chunk by chunk. 0 = all positions at once.
       logits_chunk_size=2048,
@@ -234,8 +239,8 @@ def get_base_config() -> ml_collections.ConfigDict:
 # Keys verl has that jaxrlhf accepts but does not implement (yet): any value but the default is
 # refused, saying what jaxrlhf does instead. Delete a row when its feature lands.
 NOT_IMPLEMENTED = {
-    "actor_rollout_ref.model.lora_rank": (0, "jaxrlhf fine-tunes every parameter (no LoRA adapters yet)"),
-    "critic.model.lora_rank": (0, "jaxrlhf fine-tunes every parameter (no LoRA adapters yet)"),
+    "critic.model.lora_rank": (0, "LoRA is implemented for the actor (actor_rollout_ref.model.lora_rank); the "
+                               "critic fine-tunes every parameter"),
     "actor_rollout_ref.rollout.name": (
         "jax", "generation always runs jaxrlhf's JAX sampler inside the compiled step (no vllm/sglang/hf)"),
     "actor_rollout_ref.rollout.max_num_batched_tokens": (
@@ -348,6 +353,8 @@ _RANGES = {
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu")},
     "actor_rollout_ref.model.logits_chunk_size": _at_least(0),  # 0 = no chunking
+    **{f"{section}.model.lora_rank": _at_least(0) for section in ("actor_rollout_ref", "critic")},  # 0 = off
+    **{f"{section}.model.lora_alpha": _above(0) for section in ("actor_rollout_ref", "critic")},
 }
 
 
@@ -436,6 +443,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if values[path] != default:
       raise ConfigError(f"config key '{path}'={values[path]!r} is not implemented (only {default!r} is accepted): "
                         f"{instead}")
+  for section in ("actor_rollout_ref", "critic"):
+    try:
+      resolve_target_modules(values[f"{section}.model.target_modules"], f"{section}.model.target_modules")
+    except ValueError as e:
+      raise ConfigError(f"config key {e}") from None
   for (path, value), missing in _NOT_YET_WIRED.items():
     if values[path] == value:
       raise ConfigError(f"config key '{path}'={value!r} is not supported yet: the step does not compute {missing}")

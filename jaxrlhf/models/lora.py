@@ -46,7 +46,7 @@ def resolve_target_modules(target_modules, key: str = "target_modules") -> tuple
   names = tuple(target_modules)
   unknown = [name for name in names if name not in LORA_TARGETS]
   if unknown or not names:
-    raise ValueError(f"{key}={target_modules!r}: expected 'all-linear' or a list of {list(LORA_TARGETS)}"
+    raise ValueError(f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(LORA_TARGETS)}"
                      + (f" (unknown: {unknown})" if unknown else ""))
   return tuple(name for name in LORA_TARGETS if name in names)
 

@@ -15,11 +15,13 @@ from jaxrlhf.trainer.model_outputs import ModelOutputs
 def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, actor, on_policy: bool):
   """Policy loss - entropy bonus (+ KL loss to the reference). `actor`: the actor's config section.
 
-  aux: per-step scalars; `kl_gate` is 0 during the KL warm-up, else 1. `on_policy` (one epoch, one
+  aux: per-step values; `kl_gate` is 0 during the KL warm-up, else 1; with LoRA `base_params` is the
+  frozen base and `params` (what is differentiated) are the adapters. `on_policy` (one epoch, one
   mini-batch): the current log-prob (stopped) is the old one, so the ratio is exactly 1, as in verl.
   """
   mask = micro["response_mask"]
-  log_prob, entropy = outputs.log_probs(params, micro)
+  base, adapters = (aux["base_params"], params) if "base_params" in aux else (params, None)
+  log_prob, entropy = outputs.log_probs(base, micro, adapters=adapters)
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy else micro["old_log_probs"]
   pg_loss, pg_metrics = algos.compute_policy_loss(
       old_log_prob, log_prob, micro["advantages"], mask,

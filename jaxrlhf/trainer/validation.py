@@ -19,20 +19,21 @@ from jaxrlhf.trainer.ppo_step import PPOStep
 
 
 def make_validation_fn(ppo: PPOStep, sampling: SamplingParams, reward_fn: Callable):
-  """`validate(actor_params, reward_params, batch, rng) -> (scores_N, responses_NxR, response_mask_NxR)`.
+  """`validate(actor_params, actor_adapters, reward_params, batch, rng) -> (scores_N, responses_NxR,
+  response_mask_NxR)`; `actor_adapters`: LoRA adapters or None.
 
   Each prompt is sampled `val_kwargs.n` times with `sampling`; `reward_fn` looks rows up in the
   validation set.
   """
 
-  def validate(actor_params, reward_params, batch, rng):
+  def validate(actor_params, actor_adapters, reward_params, batch, rng):
     n = ppo.config.actor_rollout_ref.rollout.val_kwargs.n
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
     sample_index_N = jnp.repeat(batch["sample_index"], n, axis=0)
     generation = ppo.generation
-    rollout = generation.sample(generation.generation_params(actor_params), prompts_NxP, prompt_mask_NxP, rng,
-                                sampling)
+    rollout = generation.sample(generation.generation_params(actor_params, actor_adapters), prompts_NxP,
+                                prompt_mask_NxP, rng, sampling)
     scores_N, _ = reward.sequence_scores(ppo.config.reward_model, reward_fn, ppo.reward_model, reward_params,
                                          prompts_NxP, prompt_mask_NxP, rollout["responses"], rollout["response_mask"],
                                          sample_index_N)
