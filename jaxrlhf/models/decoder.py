@@ -499,11 +499,20 @@ def _logical_axes(boxed):
   return jax.tree.map(lambda b: tuple(b.names), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
+def _without_adapters(model: Decoder) -> Decoder:
+  """The same model with LoRA off: its weights must not depend on the adapters (their init draws keys)."""
+  if not model.config.lora_rank:
+    return model
+  return Decoder(dataclasses.replace(model.config, lora_rank=0), head=model.head)
+
+
 def init_params(model: Decoder, rng, seq_len: int = 8):
-  """Returns (params, logical_axes): raw arrays and a same-shaped tree of logical-axis tuples."""
+  """Returns (params, logical_axes): raw arrays and a same-shaped tree of logical-axis tuples.
+
+  The same weights for a key whether or not the config has LoRA (the adapters: `init_adapters`)."""
   ids = jnp.zeros((1, seq_len), jnp.int32)
-  boxed = model.init(rng, ids, positions_from_mask(jnp.ones_like(ids)), jnp.ones_like(ids))["params"]
-  return nn.unbox(boxed), _logical_axes(boxed)
+  boxed = _without_adapters(model).init(rng, ids, positions_from_mask(jnp.ones_like(ids)), jnp.ones_like(ids))
+  return nn.unbox(boxed["params"]), _logical_axes(boxed["params"])
 
 
 def abstract_params(model: Decoder, seq_len: int = 8):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask, save_hf_checkpoint
-from jaxrlhf.models.decoder import init_adapters, model_variables
+from jaxrlhf.models.decoder import init_adapters, init_params, model_variables
 from jaxrlhf.models.lora import (LORA_TARGETS, count_adapter_params, merge_adapters, resolve_target_modules,
                                  save_peft_adapter)
 from tests.models.hf_fixtures import build_model, hf_forward, left_padded_batch, save_model
@@ -59,10 +59,10 @@ def test_target_modules_keys():
 def test_fresh_adapters_are_the_base_and_merging_equals_applying(tiny_model_config, scan_layers):
   config = _lora_config(tiny_model_config, scan_layers=scan_layers)
   model = Decoder(config)
-  params = Decoder(dataclasses.replace(config, lora_rank=0)).init(
-      jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32))
-  params = jax.tree.map(lambda x: getattr(x, "value", x), params["params"],
-                        is_leaf=lambda x: hasattr(x, "value"))
+  params, _ = init_params(model, jax.random.key(0))
+  # The base's weights do not depend on whether the config has adapters.
+  jax.tree.map(np.testing.assert_array_equal, params,
+               init_params(Decoder(dataclasses.replace(config, lora_rank=0)), jax.random.key(0))[0])
   adapters, _ = init_adapters(model, jax.random.key(1))
   ids, mask, _ = left_padded_batch(batch=2, length=10, pads=(0, 3))
   ids = ids % config.vocab_size
@@ -79,9 +79,7 @@ def test_bf16_base_with_fp32_adapters(tiny_model_config):
   model = Decoder(config)
   adapters, _ = init_adapters(model, jax.random.key(1))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(adapters))
-  params = jax.tree.map(lambda x: getattr(x, "value", x), model.init(
-      jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 8), jnp.int32),
-      jnp.ones((1, 8), jnp.int32))["params"], is_leaf=lambda x: hasattr(x, "value"))
+  params, _ = init_params(model, jax.random.key(0))
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
   ids = jnp.arange(8)[None] % config.vocab_size
   grads = jax.grad(lambda a: _forward(model, model_variables(params, a), ids, jnp.ones_like(ids)).sum())(
