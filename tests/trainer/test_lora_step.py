@@ -69,14 +69,15 @@ def test_resume_restores_adapters_and_optimizer_state_exactly_and_exports(tmp_pa
   for field in ("actor_adapters", "actor_opt_state", "critic_params", "critic_opt_state"):
     jax.tree.map(np.testing.assert_array_equal, _host(getattr(restored, field)), _host(getattr(trainer.state, field)))
   jax.tree.map(np.testing.assert_array_equal, _host(restored.actor_params), _host(trainer.state.actor_params))
-  other.state = restored
+  base, adapters = _host(restored.actor_params), _host(restored.actor_adapters)
+  other.state = restored  # donated by the step below
   np.testing.assert_allclose(other.train_step(2)["actor/pg_loss"], trainer.train_step(2)["actor/pg_loss"],
                              rtol=1e-6)
 
   out = str(tmp_path / "export")
   export_checkpoint(os.path.join(str(tmp_path / "ckpt"), "global_step_2"), out)
   exported = load_hf_params(out, load_hf_config(out))
-  expected = merge_adapters(_host(restored.actor_params), _host(restored.actor_adapters), config.actor_rollout_ref.model.lora_alpha)
+  expected = merge_adapters(base, adapters, config.actor_rollout_ref.model.lora_alpha)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7),
                _host(exported), expected)
   assert sorted(os.listdir(os.path.join(out, LORA_ADAPTER_DIR))) == ["adapter_config.json", "adapter_model.safetensors"]
