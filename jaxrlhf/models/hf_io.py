@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxrlhf.checkpoint import CheckpointError
-from jaxrlhf.models.lora import resolve_target_modules
+from jaxrlhf.config import resolve_target_modules
 from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params, params_for
 
 log = logging.getLogger(__name__)

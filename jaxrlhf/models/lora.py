@@ -28,27 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrlhf.checkpoint import unstack_layers
+# The names are jax-free (the config validates target_modules without loading jax).
+from jaxrlhf.config import ATTENTION_TARGETS, LORA_TARGETS, MLP_TARGETS, resolve_target_modules  # noqa: F401
 
 COLLECTION = "lora"
-# Every linear of the decoder layers: PEFT's "all-linear" (which leaves out the LM head) on these models.
-ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
-LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
 RANK_AXIS = "lora_rank"  # the adapters' rank dim: in no layout rule, so replicated
-
-
-def resolve_target_modules(target_modules, key: str = "target_modules") -> tuple[str, ...]:
-  """verl's `target_modules` ("all-linear", a list of names, or a comma-separated string) -> module names."""
-  if isinstance(target_modules, str):
-    if target_modules == "all-linear":
-      return LORA_TARGETS
-    target_modules = [name.strip() for name in target_modules.split(",") if name.strip()]
-  names = tuple(target_modules)
-  unknown = [name for name in names if name not in LORA_TARGETS]
-  if unknown or not names:
-    raise ValueError(f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(LORA_TARGETS)}"
-                     + (f" (unknown: {unknown})" if unknown else ""))
-  return tuple(name for name in LORA_TARGETS if name in names)
 
 
 def _kaiming_uniform_A(fan_in: int):
