@@ -61,7 +61,12 @@ _MODEL = {
                        "steps keep their own path", "`attn_implementation` (`flash_attention_2`, `sdpa`, `eager`)"),
     "attention_block_size": ("query and key block of `blockwise` attention (and splash's tiles)",
                              "— (ours)"),
-    "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning", SAME),
+    "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning. With a rank only the adapters (fp32) train, hold "
+                  "optimizer state and are checkpointed; the frozen base (adapters off) is the reference policy, "
+                  "and generation runs base + adapters merged once per rollout (docs/lora.md)", SAME),
+    "lora_alpha": ("LoRA scaling: the adapter's delta is multiplied by lora_alpha / lora_rank", SAME),
+    "target_modules": ("linears that get an adapter: `all-linear` (q/k/v/o and gate/up/down of every layer; not "
+                       "the LM head) or a list such as `[\"q_proj\", \"v_proj\"]` (or `q_proj,v_proj`)", SAME),
     "logits_chunk_size": ("LM head (log-probs, entropy) in chunks of about this many tokens per device: the "
                           "[rows, length, vocab] logits never exist at once and the backward recomputes each "
                           "chunk's; 0 = all positions at once. The heads only ever see response positions",

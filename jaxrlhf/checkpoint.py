@@ -2,7 +2,8 @@
 
 What a checkpoint holds: the TrainState (actor and critic params and optimizer states, KL-controller
 coefficient, lr scale, step) and a JSON record (step, data-iterator position, seed, the config).
-The frozen models (reference policy, reward model) are not saved: they are rebuilt from their source
+With LoRA the actor's trained part is its adapters: they and their optimizer state are saved, the base is
+not. The frozen models (reference policy, reward model, a LoRA actor's base) are not saved: they are rebuilt from their source
 (the seed or the model path), as verl does. Batches and per-step RNG are pure functions of (seed, step), so the step is the whole
 iterator state.
 
@@ -43,8 +44,10 @@ class CheckpointError(UserError, ValueError):
 
 
 def _without_reference(state):
-  """Frozen models (reference policy, reward model) are rebuilt from their source, not saved."""
-  return state.replace(ref_params=None, reward_params=None)
+  """Frozen models (reference policy, reward model, the actor's base under LoRA) are rebuilt from their
+  source, not saved."""
+  frozen = {"actor_params": None} if state.actor_adapters is not None else {}
+  return state.replace(ref_params=None, reward_params=None, **frozen)
 
 
 def _layer_sharding(sharding):
@@ -114,6 +117,8 @@ class Checkpointer:
       target = _without_reference(target_state)
       state = jax.device_put(state, jax.tree.map(lambda x: x.sharding, target))
     state = state.replace(ref_params=target_state.ref_params, reward_params=target_state.reward_params)
+    if target_state.actor_adapters is not None:
+      state = state.replace(actor_params=target_state.actor_params)
     return state, restored.meta
 
   def set_aside(self, step: int) -> str:

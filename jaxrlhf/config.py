@@ -20,6 +20,26 @@ from jaxrlhf.errors import UserError
 _placeholder = config_dict.placeholder
 
 
+# Every linear of the decoder layers: PEFT's "all-linear" (which leaves out the LM head) on these models.
+ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+
+
+def resolve_target_modules(target_modules, key: str = "target_modules") -> tuple[str, ...]:
+  """verl's `target_modules` ("all-linear", a list of names, or a comma-separated string) -> module names."""
+  if isinstance(target_modules, str):
+    if target_modules == "all-linear":
+      return LORA_TARGETS
+    target_modules = [name.strip() for name in target_modules.split(",") if name.strip()]
+  names = tuple(target_modules)
+  unknown = [name for name in names if name not in LORA_TARGETS]
+  if unknown or not names:
+    raise ValueError(f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(LORA_TARGETS)}"
+                     + (f" (unknown: {unknown})" if unknown else ""))
+  return tuple(name for name in LORA_TARGETS if name in names)
+
+
 class ConfigError(UserError, ValueError):
   """A config value is missing, unknown, of the wrong type or inconsistent; the message names the key."""
 
@@ -61,7 +81,11 @@ def _model() -> ml_collections.ConfigDict:
       scan_layers=True,  # layers as one nn.scan over stacked weights (False: a Python loop)
       attention_impl="auto",  # auto (cudnn on GPU, blockwise on TPU, xla on CPU) | xla | blockwise | cudnn | splash
       attention_block_size=512,  # blockwise attention's query/key block
+      # LoRA (verl's keys): rank 0 = full fine-tuning; > 0 trains adapters on `target_modules` only
+      # ("all-linear", or a list such as ["q_proj", "v_proj"]) with scaling lora_alpha / lora_rank.
       lora_rank=0,
+      lora_alpha=16,
+      target_modules=ml_collections.FieldReference("all-linear", field_type=object),
       # LM head (log-probs, entropy): tokens per device whose logits exist at once; the backward
       # recomputes them chunk by chunk. 0 = all positions at once.
       logits_chunk_size=2048,
@@ -234,8 +258,10 @@ def get_base_config() -> ml_collections.ConfigDict:
 # Keys verl has that jaxrlhf accepts but does not implement (yet): any value but the default is
 # refused, saying what jaxrlhf does instead. Delete a row when its feature lands.
 NOT_IMPLEMENTED = {
-    "actor_rollout_ref.model.lora_rank": (0, "jaxrlhf fine-tunes every parameter (no LoRA adapters yet)"),
-    "critic.model.lora_rank": (0, "jaxrlhf fine-tunes every parameter (no LoRA adapters yet)"),
+    "critic.model.lora_rank": (0, "LoRA is implemented for the actor (actor_rollout_ref.model.lora_rank); the "
+                               "critic fine-tunes every parameter"),
+    "critic.model.lora_alpha": (16, "the critic has no LoRA adapters (critic.model.lora_rank)"),
+    "critic.model.target_modules": ("all-linear", "the critic has no LoRA adapters (critic.model.lora_rank)"),
     "actor_rollout_ref.rollout.name": (
         "jax", "generation always runs jaxrlhf's JAX sampler inside the compiled step (no vllm/sglang/hf)"),
     "actor_rollout_ref.rollout.max_num_batched_tokens": (
@@ -335,6 +361,8 @@ _RANGES = {
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu")},
     "actor_rollout_ref.model.logits_chunk_size": _at_least(0),  # 0 = no chunking
+    **{f"{section}.model.lora_rank": _at_least(0) for section in ("actor_rollout_ref", "critic")},  # 0 = off
+    **{f"{section}.model.lora_alpha": _above(0) for section in ("actor_rollout_ref", "critic")},
 }
 
 
@@ -423,6 +451,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if values[path] != default:
       raise ConfigError(f"config key '{path}'={values[path]!r} is not implemented (only {default!r} is accepted): "
                         f"{instead}")
+  for section in ("actor_rollout_ref", "critic"):
+    try:
+      resolve_target_modules(values[f"{section}.model.target_modules"], f"{section}.model.target_modules")
+    except ValueError as e:
+      raise ConfigError(f"config key {e}") from None
   data = config.data
   actor = config.actor_rollout_ref.actor
   _check_rollout_correction(config)

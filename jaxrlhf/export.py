@@ -4,7 +4,8 @@
         [--critic_out exported/critic] [--dtype bfloat16] [--overwrite] [-v]
 
 The actor is written as a causal LM (config.json + safetensors) that
-`transformers.AutoModelForCausalLM.from_pretrained` loads; the critic as a token-classification
+`transformers.AutoModelForCausalLM.from_pretrained` loads (a LoRA run's adapters merged in, and also
+alone in PEFT's layout under `<out>/lora_adapter`); the critic as a token-classification
 model with one label (verl's critic format). When the run started from an HF checkpoint, that
 checkpoint's tokenizer and generation config files are copied alongside (nothing else from it); the
 built-in tokenizer of a from-scratch run is copied from the run directory.
@@ -21,19 +22,48 @@ import os
 from jaxrlhf import cli
 from jaxrlhf.checkpoint import CheckpointError, read_checkpoint
 from jaxrlhf.errors import UserError
-from jaxrlhf.models import copy_tokenizer_files, model_config_from, save_hf_checkpoint
+import jax
+
+from jaxrlhf.models import (Decoder, copy_tokenizer_files, init_params, load_hf_params, model_config_from,
+                            save_hf_checkpoint)
+from jaxrlhf.models.lora import merge_adapters, save_peft_adapter
+
+LORA_ADAPTER_DIR = "lora_adapter"  # under the export directory: a LoRA run's adapters in PEFT's layout
 
 
-def write_hf(actor_params, config, out_dir: str, *, critic_params=None, critic_out: str | None = None,
-             tokenizer_dir: str | None = None, dtype: str | None = None) -> str:
+def init_keys(config):
+  """(actor key, critic key) that a run's from-scratch weights are initialised with (`trainer.seed`)."""
+  return tuple(jax.random.split(jax.random.key(config.trainer.seed)))
+
+
+def actor_base_params(config, model_config, shardings=None):
+  """The actor's weights a run starts from: its HF checkpoint, or initialised from `trainer.seed`.
+
+  With LoRA these stay frozen (the base), so a checkpoint does not hold them: export rebuilds them here.
+  """
+  path = config.actor_rollout_ref.model.path
+  if path:
+    return load_hf_params(path, model_config, head="lm", shardings=shardings)
+  init = lambda key: init_params(Decoder(model_config, head="lm"), key)[0]
+  return jax.jit(init, out_shardings=shardings)(init_keys(config)[0])
+
+
+def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_params=None,
+             critic_out: str | None = None, tokenizer_dir: str | None = None, dtype: str | None = None) -> str:
   """Writes the actor (and the critic when `critic_out`) of a run with `config` in HF format.
 
   A run started from an HF checkpoint keeps that checkpoint's other config keys, tokenizer and
-  generation config; a from-scratch run gets the tokenizer files from `tokenizer_dir`.
+  generation config; a from-scratch run gets the tokenizer files from `tokenizer_dir`. With LoRA
+  (`actor_adapters`) the weights written are base + adapters merged, and the adapters alone go to
+  `out_dir`/lora_adapter in PEFT's layout (`peft.PeftModel.from_pretrained(base, that_dir)`).
   """
   actor_model = config.actor_rollout_ref.model
   model_config = model_config_from(actor_model)
-  save_hf_checkpoint(actor_params, model_config, out_dir, head="lm", dtype=dtype, source_dir=actor_model.path or None)
+  merged = merge_adapters(actor_params, actor_adapters, model_config.lora_alpha)
+  save_hf_checkpoint(merged, model_config, out_dir, head="lm", dtype=dtype, source_dir=actor_model.path or None)
+  if actor_adapters is not None:
+    save_peft_adapter(actor_adapters, model_config, os.path.join(out_dir, LORA_ADAPTER_DIR),
+                      base_model_name_or_path=actor_model.path)
   if not actor_model.path and tokenizer_dir and os.path.isdir(tokenizer_dir):
     copy_tokenizer_files(tokenizer_dir, out_dir)
   if critic_out:
@@ -67,8 +97,18 @@ def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None
   if critic_out and state.get("critic_params") is None:
     raise CheckpointError(f"--critic_out: the run of --checkpoint {step_dir!r} has no critic (critic.enable was off)")
   tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
-  return write_hf(state["actor_params"], config, out_dir, critic_params=state.get("critic_params"),
-                  critic_out=critic_out, tokenizer_dir=tokenizer_dir, dtype=dtype)
+  actor_params, actor_adapters = checkpoint_actor(state, config)
+  return write_hf(actor_params, config, out_dir, actor_adapters=actor_adapters,
+                  critic_params=state.get("critic_params"), critic_out=critic_out, tokenizer_dir=tokenizer_dir,
+                  dtype=dtype)
+
+
+def checkpoint_actor(state: dict, config):
+  """(params, adapters or None) of a checkpoint's actor; a LoRA run's base is rebuilt from its source."""
+  adapters = state.get("actor_adapters")
+  if not adapters:
+    return state["actor_params"], None
+  return actor_base_params(config, model_config_from(config.actor_rollout_ref.model)), adapters
 
 
 def main(argv=None):

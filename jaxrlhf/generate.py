@@ -31,8 +31,10 @@ import numpy as np
 from jaxrlhf import cli
 from jaxrlhf.checkpoint import read_checkpoint
 from jaxrlhf.errors import UserError
+from jaxrlhf.export import checkpoint_actor
 from jaxrlhf.models import (Decoder, cast_floating, generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer,
                             model_config_from, pad_token_id, params_for)
+from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.rollout import SamplingParams, generate, pad_prompts, repeat_interleave, response_lengths_and_clip
 
 
@@ -102,7 +104,9 @@ def load_model(path: str):
     state, _, config = read_checkpoint(path, key="--model")
     model_section = config.actor_rollout_ref.model
     model_config = model_config_from(model_section)
-    params = params_for(model_config, jax.tree.map(np.asarray, state["actor_params"]))  # either layer layout
+    actor_params, actor_adapters = checkpoint_actor(state, config)  # a LoRA run's adapters merged in
+    params = params_for(model_config, jax.tree.map(np.asarray, merge_adapters(actor_params, actor_adapters,
+                                                                              model_config.lora_alpha)))
     source = model_section.path or None
     tokenizer_dir = source or os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer")
     if not os.path.isdir(tokenizer_dir):

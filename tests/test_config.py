@@ -38,7 +38,9 @@ def test_wrong_type_names_the_key():
 @pytest.mark.parametrize("key,value,message", [
     ("data.truncation", "sideways", "data.truncation"),
     ("algorithm.kl_ctrl.type", "pid", "algorithm.kl_ctrl.type"),
-    ("actor_rollout_ref.model.lora_rank", 8, "lora_rank"),
+    ("actor_rollout_ref.model.lora_rank", -1, "actor_rollout_ref.model.lora_rank' must be >= 0"),
+    ("actor_rollout_ref.model.target_modules", ["q_proj", "lm_head"], "target_modules.*unknown.*lm_head"),
+    ("critic.model.lora_rank", 8, "critic fine-tunes every parameter"),
     ("data.train_batch_size", 10, "not divisible"),
     ("trainer.logger", ("console", "carrier_pigeon"), "carrier_pigeon"),
     ("actor_rollout_ref.rollout.temperature", 0.0, "do_sample=False for greedy"),

@@ -55,6 +55,8 @@ import numpy as np
 
 from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
 # MASK_VALUE is re-exported: the sampler's filtered logit uses the same value.
+from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
+from jaxrlhf.models.lora import LORA_TARGETS, Linear
 from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attention_impl,  # noqa: F401
                                       blockwise_attention, choose_kernel, cudnn_attention, splash_attention,
                                       xla_attention)
@@ -105,6 +107,10 @@ class DecoderConfig:
   scan_layers: bool = True  # layers as one nn.scan over stacked weights (False: a Python loop of modules)
   attention_impl: str = "auto"  # one of attention.ATTENTION_IMPLS ("auto": by the device platform)
   attention_block_size: int = 512  # blockwise attention's query and key block
+  # LoRA (`models/lora.py`): rank 0 = off; the adapters live in the "lora" collection, beside "params".
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple[str, ...] = LORA_TARGETS  # which linears get an adapter (with lora_rank > 0)
 
   def __post_init__(self):
     for name, value, allowed in (("dtype", self.dtype, _DTYPES), ("param_dtype", self.param_dtype, _DTYPES),
@@ -160,6 +166,13 @@ def _dot_general_f32(lhs, rhs, dimension_numbers, precision=None, preferred_elem
 
 def _init(init_fn, names):
   return nn.with_logical_partitioning(init_fn, names)
+
+
+def _linear(cfg: DecoderConfig, name: str, features, in_names, out_names, use_bias: bool) -> Linear:
+  """A projection of a decoder layer; an adapter on it when LoRA targets `name`."""
+  return Linear(tuple(features), tuple(in_names), tuple(out_names), use_bias, _DTYPES[cfg.dtype],
+                _DTYPES[cfg.param_dtype], _dot_general_f32_accumulate, nn.initializers.normal(INIT_STD),
+                lora_rank=cfg.lora_rank if name in cfg.lora_targets else 0, lora_alpha=cfg.lora_alpha, name=name)
 
 
 class RMSNorm(nn.Module):
@@ -226,14 +239,10 @@ class Attention(nn.Module):
     cfg = self.config
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     num_heads, num_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.resolved_head_dim
-    dense = lambda features, names, name: nn.DenseGeneral(
-        features, use_bias=cfg.qkv_bias, dtype=dtype, param_dtype=param_dtype, name=name,
-        dot_general=_dot_general_f32_accumulate,
-        kernel_init=_init(nn.initializers.normal(INIT_STD), names),
-        bias_init=_init(nn.initializers.zeros_init(), names[1:]))
-    q_BxLxQxH = dense((num_heads, head_dim), ("embed", "heads", "head_dim"), "q_proj")(x_BxLxD)
-    k_BxLxKxH = dense((num_kv, head_dim), ("embed", "kv_heads", "head_dim"), "k_proj")(x_BxLxD)
-    v_BxLxKxH = dense((num_kv, head_dim), ("embed", "kv_heads", "head_dim"), "v_proj")(x_BxLxD)
+    dense = lambda features, names, name: _linear(cfg, name, features, ("embed",), names, cfg.qkv_bias)
+    q_BxLxQxH = dense((num_heads, head_dim), ("heads", "head_dim"), "q_proj")(x_BxLxD)
+    k_BxLxKxH = dense((num_kv, head_dim), ("kv_heads", "head_dim"), "k_proj")(x_BxLxD)
+    v_BxLxKxH = dense((num_kv, head_dim), ("kv_heads", "head_dim"), "v_proj")(x_BxLxD)
     if cfg.qk_norm:
       head_norm = lambda name: RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, axis_name="head_dim", name=name)
       q_BxLxQxH = head_norm("q_norm")(q_BxLxQxH)
@@ -292,11 +301,8 @@ class Attention(nn.Module):
       out_BxLxKxGxH = splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL,
                                        window, cfg.attention_block_size)
     out_BxLxQxH = out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim)
-    out_BxLxD = nn.DenseGeneral(
-        cfg.hidden_size, axis=(-2, -1), use_bias=cfg.o_bias, dtype=dtype, param_dtype=param_dtype, name="o_proj",
-        dot_general=_dot_general_f32_accumulate,
-        kernel_init=_init(nn.initializers.normal(INIT_STD), ("heads", "head_dim", "embed")),
-        bias_init=_init(nn.initializers.zeros_init(), ("embed",)))(out_BxLxQxH)
+    out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(
+        out_BxLxQxH)
     return out_BxLxD, new_cache
 
 
@@ -306,12 +312,7 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD):
     cfg = self.config
-    dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
-    dense = lambda features, names, name: nn.Dense(
-        features, use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=param_dtype, name=name,
-        dot_general=_dot_general_f32_accumulate,
-        kernel_init=_init(nn.initializers.normal(INIT_STD), names),
-        bias_init=_init(nn.initializers.zeros_init(), names[1:]))
+    dense = lambda features, names, name: _linear(cfg, name, (features,), names[:1], names[1:], cfg.mlp_bias)
     gate_BxLxF = dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj")(x_BxLxD)
     up_BxLxF = dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj")(x_BxLxD)
     return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj")(nn.silu(gate_BxLxF) * up_BxLxF)
@@ -388,7 +389,7 @@ class Decoder(nn.Module):
     shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index, segment_ids_BxL)
     if cfg.scan_layers:
       window, window_on_N = _layer_windows(cfg)
-      layers = nn.scan(layer_class, variable_axes={"params": 0}, split_rngs={"params": True},
+      layers = nn.scan(layer_class, variable_axes={"params": 0, LORA_COLLECTION: 0}, split_rngs={"params": True},
                        in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
                        length=cfg.num_hidden_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       (x_BxLxD, cache), _ = layers(cfg, window, name="layers")(
@@ -498,11 +499,20 @@ def _logical_axes(boxed):
   return jax.tree.map(lambda b: tuple(b.names), boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
+def _without_adapters(model: Decoder) -> Decoder:
+  """The same model with LoRA off: its weights must not depend on the adapters (their init draws keys)."""
+  if not model.config.lora_rank:
+    return model
+  return Decoder(dataclasses.replace(model.config, lora_rank=0), head=model.head)
+
+
 def init_params(model: Decoder, rng, seq_len: int = 8):
-  """Returns (params, logical_axes): raw arrays and a same-shaped tree of logical-axis tuples."""
+  """Returns (params, logical_axes): raw arrays and a same-shaped tree of logical-axis tuples.
+
+  The same weights for a key whether or not the config has LoRA (the adapters: `init_adapters`)."""
   ids = jnp.zeros((1, seq_len), jnp.int32)
-  boxed = model.init(rng, ids, positions_from_mask(jnp.ones_like(ids)), jnp.ones_like(ids))["params"]
-  return nn.unbox(boxed), _logical_axes(boxed)
+  boxed = _without_adapters(model).init(rng, ids, positions_from_mask(jnp.ones_like(ids)), jnp.ones_like(ids))
+  return nn.unbox(boxed["params"]), _logical_axes(boxed["params"])
 
 
 def abstract_params(model: Decoder, seq_len: int = 8):
@@ -511,3 +521,30 @@ def abstract_params(model: Decoder, seq_len: int = 8):
       lambda: model.init(jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32),
                          jnp.zeros((1, seq_len), jnp.int32), jnp.ones((1, seq_len), jnp.int32))["params"])
   return nn.unbox(boxed), _logical_axes(boxed)
+
+
+def _init_variables(model: Decoder, rng, seq_len: int):
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  return model.init(rng, ids, positions_from_mask(jnp.ones_like(ids)), jnp.ones_like(ids))
+
+
+def init_adapters(model: Decoder, rng, seq_len: int = 8):
+  """Fresh LoRA adapters (`config.lora_rank` > 0; A random, B zero): (adapters, logical_axes).
+
+  Under jit only the "lora" collection is computed: the base's init is dead code XLA drops.
+  """
+  boxed = _init_variables(model, rng, seq_len)[LORA_COLLECTION]
+  return nn.unbox(boxed), _logical_axes(boxed)
+
+
+def abstract_adapters(model: Decoder, seq_len: int = 8):
+  """The adapters' shapes and logical axes without allocating (None, None without LoRA)."""
+  if not model.config.lora_rank:
+    return None, None
+  boxed = jax.eval_shape(lambda: _init_variables(model, jax.random.key(0), seq_len)[LORA_COLLECTION])
+  return nn.unbox(boxed), _logical_axes(boxed)
+
+
+def model_variables(params, adapters=None) -> dict:
+  """What `Decoder.apply` takes: the params, plus the LoRA adapters when given (None: the base model)."""
+  return {"params": params} if adapters is None else {"params": params, LORA_COLLECTION: adapters}

@@ -30,6 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxrlhf.checkpoint import CheckpointError
+from jaxrlhf.config import resolve_target_modules
 from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params, params_for
 
 log = logging.getLogger(__name__)
@@ -156,12 +157,15 @@ def load_hf_config(path: str, **overrides) -> DecoderConfig:
 
 def compute_settings(model) -> dict[str, Any]:
   """A model section's compute keys as DecoderConfig fields: dtype, param_dtype, remat_policy, scan_layers,
-  attention_impl, attention_block_size (the last three default as DecoderConfig's when a config saved
+  attention_impl, attention_block_size, the LoRA keys (the last three default as DecoderConfig's when a config saved
   before they existed lacks them)."""
   defaults = {f.name: f.default for f in dataclasses.fields(DecoderConfig)}
   layout = {key: model.get(key, defaults[key]) for key in ("scan_layers", "attention_impl", "attention_block_size")}
+  # LoRA: rank 0 (off) for a config saved before the keys existed.
+  lora = dict(lora_rank=model.get("lora_rank", 0), lora_alpha=float(model.get("lora_alpha", 16)),
+              lora_targets=resolve_target_modules(model.get("target_modules", "all-linear")))
   return dict(dtype=model.dtype, param_dtype=model.param_dtype,
-              remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none", **layout)
+              remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none", **layout, **lora)
 
 
 def model_config_from(model, tokenizer=None) -> DecoderConfig:

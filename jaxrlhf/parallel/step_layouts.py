@@ -22,7 +22,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, Decoder, abstract_params
+from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, Decoder, abstract_adapters, abstract_params
 from jaxrlhf.parallel.layouts import (TRAIN_RULES, activation_sharding, batch_sharding, generation_rules,
                                       logical_to_shardings)
 
@@ -32,6 +32,7 @@ class StepLayouts:
   mesh: Mesh | None = None
   actor_train: Any = None  # trees of NamedSharding, one per parameter
   actor_generation: Any = None
+  actor_adapters: Any = None  # LoRA adapters in the train layout (None without LoRA)
   critic_train: Any = None
   reward_train: Any = None
   generation_rules: tuple = ()
@@ -126,7 +127,11 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
 
   gen_rules = generation_rules(mesh, config.actor_rollout_ref.rollout.tensor_model_parallel_size)
   actor_shapes, actor_logical = abstract_params(Decoder(model_config, head="lm"))
+  # Adapters follow their kernel's rules (A [D, r] over fsdp like the kernel's D); the rank is replicated.
+  adapter_shapes, adapter_logical = abstract_adapters(Decoder(model_config, head="lm"))
   return StepLayouts(
+      actor_adapters=(logical_to_shardings(adapter_logical, adapter_shapes, mesh, TRAIN_RULES)
+                      if adapter_shapes is not None else None),
       mesh=mesh,
       actor_train=logical_to_shardings(actor_logical, actor_shapes, mesh, TRAIN_RULES),
       actor_generation=logical_to_shardings(actor_logical, actor_shapes, mesh, gen_rules),

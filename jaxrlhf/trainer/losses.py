@@ -16,7 +16,8 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
                rollout_correction=None):
   """Policy loss - entropy bonus (+ KL loss to the reference). `actor`: the actor's config section.
 
-  aux: per-step values; `kl_gate` is 0 during the KL warm-up, else 1; `ref_params` (the reference
+  aux: per-step values; `kl_gate` is 0 during the KL warm-up, else 1; with LoRA `base_params` is the
+  frozen base and `params` (what is differentiated) are the adapters; `ref_params` (the reference
   policy's weights) when `kl_loss_type="full"`: the exact KL over the vocabulary needs its logits.
   `on_policy` (one epoch, one mini-batch): the current log-prob (stopped) is the old one, so the ratio
   is exactly 1, as in verl. `rollout_correction` (`algorithm.rollout_correction`, bypass mode): the
@@ -24,8 +25,10 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
   Decoupled correction weights arrive in the micro-batch (`rollout_is_weights`).
   """
   mask = micro["response_mask"]
+  base, adapters = (aux["base_params"], params) if "base_params" in aux else (params, None)
   full_kl = actor.use_kl_loss and actor.kl_loss_type == "full"
-  out = outputs.token_outputs(params, micro, ("entropy",), ref_params=aux["ref_params"] if full_kl else None)
+  out = outputs.token_outputs(base, micro, ("entropy",), adapters=adapters,
+                              ref_params=aux["ref_params"] if full_kl else None)
   log_prob, entropy = out["log_prob"], out["entropy"]
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy else micro["old_log_probs"]
   correction = {} if rollout_correction is None else {

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf import algos
-from jaxrlhf.models.decoder import Decoder, head_outputs, positions_from_mask
+from jaxrlhf.models.decoder import Decoder, head_outputs, model_variables, positions_from_mask
 from jaxrlhf.rollout import token_log_probs
 from jaxrlhf.trainer import packing
 
@@ -104,17 +104,18 @@ class ModelOutputs:
     self.num_batch_shards = num_batch_shards
     self.constrain = constrain
 
-  def _hidden(self, model: Decoder, params, micro: dict):
+  def _hidden(self, model: Decoder, params, micro: dict, adapters=None):
     """Final hidden states at the positions that predict response tokens: [N, R, D] of padded rows, or
     [B, S, D] of a packed slot's rows (every position: `packing.response_outputs` reads them back)."""
     if "packed" in micro:
       packed = micro["packed"]
-      return model.apply({"params": params}, packed["input_ids"], packed["positions"],
+      return model.apply(model_variables(params, adapters), packed["input_ids"], packed["positions"],
                          (packed["segment_ids"] > 0).astype(jnp.int32), segment_ids_BxL=packed["segment_ids"],
                          return_hidden=True)[0]
     prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
     ids_NxS, positions_NxS, mask_NxS = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
-    hidden_NxSxD, _ = model.apply({"params": params}, ids_NxS, positions_NxS, mask_NxS, return_hidden=True)
+    hidden_NxSxD, _ = model.apply(model_variables(params, adapters), ids_NxS, positions_NxS, mask_NxS,
+                                  return_hidden=True)
     return hidden_NxSxD[:, prompt_len - 1:prompt_len + response_len - 1]
 
   def _to_responses(self, per_token, micro: dict):
@@ -124,13 +125,16 @@ class ModelOutputs:
     return packing.response_outputs(per_token, micro["packed"], micro["prompts"].shape[1],
                                     micro["responses"].shape[1])
 
-  def token_outputs(self, params, micro: dict, statistics: tuple[str, ...] = (), ref_params=None) -> dict:
+  def token_outputs(self, params, micro: dict, statistics: tuple[str, ...] = (), adapters=None,
+                    ref_params=None) -> dict:
     """{"log_prob": [N, R] of the response tokens, and each of `statistics` (TOKEN_STATISTICS): [N, R]}.
 
-    With `ref_params` (the reference policy's) also "ref_log_prob" and "full_kl" [N, R] (exact KL over
-    the vocabulary, `kl_penalty` / `kl_loss_type` "full"); the reference's forward carries no gradient.
+    `adapters`: LoRA adapters on `params` (None: the model as `params` has it, e.g. the reference).
+    With `ref_params` (the reference policy's, run without adapters) also "ref_log_prob" and "full_kl"
+    [N, R] (exact KL over the vocabulary, `kl_penalty` / `kl_loss_type` "full"); the reference's forward
+    carries no gradient.
     """
-    hidden_BxLxD = self._hidden(self.actor, params, micro)
+    hidden_BxLxD = self._hidden(self.actor, params, micro, adapters)
     ref = None
     if ref_params is not None:
       ref_params = jax.lax.stop_gradient(ref_params)
@@ -141,9 +145,9 @@ class ModelOutputs:
                            chunk_len, self.constrain, ref)
     return {name: self._to_responses(x, micro) for name, x in out.items()}
 
-  def log_probs(self, params, micro: dict, with_entropy: bool = True):
+  def log_probs(self, params, micro: dict, with_entropy: bool = True, adapters=None):
     """(log_prob_NxR, entropy_NxR or None) of the response tokens; logits in fp32 / temperature."""
-    out = self.token_outputs(params, micro, ("entropy",) if with_entropy else ())
+    out = self.token_outputs(params, micro, ("entropy",) if with_entropy else (), adapters)
     return out["log_prob"], out.get("entropy")
 
   def values(self, params, micro: dict):

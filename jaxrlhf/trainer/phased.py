@@ -36,16 +36,17 @@ class PhasedStep:
 
   def generate_and_score(self, state, batch, rng, run):
     """Phases gen and reward; `run(name, program, *args)` runs each (see `timed`)."""
-    rollout = run("gen", self.gen, state.actor_params, batch, self.ppo.split_rng(rng)["gen"])
+    rollout = run("gen", self.gen, state.actor_params, batch, self.ppo.split_rng(rng)["gen"], state.actor_adapters)
     return rollout, run("reward", self.reward, rollout, state.reward_params)
 
   def train(self, state, rollout, scored, rng, run):
     """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""
     ppo = self.ppo
     keys = ppo.split_rng(rng)
-    old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout,
-              state.ref_params if ppo.full_kl_in_reward else None)
-    ref = run("ref", self.ref, state.ref_params, rollout) if ppo.ref_phase else old[1].get("ref_log_prob")
+    old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout, state.actor_adapters,
+              ppo.reference_params(state) if ppo.full_kl_in_reward else None)
+    ref = (run("ref", self.ref, ppo.reference_params(state), rollout) if ppo.ref_phase
+           else old[1].get("ref_log_prob"))
     values = run("values", self.values, state.critic_params, rollout) if ppo.use_critic else None
     adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values, old[1])
     data = run(None, self.data, rollout, old[0], ref, adv)

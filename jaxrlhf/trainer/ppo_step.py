@@ -65,6 +65,10 @@ class PPOStep:
     self.batcher = update_loop.MicroBatcher(config, num_batch_shards)
     self.use_critic = bool(config.critic.enable)
     self.use_reference = bool(actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+    # LoRA: the actor trains adapters over a frozen base, and the base (adapters off) is the reference
+    # policy, so no copy of the weights is stored for it.
+    self.actor_lora = model_config.lora_rank > 0
+    self.stores_reference = self.use_reference and not self.actor_lora
     # Exact KL over the vocabulary ("full") needs both policies' logits in one place: the old-log-prob
     # phase runs the reference too (for the reward; it then yields the reference log-probs as well, so
     # there is no separate ref phase), and the actor loss runs it per micro-batch.
@@ -94,9 +98,9 @@ class PPOStep:
 
   # ----- gen and reward ----------------------------------------------------------------------
 
-  def rollout(self, actor_params, batch, rng) -> dict:
+  def rollout(self, actor_params, batch, rng, actor_adapters=None) -> dict:
     """Phase `gen` (`generation.Generation.rollout`)."""
-    return self.generation.rollout(actor_params, batch, rng)
+    return self.generation.rollout(actor_params, batch, rng, actor_adapters)
 
   def score(self, rollout: dict, reward_params=None) -> dict:
     """Phase `reward` (`reward.score_rollout`)."""
@@ -110,13 +114,13 @@ class PPOStep:
                                        micro_per_device)
     return update_loop.forward_phase(outputs_fn, rollout, batching, self.layouts.to_train)
 
-  def _rollout_log_probs(self, params, rollout: dict, phase: str, statistics: tuple[str, ...] = (),
+  def _rollout_log_probs(self, params, rollout: dict, phase: str, statistics: tuple[str, ...] = (), adapters=None,
                          ref_params=None):
-    return self._forward_phase(lambda micro: self.outputs.token_outputs(params, micro, statistics, ref_params),
-                               rollout, self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed,
-                               self.batcher.forward_micro_per_device[phase])
+    return self._forward_phase(
+        lambda micro: self.outputs.token_outputs(params, micro, statistics, adapters, ref_params), rollout,
+        self.config.actor_rollout_ref.actor, ACTOR, self.actor_packed, self.batcher.forward_micro_per_device[phase])
 
-  def old_log_prob(self, actor_params, rollout: dict, ref_params=None):
+  def old_log_prob(self, actor_params, rollout: dict, actor_adapters=None, ref_params=None):
     """Phase `old_log_prob`: (log-probs of the rollout policy, aux). aux["metrics"] holds its entropy
     (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the optimal token baselines. With
     `ref_params` (full KL in the reward) aux also holds "full_kl" and "ref_log_prob" [N, R].
@@ -126,17 +130,26 @@ class PPOStep:
     actor = self.config.actor_rollout_ref.actor
     statistics = ("entropy",) + (("sum_pi_squared",) if self.config.algorithm.adv_estimator in OTB_ESTIMATORS else ())
     if ref_params is not None:
-      ref_params = self.layouts.fetch(ref_params, self.layouts.ref_device)
+      ref_params = self.layouts.fetch(ref_params, self.ref_device)
     out = jax.lax.stop_gradient(self._rollout_log_probs(
         self.layouts.fetch(actor_params, self.layouts.actor_device), rollout, "old_log_prob", statistics,
-        ref_params))
+        actor_adapters, ref_params))
     aux = {"metrics": {"actor/entropy": algos.agg_loss(out["entropy"], rollout["response_mask"], actor.loss_agg_mode,
                                                        loss_scale_factor=actor.loss_scale_factor)}}
     aux.update({key: out[key] for key in ("sum_pi_squared", "full_kl", "ref_log_prob") if key in out})
     return (rollout["rollout_log_probs"] if self.bypass else out["log_prob"]), aux
 
+  def reference_params(self, state: TrainState):
+    """The reference policy's weights: its own copy, or with LoRA the actor's base (run without adapters)."""
+    return state.actor_params if self.actor_lora else state.ref_params
+
+  @property
+  def ref_device(self):
+    """Where the reference's weights are fetched to: the actor's base with LoRA, else the reference's own."""
+    return self.layouts.actor_device if self.actor_lora else self.layouts.ref_device
+
   def ref_log_prob(self, ref_params, rollout: dict):
-    return self._rollout_log_probs(self.layouts.fetch(ref_params, self.layouts.ref_device), rollout, "ref")["log_prob"]
+    return self._rollout_log_probs(self.layouts.fetch(ref_params, self.ref_device), rollout, "ref")["log_prob"]
 
   def critic_values(self, critic_params, rollout: dict):
     values_NxR = self._forward_phase(lambda micro: self.outputs.values(critic_params, micro), rollout,
@@ -216,7 +229,9 @@ class PPOStep:
                         prefix="critic")
 
   def update_actor(self, state: TrainState, data: dict, rng):
-    """Phase `update_actor`: PPO epochs of the policy loss (skipped during `critic_warmup`)."""
+    """Phase `update_actor`: PPO epochs of the policy loss (skipped during `critic_warmup`).
+
+    Returns (trained, opt_state, metrics): `trained` is the actor's params, or its adapters with LoRA."""
     actor = self.config.actor_rollout_ref.actor
     kl_gate = self.kl_gate(state.step)
 
@@ -225,30 +240,36 @@ class PPOStep:
     warmup = self.config.trainer.critic_warmup if self.use_critic else 0
     warmup_steps = max(warmup - 1, 0)
 
-    def run(params, opt_state):
-      params = self.layouts.fetch(params, self.layouts.actor_device)
+    def run(trained, opt_state):
+      """`trained`: the actor's params, or its adapters with LoRA (the base then rides in aux, frozen)."""
+      aux = {"kl_gate": kl_gate}
+      if self.actor_lora:
+        aux["base_params"] = self.layouts.fetch(state.actor_params, self.layouts.actor_device)
+      else:
+        trained = self.layouts.fetch(trained, self.layouts.actor_device)
       opt_state = self.layouts.fetch(opt_state, self.layouts.actor_opt_device)
       actor_updates_done = jnp.maximum(state.step - warmup_steps, 0)
-      aux = {"kl_gate": kl_gate}
       if self.full_kl_loss:
-        aux["ref_params"] = self.layouts.fetch(state.ref_params, self.layouts.ref_device)
-      params, opt_state, metrics = self._update(
-          self.actor_loss, actor, ACTOR, self.actor_packed, params, opt_state, aux, data, rng,
+        aux["ref_params"] = self.layouts.fetch(self.reference_params(state), self.ref_device)
+      trained, opt_state, metrics = self._update(
+          self.actor_loss, actor, ACTOR, self.actor_packed, trained, opt_state, aux, data, rng,
           tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](actor_updates_done) * state.lr_scale,
           prefix="actor")
       if actor.use_kl_loss:
         metrics["actor/kl_coef"] = kl_gate * actor.kl_loss_coef
-      return (self.layouts.fetch(params, self.layouts.actor_host),
-              self.layouts.fetch(opt_state, self.layouts.actor_opt_host), metrics)
+      if not self.actor_lora:
+        trained = self.layouts.fetch(trained, self.layouts.actor_host)
+      return trained, self.layouts.fetch(opt_state, self.layouts.actor_opt_host), metrics
 
+    trained = state.actor_adapters if self.actor_lora else state.actor_params
     if warmup_steps == 0:
-      return run(state.actor_params, state.actor_opt_state)
-    metric_shapes = jax.eval_shape(run, state.actor_params, state.actor_opt_state)[2]
+      return run(trained, state.actor_opt_state)
+    metric_shapes = jax.eval_shape(run, trained, state.actor_opt_state)[2]
     # Recorded when traced: the host drops these in warm-up steps (verl logs no actor update metrics).
     self.actor_update_metric_names = tuple(metric_shapes)
     skip = lambda params, opt_state: (params, opt_state, jax.tree.map(
         lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
-    return jax.lax.cond(state.step >= warmup_steps, run, skip, state.actor_params, state.actor_opt_state)
+    return jax.lax.cond(state.step >= warmup_steps, run, skip, trained, state.actor_opt_state)
 
   # ----- composition --------------------------------------------------------------------------
 
@@ -259,8 +280,10 @@ class PPOStep:
 
   def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng) -> tuple[TrainState, dict]:
     """Everything after the reward, in one program (used by the fused step and by DAPO's rounds)."""
-    old = self.old_log_prob(state.actor_params, rollout, state.ref_params if self.full_kl_in_reward else None)
-    ref_log_probs = self.ref_log_prob(state.ref_params, rollout) if self.ref_phase else old[1].get("ref_log_prob")
+    old = self.old_log_prob(state.actor_params, rollout, state.actor_adapters,
+                            self.reference_params(state) if self.full_kl_in_reward else None)
+    ref_log_probs = (self.ref_log_prob(self.reference_params(state), rollout) if self.ref_phase
+                     else old[1].get("ref_log_prob"))
     values = self.critic_values(state.critic_params, rollout) if self.use_critic else None
     adv = self.advantages(state, rollout, scored, old[0], ref_log_probs, values, old[1])
     return self.finish(state, rollout, scored, old, ref_log_probs, values, adv, self.split_rng(rng))
@@ -276,16 +299,18 @@ class PPOStep:
       critic_params, critic_opt_state, critic_metrics = critic_result or self.update_critic(
           state, data, values, adv["returns"], rngs["critic"])
       metrics.update(critic_metrics)
-    actor_params, actor_opt_state, actor_metrics = actor_result or self.update_actor(state, data, rngs["actor"])
+    actor_trained, actor_opt_state, actor_metrics = actor_result or self.update_actor(state, data, rngs["actor"])
     metrics.update(actor_metrics)
+    actor_params, actor_adapters = (state.actor_params, actor_trained) if self.actor_lora else (actor_trained, None)
     metrics.update(batch_metrics(rollout, scored, adv, values, self.config.data.max_prompt_length,
                                  self.config.algorithm.gdpo_reward_keys or ()))
     new_state = state.replace(step=state.step + 1, actor_params=actor_params, actor_opt_state=actor_opt_state,
+                              actor_adapters=actor_adapters,
                               critic_params=critic_params, critic_opt_state=critic_opt_state, kl_coef=adv["kl_coef"])
     return new_state, metrics
 
   def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
     """The fused step: every phase in one program."""
-    rollout = self.rollout(state.actor_params, batch, self.split_rng(rng)["gen"])
+    rollout = self.rollout(state.actor_params, batch, self.split_rng(rng)["gen"], state.actor_adapters)
     return self.train_on_rollout(state, rollout, self.score(rollout, state.reward_params), rng)
 

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from jaxrlhf.config import ConfigError
 from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, compute_settings, load_hf_config,
                             model_config_from)
-from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
+from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, abstract_adapters
 from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
 from jaxrlhf.parallel.layouts import activation_sharding
 from jaxrlhf.parallel.report import layout_report, per_device_bytes
@@ -78,6 +78,8 @@ class StepProgram:
         "actor params": per_device_bytes(state.actor_params),
         "actor params (generation copy)": per_device_bytes(state.actor_params, self.layouts.actor_generation),
         "actor optimizer": per_device_bytes(state.actor_opt_state),
+        **({"actor LoRA adapters": per_device_bytes(state.actor_adapters)} if state.actor_adapters is not None
+           else {}),
         "KV cache": self.kv_cache_bytes_per_device(),
     }
     if state.ref_params is not None:
@@ -140,11 +142,15 @@ def _abstract(shapes, shardings):
 def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState:
   """The train state's leaves as the trainer creates them (`Trainer._init_state`), without allocating."""
   layouts, optimizers, opt_shardings = (program_parts[k] for k in ("layouts", "optimizers", "opt_shardings"))
-  actor_shapes = abstract_params(Decoder(program_parts["model_config"], head="lm"))[0]
+  actor = Decoder(program_parts["model_config"], head="lm")
+  actor_shapes = abstract_params(actor)[0]
   actor_params = _abstract(actor_shapes, layouts.actor_params)
-  actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, actor_shapes),
+  adapter_shapes = abstract_adapters(actor)[0]
+  actor_adapters = _abstract(adapter_shapes, layouts.actor_adapters) if adapter_shapes is not None else None
+  trained_shapes = actor_shapes if adapter_shapes is None else adapter_shapes
+  actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, trained_shapes),
                               layouts.actor_opt_host or opt_shardings["actor"])
-  ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.use_reference else None
+  ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.stores_reference else None
   critic_params = critic_opt_state = None
   if ppo.use_critic:
     critic_shapes = abstract_params(Decoder(program_parts["critic_model_config"], head="value"))[0]
@@ -156,6 +162,7 @@ def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState
     reward_params = _abstract(reward_shapes, layouts.reward_train)
   scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated(mesh))
   return TrainState(step=scalar(jnp.int32), actor_params=actor_params, actor_opt_state=actor_opt_state,
+                    actor_adapters=actor_adapters,
                     critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
                     reward_params=reward_params, kl_coef=scalar(jnp.float32), lr_scale=scalar(jnp.float32))
 
@@ -174,7 +181,9 @@ def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_mod
   schedules = {"actor": make_lr_schedule(actor_cfg.optim, total_steps),
                "critic": make_lr_schedule(config.critic.optim, total_steps)}
   layouts = build_step_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
-  opt_shardings = {"actor": opt_state_shardings(optimizers["actor"], layouts.actor_train, replicated(mesh)),
+  # With LoRA the actor's optimizer tracks the adapters only.
+  actor_trained = layouts.actor_train if layouts.actor_adapters is None else layouts.actor_adapters
+  opt_shardings = {"actor": opt_state_shardings(optimizers["actor"], actor_trained, replicated(mesh)),
                    "critic": opt_state_shardings(optimizers["critic"], layouts.critic_train, replicated(mesh))}
   layouts = layouts.with_offload(config, opt_shardings["actor"])
   num_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]

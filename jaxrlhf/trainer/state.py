@@ -20,11 +20,12 @@ import optax
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # trainer steps done (int32)
-  actor_params: Any
-  actor_opt_state: Any
+  actor_params: Any  # with LoRA: the frozen base (also the reference policy: adapters off)
+  actor_opt_state: Any  # over what the actor trains: its params, or its adapters with LoRA
+  actor_adapters: Any  # LoRA adapters (actor_rollout_ref.model.lora_rank > 0), fp32; else None
   critic_params: Any  # None without a critic
   critic_opt_state: Any
-  ref_params: Any  # None when no KL term needs the reference policy
+  ref_params: Any  # None when no KL term needs the reference policy, and with LoRA (the base is the reference)
   reward_params: Any  # the reward model's (reward_model.enable), frozen; else None
   kl_coef: jax.Array  # KL-in-reward coefficient beta, updated by the KL controller
   lr_scale: jax.Array  # multiplies both learning-rate schedules; guards lower it after a rollback

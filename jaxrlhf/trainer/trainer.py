@@ -22,8 +22,9 @@ from jaxrlhf import rewards
 from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
-from jaxrlhf.export import write_hf
+from jaxrlhf.export import actor_base_params, init_keys, write_hf
 from jaxrlhf.models import Decoder, generation_eos_ids, init_params, load_hf_params, load_tokenizer, pad_token_id
+from jaxrlhf.models.decoder import init_adapters
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
@@ -101,8 +102,8 @@ class Trainer:
       val_sampling = SamplingParams.from_rollout_config(
           config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True)
       validate = make_validation_fn(self.ppo, val_sampling)
-      self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, state_shardings.reward_params,
-                                                         None, replicated(self.mesh)),
+      self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, state_shardings.actor_adapters,
+                                                         state_shardings.reward_params, None, replicated(self.mesh)),
                                  out_shardings=replicated(self.mesh))
     self.phased = PhasedStep(self.ppo, state_shardings, replicated(self.mesh))
     self.filter_groups = config.algorithm.filter_groups.enable
@@ -122,17 +123,18 @@ class Trainer:
   def _init_state(self, shardings: TrainState) -> TrainState:
     """Loads or initialises every part of the state straight into `shardings` (the program's)."""
     config, optimizers = self.config, self.program.optimizers
-    actor_key, critic_key = jax.random.split(jax.random.key(config.trainer.seed))
+    actor_key, critic_key = init_keys(config)
     init = lambda model, shardings: jax.jit(lambda key: init_params(model, key)[0], out_shardings=shardings)
-    actor_path = config.actor_rollout_ref.model.path
     actor_train = self.layouts.actor_train  # in device memory: the optimizer and the reference start from it
-    if actor_path:
-      actor_params = load_hf_params(actor_path, self.model_config, head="lm", shardings=actor_train)
-    else:
-      actor_params = init(Decoder(self.model_config, head="lm"), actor_train)(actor_key)
-    actor_opt_state = jax.jit(optimizers["actor"].init, out_shardings=shardings.actor_opt_state)(actor_params)
+    actor_params = actor_base_params(config, self.model_config, actor_train)
+    actor_adapters = None
+    if self.ppo.actor_lora:  # fresh adapters (B = 0: the policy starts as the base); only they train
+      actor_adapters = jax.jit(lambda key: init_adapters(Decoder(self.model_config, head="lm"), key)[0],
+                               out_shardings=shardings.actor_adapters)(jax.random.fold_in(actor_key, 1))
+    actor_opt_state = jax.jit(optimizers["actor"].init, out_shardings=shardings.actor_opt_state)(
+        actor_params if actor_adapters is None else actor_adapters)
     ref_params = None
-    if self.ppo.use_reference:
+    if self.ppo.stores_reference:
       ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings.ref_params)(actor_params)
     critic_params = critic_opt_state = None
     if self.ppo.use_critic:
@@ -149,7 +151,7 @@ class Trainer:
     put = lambda x: jax.device_put(x, replicated(self.mesh))
     actor_params = jax.device_put(actor_params, shardings.actor_params)  # to the host with param_offload
     return TrainState(reward_params=reward_params, step=put(jnp.int32(0)), actor_params=actor_params,
-                      actor_opt_state=actor_opt_state,
+                      actor_opt_state=actor_opt_state, actor_adapters=actor_adapters,
                       critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
                       kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)), lr_scale=put(jnp.float32(1.0)))
 
@@ -288,9 +290,11 @@ class Trainer:
       self.export_hf(os.path.join(self.run_dir, "huggingface", f"global_step_{step}"))
 
   def export_hf(self, out_dir: str) -> None:
-    """The current actor as an HF causal LM in `out_dir` (the critic in `out_dir`/critic)."""
+    """The current actor as an HF causal LM in `out_dir` (the critic in `out_dir`/critic); with LoRA the
+    adapters merged in, and alone in PEFT's layout in `out_dir`/lora_adapter."""
     has_critic = self.state.critic_params is not None
-    write_hf(self.state.actor_params, self.config, out_dir, critic_params=self.state.critic_params,
+    write_hf(self.state.actor_params, self.config, out_dir, actor_adapters=self.state.actor_adapters,
+             critic_params=self.state.critic_params,
              critic_out=os.path.join(out_dir, "critic") if has_critic else None,
              tokenizer_dir=os.path.join(self.run_dir, "tokenizer"))
 
@@ -367,7 +371,8 @@ class Trainer:
       indices = order[b * batch_size:(b + 1) * batch_size]
       batch = self._load_batch(data, indices)
       batch_scores, batch_responses, batch_masks = jax.device_get(self.validate_fn(
-          self.state.actor_params, self.state.reward_params, batch, jax.random.fold_in(val_rng, b)))
+          self.state.actor_params, self.state.actor_adapters, self.state.reward_params, batch,
+          jax.random.fold_in(val_rng, b)))
       scores.append(batch_scores)
       responses.append(batch_responses)
       masks.append(batch_masks)

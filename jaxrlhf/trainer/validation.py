@@ -21,19 +21,20 @@ from jaxrlhf.trainer.ppo_step import PPOStep
 
 
 def make_validation_fn(ppo: PPOStep, sampling: SamplingParams):
-  """`validate(actor_params, reward_params, batch, rng) -> (model_scores_N, responses_NxR, response_mask_NxR)`.
+  """`validate(actor_params, actor_adapters, reward_params, batch, rng) -> (model_scores_N, responses_NxR,
+  response_mask_NxR)`; `actor_adapters`: LoRA adapters or None.
 
   Each prompt is sampled `val_kwargs.n` times with `sampling`; `model_scores_N` is the reward model's
   score (zeros without one): the rule reward runs on the host afterwards (`Trainer.validate`).
   """
 
-  def validate(actor_params, reward_params, batch, rng):
+  def validate(actor_params, actor_adapters, reward_params, batch, rng):
     n = ppo.config.actor_rollout_ref.rollout.val_kwargs.n
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
     generation = ppo.generation
-    rollout = generation.sample(generation.generation_params(actor_params), prompts_NxP, prompt_mask_NxP, rng,
-                                sampling)
+    rollout = generation.sample(generation.generation_params(actor_params, actor_adapters), prompts_NxP,
+                                prompt_mask_NxP, rng, sampling)
     scores_N = reward.model_scores(ppo.config.reward_model, ppo.reward_model, reward_params, prompts_NxP,
                                    prompt_mask_NxP, rollout["responses"], rollout["response_mask"])
     return scores_N, rollout["responses"], rollout["response_mask"]

@@ -1,0 +1,180 @@
+"""LoRA adapters on the decoder's linear layers: the `Linear` module every projection uses, merging the
+adapters into the weights, and the PEFT file layout.
+
+A targeted linear computes y = x W (+ b) + (x A) B * alpha / r, with A [in..., r] and B [r, out...] in
+the kernel's own layout (q_proj: A [D, r], B [r, Q, H]; o_proj: A [Q, H, r], B [r, D]). The adapters live
+in their own variable collection, "lora", beside "params", under the same module paths
+(`layers/self_attn/q_proj/lora_A`): the frozen base and the trainable adapters are two pytrees, and
+applying the model without the "lora" collection is the base model (the reference policy). Under the
+layer scan the adapters are stacked along the leading `layers` axis like the weights.
+
+Init as PEFT's: A kaiming-uniform (bound 1/sqrt(fan_in)), B zeros, so a fresh adapter changes nothing.
+Adapters are fp32 whatever the base's param_dtype; the delta runs in the compute dtype like the base.
+
+PEFT layout (`peft_state_dict`): `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` [r, in] and
+`...lora_B.weight` [out, r] (torch Linear layout, heads flattened), with `adapter_config.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrlhf.checkpoint import unstack_layers
+# The names are jax-free (the config validates target_modules without loading jax).
+from jaxrlhf.config import ATTENTION_TARGETS, LORA_TARGETS, MLP_TARGETS, resolve_target_modules  # noqa: F401
+
+COLLECTION = "lora"
+RANK_AXIS = "lora_rank"  # the adapters' rank dim: in no layout rule, so replicated
+
+
+def _kaiming_uniform_A(fan_in: int):
+  bound = 1.0 / math.sqrt(fan_in)  # PEFT: kaiming_uniform_(a=sqrt(5)) on [r, in]
+  return lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class Linear(nn.Module):
+  """x @ kernel (+ bias), contracting x's last len(in_names) dims; with `lora_rank` > 0 plus the adapter's
+  delta whenever the "lora" collection is given (always at init). `kernel_init` / `bias_init` are boxed
+  with logical axes in_names + out_names (`bias`: out_names)."""
+  features: tuple[int, ...]
+  in_names: tuple[str, ...]
+  out_names: tuple[str, ...]
+  use_bias: bool
+  dtype: Any
+  param_dtype: Any
+  dot_general: Any
+  kernel_init: Any
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+
+  @nn.compact
+  def __call__(self, x):
+    n_in = len(self.in_names)
+    in_shape = x.shape[x.ndim - n_in:]
+    names = self.in_names + self.out_names
+    kernel = self.param("kernel", nn.with_logical_partitioning(self.kernel_init, names),
+                        in_shape + self.features, self.param_dtype)
+    contract = lambda lhs, rhs, n: self.dot_general(
+        lhs, rhs, ((tuple(range(lhs.ndim - n, lhs.ndim)), tuple(range(n))), ((), ())))
+    y = contract(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
+    if self.use_bias:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), self.out_names),
+                        self.features, self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    if self.lora_rank and (self.is_initializing() or self.has_variable(COLLECTION, "lora_A")):
+      rank = self.lora_rank
+      init_A = nn.with_logical_partitioning(_kaiming_uniform_A(int(np.prod(in_shape))), self.in_names + (RANK_AXIS,))
+      init_B = nn.with_logical_partitioning(nn.initializers.zeros_init(), (RANK_AXIS,) + self.out_names)
+      lora_A = self.variable(COLLECTION, "lora_A", lambda: init_A(self.make_rng("params"), in_shape + (rank,),
+                                                                  jnp.float32)).value
+      lora_B = self.variable(COLLECTION, "lora_B", lambda: init_B(None, (rank,) + self.features, jnp.float32)).value
+      xa = contract(x.astype(self.dtype), nn.unbox(lora_A).astype(self.dtype), n_in)
+      delta = contract(xa, nn.unbox(lora_B).astype(self.dtype), 1)
+      y = y + (delta * (self.lora_alpha / rank)).astype(y.dtype)
+    return y
+
+
+# ----- the adapter trees ------------------------------------------------------------------------
+
+def _adapter_nodes(tree, path=()):
+  """(path, node) of every dict in `tree` holding lora_A / lora_B."""
+  if isinstance(tree, dict):
+    if "lora_A" in tree:
+      yield path, tree
+      return
+    for key, child in tree.items():
+      yield from _adapter_nodes(child, path + (key,))
+
+
+def _delta(lora_A, lora_B, kernel_shape, scale):
+  """scale * A @ B in the kernel's shape, fp32; A [lead..., in..., r], B [lead..., r, out...]."""
+  lead = lora_A.ndim + lora_B.ndim - 2 - len(kernel_shape)
+  lead_shape = kernel_shape[:lead]
+  rank = lora_A.shape[-1]
+  a = jnp.asarray(lora_A, jnp.float32).reshape(lead_shape + (-1, rank))
+  b = jnp.asarray(lora_B, jnp.float32).reshape(lead_shape + (rank, -1))
+  return (scale * jnp.matmul(a, b)).reshape(kernel_shape)
+
+
+def merge_adapters(params, adapters, lora_alpha: float):
+  """The base params with every adapter folded into its kernel: W + A B * alpha / r (in W's dtype).
+
+  What generation runs (once per rollout) and what the merged HF export writes.
+  """
+  if adapters is None:
+    return params
+  merged = jax.tree.map(lambda x: x, params)  # a new dict tree; leaves shared until replaced
+
+  def node_of(tree, path):
+    for key in path:
+      tree = tree[key]
+    return tree
+
+  for path, node in _adapter_nodes(adapters):
+    target = node_of(merged, path)
+    kernel = target["kernel"]
+    scale = lora_alpha / node["lora_A"].shape[-1]
+    target["kernel"] = (kernel.astype(jnp.float32) + _delta(node["lora_A"], node["lora_B"], kernel.shape, scale)
+                        ).astype(kernel.dtype)
+  return merged
+
+
+def count_adapter_params(adapters) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
+
+
+def expected_adapter_params(config, head: str = "lm") -> int:
+  """r x (in + out) summed over the targeted linears of every layer: what the rank implies."""
+  del head
+  D, F = config.hidden_size, config.intermediate_size
+  QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
+  sizes = {"q_proj": (D, QH), "k_proj": (D, KH), "v_proj": (D, KH), "o_proj": (QH, D),
+           "gate_proj": (D, F), "up_proj": (D, F), "down_proj": (F, D)}
+  per_layer = sum(config.lora_rank * sum(sizes[name]) for name in config.lora_targets)
+  return per_layer * config.num_hidden_layers
+
+
+# ----- PEFT files -------------------------------------------------------------------------------
+
+_MODULE_PARENT = {**{name: "self_attn" for name in ATTENTION_TARGETS}, **{name: "mlp" for name in MLP_TARGETS}}
+
+
+def peft_state_dict(adapters, prefix: str = "base_model.model.model") -> dict[str, np.ndarray]:
+  """Adapters (stacked `layers/...` or `layers_<i>/...`) -> PEFT's tensors, torch Linear layout, fp32."""
+  host = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), adapters)
+  if "layers" in host:
+    host = unstack_layers(host, lambda leaf, i: leaf[i])
+  tensors = {}
+  for path, node in _adapter_nodes(host):
+    layer_key, module = path[0], path[-1]
+    layer = int(layer_key.split("_")[-1])
+    name = f"{prefix}.layers.{layer}.{_MODULE_PARENT[module]}.{module}"
+    rank = node["lora_A"].shape[-1]
+    tensors[f"{name}.lora_A.weight"] = np.ascontiguousarray(node["lora_A"].reshape(-1, rank).T)
+    tensors[f"{name}.lora_B.weight"] = np.ascontiguousarray(node["lora_B"].reshape(rank, -1).T)
+  return tensors
+
+
+def save_peft_adapter(adapters, config, out_dir: str, base_model_name_or_path: str = "") -> str:
+  """`adapter_config.json` + `adapter_model.safetensors` that `peft.PeftModel.from_pretrained` loads onto the
+  base model (a causal LM)."""
+  from safetensors.numpy import save_file  # noqa: PLC0415  (only export needs it)
+  os.makedirs(out_dir, exist_ok=True)
+  adapter_config = {
+      "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": config.lora_rank, "lora_alpha": config.lora_alpha,
+      "target_modules": list(config.lora_targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+      "use_rslora": False, "use_dora": False, "init_lora_weights": True, "inference_mode": True,
+      "modules_to_save": None, "base_model_name_or_path": base_model_name_or_path or None,
+  }
+  with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+    json.dump(adapter_config, f, indent=2)
+  save_file(peft_state_dict(adapters), os.path.join(out_dir, "adapter_model.safetensors"))
+  return out_dir

@@ -1,0 +1,117 @@
+"""LoRA adapters on the decoder: the parameter count the rank implies, fresh adapters change nothing,
+merging equals applying, and the exports load in transformers (merged) and in peft (adapters alone)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask, save_hf_checkpoint
+from jaxrlhf.models.decoder import init_adapters, init_params, model_variables
+from jaxrlhf.models.lora import (LORA_TARGETS, count_adapter_params, merge_adapters, resolve_target_modules,
+                                 save_peft_adapter)
+from tests.models.hf_fixtures import build_model, hf_forward, left_padded_batch, save_model
+
+
+def _lora_config(config, rank=4, targets=LORA_TARGETS, scan_layers=True):
+  return dataclasses.replace(config, lora_rank=rank, lora_alpha=8.0, lora_targets=targets, scan_layers=scan_layers)
+
+
+def _nudged(adapters, seed=1, scale=0.1):
+  """Adapters away from their init (B = 0 there), so they change the model."""
+  leaves, tree = jax.tree.flatten(adapters)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+def _forward(model, variables, ids, mask):
+  return model.apply(variables, jnp.asarray(ids), positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask))[0]
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+@pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj")])
+def test_adapter_count_is_what_the_rank_implies(tiny_model_config, scan_layers, targets):
+  config = _lora_config(tiny_model_config, rank=4, targets=targets, scan_layers=scan_layers)
+  adapters, _ = init_adapters(Decoder(config), jax.random.key(0))
+  D, F, L, r = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.lora_rank
+  QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
+  in_out = {"q_proj": D + QH, "k_proj": D + KH, "v_proj": D + KH, "o_proj": QH + D, "gate_proj": D + F,
+            "up_proj": D + F, "down_proj": F + D}
+  assert count_adapter_params(adapters) == L * r * sum(in_out[name] for name in targets)
+  # PEFT's init: B is zero, A is not
+  for path, leaf in jax.tree_util.tree_leaves_with_path(adapters):
+    name = jax.tree_util.keystr(path)
+    assert leaf.dtype == jnp.float32
+    assert (np.abs(np.asarray(leaf)).max() == 0) == ("lora_B" in name), name
+
+
+def test_target_modules_keys():
+  assert resolve_target_modules("all-linear") == LORA_TARGETS
+  assert resolve_target_modules(["v_proj", "q_proj"]) == ("q_proj", "v_proj")
+  assert resolve_target_modules("q_proj, v_proj") == ("q_proj", "v_proj")
+  with pytest.raises(ValueError, match="lm_head"):
+    resolve_target_modules(["lm_head"], "actor_rollout_ref.model.target_modules")
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_fresh_adapters_are_the_base_and_merging_equals_applying(tiny_model_config, scan_layers):
+  config = _lora_config(tiny_model_config, scan_layers=scan_layers)
+  model = Decoder(config)
+  params, _ = init_params(model, jax.random.key(0))
+  # The base's weights do not depend on whether the config has adapters.
+  jax.tree.map(np.testing.assert_array_equal, params,
+               init_params(Decoder(dataclasses.replace(config, lora_rank=0)), jax.random.key(0))[0])
+  adapters, _ = init_adapters(model, jax.random.key(1))
+  ids, mask, _ = left_padded_batch(batch=2, length=10, pads=(0, 3))
+  ids = ids % config.vocab_size
+  base = _forward(model, {"params": params}, ids, mask)
+  np.testing.assert_array_equal(_forward(model, model_variables(params, adapters), ids, mask), base)
+  adapted = _forward(model, model_variables(params, _nudged(adapters)), ids, mask)
+  assert np.abs(np.asarray(adapted - base)).max() > 1e-2
+  merged = _forward(model, {"params": merge_adapters(params, _nudged(adapters), config.lora_alpha)}, ids, mask)
+  np.testing.assert_allclose(merged, adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_base_with_fp32_adapters(tiny_model_config):
+  config = dataclasses.replace(_lora_config(tiny_model_config), param_dtype="bfloat16", dtype="bfloat16")
+  model = Decoder(config)
+  adapters, _ = init_adapters(model, jax.random.key(1))
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(adapters))
+  params, _ = init_params(model, jax.random.key(0))
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
+  ids = jnp.arange(8)[None] % config.vocab_size
+  grads = jax.grad(lambda a: _forward(model, model_variables(params, a), ids, jnp.ones_like(ids)).sum())(
+      _nudged(adapters))
+  assert all(x.dtype == jnp.float32 and np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_merged_export_loads_in_transformers_and_adapters_in_peft(tmp_path, scan_layers):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  peft = pytest.importorskip("peft")
+  base_dir = save_model(build_model("qwen2_untied"), tmp_path / "base")
+  config = _lora_config(load_hf_config(base_dir), rank=4, scan_layers=scan_layers)
+  params = load_hf_params(base_dir, config)
+  adapters = _nudged(init_adapters(Decoder(config), jax.random.key(3))[0], scale=0.2)
+  ids, mask, positions = left_padded_batch()
+  ours = np.asarray(_forward(Decoder(config), model_variables(params, adapters), ids, mask))
+
+  merged_dir = str(tmp_path / "merged")
+  save_hf_checkpoint(merge_adapters(params, adapters, config.lora_alpha), config, merged_dir, source_dir=base_dir)
+  merged = transformers.AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+  valid = mask.astype(bool)
+  np.testing.assert_allclose(hf_forward(merged, ids, mask, positions)[valid], ours[valid], atol=1e-4, rtol=1e-4)
+
+  adapter_dir = save_peft_adapter(adapters, config, str(tmp_path / "adapter"), base_model_name_or_path=base_dir)
+  base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+  with_adapter = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
+  loaded = {k: v for k, v in with_adapter.state_dict().items() if "lora_" in k}
+  assert len(loaded) == 2 * config.num_hidden_layers * len(LORA_TARGETS)  # every adapter was read, none left at init
+  assert all(float(v.abs().max()) > 0 for k, v in loaded.items())
+  np.testing.assert_allclose(hf_forward(with_adapter, ids, mask, positions)[valid], ours[valid], atol=1e-4,
+                             rtol=1e-4)
