@@ -106,6 +106,13 @@ def forward_flops(config, tokens: float, keys: float, head: str | None) -> float
   return tokens * (config.num_hidden_layers * (layer_matmul_flops_per_token(config) + attention) + head_flops)
 
 
+def head_cost(config, head: str, keys: float) -> float:
+  """The head's work per position over the backbone's (each position attending over `keys`): what a
+  packed row pays extra for running its head on every position (`packing.packing_pays`)."""
+  backbone = forward_flops(config, 1.0, keys, None)
+  return (forward_flops(config, 1.0, keys, head) - backbone) / backbone
+
+
 def generation_flops(config, rows: int, prompt_len: int, segment_cache_lengths: list[tuple[int, int]]) -> float:
   """Prefill of every prompt token but the last (its cache), then every decode step of every segment.
 

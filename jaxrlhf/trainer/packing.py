@@ -33,11 +33,19 @@ import jax.numpy as jnp
 
 @dataclasses.dataclass(frozen=True)
 class MicroBatching:
-  """Static cut of a batch of `num_sequences` into `num_micro` slots of `rows` rows (all shards)."""
+  """Static cut of a batch of `num_sequences` into `num_micro` slots of `rows` rows (all shards).
+
+  `head_cost`: the model head's work per position over the backbone's (the LM head's vocabulary
+  projection is a large share of a small model's); it decides whether packing pays (`packing_pays`).
+  `padded_at_once`: when packing does not pay, a forward-only phase runs its padded rows at once (as
+  it does unpacked without a micro-batch size) instead of in micro-batches of `rows`.
+  """
   rows: int
   num_micro: int
   shards: int
   packed: bool
+  head_cost: float = 0.0
+  padded_at_once: bool = False
 
 
 def micro_batching(num_sequences: int, seq_len: int, shards: int, *, rows_per_shard: int | None,
@@ -104,6 +112,21 @@ def pack(input_ids_NxS, valid_NxS, batching: MicroBatching) -> dict:
   return {"input_ids": scatter(input_ids_NxS), "positions": scatter(jnp.maximum(index_NxS, 0)),
           "segment_ids": scatter(sequence_NxS), "used": used_M,
           "slot_N": slot_N, "row_N": row_N, "column_NxS": column_NxS}
+
+
+def packing_pays(plan: dict, batching: MicroBatching, prompt_len: int, response_len: int):
+  """Whether the packed slots cost less than the padded micro-batches (a traced bool).
+
+  Both run `rows` rows of S = P + R positions through the backbone per slot / micro-batch; packing
+  runs only the used slots, but its heads see every position of a packed row (which positions predict
+  response tokens is known only at run time), where the padded rows' heads see the R response ones. On
+  uniform full-length sequences packing saves no slot and would cost the extra head work, the packing
+  and the gathers: the padded path runs instead.
+  """
+  seq_len = prompt_len + response_len
+  packed = plan["used"].sum().astype(jnp.float32) * seq_len * (1.0 + batching.head_cost)
+  padded = batching.num_micro * (seq_len + response_len * batching.head_cost)
+  return packed < padded
 
 
 def slot(plan: dict, k) -> dict:

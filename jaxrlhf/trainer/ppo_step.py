@@ -26,7 +26,7 @@ from jaxrlhf import algos
 from jaxrlhf.models.decoder import Decoder, DecoderConfig
 from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams
-from jaxrlhf.trainer import losses, reward, update_loop
+from jaxrlhf.trainer import flops, losses, reward, update_loop
 from jaxrlhf.trainer.batch_metrics import batch_metrics
 from jaxrlhf.trainer.generation import Generation
 from jaxrlhf.trainer.model_outputs import ModelOutputs
@@ -62,7 +62,11 @@ class PPOStep:
     self.outputs = ModelOutputs(self.actor, self.critic, self.sampling.logprob_temperature,
                                 config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards,
                                 layouts.constrain_activation)
-    self.batcher = update_loop.MicroBatcher(config, num_batch_shards)
+    # Packing pays only when it saves more backbone work than its heads add (`packing.packing_pays`).
+    seq_len = config.data.max_prompt_length + config.data.max_response_length
+    self.batcher = update_loop.MicroBatcher(config, num_batch_shards, head_costs={
+        ACTOR: flops.head_cost(model_config, "lm", seq_len),
+        CRITIC: flops.head_cost(critic_model_config or model_config, "value", seq_len)})
     self.use_critic = bool(config.critic.enable)
     self.use_reference = bool(actor.use_kl_loss or config.algorithm.use_kl_in_reward)
     # LoRA: the actor trains adapters over a frozen base, and the base (adapters off) is the reference

@@ -23,10 +23,12 @@ from jaxrlhf.trainer.state import apply_gradients
 class MicroBatcher:
   """Cuts a config section's mini-batches (`ppo_mini_batch_size` prompts x `rollout.n`) into micro-batches.
 
-  `section_path` ("actor_rollout_ref.actor" or "critic") names the section in errors.
+  `section_path` ("actor_rollout_ref.actor" or "critic") names the section in errors. `head_costs`:
+  {section_path: the model head's work per position over the backbone's} (`packing.packing_pays`).
   """
 
-  def __init__(self, config, num_batch_shards: int):
+  def __init__(self, config, num_batch_shards: int, head_costs: dict[str, float] | None = None):
+    self.head_costs = head_costs or {}
     self.n = config.actor_rollout_ref.rollout.n
     actor = config.actor_rollout_ref.actor
     # The token budget (use_dynamic_bsz) is the actor's key; the critic follows it, as in verl's recipes.
@@ -56,11 +58,13 @@ class MicroBatcher:
     """The micro-batches of one mini-batch."""
     mini_batch_rows = section.ppo_mini_batch_size * self.n
     if self.max_token_len is not None:
-      return packing.micro_batching(mini_batch_rows, seq_len, self.num_batch_shards, rows_per_shard=None,
+      plan = packing.micro_batching(mini_batch_rows, seq_len, self.num_batch_shards, rows_per_shard=None,
                                     max_token_len=self.max_token_len, packed=packed)
-    rows = self.micro_rows(section, section_path)
-    return packing.MicroBatching(rows=rows, num_micro=mini_batch_rows // rows, shards=self.num_batch_shards,
-                                 packed=packed)
+    else:
+      rows = self.micro_rows(section, section_path)
+      plan = packing.MicroBatching(rows=rows, num_micro=mini_batch_rows // rows, shards=self.num_batch_shards,
+                                   packed=packed)
+    return dataclasses.replace(plan, head_cost=self.head_costs.get(section_path, 0.0))
 
   def phase_plan(self, section, section_path: str, num_sequences: int, seq_len: int, packed: bool,
                  micro_per_device: int | None = None) -> packing.MicroBatching | None:
@@ -72,11 +76,11 @@ class MicroBatcher:
     if micro_per_device is not None:
       rows = micro_per_device * self.num_batch_shards
       return packing.MicroBatching(rows=rows, num_micro=-(-num_sequences // rows), shards=self.num_batch_shards,
-                                   packed=packed)
+                                   packed=packed, head_cost=self.head_costs.get(section_path, 0.0))
     if not packed:
       return None
     mini = self.update_plan(section, section_path, seq_len, packed=True)
-    return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows))
+    return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows), padded_at_once=True)
 
 
 def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
@@ -97,28 +101,40 @@ def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBa
                   to_train: Callable = lambda tree: tree):
   """`outputs_fn(micro) -> [N, R]` (or a tree of them) over the rollout: at once on padded rows
   (`batching` None), by micro-batches of padded rows, or slot by slot on packed rows (an empty slot is
-  skipped; 0 off the response mask). `to_train` pins each micro-batch's rows to the batch layout, so
-  every device runs its share of a micro-batch, not all of it."""
+  skipped; 0 off the response mask) when packing pays (`packing.packing_pays`; else padded micro-batches
+  of the same rows). `to_train` pins each micro-batch's rows to the batch layout, so every device runs
+  its share of a micro-batch, not all of it."""
   sequences = {key: rollout[key] for key in SEQUENCE_KEYS}
   if batching is None:
     return outputs_fn(sequences)
-  if not batching.packed:
-    num_rows = rollout["responses"].shape[0]
-    padded = packing.pad_rows(sequences, batching.num_micro * batching.rows)
-    micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), padded)
+  num_rows = rollout["responses"].shape[0]
+
+  def padded():
+    if batching.padded_at_once:
+      return outputs_fn(sequences)
+    rows = packing.pad_rows(sequences, batching.num_micro * batching.rows)
+    micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), rows)
     return jax.tree.map(lambda out_MxBxR: out_MxBxR.reshape((-1,) + out_MxBxR.shape[2:])[:num_rows],
                         jax.lax.map(lambda micro: outputs_fn(to_train(micro)), micro_batches))
+
+  if not batching.packed:
+    return padded()
   plan = pack_sequences(rollout, batching)
   mask_NxR = rollout["response_mask"]
   slot_micro = lambda k: to_train(dict(sequences, packed=packing.slot(plan, k)))
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(outputs_fn, slot_micro(0)))
 
-  def run_slot(out, k):
-    slot_values = jax.lax.cond(plan["used"][k], lambda: outputs_fn(slot_micro(k)), lambda: zeros)
-    in_slot_Nx1 = (plan["slot_N"] == k)[:, None]
-    return jax.tree.map(lambda new_NxR, out_NxR: jnp.where(in_slot_Nx1, new_NxR, out_NxR), slot_values, out), None
+  def packed():
+    def run_slot(out, k):
+      slot_values = jax.lax.cond(plan["used"][k], lambda: outputs_fn(slot_micro(k)), lambda: zeros)
+      in_slot_Nx1 = (plan["slot_N"] == k)[:, None]
+      return jax.tree.map(lambda new_NxR, out_NxR: jnp.where(in_slot_Nx1, new_NxR, out_NxR), slot_values, out), None
 
-  out, _ = jax.lax.scan(run_slot, zeros, jnp.arange(batching.num_micro))
+    out, _ = jax.lax.scan(run_slot, zeros, jnp.arange(batching.num_micro))
+    return out
+
+  out = jax.lax.cond(packing.packing_pays(plan, batching, rollout["prompts"].shape[1], mask_NxR.shape[1]),
+                     packed, lambda: jax.tree.map(lambda x: x.astype(jnp.float32), padded()))
   return jax.tree.map(lambda out_NxR: out_NxR * mask_NxR.astype(jnp.float32), out)
 
 
@@ -129,6 +145,8 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
 
   `loss_fn(params, aux, micro, normalizers, rng) -> (loss, metrics)`; `to_train` pins a micro-batch to
   the training layout; `loss_scale_factor` is `seq-mean-token-sum-norm`'s divisor (None: the padded length).
+  With packing (`batching.packed`) the slots run only when packing pays (`packing.packing_pays`), else
+  padded micro-batches of the same rows; metrics["perf/packed"] says which (1 = packed).
   """
   normalizers = algos.loss_normalizers(minibatch["response_mask"], loss_agg_mode, loss_scale_factor)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -139,9 +157,26 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
     (_, metrics), grads = grad_fn(params, aux, to_train(micro), normalizers, micro_rng)
     return grads, metrics
 
-  if batching.packed:
-    plan = pack_sequences(minibatch, batching)
+  def finish(grads, micro_metrics, micro_batches_run):
+    # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
+    return grads, {k: v.sum() / micro_batches_run if k.startswith(MICRO_MEAN_PREFIXES) else v.sum()
+                   for k, v in micro_metrics.items()}
 
+  def padded():
+    rows = packing.pad_rows(minibatch, batching.num_micro * batching.rows)
+    micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), rows)
+
+    def padded_step(grads_acc, inputs):
+      grads, metrics = gradients(*inputs)
+      return jax.tree.map(jnp.add, grads_acc, grads), metrics
+
+    return finish(*jax.lax.scan(padded_step, zeros, (micro_batches, micro_rngs)), float(batching.num_micro))
+
+  if not batching.packed:
+    return padded()
+  plan = pack_sequences(minibatch, batching)
+
+  def packed():
     def packed_step(grads_acc, inputs):
       k, micro_rng = inputs
       in_slot_N = plan["slot_N"] == k
@@ -154,20 +189,11 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
       return jax.tree.map(jnp.add, grads_acc, grads), metrics
 
     grads, micro_metrics = jax.lax.scan(packed_step, zeros, (jnp.arange(batching.num_micro), micro_rngs))
-    micro_batches_run = jnp.maximum(jnp.sum(plan["used"]), 1).astype(jnp.float32)
-  else:
-    padded = packing.pad_rows(minibatch, batching.num_micro * batching.rows)
-    micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), padded)
+    return finish(grads, micro_metrics, jnp.maximum(jnp.sum(plan["used"]), 1).astype(jnp.float32))
 
-    def padded_step(grads_acc, inputs):
-      grads, metrics = gradients(*inputs)
-      return jax.tree.map(jnp.add, grads_acc, grads), metrics
-
-    grads, micro_metrics = jax.lax.scan(padded_step, zeros, (micro_batches, micro_rngs))
-    micro_batches_run = float(batching.num_micro)
-  # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
-  return grads, {k: v.sum() / micro_batches_run if k.startswith(MICRO_MEAN_PREFIXES) else v.sum()
-                 for k, v in micro_metrics.items()}
+  pays = packing.packing_pays(plan, batching, minibatch["prompts"].shape[1], minibatch["responses"].shape[1])
+  grads, metrics = jax.lax.cond(pays, packed, padded)
+  return grads, dict(metrics, **{"perf/packed": pays.astype(jnp.float32)})
 
 
 def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
@@ -191,6 +217,8 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
     params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
     metrics[f"{prefix}/grad_norm"] = grad_norm
     metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied
+    if "perf/packed" in metrics:  # the fraction of this section's mini-batches that ran packed
+      metrics[f"perf/packed/{prefix}"] = metrics.pop("perf/packed")
     return (params, opt_state), metrics
 
   def epoch_step(carry, epoch_rng):

@@ -118,6 +118,8 @@ def test_losses_and_gradients_equal_padded(params, switches, loss_agg_mode):
   close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
   for (got_grads, got_metrics), (want_grads, want_metrics) in ((got_actor, expected_actor),
                                                                (got_critic, expected_critic)):
+    if batching.packed:  # lengths 1..8 of 14: the packed slots ran (they pay), not the padded fallback
+      assert float(got_metrics.pop("perf/packed")) == 1.0
     assert got_metrics.keys() == want_metrics.keys()
     for key in want_metrics:
       close(got_metrics[key], want_metrics[key])
@@ -167,3 +169,29 @@ def test_token_budget_smaller_than_a_sequence_names_the_keys():
   config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 1024
   config.actor_rollout_ref.model.use_remove_padding = True
   validate_config(config)  # both switches are supported now
+
+
+def test_packing_runs_only_when_it_pays(params):
+  """Uniform full-length sequences fill every slot: packing saves nothing and would add its head work,
+  so the padded micro-batches run (same numbers either way); varied lengths pack."""
+  actor_params, _ = params
+  packed_step = make_step(use_remove_padding=True, micro=4)
+  seq_len = PROMPT_LEN + RESPONSE_LEN
+  batching = packed_step.batcher.update_plan(packed_step.config.actor_rollout_ref.actor, "actor_rollout_ref.actor",
+                                             seq_len, True)
+  assert batching.head_cost > 0  # the LM head's share, from the model's shape
+  full = make_rollout(16, seed=6)
+  full = dict(full, prompt_mask=jnp.ones_like(full["prompt_mask"]), response_mask=jnp.ones_like(full["response_mask"]))
+  # At most 3 prompt + 3 response tokens of 14: two sequences share a row, half the slots run.
+  short = dict(full, prompt_mask=full["prompt_mask"].at[:, :PROMPT_LEN - 3].set(0),
+               response_mask=full["response_mask"].at[:, 3:].set(0))
+  for rollout, want_packed in ((full, 0.0), (short, 1.0)):
+    minibatch = _minibatch(make_step(), params, rollout)
+    plan = update_loop.pack_sequences(minibatch, batching)
+    assert bool(packing.packing_pays(plan, batching, PROMPT_LEN, RESPONSE_LEN)) == bool(want_packed)
+    _, (got, _) = _gradients(packed_step, params, minibatch, "token-mean")
+    _, (want, _) = _gradients(make_step(micro=4), params, minibatch, "token-mean")
+    assert float(got[1].pop("perf/packed")) == want_packed
+    for key in want[1]:
+      np.testing.assert_allclose(np.asarray(got[1][key]), np.asarray(want[1][key]), atol=1e-5, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), got[0], want[0])
