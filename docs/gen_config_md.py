@@ -162,6 +162,11 @@ _DOCS = {
                                                           SAME),
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": ("keep the actor's optimizer state in pinned host "
                                                               "memory between updates", SAME),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
+        "Ulysses sequence parallelism: devices of `mesh.fsdp` that split each sequence of the actor's training "
+        "and log-prob forwards (all-to-all around attention; docs/sequence_parallel.md). Must divide `mesh.fsdp` "
+        "and, times `mesh.tensor`, the query and key/value heads; micro-batches are then `devices / sp` rows "
+        "per `..._per_gpu`", SAME),
     # ----- rollout
     "actor_rollout_ref.rollout.name": ("generation engine",
                                        "same (verl: `vllm`, `sglang`, `hf`)"),
@@ -191,7 +196,12 @@ _DOCS = {
     "actor_rollout_ref.rollout.val_kwargs.do_sample": ("validation sampling; False = greedy", SAME),
     "actor_rollout_ref.ref.fsdp_config.param_offload": ("keep the reference parameters in pinned host memory",
                                                         SAME),
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("the reference's sequence parallelism; None = the "
+                                                             "actor's (it must equal it: the same module)",
+                                                             "same key (verl's default: the actor's)"),
     # ----- critic
+    "critic.ulysses_sequence_parallel_size": ("the critic's sequence parallelism: 1 or the actor's size (one `sp` "
+                                              "mesh axis)", SAME),
     "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
     "critic.cliprange_value": ("value clip range `c` (SPEC §4; the seeds use 0.2)", SAME),
     "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),

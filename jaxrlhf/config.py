@@ -145,6 +145,7 @@ def get_base_config() -> ml_collections.ConfigDict:
           grad_clip=1.0,
           optim=_optim(1e-6),
           fsdp_config=dict(param_offload=False, optimizer_offload=False),
+          ulysses_sequence_parallel_size=1,  # devices of mesh.fsdp that split each sequence (Ulysses)
       ),
       rollout=dict(
           name="jax",
@@ -160,7 +161,8 @@ def get_base_config() -> ml_collections.ConfigDict:
           val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
       ),
       ref=dict(fsdp_config=dict(param_offload=False),
-               log_prob_micro_batch_size_per_gpu=_placeholder(int)),
+               log_prob_micro_batch_size_per_gpu=_placeholder(int),
+               ulysses_sequence_parallel_size=_placeholder(int)),  # None = the actor's
   )
 
   config.critic = dict(
@@ -176,6 +178,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       ppo_epochs=_placeholder(int),
       shuffle=_placeholder(bool),
       grad_clip=1.0,
+      ulysses_sequence_parallel_size=1,
   )
 
   config.reward_model = dict(
@@ -271,6 +274,10 @@ NOT_IMPLEMENTED = {
         2048, "the critic has no LM head: its value head reads the response positions at once"),
 }
 
+SEQUENCE_PARALLEL_KEYS = {"actor": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                          "ref": "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+                          "critic": "critic.ulysses_sequence_parallel_size"}
+
 # jaxrlhf.models.attention.ATTENTION_IMPLS (this module imports no JAX: `python -m jaxrlhf.aot` loads a config
 # before it chooses JAX's platform; tests/models/test_attention.py checks that the two agree).
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
@@ -339,7 +346,8 @@ _RANGES = {
         "actor_rollout_ref.rollout.val_kwargs.n", "actor_rollout_ref.rollout.tensor_model_parallel_size",
         "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
         "trainer.total_epochs", "trainer.total_training_steps", "trainer.max_actor_ckpt_to_keep",
-        "algorithm.kl_ctrl.horizon", "trainer.guard.reward_window")},
+        "algorithm.kl_ctrl.horizon", "trainer.guard.reward_window",
+        *SEQUENCE_PARALLEL_KEYS.values())},
     **{key: _at_least(0) for key in (
         "actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.optim.lr",
         "critic.optim.lr", "actor_rollout_ref.actor.optim.weight_decay", "critic.optim.weight_decay",
@@ -549,6 +557,10 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
               "loss_scale_factor"):
     if critic[key] is None:
       critic[key] = actor[key]
+  ref = config.actor_rollout_ref.ref
+  if ref.ulysses_sequence_parallel_size is None:
+    ref.ulysses_sequence_parallel_size = actor.ulysses_sequence_parallel_size
+  _check_sequence_parallel(config)
   rollout = config.actor_rollout_ref.rollout
   if rollout.dtype is None:
     rollout.dtype = config.actor_rollout_ref.model.dtype
@@ -558,3 +570,32 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
         f"critic.ppo_mini_batch_size={critic.ppo_mini_batch_size}")
   config.lock()
   return config
+
+
+def sequence_parallel_sizes(config) -> dict[str, int]:
+  """{"actor", "ref", "critic"}: each model's Ulysses size, of a resolved config (1 for a model the step
+  does not run)."""
+  rollout_ref, algorithm = config.actor_rollout_ref, config.algorithm
+  uses_ref = rollout_ref.actor.use_kl_loss or algorithm.use_kl_in_reward
+  return {"actor": rollout_ref.actor.ulysses_sequence_parallel_size,
+          "ref": rollout_ref.ref.ulysses_sequence_parallel_size if uses_ref else 1,
+          "critic": config.critic.ulysses_sequence_parallel_size if config.critic.enable else 1}
+
+
+def mesh_sequence_parallel(config) -> int:
+  """The size of the mesh's `sp` axis: the models' one size above 1, or 1 (`_check_sequence_parallel`)."""
+  return max(sequence_parallel_sizes(config).values())
+
+
+def _check_sequence_parallel(config) -> None:
+  """One `sp` axis serves every model: the sizes above 1 agree, and the reference (which runs the
+  actor's module) splits as the actor does. Heads and mesh are checked with the model (`trainer.program`)."""
+  sizes = sequence_parallel_sizes(config)
+  actor_key, ref_key, critic_key = (SEQUENCE_PARALLEL_KEYS[role] for role in ("actor", "ref", "critic"))
+  uses_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+  if uses_ref and sizes["ref"] != sizes["actor"]:
+    raise ConfigError(f"config keys {ref_key}={sizes['ref']} and {actor_key}={sizes['actor']} must be equal: the "
+                      "reference runs the actor's module (leave the ref key unset to follow the actor)")
+  if sizes["critic"] > 1 and sizes["actor"] > 1 and sizes["critic"] != sizes["actor"]:
+    raise ConfigError(f"config keys {critic_key}={sizes['critic']} and {actor_key}={sizes['actor']} must be equal "
+                      "or 1: the models share one sequence-parallel mesh axis")

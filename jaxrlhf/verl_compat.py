@@ -101,7 +101,6 @@ def _same(target: str):
 _VLLM = "vLLM/SGLang engine setting: generation is jaxrlhf's JAX sampler inside the compiled step"
 _RAY = "Ray: jaxrlhf is one SPMD program per host (`train.py --distributed` on each node)"
 _FSDP = "PyTorch FSDP wrapping: every parameter is sharded over the mesh's fsdp axis"
-_SP = "Ulysses sequence parallelism: jaxrlhf shards over (data, fsdp, tensor), no sequence axis"
 _DYNAMIC = ("the log-prob and value phases use the actor's token budget (actor.use_dynamic_bsz, "
             "actor.ppo_max_token_len_per_gpu)")
 _TORCH = "PyTorch kernel switch: XLA compiles and fuses the step"
@@ -148,9 +147,6 @@ TABLE: dict[str, Translated | Ignored] = {
     "actor_rollout_ref.actor.fsdp_config.*": Ignored(_FSDP),
     "actor_rollout_ref.ref.fsdp_config.*": Ignored(_FSDP),
     "critic.model.fsdp_config.*": Ignored(_FSDP + "; the critic's state stays on the device"),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": Ignored(_SP),
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": Ignored(_SP),
-    "critic.ulysses_sequence_parallel_size": Ignored(_SP),
     "actor_rollout_ref.actor.use_torch_compile": Ignored(_TORCH),
     "actor_rollout_ref.model.use_fused_kernels": Ignored(_TORCH),
     "actor_rollout_ref.model.use_liger": Ignored(_TORCH),

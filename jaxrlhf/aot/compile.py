@@ -142,7 +142,7 @@ def build_abstract_program(config, devices) -> StepProgram:
                    "--config.actor_rollout_ref.model.path=configs/models/qwen2.5-7b-instruct")
   model_config, critic_model_config, reward_model_config = model_configs(config)
   eos_ids = _eos_ids(model_path)
-  mesh = mesh_from_config(config.mesh, devices)
+  mesh = mesh_from_config(config, devices)
   return build_program(config, mesh, model_config=model_config, critic_model_config=critic_model_config,
                        reward_model_config=reward_model_config, reward_fn=_rule_reward_on_device,
                        eos_token_ids=eos_ids, pad_token_id=eos_ids[0],

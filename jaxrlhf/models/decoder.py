@@ -60,6 +60,7 @@ from jaxrlhf.models.lora import LORA_TARGETS, Linear
 from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attention_impl,  # noqa: F401
                                       blockwise_attention, choose_kernel, cudnn_attention, splash_attention,
                                       xla_attention)
+from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 INIT_STD = 0.02  # std of every fresh kernel and embedding (HF's `initializer_range` default)
@@ -230,6 +231,7 @@ def apply_rope(x, cos_BxLxH, sin_BxLxH):
 class Attention(nn.Module):
   config: DecoderConfig
   sliding_window: int | None = None
+  sequence_parallel: SequenceParallel | None = None  # cache-free calls only (`models/sequence_parallel.py`)
 
   @nn.compact
   def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
@@ -286,20 +288,29 @@ class Attention(nn.Module):
     else:
       impl = choose_kernel(impl, dtype=dtype, cached=cache is not None, packed=segment_ids_BxL is not None,
                            traced_window=window is not None and window_on is not None)
-    if impl == "xla":
-      out_BxLxKxGxH = xla_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset + jnp.arange(length),
-                                    kv_mask_BxS, segment_ids_BxL, window, window_on)
-    elif impl == "blockwise":
-      out_BxLxKxGxH = blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_mask_BxS,
-                                          segment_ids_BxL, window, window_on, cfg.attention_block_size)
-    elif impl == "cudnn":
-      out_BxLxKxGxH = cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window)
-      if out_BxLxKxGxH is None:  # no cuDNN in this process (compiling ahead of time on a CPU host) or shape
-        out_BxLxKxGxH = blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, 0, kv_mask_BxS, None,
-                                            window, None, cfg.attention_block_size)
+
+    def core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on):
+      if impl == "xla":
+        return xla_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset + jnp.arange(q_BxLxKxGxH.shape[1]),
+                             kv_mask_BxS, segment_ids_BxL, window, window_on)
+      if impl == "blockwise":
+        return blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_mask_BxS, segment_ids_BxL,
+                                   window, window_on, cfg.attention_block_size)
+      if impl == "cudnn":
+        out_BxLxKxGxH = cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window)
+        if out_BxLxKxGxH is None:  # no cuDNN in this process (compiling ahead of time on a CPU host) or shape
+          out_BxLxKxGxH = blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, 0, kv_mask_BxS, None,
+                                              window, None, cfg.attention_block_size)
+        return out_BxLxKxGxH
+      return splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window,
+                              cfg.attention_block_size)
+
+    if self.sequence_parallel is not None and cache is None:
+      # Length-split q, k, v: the all-to-all gives each device whole sequences for some heads.
+      out_BxLxKxGxH = self.sequence_parallel.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS,
+                                                       segment_ids_BxL, window_on)
     else:
-      out_BxLxKxGxH = splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL,
-                                       window, cfg.attention_block_size)
+      out_BxLxKxGxH = core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
     out_BxLxQxH = out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim)
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(
         out_BxLxQxH)
@@ -323,14 +334,18 @@ class DecoderLayer(nn.Module):
   ((x, cache), None); the Python loop calls it the same way."""
   config: DecoderConfig
   sliding_window: int | None = None
+  sequence_parallel: SequenceParallel | None = None
 
   @nn.compact
   def __call__(self, carry, layer, window_on, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index=None,
                segment_ids_BxL=None):
     x_BxLxD, cache = carry
     cfg = self.config
+    if self.sequence_parallel is not None and cache is None:
+      # Pinned at every layer (the scan body's carry): the residual stream stays split by length.
+      x_BxLxD = self.sequence_parallel.constrain(x_BxLxD, ("batch", "length", "embed"))
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], name=name)
-    attn_BxLxD, cache = Attention(cfg, self.sliding_window, name="self_attn")(
+    attn_BxLxD, cache = Attention(cfg, self.sliding_window, self.sequence_parallel, name="self_attn")(
         norm("input_layernorm")(x_BxLxD), cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index,
         segment_ids_BxL, layer, window_on)
     x_BxLxD = x_BxLxD + attn_BxLxD
@@ -367,9 +382,12 @@ class Decoder(nn.Module):
   `segment_ids_BxL` (packed rows, no cache): block-diagonal causal attention within each segment id > 0.
   `return_hidden`: the final normed hidden states x_BxLxD (compute dtype) instead of the head's output,
   for callers that apply `head_outputs` to some positions only.
+  `sequence_parallel`: cache-free calls split each sequence over the mesh's `sp` axis (Ulysses,
+  `models/sequence_parallel.py`); a length it does not divide is padded (masked) and cut back.
   """
   config: DecoderConfig
   head: str = "lm"
+  sequence_parallel: SequenceParallel | None = None
 
   @nn.compact
   def __call__(self, input_ids_BxL, positions_BxL, kv_mask_BxS, cache=None, cache_index=None,
@@ -380,11 +398,22 @@ class Decoder(nn.Module):
     if segment_ids_BxL is not None and cache is not None:
       raise ValueError("segment_ids_BxL (packed rows) is for cache-free calls only")
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
+    sp = self.sequence_parallel if cache is None else None  # decode never splits its sequence
+    length = input_ids_BxL.shape[1]
+    if sp is not None:
+      padded = sp.padded_length(length)
+      input_ids_BxL, positions_BxL, kv_mask_BxS = (pad_length(x, padded)
+                                                   for x in (input_ids_BxL, positions_BxL, kv_mask_BxS))
+      segment_ids_BxL = None if segment_ids_BxL is None else pad_length(segment_ids_BxL, padded)
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
                      embedding_init=_init(nn.initializers.normal(INIT_STD), ("vocab", "embed")),
                      name="embed_tokens")
     x_BxLxD = embed(input_ids_BxL)
+    # RoPE from the global positions, before any split: each length shard keeps its tokens' own angles.
     cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
+    if sp is not None:
+      x_BxLxD = sp.constrain(x_BxLxD, ("batch", "length", "embed"))
+      cos_BxLxH, sin_BxLxH = (sp.constrain(x, ("batch", "length", "head_dim")) for x in (cos_BxLxH, sin_BxLxH))
     layer_class = _layer_class(cfg)
     shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index, segment_ids_BxL)
     if cfg.scan_layers:
@@ -392,14 +421,16 @@ class Decoder(nn.Module):
       layers = nn.scan(layer_class, variable_axes={"params": 0, LORA_COLLECTION: 0}, split_rngs={"params": True},
                        in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
                        length=cfg.num_hidden_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      (x_BxLxD, cache), _ = layers(cfg, window, name="layers")(
+      (x_BxLxD, cache), _ = layers(cfg, window, sp, name="layers")(
           (x_BxLxD, cache), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared)
     else:
       for i in range(cfg.num_hidden_layers):
         window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
-        (x_BxLxD, cache), _ = layer_class(cfg, window, name=f"layers_{i}")((x_BxLxD, cache), i, None, *shared)
+        (x_BxLxD, cache), _ = layer_class(cfg, window, sp, name=f"layers_{i}")((x_BxLxD, cache), i, None, *shared)
     new_cache = cache
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
+    if sp is not None:
+      x_BxLxD = sp.constrain(x_BxLxD, ("batch", "length", "embed"))[:, :length]
     if return_hidden:
       return x_BxLxD, new_cache
     if self.is_initializing():

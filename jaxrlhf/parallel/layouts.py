@@ -7,6 +7,9 @@ Generation layout: parameters gathered over `fsdp`, still split over `tensor`; b
 parallelism (`rollout.tensor_model_parallel_size = fsdp * tensor`), heads / mlp / vocab are split over
 `(fsdp, tensor)` and the batch over `data` only.
 
+On a sequence-parallel mesh (`mesh.py`) the rules' `fsdp` means the axes (fsdp, sp) together: the
+helpers below expand it, so the tables are written once for both meshes.
+
 A parameter dimension that its mesh axes do not divide is an error naming the parameter, the
 dimension and the sizes. Activations and batches are more forgiving: an axis that does not divide
 a batch dimension is dropped for that array (small decode batches stay valid).
@@ -19,6 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrlhf.errors import UserError
+from jaxrlhf.parallel.mesh import fsdp_axes, fsdp_size
 
 BATCH_AXES = ("data", "fsdp")
 
@@ -66,7 +70,7 @@ class ShardingError(UserError, ValueError):
 
 def generation_rules(mesh: Mesh, tensor_model_parallel_size: int):
   """The generation layout for `rollout.tensor_model_parallel_size` on this mesh."""
-  tensor, fsdp = mesh.shape["tensor"], mesh.shape["fsdp"]
+  tensor, fsdp = mesh.shape["tensor"], fsdp_size(mesh)
   if tensor_model_parallel_size <= tensor:
     return GENERATION_RULES
   if tensor_model_parallel_size == tensor * fsdp:
@@ -90,9 +94,21 @@ def _axis_size(mesh: Mesh, axes) -> int:
   return int(np.prod([mesh.shape[a] for a in _as_tuple(axes)]))
 
 
+def _on_mesh(axes, mesh: Mesh):
+  """`axes` of a rule with `fsdp` expanded to the mesh's fsdp axes (module docstring)."""
+  expanded = tuple(a for axis in _as_tuple(axes) for a in (fsdp_axes(mesh) if axis == "fsdp" else (axis,)))
+  return None if not expanded else (expanded[0] if len(expanded) == 1 else expanded)
+
+
+def mesh_spec(spec: PartitionSpec, mesh: Mesh) -> PartitionSpec:
+  """A spec written with the rules' axis names, on `mesh` (`fsdp` expanded on a sequence-parallel mesh)."""
+  return PartitionSpec(*(_on_mesh(axes, mesh) for axes in spec))
+
+
 def fit_spec(spec: PartitionSpec, shape, mesh: Mesh) -> PartitionSpec:
   """Drops mesh axes from dims they do not divide (keeps the largest dividing prefix of a tuple)."""
   fitted = []
+  spec = mesh_spec(spec, mesh)
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
     axes = _as_tuple(axes)
     while axes and dim % _axis_size(mesh, axes):
@@ -117,7 +133,7 @@ def logical_to_shardings(logical_tree, shape_tree, mesh: Mesh, rules):
   does not divide the dimension it is assigned to.
   """
   def one(path, logical_axes, shaped):
-    spec = logical_to_mesh_spec(logical_axes, rules)
+    spec = mesh_spec(logical_to_mesh_spec(logical_axes, rules), mesh)
     for dim, name, axes in zip(shaped.shape, logical_axes, spec):
       size = _axis_size(mesh, axes)
       if dim % size:

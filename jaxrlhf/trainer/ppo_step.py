@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf import algos
+from jaxrlhf.config import sequence_parallel_sizes
 from jaxrlhf.models.decoder import Decoder, DecoderConfig
+from jaxrlhf.models.sequence_parallel import SequenceParallel
 from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.trainer import flops, losses, reward, update_loop
@@ -47,8 +49,12 @@ class PPOStep:
     self.config = config
     actor = config.actor_rollout_ref.actor
     rollout = config.actor_rollout_ref.rollout
-    self.actor = Decoder(model_config, head="lm")
-    self.critic = Decoder(critic_model_config or model_config, head="value")
+    # Ulysses (`models/sequence_parallel.py`): the training and log-prob / value forwards split sequences
+    # over the mesh's sp axis; generation (`self.generation`) has its own module and never does.
+    sp_sizes = sequence_parallel_sizes(config)
+    split = lambda role: SequenceParallel(layouts.mesh) if sp_sizes[role] > 1 else None
+    self.actor = Decoder(model_config, head="lm", sequence_parallel=split("actor"))
+    self.critic = Decoder(critic_model_config or model_config, head="value", sequence_parallel=split("critic"))
     self.reward_fn = reward_fn
     self.reward_model = Decoder(reward_model_config, head="reward") if reward_model_config else None
     self.lr_schedules = lr_schedules
@@ -59,14 +65,17 @@ class PPOStep:
         rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
     self.generation = Generation(config, model_config, self.sampling, layouts)
     self.rollout_dtype, self.rollout_actor = self.generation.rollout_dtype, self.generation.rollout_actor
+    # The LM head's chunks keep the forward's split: by rows and length under sequence parallelism.
+    constrain = self.actor.sequence_parallel.constrain if split("actor") else layouts.constrain_activation
     self.outputs = ModelOutputs(self.actor, self.critic, self.sampling.logprob_temperature,
-                                config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards,
-                                layouts.constrain_activation)
+                                config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards, constrain)
+    # A sequence-parallel group shares its rows: batch shards (verl's data-parallel size) are devices / sp.
     # Packing pays only when it saves more backbone work than its heads add (`packing.packing_pays`).
     seq_len = config.data.max_prompt_length + config.data.max_response_length
-    self.batcher = update_loop.MicroBatcher(config, num_batch_shards, head_costs={
-        ACTOR: flops.head_cost(model_config, "lm", seq_len),
-        CRITIC: flops.head_cost(critic_model_config or model_config, "value", seq_len)})
+    self.batcher = update_loop.MicroBatcher(
+        config, num_batch_shards, {ACTOR: sp_sizes["actor"], CRITIC: sp_sizes["critic"]},
+        head_costs={ACTOR: flops.head_cost(model_config, "lm", seq_len),
+                    CRITIC: flops.head_cost(critic_model_config or model_config, "value", seq_len)})
     self.use_critic = bool(config.critic.enable)
     self.use_reference = bool(actor.use_kl_loss or config.algorithm.use_kl_in_reward)
     # LoRA: the actor trains adapters over a frozen base, and the base (adapters off) is the reference

@@ -17,12 +17,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from jaxrlhf.config import ConfigError
+from jaxrlhf.config import SEQUENCE_PARALLEL_KEYS, ConfigError, sequence_parallel_sizes
 from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, compute_settings, load_hf_config,
                             model_config_from)
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, abstract_adapters
 from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
 from jaxrlhf.parallel.layouts import activation_sharding
+from jaxrlhf.parallel.mesh import fsdp_size
 from jaxrlhf.parallel.report import layout_report, per_device_bytes
 from jaxrlhf.trainer.ppo_step import PPOStep
 from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
@@ -48,7 +49,7 @@ class StepProgram:
 
   @property
   def num_batch_shards(self) -> int:
-    return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    return self.mesh.shape["data"] * fsdp_size(self.mesh)
 
   def jit_step(self):
     """The fused step, jitted with the state donated (the trainer's `jitted_step`)."""
@@ -134,6 +135,22 @@ def check_micro_batches(config, ppo: PPOStep, num_batch_shards: int) -> None:
                         f"rollout.n={config.actor_rollout_ref.rollout.n}; mesh data*fsdp={num_batch_shards})") from None
 
 
+def check_sequence_parallel(config, mesh: Mesh, model_config: DecoderConfig,
+                            critic_model_config: DecoderConfig) -> None:
+  """Start-up check: each sequence-parallel model's heads split over tensor x sp (the all-to-all gives each
+  device whole key/value heads with their query groups)."""
+  tensor = mesh.shape["tensor"]
+  models = {"actor": ("actor_rollout_ref.model", model_config), "ref": ("actor_rollout_ref.model", model_config),
+            "critic": ("critic.model", critic_model_config)}
+  for role, size in sequence_parallel_sizes(config).items():
+    model_path, model = models[role]
+    for name in ("num_attention_heads", "num_key_value_heads"):
+      heads = getattr(model, name)
+      if size > 1 and heads % (size * tensor):
+        raise ConfigError(f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} x mesh.tensor={tensor} must divide "
+                          f"{name}={heads} of {model_path} (Ulysses gives each device whole heads)")
+
+
 def _abstract(shapes, shardings):
   return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                       shapes, shardings)
@@ -186,7 +203,8 @@ def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_mod
   opt_shardings = {"actor": opt_state_shardings(optimizers["actor"], actor_trained, replicated(mesh)),
                    "critic": opt_state_shardings(optimizers["critic"], layouts.critic_train, replicated(mesh))}
   layouts = layouts.with_offload(config, opt_shardings["actor"])
-  num_batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  check_sequence_parallel(config, mesh, model_config, critic_model_config)
+  num_batch_shards = mesh.shape["data"] * fsdp_size(mesh)
   ppo = PPOStep(config, model_config, reward_fn, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                     lr_schedules=schedules, optimizers=optimizers, layouts=layouts,
                     num_batch_shards=num_batch_shards,

@@ -26,7 +26,7 @@ from jaxrlhf.export import actor_base_params, init_keys, write_hf
 from jaxrlhf.models import Decoder, generation_eos_ids, init_params, load_hf_params, load_tokenizer, pad_token_id
 from jaxrlhf.models.decoder import init_adapters
 from jaxrlhf.parallel import batch_sharding, replicated
-from jaxrlhf.parallel.mesh import mesh_from_config
+from jaxrlhf.parallel.mesh import fsdp_size, mesh_from_config
 from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
@@ -62,8 +62,8 @@ class Trainer:
     trainer_cfg = config.trainer
     self.run_dir = os.path.join(trainer_cfg.default_local_dir, trainer_cfg.project_name, trainer_cfg.experiment_name)
     os.makedirs(self.run_dir, exist_ok=True)
-    self.mesh = mesh_from_config(config.mesh, devices)
-    self.num_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    self.mesh = mesh_from_config(config, devices)
+    self.num_batch_shards = self.mesh.shape["data"] * fsdp_size(self.mesh)
 
     self.tokenizer = tokenizer_from_config(config, os.path.join(self.run_dir, "tokenizer"))
     data_cfg = config.data

@@ -23,17 +23,21 @@ from jaxrlhf.trainer.state import apply_gradients
 class MicroBatcher:
   """Cuts a config section's mini-batches (`ppo_mini_batch_size` prompts x `rollout.n`) into micro-batches.
 
-  `section_path` ("actor_rollout_ref.actor" or "critic") names the section in errors. `head_costs`:
-  {section_path: the model head's work per position over the backbone's} (`packing.packing_pays`).
+  `section_path` ("actor_rollout_ref.actor" or "critic") names the section in errors and picks its
+  batch shards: `num_batch_shards` / the section's `sequence_parallel` size (a sequence-parallel group
+  of devices shares its rows). `head_costs`: {section_path: the model head's work per position over the
+  backbone's} (`packing.packing_pays`).
   """
 
-  def __init__(self, config, num_batch_shards: int, head_costs: dict[str, float] | None = None):
+  def __init__(self, config, num_batch_shards: int, sequence_parallel: dict[str, int] | None = None,
+               head_costs: dict[str, float] | None = None):
     self.head_costs = head_costs or {}
     self.n = config.actor_rollout_ref.rollout.n
     actor = config.actor_rollout_ref.actor
     # The token budget (use_dynamic_bsz) is the actor's key; the critic follows it, as in verl's recipes.
     self.max_token_len = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
     self.num_batch_shards = num_batch_shards
+    self.sequence_parallel = sequence_parallel or {}
     # Sequences per device of one forward-only micro-batch, per phase (verl's keys; the reference and
     # the values fall back to the rollout's log-prob key, as verl's examples set them alike).
     log_prob = config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
@@ -42,28 +46,34 @@ class MicroBatcher:
     self.forward_micro_per_device = {"old_log_prob": log_prob, "ref": log_prob if ref is None else ref,
                                      "values": log_prob if values is None else values}
 
+  def shards(self, section_path: str) -> int:
+    """Batch shards of a section's micro-batches: devices over the rows."""
+    return self.num_batch_shards // self.sequence_parallel.get(section_path, 1)
+
   def micro_rows(self, section, section_path: str) -> int:
     """Rows of one micro-batch (all batch shards) from `ppo_micro_batch_size_per_gpu`; must divide the mini-batch."""
     mini_batch_rows = section.ppo_mini_batch_size * self.n
     per_device = section.ppo_micro_batch_size_per_gpu
     if per_device is None:
       return mini_batch_rows
-    rows = per_device * self.num_batch_shards
+    rows = per_device * self.shards(section_path)
     if mini_batch_rows % rows:
-      raise ValueError(f"{section_path}.ppo_micro_batch_size_per_gpu={per_device} x {self.num_batch_shards} batch "
-                       f"shards = {rows} rows does not divide the mini-batch of {mini_batch_rows} sequences")
+      raise ValueError(f"{section_path}.ppo_micro_batch_size_per_gpu={per_device} x {self.shards(section_path)} "
+                       f"batch shards = {rows} rows does not divide the mini-batch of {mini_batch_rows} sequences")
     return rows
 
   def update_plan(self, section, section_path: str, seq_len: int, packed: bool) -> packing.MicroBatching:
     """The micro-batches of one mini-batch."""
     mini_batch_rows = section.ppo_mini_batch_size * self.n
+    shards = self.shards(section_path)
     if self.max_token_len is not None:
-      plan = packing.micro_batching(mini_batch_rows, seq_len, self.num_batch_shards, rows_per_shard=None,
-                                    max_token_len=self.max_token_len, packed=packed)
+      # A group of sp devices holds one row's tokens: the per-device budget counts S / sp per row.
+      max_token_len = self.max_token_len * self.sequence_parallel.get(section_path, 1)
+      plan = packing.micro_batching(mini_batch_rows, seq_len, shards, rows_per_shard=None,
+                                    max_token_len=max_token_len, packed=packed)
     else:
       rows = self.micro_rows(section, section_path)
-      plan = packing.MicroBatching(rows=rows, num_micro=mini_batch_rows // rows, shards=self.num_batch_shards,
-                                   packed=packed)
+      plan = packing.MicroBatching(rows=rows, num_micro=mini_batch_rows // rows, shards=shards, packed=packed)
     return dataclasses.replace(plan, head_cost=self.head_costs.get(section_path, 0.0))
 
   def phase_plan(self, section, section_path: str, num_sequences: int, seq_len: int, packed: bool,
@@ -74,9 +84,10 @@ class MicroBatcher:
     sets the rows of one; without it padded rows run at once (None) and packed slots take the update's size.
     """
     if micro_per_device is not None:
-      rows = micro_per_device * self.num_batch_shards
-      return packing.MicroBatching(rows=rows, num_micro=-(-num_sequences // rows), shards=self.num_batch_shards,
-                                   packed=packed, head_cost=self.head_costs.get(section_path, 0.0))
+      shards = self.shards(section_path)
+      rows = micro_per_device * shards
+      return packing.MicroBatching(rows=rows, num_micro=-(-num_sequences // rows), shards=shards, packed=packed,
+                                   head_cost=self.head_costs.get(section_path, 0.0))
     if not packed:
       return None
     mini = self.update_plan(section, section_path, seq_len, packed=True)

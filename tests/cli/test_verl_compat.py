@@ -53,7 +53,9 @@ def _config_from_flags(args: list[str]):
                              "actor_rollout_ref.actor.clip_ratio_high": 0.28, "mesh.tensor": 4, "mesh.fsdp": 32,
                              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 22528,
                              "trainer.default_local_dir": "/home/user/verl/ckpts/DAPO/DAPO-Qwen2.5-32B",
-                             "algorithm.filter_groups.enable": True}),
+                             "algorithm.filter_groups.enable": True,
+                             "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8,
+                             "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 8}),
 ])
 def test_verl_script_resolves_like_its_config_flags(script, expected):
   command, report, parsed = verl_compat.translate_script(os.path.join(SCRIPTS, script), env=ENV)
