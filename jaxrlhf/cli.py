@@ -96,8 +96,14 @@ def _unknown_override(argv: list[str]) -> str | None:
   return None
 
 
+def _config_file(config_path: str) -> str:
+  """The file of `--config`: ml_collections passes what follows its first ':' to get_config ("x.py:arg")."""
+  return config_path.split(":", 1)[0]
+
+
 def _config_file_error(error: BaseException, config_path: str) -> str | None:
   """`file:line: message` for an exception raised while a config file ran (e.g. a misspelt key in it)."""
+  config_path = _config_file(config_path)
   path = os.path.abspath(config_path)
   frames = [f for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) == path]
   if not frames:
@@ -125,7 +131,7 @@ def absl_main(prog: str, main: Callable[[list[str]], object], argv: list[str] | 
 
   def parse_flags(args):
     config_path = _flag_value(args, "config")
-    if config_path is not None and not os.path.isfile(config_path):
+    if config_path is not None and not os.path.isfile(_config_file(config_path)):
       fail(prog, f"--config {config_path!r}: no such file", "configs/ holds the shipped configs, e.g. "
            "--config configs/quickstart.py")
     try:

@@ -107,6 +107,10 @@ def files(tmp_path_factory):
   (root / "misspelt.py").write_text(
       "from jaxrlhf.config import load_config_file\n\n\ndef get_config():\n"
       f"  config = load_config_file({quickstart!r})\n  config.trainer.total_trainig_steps = 3\n  return config\n")
+  (root / "with_arg.py").write_text(
+      "from jaxrlhf.config import load_config_file\n\n\ndef get_config(steps):\n"
+      f"  config = load_config_file({quickstart!r})\n  config.trainer.total_trainig_steps = int(steps)\n"
+      "  return config\n")
   # The quickstart on an HF directory: override_config cleared, so config.json alone defines the model.
   (root / "quickstart_hf.py").write_text(
       "from jaxrlhf.config import load_config_file\n\n\ndef get_config():\n"
@@ -180,6 +184,13 @@ def test_train_refuses_bad_input_before_compiling(case, files, tmp_path):
 def test_train_refuses_a_misspelt_key_inside_a_config_file_naming_its_line(files):
   result = run_cli("train.py", "--config", files / "misspelt.py")
   assert_user_error(result, "train.py", "misspelt.py:6", "'total_trainig_steps'", "'total_training_steps'")
+
+
+def test_train_passes_a_config_argument_after_the_colon(files):
+  """ml_collections' `--config file.py:arg` calls get_config(arg): the file is found (its error is the
+  misspelt key inside, not a missing file)."""
+  result = run_cli("train.py", "--config", f"{files / 'with_arg.py'}:3")
+  assert_user_error(result, "train.py", "with_arg.py:6", "'total_trainig_steps'")
 
 
 def test_train_refuses_a_missing_config_file():
