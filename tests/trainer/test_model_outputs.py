@@ -115,12 +115,12 @@ def test_full_kl_from_both_policies_chunks(models, chunk_tokens):
   ids, positions, mask = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
   logits = lambda params: actor.apply({"params": params}, ids, positions, mask)[0][:, 5:13] / TEMPERATURE
   outputs = ModelOutputs(actor, critic, TEMPERATURE, chunk_tokens)
-  out = jax.jit(outputs.token_outputs, static_argnums=2)(actor_params, micro, (), ref_params)
+  out = jax.jit(lambda p, r: outputs.token_outputs(p, micro, (), ref_params=r))(actor_params, ref_params)
   close(out["full_kl"], algos.full_kl(logits(actor_params), logits(ref_params)), 1e-5)
   close(out["ref_log_prob"], token_log_probs(logits(ref_params), micro["responses"], 1.0), 1e-5)
   assert float(out["full_kl"].min()) >= -1e-6 and float(out["full_kl"].max()) > 1e-3
 
-  kl_sum = lambda params, ref: jnp.sum(outputs.token_outputs(params, micro, (), ref)["full_kl"])
+  kl_sum = lambda params, ref: jnp.sum(outputs.token_outputs(params, micro, (), ref_params=ref)["full_kl"])
   want = jax.grad(lambda p: jnp.sum(algos.full_kl(logits(p), logits(ref_params))))(actor_params)
   grads = jax.jit(jax.grad(kl_sum, argnums=(0, 1)))(actor_params, ref_params)
   jax.tree.map(lambda g, w: close(g, w, 1e-5), grads[0], want)
