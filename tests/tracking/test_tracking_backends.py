@@ -5,6 +5,8 @@ import json
 import math
 import os
 import struct
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -117,13 +119,23 @@ def _wandb_records(path):
   return records
 
 
-def test_wandb_offline_run_has_metrics_and_config(tmp_path, monkeypatch):
-  monkeypatch.setenv("WANDB_MODE", "offline")
-  monkeypatch.setenv("WANDB_SILENT", "true")
-  monkeypatch.setenv("WANDB_CONSOLE", "off")
-  with Tracking(["wandb"], str(tmp_path), total_steps=2, config={"trainer": {"seed": 7}}, project="proj",
-                experiment="exp") as run:
-    _log_two_steps(run)
+_WANDB_RUN = """
+import sys
+from jaxrlhf.tracking import Tracking
+from tests.tracking.test_tracking_backends import _log_two_steps
+with Tracking(["wandb"], sys.argv[1], total_steps=2, config={"trainer": {"seed": 7}}, project="proj",
+              experiment="exp") as run:
+  _log_two_steps(run)
+"""
+
+
+def test_wandb_offline_run_has_metrics_and_config(tmp_path):
+  # In a fresh process: wandb keeps process-wide state (its service and settings singleton), so a run
+  # made after other tests in this process can differ from a user's first run (seen once in the suite).
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", WANDB_CONSOLE="off", PYTHONPATH=root,
+             JAX_PLATFORMS="cpu")
+  subprocess.run([sys.executable, "-c", _WANDB_RUN, str(tmp_path)], cwd=root, env=env, check=True, timeout=300)
   (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
   history, config, names = {}, {}, set()
   for record in _wandb_records(run_file):
