@@ -38,7 +38,8 @@ class MicroBatching:
   `head_cost`: the model head's work per position over the backbone's (the LM head's vocabulary
   projection is a large share of a small model's); it decides whether packing pays (`packing_pays`).
   `padded_at_once`: when packing does not pay, a forward-only phase runs its padded rows at once (as
-  it does unpacked without a micro-batch size) instead of in micro-batches of `rows`.
+  it does unpacked without a micro-batch size) instead of in micro-batches of `rows`; never under a
+  token budget (`use_dynamic_bsz`), which bounds every micro-batch.
   """
   rows: int
   num_micro: int

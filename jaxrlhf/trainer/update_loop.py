@@ -91,7 +91,10 @@ class MicroBatcher:
     if not packed:
       return None
     mini = self.update_plan(section, section_path, seq_len, packed=True)
-    return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows), padded_at_once=True)
+    # Packing that does not pay falls back to padded rows all at once, as the unpacked phase runs, unless
+    # a token budget (use_dynamic_bsz) bounds the micro-batches.
+    return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows),
+                               padded_at_once=self.max_token_len is None)
 
 
 def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
