@@ -132,16 +132,20 @@ def test_jetstream_adapter_is_optional_and_delegates(setup, greedy_engine, monke
     samples_per_slot: int
 
   engine_api = types.SimpleNamespace(Engine=type("Engine", (abc.ABC,), {}), ResultTokens=FakeResultTokens)
+  tokenizer_pb2 = types.SimpleNamespace(TokenizerParameters=lambda path: types.SimpleNamespace(path=path))
   engine_module = types.ModuleType("jetstream.engine")
   engine_module.engine_api = engine_api
+  engine_module.tokenizer_pb2 = tokenizer_pb2
   monkeypatch.setitem(sys.modules, "jetstream", types.ModuleType("jetstream"))
   monkeypatch.setitem(sys.modules, "jetstream.engine", engine_module)
   monkeypatch.setitem(sys.modules, "jetstream.engine.engine_api", engine_api)
+  monkeypatch.setitem(sys.modules, "jetstream.engine.tokenizer_pb2", tokenizer_pb2)
   adapter = importlib.reload(jetstream_adapter)
   try:
     model, params, prompts = setup
     served = adapter.JetStreamEngine(greedy_engine)
     assert isinstance(served, engine_api.Engine) and served.max_concurrent_decodes == 3
+    assert served.get_tokenizer().path == ""
     prefix, first = served.prefill(params=params, padded_tokens=np.asarray(prompts[0]), true_length=len(prompts[0]))
     assert isinstance(first, FakeResultTokens) and first.data.shape == (1, 3)
     state, result = served.generate(params, served.insert(prefix, served.init_decode_state(), 0))
