@@ -489,12 +489,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("reward_model.enable=True needs reward_model.model.path (an HF sequence-classification "
                       "checkpoint directory)")
   if actor.use_dynamic_bsz:
-    # A micro-batch holds whole sequences: the per-device token budget must fit the longest one.
+    # A micro-batch holds whole sequences: the per-device token budget must fit the longest one. Under
+    # sequence parallelism a group of sp devices holds a row, so a device holds its 1/sp share (as verl,
+    # which scales the budget by the Ulysses size); the critic follows the actor's budget with its own sp.
     seq_len = data.max_prompt_length + data.max_response_length
-    if actor.ppo_max_token_len_per_gpu < seq_len:
+    sizes = sequence_parallel_sizes(config)
+    sp = min(sizes["actor"], sizes["critic"]) if config.critic.enable else sizes["actor"]
+    if actor.ppo_max_token_len_per_gpu * sp < seq_len:
+      share = f" / ulysses_sequence_parallel_size {sp} = {-(-seq_len // sp)} tokens per device" if sp > 1 else ""
       raise ConfigError(
           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} is smaller than one "
-          f"sequence: data.max_prompt_length + data.max_response_length = {seq_len} (use_dynamic_bsz=True)")
+          f"sequence: data.max_prompt_length + data.max_response_length = {seq_len}{share} (use_dynamic_bsz=True)")
 
 
 def _check_gdpo(config) -> None:

@@ -80,6 +80,24 @@ def test_dynamic_bsz_budget_must_hold_a_sequence():
     validate_config(config)
 
 
+def test_dynamic_bsz_budget_counts_a_devices_share_under_sequence_parallelism():
+  config = get_base_config()
+  actor = config.actor_rollout_ref.actor
+  actor.use_dynamic_bsz = True
+  seq_len = config.data.max_prompt_length + config.data.max_response_length
+  actor.ppo_max_token_len_per_gpu = seq_len // 2
+  actor.ulysses_sequence_parallel_size = 2
+  config.critic.enable = False
+  validate_config(config)  # each of the 2 devices holds half a row
+  config.critic.enable = True  # a critic without sp takes whole rows under the actor's budget
+  with pytest.raises(ConfigError, match="ppo_max_token_len_per_gpu"):
+    validate_config(config)
+  actor.ppo_max_token_len_per_gpu = seq_len // 2 - 1
+  config.critic.enable = False
+  with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size 2"):
+    validate_config(config)
+
+
 def test_gae_without_critic_is_an_error():
   config = get_base_config()
   config.critic.enable = False

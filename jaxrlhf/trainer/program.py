@@ -99,7 +99,7 @@ class StepProgram:
                  kv_heads=self.model_config.num_key_value_heads, head_dim=self.model_config.resolved_head_dim)
     shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
     sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
-    cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.rollout_dtype))
+    cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.generation.rollout_dtype))
     return 2 * per_device_bytes(cache_leaf, sharding)  # keys and values
 
 
@@ -125,7 +125,7 @@ def check_micro_batches(config, ppo: PPOStep, num_batch_shards: int) -> None:
   if config.actor_rollout_ref.actor.use_dynamic_bsz:
     return  # micro-batches come from the token budget
   sections = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor)]
-  if ppo.use_critic:
+  if ppo.plan.use_critic:
     sections.append(("critic", config.critic))
   for path, section in sections:
     try:
@@ -167,9 +167,9 @@ def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState
   trained_shapes = actor_shapes if adapter_shapes is None else adapter_shapes
   actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, trained_shapes),
                               layouts.actor_opt_host or opt_shardings["actor"])
-  ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.stores_reference else None
+  ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.plan.stores_reference else None
   critic_params = critic_opt_state = None
-  if ppo.use_critic:
+  if ppo.plan.use_critic:
     critic_shapes = abstract_params(Decoder(program_parts["critic_model_config"], head="value"))[0]
     critic_params = _abstract(critic_shapes, layouts.critic_train)
     critic_opt_state = _abstract(jax.eval_shape(optimizers["critic"].init, critic_shapes), opt_shardings["critic"])

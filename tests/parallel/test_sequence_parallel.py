@@ -80,7 +80,7 @@ def test_step_metrics_equal_sp1(tmp_path, unsplit_steps, sp, packed):
   trainer = Trainer(_config(tmp_path, sp, packed))
   assert dict(trainer.mesh.shape) == {"data": 1, "fsdp": 8 // sp, "sp": sp, "tensor": 1}
   assert trainer.ppo.actor.sequence_parallel.size == sp and trainer.ppo.critic.sequence_parallel.size == sp
-  assert trainer.ppo.rollout_actor.sequence_parallel is None  # generation never splits
+  assert trainer.ppo.generation.rollout_actor.sequence_parallel is None  # generation never splits
   metrics = trainer.train_step(0)
   for key, value in want_metrics.items():
     if not key.startswith(TIMING_DEPENDENT):
