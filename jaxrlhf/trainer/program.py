@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from jaxrlhf.config import EMBED_TARGET, HEAD_TARGET, SEQUENCE_PARALLEL_KEYS, ConfigError, sequence_parallel_sizes
+from jaxrlhf.config import SEQUENCE_PARALLEL_KEYS, ConfigError, sequence_parallel_sizes
 from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, compute_settings, load_hf_config,
                             model_config_from)
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, abstract_adapters
@@ -111,14 +111,6 @@ def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig,
   """
   actor_model, critic_model = config.actor_rollout_ref.model, config.critic.model
   model_config = model_config_from(actor_model, tokenizer)
-  tied_targets = [name for name in (EMBED_TARGET, HEAD_TARGET) if name in model_config.lora_targets]
-  if model_config.lora_rank and tied_targets and model_config.tie_word_embeddings:
-    # A tied head is the input embedding: merging either one's adapter into the generation copy and the export
-    # would change the other too (PEFT's merge has the same flaw), so the merged policy would not be the trained one.
-    raise ConfigError(f"actor_rollout_ref.model.target_modules={actor_model.target_modules!r} adapts "
-                      f"{tied_targets}, but the model ties its LM head to the input embedding "
-                      "(tie_word_embeddings=True): LoRA on either needs an untied head "
-                      "(actor_rollout_ref.model.override_config.tie_word_embeddings=False)")
   if critic_model.path and critic_model.path != actor_model.path:
     critic_model_config = model_config_from(critic_model, tokenizer)
   else:
