@@ -1,5 +1,5 @@
-"""LoRA adapters on the decoder's linear layers: the `Linear` module every projection uses, merging the
-adapters into the weights, and the PEFT file layout.
+"""LoRA adapters on the decoder's linear layers (and, when named, its embedding and LM head): the `Linear` module
+every projection uses, the `Embed` module, merging the adapters into the weights, and the PEFT file layout.
 
 A targeted linear computes y = x W (+ b) + (x A) B * alpha / r, with A [in..., r] and B [r, out...] in
 the kernel's own layout (q_proj: A [D, r], B [r, Q, H]; o_proj: A [Q, H, r], B [r, D]). The adapters live
@@ -14,9 +14,11 @@ Adapters are fp32 whatever the base's param_dtype; the delta runs in the compute
 PEFT layout (`peft_state_dict`): `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` [r, in] and
 `...lora_B.weight` [out, r] (torch Linear layout, heads flattened), with `adapter_config.json`.
 
-The LM head (target "lm_head", an untied head only) is a `Linear` too: its adapter, `lm_head/lora_A` [D, r] and
-`lm_head/lora_B` [r, V], sits outside the layer stack and `decoder.head_outputs` applies it, since the trainer
-runs the head on chunks of hidden states itself; PEFT's key is `base_model.model.lm_head.lora_A.weight`.
+Outside the layer stack, with an untied head only, PEFT's two other targets: the LM head ("lm_head") is a
+`Linear` too, its adapter `lm_head/lora_A` [D, r], `lm_head/lora_B` [r, V] applied by `decoder.head_outputs`
+(the trainer runs the head on chunks of hidden states itself); PEFT's key `base_model.model.lm_head.lora_A.weight`.
+The token embedding ("embed_tokens") is an `Embed`: `embed_tokens/lora_A` [V, r], `lora_B` [r, D], PEFT's
+`base_model.model.model.embed_tokens.lora_embedding_A` [r, V] and `lora_embedding_B` [D, r].
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 from jaxrlhf.checkpoint import unstack_layers
 # The names are jax-free (the config validates target_modules without loading jax).
 from jaxrlhf.config import (ATTENTION_TARGETS, EMBED_TARGET, HEAD_TARGET, LORA_TARGETS,  # noqa: F401
-                             MLP_TARGETS, TARGET_MODULES, resolve_target_modules)
+                             MLP_TARGETS, resolve_target_modules)
 
 COLLECTION = "lora"
 RANK_AXIS = "lora_rank"  # the adapters' rank dim: in no layout rule, so replicated
@@ -171,7 +173,8 @@ def count_adapter_params(adapters) -> int:
 
 
 def expected_adapter_params(config, head: str = "lm") -> int:
-  """r x (in + out) summed over the targeted linears of every layer (and the LM head): what the rank implies."""
+  """r x (in + out) summed over the targeted linears of every layer, plus the embedding's and the LM head's
+  r x (V + D) when targeted: what the rank implies."""
   del head
   D, F = config.hidden_size, config.intermediate_size
   QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
@@ -189,8 +192,9 @@ _MODULE_PARENT = {**{name: "self_attn" for name in ATTENTION_TARGETS}, **{name: 
 
 
 def peft_state_dict(adapters, prefix: str = "base_model.model") -> dict[str, np.ndarray]:
-  """Adapters (stacked `layers/...` or `layers_<i>/...`, and `lm_head`) -> PEFT's tensors, torch Linear layout,
-  fp32: a layer's under `<prefix>.model.layers.N`, the LM head's under `<prefix>.lm_head` (HF's module paths)."""
+  """Adapters (stacked `layers/...` or `layers_<i>/...`, `embed_tokens`, `lm_head`) -> PEFT's tensors, torch
+  layout, fp32, under HF's module paths: `<prefix>.model.layers.N...`, `<prefix>.model.embed_tokens`,
+  `<prefix>.lm_head`."""
   host = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), adapters)
   if "layers" in host:
     host = unstack_layers(host, lambda leaf, i: leaf[i])

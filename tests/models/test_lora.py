@@ -32,7 +32,8 @@ def _forward(model, variables, ids, mask):
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
-@pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj"), (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)])
+@pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj"),
+                                     (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)])
 def test_adapter_count_is_what_the_rank_implies(tiny_model_config, scan_layers, targets):
   config = _lora_config(tiny_model_config, rank=4, targets=targets, scan_layers=scan_layers)
   adapters, _ = init_adapters(Decoder(config), jax.random.key(0))
