@@ -24,6 +24,12 @@ _placeholder = config_dict.placeholder
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+# The input embedding and the output layer, which PEFT adapts only when named. The head's adapter lets the
+# logits grow, which a frozen head bounds (a from-scratch head at init scale caps any one token's probability
+# near 6% of a 64-word vocabulary).
+EMBED_TARGET = "embed_tokens"
+HEAD_TARGET = "lm_head"
+TARGET_MODULES = (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)
 
 
 def resolve_target_modules(target_modules, key: str = "target_modules") -> tuple[str, ...]:
@@ -33,11 +39,11 @@ def resolve_target_modules(target_modules, key: str = "target_modules") -> tuple
       return LORA_TARGETS
     target_modules = [name.strip() for name in target_modules.split(",") if name.strip()]
   names = tuple(target_modules)
-  unknown = [name for name in names if name not in LORA_TARGETS]
+  unknown = [name for name in names if name not in TARGET_MODULES]
   if unknown or not names:
-    raise ValueError(f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(LORA_TARGETS)}"
+    raise ValueError(f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(TARGET_MODULES)}"
                      + (f" (unknown: {unknown})" if unknown else ""))
-  return tuple(name for name in LORA_TARGETS if name in names)
+  return tuple(name for name in TARGET_MODULES if name in names)
 
 
 class ConfigError(UserError, ValueError):
