@@ -49,6 +49,7 @@ class PPOStep:
                reward_model_config: DecoderConfig | None = None):
     self.config = config
     actor = config.actor_rollout_ref.actor
+    rollout = config.actor_rollout_ref.rollout
     # Ulysses (`models/sequence_parallel.py`): the training and log-prob / value forwards split sequences
     # over the mesh's sp axis; generation (`self.generation`) has its own module and never does.
     sp_sizes = sequence_parallel_sizes(config)
@@ -62,7 +63,7 @@ class PPOStep:
     self.layouts = layouts
     self.kl_warmup_steps = kl_warmup_steps
     self.sampling = SamplingParams.from_rollout_config(
-        config.actor_rollout_ref.rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
+        rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
     self.generation = Generation(config, model_config, self.sampling, layouts)
     # The LM head's chunks keep the forward's split: by rows and length under sequence parallelism.
     constrain = self.actor.sequence_parallel.constrain if split("actor") else layouts.constrain_activation
@@ -161,8 +162,7 @@ class PPOStep:
         batching=self.batcher.update_plan(section, path, seq_len, packed),
         mini_batch_rows=section.ppo_mini_batch_size * self.batcher.n, epochs=section.ppo_epochs,
         shuffle=section.shuffle, loss_agg_mode=section.loss_agg_mode, prefix=role, to_train=self.layouts.to_train,
-        loss_scale_factor=section.loss_scale_factor, pin_gradients=functools.partial(self.layouts.pin_gradients,
-                                                                                   role=role))
+        loss_scale_factor=section.loss_scale_factor)
 
   def update_critic(self, state: TrainState, data: dict, values, returns, rng):
     """Phase `update_critic`: PPO epochs of clipped value loss."""

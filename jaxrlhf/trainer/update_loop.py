@@ -154,12 +154,11 @@ def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBa
 
 def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, batching: packing.MicroBatching,
                         loss_agg_mode: str, to_train: Callable = lambda tree: tree,
-                        loss_scale_factor: float | None = None, pin_gradients: Callable = lambda grads: grads):
+                        loss_scale_factor: float | None = None):
   """Summed gradients and metrics of one mini-batch over its micro-batches (padded rows or packed slots).
 
   `loss_fn(params, aux, micro, normalizers, rng) -> (loss, metrics)`; `to_train` pins a micro-batch to
-  the training layout, `pin_gradients` its gradients to the parameters' layout; `loss_scale_factor` is
-  `seq-mean-token-sum-norm`'s divisor (None: the padded length).
+  the training layout; `loss_scale_factor` is `seq-mean-token-sum-norm`'s divisor (None: the padded length).
   With packing (`batching.packed`) the slots run only when packing pays (`packing.packing_pays`), else
   padded micro-batches of the same rows; metrics["perf/packed"] says which (1 = packed).
   """
@@ -170,7 +169,7 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
 
   def gradients(micro, micro_rng):
     (_, metrics), grads = grad_fn(params, aux, to_train(micro), normalizers, micro_rng)
-    return pin_gradients(grads), metrics
+    return grads, metrics
 
   def finish(grads, micro_metrics, micro_batches_run):
     # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
@@ -225,8 +224,7 @@ def update_data(rollout: dict, old_log_probs, ref_log_probs, adv: dict) -> dict:
 
 def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
                mini_batch_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str,
-               to_train: Callable = lambda tree: tree, loss_scale_factor: float | None = None,
-               pin_gradients: Callable = lambda grads: grads):
+               to_train: Callable = lambda tree: tree, loss_scale_factor: float | None = None):
   """`epochs` x mini-batches of `mini_batch_rows` (one optimizer step each) x micro-batches (`batching`).
 
   Returns (params, opt_state, metrics averaged over the optimizer steps, plus `<prefix>/lr`).
@@ -241,7 +239,7 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
     params, opt_state = carry
     minibatch, minibatch_rng = inputs
     grads, metrics = minibatch_gradients(loss_fn, params, aux, minibatch, minibatch_rng, batching, loss_agg_mode,
-                                         to_train, loss_scale_factor, pin_gradients)
+                                         to_train, loss_scale_factor)
     params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
     metrics[f"{prefix}/grad_norm"] = grad_norm
     metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied
