@@ -10,6 +10,11 @@ its output to length shards. RoPE positions, the padding mask and packed segment
 ones: positions are computed before the split, and the mask and segment ids (small int arrays)
 reach the core whole.
 
+With fewer key/value heads per tensor shard than `sp` devices (Qwen2.5-7B has 4 at sp=8), each
+key/value head is repeated r = sp / gcd(K / tensor, sp) times and its query group split into r parts
+(as verl's Ulysses repeats key/value heads): the attention is the same, and every device gets whole
+heads. The query heads must still split over tensor x sp (`trainer.program.check_sequence_parallel`).
+
 The `sp` axis is a sub-axis of FSDP: the user's `mesh.fsdp` devices are laid out as `fsdp` x `sp`
 (`parallel.mesh.make_mesh`), parameters stay split over both (the layouts read `fsdp` as the pair), and
 only these activations tell the two apart. A sequence-parallel group is therefore `sp` neighbouring
@@ -20,6 +25,7 @@ FSDP devices that work on the same rows; the rows of a micro-batch are split ove
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -75,7 +81,18 @@ class SequenceParallel:
                 window_on):
     """`core(q, k, v, kv_mask, segment_ids, window_on) -> out [B, L, K, G, H]` on whole sequences and
     K / (tensor * sp) heads per device, between the two all-to-alls."""
-    rows = self._row_axes(q_BxLxKxGxH.shape[0])
+    B, L, K, G, H = q_BxLxKxGxH.shape
+    repeat = self.size // math.gcd(K // self.mesh.shape["tensor"], self.size)
+    if repeat > 1:
+      # Head k's copies (k, 0..r-1) are neighbours, so a tensor shard keeps its own heads' copies; copy j
+      # serves the j-th part of the head's query group. jnp.repeat's transpose sums the copies' gradients.
+      q_BxLxKxGxH = q_BxLxKxGxH.reshape(B, L, K * repeat, G // repeat, H)
+      keys_BxLxKxH = jnp.repeat(keys_BxLxKxH, repeat, axis=2)
+      values_BxLxKxH = jnp.repeat(values_BxLxKxH, repeat, axis=2)
+      out = self.attention(core, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL,
+                           window_on)
+      return out.reshape(B, L, K, G, H)
+    rows = self._row_axes(B)
     length_split = PartitionSpec(rows, SEQUENCE_AXIS, "tensor")
     whole = PartitionSpec(rows, None)
     # Only the operands present enter the shard_map (an absent segment ids / window flag stays None).

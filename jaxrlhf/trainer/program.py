@@ -137,18 +137,23 @@ def check_micro_batches(config, ppo: PPOStep, num_batch_shards: int) -> None:
 
 def check_sequence_parallel(config, mesh: Mesh, model_config: DecoderConfig,
                             critic_model_config: DecoderConfig) -> None:
-  """Start-up check: each sequence-parallel model's heads split over tensor x sp (the all-to-all gives each
-  device whole key/value heads with their query groups)."""
+  """Start-up check: each sequence-parallel model's query heads split over tensor x sp, and its key/value
+  heads over tensor (the all-to-all gives each device whole heads; key/value heads fewer than sp per
+  tensor shard are repeated, `models.sequence_parallel`)."""
   tensor = mesh.shape["tensor"]
   models = {"actor": ("actor_rollout_ref.model", model_config), "ref": ("actor_rollout_ref.model", model_config),
             "critic": ("critic.model", critic_model_config)}
   for role, size in sequence_parallel_sizes(config).items():
     model_path, model = models[role]
-    for name in ("num_attention_heads", "num_key_value_heads"):
+    if size == 1:
+      continue
+    for name, split in (("num_attention_heads", size * tensor), ("num_key_value_heads", tensor)):
       heads = getattr(model, name)
-      if size > 1 and heads % (size * tensor):
-        raise ConfigError(f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} x mesh.tensor={tensor} must divide "
-                          f"{name}={heads} of {model_path} (Ulysses gives each device whole heads)")
+      if heads % split:
+        over = f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} x mesh.tensor={tensor}" if split > tensor else (
+            f"mesh.tensor={tensor} (with {SEQUENCE_PARALLEL_KEYS[role]}={size})")
+        raise ConfigError(f"{over} must divide {name}={heads} of {model_path} (Ulysses gives each device whole "
+                          "heads)")
 
 
 def _abstract(shapes, shardings):
