@@ -113,7 +113,7 @@ def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None
     if path:
       check_out_dir(flag, path, overwrite)
   state, _, config = read_checkpoint(step_dir, key="--checkpoint")
-  if critic_out and state.get("critic_params") is None:
+  if critic_out and state.get("critic_params") is None and not state.get("critic_adapters"):
     raise CheckpointError(f"--critic_out: the run of --checkpoint {step_dir!r} has no critic (critic.enable was off)")
   tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
   actor_params, actor_adapters = checkpoint_actor(state, config)
