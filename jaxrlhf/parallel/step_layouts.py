@@ -121,7 +121,7 @@ class StepLayouts:
     return self.critic_train if self.critic_adapters is None else split_value_head(self.critic_train)[0]
 
   @property
-  def critic_trained(self):
+  def critic_optimized(self):
     """What the critic's optimizer tracks: its params, or with LoRA its adapters and value head."""
     return self.critic_train if self.critic_adapters is None else self.critic_adapters
 

@@ -212,7 +212,7 @@ def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_mod
   # With LoRA the actor's optimizer tracks the adapters only (the critic's: its adapters and value head).
   actor_trained = layouts.actor_train if layouts.actor_adapters is None else layouts.actor_adapters
   opt_shardings = {"actor": opt_state_shardings(optimizers["actor"], actor_trained, replicated(mesh)),
-                   "critic": opt_state_shardings(optimizers["critic"], layouts.critic_trained, replicated(mesh))}
+                   "critic": opt_state_shardings(optimizers["critic"], layouts.critic_optimized, replicated(mesh))}
   layouts = layouts.with_offload(config, opt_shardings["actor"])
   check_sequence_parallel(config, mesh, model_config, critic_model_config)
   num_batch_shards = mesh.shape["data"] * fsdp_size(mesh)
