@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from jaxrlhf import algos
 from jaxrlhf.config import sequence_parallel_sizes
+from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.decoder import Decoder, DecoderConfig
 from jaxrlhf.models.sequence_parallel import SequenceParallel
 from jaxrlhf.parallel.step_layouts import StepLayouts
@@ -51,12 +52,19 @@ class PPOStep:
     rollout = config.actor_rollout_ref.rollout
     # Ulysses (`models/sequence_parallel.py`): the training and log-prob / value forwards split sequences
     # over the mesh's sp axis; generation (`self.generation`) has its own module and never does.
+    # Every train-layout forward pins its activations to the batch layout (`models/activation_layout.py`).
     sp_sizes = sequence_parallel_sizes(config)
-    split = lambda role: SequenceParallel(layouts.mesh) if sp_sizes[role] > 1 else None
-    self.actor = Decoder(model_config, head="lm", sequence_parallel=split("actor"))
-    self.critic = Decoder(critic_model_config or model_config, head="value", sequence_parallel=split("critic"))
+
+    def layout(role):
+      if layouts.mesh is None:
+        return None
+      return SequenceParallel(layouts.mesh) if sp_sizes.get(role, 1) > 1 else ActivationLayout(layouts.mesh)
+
+    self.actor = Decoder(model_config, head="lm", layout=layout("actor"))
+    self.critic = Decoder(critic_model_config or model_config, head="value", layout=layout("critic"))
     self.reward_fn = reward_fn
-    self.reward_model = Decoder(reward_model_config, head="reward") if reward_model_config else None
+    self.reward_model = (Decoder(reward_model_config, head="reward", layout=layout("reward"))
+                         if reward_model_config else None)
     self.lr_schedules = lr_schedules
     self.optimizers = optimizers
     self.layouts = layouts
@@ -65,10 +73,10 @@ class PPOStep:
         rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
     self.generation = Generation(config, model_config, self.sampling, layouts)
     self.rollout_dtype, self.rollout_actor = self.generation.rollout_dtype, self.generation.rollout_actor
-    # The LM head's chunks keep the forward's split: by rows and length under sequence parallelism.
-    constrain = self.actor.sequence_parallel.constrain if split("actor") else layouts.constrain_activation
+    # The LM head's chunks keep the forward's split: by rows (and length under sequence parallelism).
     self.outputs = ModelOutputs(self.actor, self.critic, self.sampling.logprob_temperature,
-                                config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards, constrain)
+                                config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards,
+                                self.actor.layout.constrain if self.actor.layout else (lambda x, logical_axes: x))
     # A sequence-parallel group shares its rows: batch shards (verl's data-parallel size) are devices / sp.
     # Packing pays only when it saves more backbone work than its heads add (`packing.packing_pays`).
     seq_len = config.data.max_prompt_length + config.data.max_response_length
