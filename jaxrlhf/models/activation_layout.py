@@ -20,6 +20,7 @@ activations are written here; `tests/parallel` checks they agree with `activatio
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -52,7 +53,7 @@ class ActivationLayout:
     axes = self.row_axes
     while axes and rows % _size(self.mesh, axes):
       axes = axes[:-1]
-    return axes or None
+    return None if not axes else (axes[0] if len(axes) == 1 else axes)
 
   def _axis(self, name, dim: int):
     if name == "batch":
@@ -69,3 +70,31 @@ class ActivationLayout:
     if self.mesh.size == 1:
       return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.spec(x, logical_axes)))
+
+  def attention(self, core: Callable, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL,
+                window_on):
+    """`core(q, k, v, kv_mask, segment_ids, window_on) -> out [B, L, K, G, H]` run on each device's rows and
+    key/value heads: for a kernel XLA cannot partition (Pallas splash attention, a Mosaic custom call)."""
+    if self.mesh.size == 1:
+      return core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
+    heads = TENSOR_AXIS if keys_BxSxKxH.shape[2] % self.mesh.shape[TENSOR_AXIS] == 0 else None
+    return self._shard_attention(core, PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), None, heads),
+                                 q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
+
+  def _shard_attention(self, local: Callable, split: PartitionSpec, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH,
+                       kv_mask_BxS, segment_ids_BxL, window_on):
+    """`local` in a shard_map: q, k, v and the output split as `split` (rows, length, heads), the mask and
+    segment ids by rows only, the window flag whole."""
+    whole = PartitionSpec(split[0], None)
+    # Only the operands present enter the shard_map (an absent segment ids / window flag stays None).
+    optional = {"segment_ids": (segment_ids_BxL, whole), "window_on": (window_on, PartitionSpec())}
+    present = [name for name, (x, _) in optional.items() if x is not None]
+
+    def body(q, k, v, kv_mask, *rest):
+      given = dict(zip(present, rest))
+      return local(q, k, v, kv_mask, given.get("segment_ids"), given.get("window_on"))
+
+    # The vma check is off: the kernels' custom VJPs and loops carry no varying-axis annotations.
+    specs = (split,) * 3 + (whole,) + tuple(optional[name][1] for name in present)
+    return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=split, check_vma=False)(
+        q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, *(optional[name][0] for name in present))

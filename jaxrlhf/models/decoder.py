@@ -247,6 +247,7 @@ class Attention(nn.Module):
     cfg = self.config
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     num_heads, num_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.resolved_head_dim
+    layout = self.layout if cache is None else None
     dense = lambda features, names, name: _linear(cfg, name, features, ("embed",), names, cfg.qkv_bias)
     q_BxLxQxH = dense((num_heads, head_dim), ("heads", "head_dim"), "q_proj")(x_BxLxD)
     k_BxLxKxH = dense((num_kv, head_dim), ("kv_heads", "head_dim"), "k_proj")(x_BxLxD)
@@ -257,7 +258,7 @@ class Attention(nn.Module):
       k_BxLxKxH = head_norm("k_norm")(k_BxLxKxH)
     q_BxLxQxH = apply_rope(q_BxLxQxH, cos_BxLxH, sin_BxLxH)
     k_BxLxKxH = apply_rope(k_BxLxKxH, cos_BxLxH, sin_BxLxH)
-    pin = _pin(self.layout if cache is None else None)
+    pin = _pin(layout)
     q_BxLxQxH = pin(q_BxLxQxH, ("batch", "length", "heads", "head_dim"))
     k_BxLxKxH = pin(k_BxLxKxH, ("batch", "length", "kv_heads", "head_dim"))
     v_BxLxKxH = pin(v_BxLxKxH, ("batch", "length", "kv_heads", "head_dim"))
@@ -315,8 +316,9 @@ class Attention(nn.Module):
       return splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window,
                               cfg.attention_block_size)
 
-    if isinstance(self.layout, SequenceParallel) and cache is None:
-      # Length-split q, k, v: the all-to-all gives each device whole sequences for some heads.
+    if cache is None and self.layout is not None and (isinstance(self.layout, SequenceParallel) or impl == "splash"):
+      # Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a
+      # Mosaic kernel (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads.
       out_BxLxKxGxH = self.layout.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS,
                                                        segment_ids_BxL, window_on)
     else:

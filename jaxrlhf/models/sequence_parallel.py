@@ -61,24 +61,15 @@ class SequenceParallel(ActivationLayout):
                 window_on):
     """`core(q, k, v, kv_mask, segment_ids, window_on) -> out [B, L, K, G, H]` on whole sequences and
     K / (tensor * sp) heads per device, between the two all-to-alls."""
-    rows = self._rows(q_BxLxKxGxH.shape[0])
-    length_split = PartitionSpec(rows, SEQUENCE_AXIS, "tensor")
-    whole = PartitionSpec(rows, None)
-    # Only the operands present enter the shard_map (an absent segment ids / window flag stays None).
-    optional = {"segment_ids": (segment_ids_BxL, whole), "window_on": (window_on, PartitionSpec())}
-    present = [name for name, (x, _) in optional.items() if x is not None]
-
-    def local(q, k, v, kv_mask, *rest):
-      given = dict(zip(present, rest))
+    def local(q, k, v, kv_mask, segment_ids, window_on):
       # [b, L/sp, K/t, ...] -> [b, L, K/(t*sp), ...]: split the heads, gather the length.
       to_heads = lambda x: jax.lax.all_to_all(x, SEQUENCE_AXIS, 2, 1, tiled=True)
-      out = core(to_heads(q), to_heads(k), to_heads(v), kv_mask, given.get("segment_ids"), given.get("window_on"))
+      out = core(to_heads(q), to_heads(k), to_heads(v), kv_mask, segment_ids, window_on)
       return jax.lax.all_to_all(out, SEQUENCE_AXIS, 1, 2, tiled=True)
 
-    # The vma check is off: the kernels' custom VJPs and loops carry no varying-axis annotations.
-    specs = (length_split,) * 3 + (whole,) + tuple(optional[name][1] for name in present)
-    return jax.shard_map(local, mesh=self.mesh, in_specs=specs, out_specs=length_split, check_vma=False)(
-        q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, *(optional[name][0] for name in present))
+    length_split = PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), SEQUENCE_AXIS, "tensor")
+    return self._shard_attention(local, length_split, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL,
+                                 segment_ids_BxL, window_on)
 
 
 def pad_length(x, length: int, value=0):

@@ -233,21 +233,25 @@ class PPOStep:
     return data
 
   def _update(self, loss_fn, section, section_path: str, packed: bool, params, opt_state, aux, data, rng, *,
-              tx, lr, prefix: str):
+              tx, lr, prefix: str, shardings):
+    """`shardings`: the trained parameters' train layout (a tree of NamedSharding, None without a mesh),
+    which their gradients are pinned to."""
     seq_len = data["prompts"].shape[1] + data["responses"].shape[1]
+    pin_grads = (lambda tree: tree) if shardings is None else (
+        lambda tree: jax.lax.with_sharding_constraint(tree, shardings))
     return update_loop.ppo_update(
         loss_fn, params, opt_state, aux, data, rng, tx=tx, lr=lr,
         batching=self.batcher.update_plan(section, section_path, seq_len, packed),
         mini_batch_rows=section.ppo_mini_batch_size * self.batcher.n, epochs=section.ppo_epochs,
         shuffle=section.shuffle, loss_agg_mode=section.loss_agg_mode, prefix=prefix, to_train=self.layouts.to_train,
-        loss_scale_factor=section.loss_scale_factor)
+        loss_scale_factor=section.loss_scale_factor, pin_grads=pin_grads)
 
   def update_critic(self, state: TrainState, data: dict, values, returns, rng):
     """Phase `update_critic`: PPO epochs of clipped value loss."""
     return self._update(self.critic_loss, self.config.critic, CRITIC, self.critic_packed, state.critic_params,
                         state.critic_opt_state, None, dict(data, values=values, returns=returns), rng,
                         tx=self.optimizers["critic"], lr=self.lr_schedules["critic"](state.step) * state.lr_scale,
-                        prefix="critic")
+                        prefix="critic", shardings=self.layouts.critic_train)
 
   def update_actor(self, state: TrainState, data: dict, rng):
     """Phase `update_actor`: PPO epochs of the policy loss (skipped during `critic_warmup`).
@@ -275,7 +279,7 @@ class PPOStep:
       trained, opt_state, metrics = self._update(
           self.actor_loss, actor, ACTOR, self.actor_packed, trained, opt_state, aux, data, rng,
           tx=self.optimizers["actor"], lr=self.lr_schedules["actor"](actor_updates_done) * state.lr_scale,
-          prefix="actor")
+          prefix="actor", shardings=self.layouts.actor_adapters if self.actor_lora else self.layouts.actor_train)
       if actor.use_kl_loss:
         metrics["actor/kl_coef"] = kl_gate * actor.kl_loss_coef
       if not self.actor_lora:
