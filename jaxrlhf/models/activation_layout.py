@@ -13,6 +13,10 @@ follow an FSDP-split weight instead. For a 7B packed micro-batch of 128 rows it 
 Constraining the layer's input, q/k/v, the MLP intermediate and the output to the batch layout makes
 XLA gather the (small) weights and keep the (large) activations split, as FSDP intends.
 
+The layout also runs what XLA cannot partition: `attention` puts a Mosaic kernel (Pallas splash attention)
+in a `shard_map` over rows and key/value heads. `SequenceParallel` is this layout with the length split
+over `sp` and its own `attention` (the all-to-all).
+
 `models/` imports no `parallel/` code (that package imports the decoder), so the rules for
 activations are written here; `tests/parallel` checks they agree with `activation_sharding`.
 """

@@ -320,7 +320,7 @@ class Attention(nn.Module):
       # Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a
       # Mosaic kernel (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads.
       out_BxLxKxGxH = self.layout.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS,
-                                                       segment_ids_BxL, window_on)
+                                            segment_ids_BxL, window_on)
     else:
       out_BxLxKxGxH = core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
     out_BxLxQxH = pin(out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim),
