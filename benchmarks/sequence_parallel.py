@@ -33,6 +33,7 @@ def measure(sp: int, response: int, packed: bool, target) -> dict:
   from jaxrlhf.aot.compile import _device_bytes, build_abstract_program, compile_program
   from jaxrlhf.config import load_config_file
   from jaxrlhf.parallel import batch_sharding, replicated
+  from jaxrlhf.trainer import update_loop
 
   config = load_config_file(os.path.join(ROOT, "configs", "grpo_gsm8k_qwen2_5_7b.py"))
   config.actor_rollout_ref.model.path = os.path.join(ROOT, "configs", "models", "qwen2.5-7b-instruct")
@@ -53,9 +54,9 @@ def measure(sp: int, response: int, packed: bool, target) -> dict:
   rollout = jax.eval_shape(ppo.rollout, state.actor_params, program.abstract_batch(8), rng)
   scored = jax.eval_shape(ppo.score, rollout, state.reward_params)
   old = jax.eval_shape(ppo.old_log_prob, state.actor_params, rollout)
-  ref = jax.eval_shape(ppo.ref_log_prob, state.ref_params, rollout) if ppo.ref_phase else None
+  ref = jax.eval_shape(ppo.ref_log_prob, state.ref_params, rollout) if ppo.plan.ref_phase else None
   adv = jax.eval_shape(ppo.advantages, state, rollout, scored, old[0], ref, None, old[1])
-  data = jax.eval_shape(ppo.update_data, rollout, old[0], ref, adv)
+  data = jax.eval_shape(update_loop.update_data, rollout, old[0], ref, adv)
   data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, x.shape)), data)
   rng = jax.ShapeDtypeStruct((), rng.dtype, sharding=replicated(mesh))
   report, _ = compile_program("update_actor", jax.jit(ppo.update_actor), (state, data, rng),

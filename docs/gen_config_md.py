@@ -65,8 +65,9 @@ _MODEL = {
                   "optimizer state and are checkpointed; the frozen base (adapters off) is the reference policy, "
                   "and generation runs base + adapters merged once per rollout (docs/lora.md)", SAME),
     "lora_alpha": ("LoRA scaling: the adapter's delta is multiplied by lora_alpha / lora_rank", SAME),
-    "target_modules": ("linears that get an adapter: `all-linear` (q/k/v/o and gate/up/down of every layer; not "
-                       "the LM head) or a list such as `[\"q_proj\", \"v_proj\"]` (or `q_proj,v_proj`)", SAME),
+    "target_modules": ("modules that get an adapter: `all-linear` (q/k/v/o and gate/up/down of every layer; not "
+                       "the LM head) or a list such as `[\"q_proj\", \"v_proj\"]` (or `q_proj,v_proj`), which may "
+                       "also name `lm_head` and `embed_tokens` (an untied head only)", SAME),
     "logits_chunk_size": ("LM head (log-probs, entropy) in chunks of about this many tokens per device: the "
                           "[rows, length, vocab] logits never exist at once and the backward recomputes each "
                           "chunk's; 0 = all positions at once. The heads only ever see response positions",

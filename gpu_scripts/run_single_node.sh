@@ -4,29 +4,11 @@
 # Needs: NVIDIA GPUs and jaxrlhf installed with JAX for CUDA (`pip install -e . 'jax[cuda12]'`), run from anywhere.
 #   gpu_scripts/run_single_node.sh [--dry-run] configs/quickstart.py [--config.key=value | key=value ...]
 set -euo pipefail
-DRY_RUN=0
-if [[ "${1:-}" == "--dry-run" ]]; then
-  DRY_RUN=1
-  shift
-fi
-if [[ $# -eq 0 ]]; then
-  echo "usage: $0 [--dry-run] [CONFIG.py] [--config.key=value | key=value ...]" >&2
-  exit 2
-fi
-ARGS=()
-if [[ "$1" == *.py ]]; then
-  ARGS+=(--config "$1")
-  shift
-fi
+# shellcheck source=scripts/train_command.sh
+source "$(dirname "$0")/../scripts/train_command.sh"
+parse_train_args "$@"
 # Most of the GPU memory up front, and collectives overlapped with compute.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
 export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_latency_hiding_scheduler=true"
-COMMAND=("${PYTHON:-python}" train.py "${ARGS[@]}" "$@")
-cd "$(dirname "$0")/.."
-if [[ "$DRY_RUN" == 1 ]]; then
-  printf 'export %q\n' "XLA_PYTHON_CLIENT_MEM_FRACTION=$XLA_PYTHON_CLIENT_MEM_FRACTION" "XLA_FLAGS=$XLA_FLAGS"
-  printf '%q ' "${COMMAND[@]}"
-  echo
-  exit 0
-fi
-exec "${COMMAND[@]}"
+DRY_RUN_EXPORTS=(XLA_PYTHON_CLIENT_MEM_FRACTION XLA_FLAGS)
+run_train

@@ -24,6 +24,12 @@ _placeholder = config_dict.placeholder
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+# The input embedding and the output layer, which PEFT adapts only when named. The head's adapter lets the
+# logits grow, which a frozen head bounds (a from-scratch head at init scale caps any one token's probability
+# near 6% of a 64-word vocabulary).
+EMBED_TARGET = "embed_tokens"
+HEAD_TARGET = "lm_head"
+TARGET_MODULES = (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)
 
 
 def resolve_target_modules(target_modules, key: str = "target_modules") -> tuple[str, ...]:
@@ -33,11 +39,11 @@ def resolve_target_modules(target_modules, key: str = "target_modules") -> tuple
       return LORA_TARGETS
     target_modules = [name.strip() for name in target_modules.split(",") if name.strip()]
   names = tuple(target_modules)
-  unknown = [name for name in names if name not in LORA_TARGETS]
+  unknown = [name for name in names if name not in TARGET_MODULES]
   if unknown or not names:
-    raise ValueError(f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(LORA_TARGETS)}"
+    raise ValueError(f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(TARGET_MODULES)}"
                      + (f" (unknown: {unknown})" if unknown else ""))
-  return tuple(name for name in LORA_TARGETS if name in names)
+  return tuple(name for name in TARGET_MODULES if name in names)
 
 
 class ConfigError(UserError, ValueError):
@@ -489,12 +495,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("reward_model.enable=True needs reward_model.model.path (an HF sequence-classification "
                       "checkpoint directory)")
   if actor.use_dynamic_bsz:
-    # A micro-batch holds whole sequences: the per-device token budget must fit the longest one.
+    # A micro-batch holds whole sequences: the per-device token budget must fit the longest one. Under
+    # sequence parallelism a group of sp devices holds a row, so a device holds its 1/sp share (as verl,
+    # which scales the budget by the Ulysses size); the critic follows the actor's budget with its own sp.
     seq_len = data.max_prompt_length + data.max_response_length
-    if actor.ppo_max_token_len_per_gpu < seq_len:
+    sizes = sequence_parallel_sizes(config)
+    sp = min(sizes["actor"], sizes["critic"]) if config.critic.enable else sizes["actor"]
+    if actor.ppo_max_token_len_per_gpu * sp < seq_len:
+      share = f" / ulysses_sequence_parallel_size {sp} = {-(-seq_len // sp)} tokens per device" if sp > 1 else ""
       raise ConfigError(
           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} is smaller than one "
-          f"sequence: data.max_prompt_length + data.max_response_length = {seq_len} (use_dynamic_bsz=True)")
+          f"sequence: data.max_prompt_length + data.max_response_length = {seq_len}{share} (use_dynamic_bsz=True)")
 
 
 def _check_gdpo(config) -> None:

@@ -13,7 +13,9 @@ FILE: a text file with one prompt per line, a .jsonl/.json file whose rows have 
 before the model is loaded, so a bad file fails at once; `-v` shows the traceback of an error.
 Each output line: {"prompt", "sample", "response", "response_ids" (up to and including EOS),
 "finish_reason" ("stop" | "length")}. Prompts are padded to length/batch buckets
-(`jaxrlhf.rollout.buckets`), so a run compiles a few programs at most.
+(`jaxrlhf.rollout.buckets`), so a run compiles a few programs at most. Sample s of prompt i is keyed
+by (seed, i, s) (`rollout.request_key`), as `Engine.serve` keys it: the same seed gives the same
+samples whatever --batch_size, and sample s of a prompt does not depend on --n.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from jaxrlhf.export import checkpoint_actor
 from jaxrlhf.models import (Decoder, cast_floating, generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer,
                             model_config_from, pad_token_id, params_for)
 from jaxrlhf.models.lora import merge_adapters
-from jaxrlhf.rollout import SamplingParams, generate, pad_prompts, repeat_interleave, response_lengths_and_clip
+from jaxrlhf.rollout import (SamplingParams, generate, pad_prompts, repeat_interleave, request_key,
+                             response_lengths_and_clip)
 
 
 def _parquet_prompts(path: str) -> list:
@@ -120,6 +123,38 @@ def load_model(path: str):
   return params, model_config, tokenizer, eos_ids, pad_token_id(tokenizer, eos_ids)
 
 
+def sample_responses(params, model_config, prompt_ids: list[list[int]], sampling: SamplingParams, *, n: int = 1,
+                     seed: int = 0, batch_size: int = 32) -> tuple[list[dict], np.ndarray]:
+  """n samples of each tokenized prompt, prompt-major (row j: prompt j // n, sample j % n).
+
+  Row j samples with `request_key(seed, j // n, j % n)`, the key `Engine.serve` gives the same
+  request, and both run `sampler.decode_step`, so they sample the same tokens (whatever the batch or
+  bucket a row lands in). Returns (rows of {"prompt_index", "sample", "response_ids" (up to and
+  including EOS), "log_probs"}, the response masks [rows, R]).
+  """
+  model = Decoder(model_config)
+  apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
+  generate_fn = jax.jit(functools.partial(generate, apply_fn, model_config=model_config, sampling=sampling))
+  request_keys = jax.jit(jax.vmap(request_key, in_axes=(None, 0, 0)))
+  rows = repeat_interleave(list(range(len(prompt_ids))), n)
+  results, masks = [], []
+  for start in range(0, len(rows), batch_size):
+    prompt_indices = rows[start:start + batch_size]
+    batch = pad_prompts([prompt_ids[i] for i in prompt_indices], sampling.pad_token_id)
+    # Rows past the prompts only pad the batch to its bucket (inactive): any key does.
+    row_B = np.minimum(start + np.arange(batch.prompt_ids_BxP.shape[0]), len(rows) - 1)
+    rngs_B = request_keys(seed, row_B // n, row_B % n)
+    out = jax.device_get(generate_fn(params, prompt_ids_BxP=batch.prompt_ids_BxP,
+                                     prompt_mask_BxP=batch.prompt_mask_BxP, rng=rngs_B, active_B=batch.active_B))
+    masks.append(out["response_mask"][:batch.num_prompts])
+    for row, prompt_index in enumerate(prompt_indices):
+      length = int(out["response_lengths"][row])
+      results.append({"prompt_index": prompt_index, "sample": (start + row) % n,
+                      "response_ids": [int(t) for t in out["responses"][row, :length]],
+                      "log_probs": [float(x) for x in out["rollout_log_probs"][row, :length]]})
+  return results, np.concatenate(masks)
+
+
 def run(args) -> list[dict]:
   texts = read_prompts(args.prompts)  # before the model: a bad prompts file fails at once
   params, model_config, tokenizer, eos_ids, pad_id = load_model(args.model)
@@ -134,35 +169,19 @@ def run(args) -> list[dict]:
   if args.dtype:
     model_config = dataclasses.replace(model_config, dtype=args.dtype)
     params = cast_floating(params, args.dtype)
-  model = Decoder(model_config)
-  apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
-  generate_fn = jax.jit(functools.partial(generate, apply_fn, model_config=model_config, sampling=sampling))
-  params = jax.device_put(params)
-
-  rows = repeat_interleave(list(range(len(texts))), args.n)
-  results, masks = [], []
-  # Row j (prompt j // n, sample j % n) samples with its own key, fold_in(seed key, j): the serving
-  # engine's convention, so `Engine.serve` with the same seed gives the same tokens (n=1).
-  seed_key = jax.random.key(args.seed)
-  request_keys = jax.vmap(lambda j: jax.random.fold_in(seed_key, j))
-  for start in range(0, len(rows), args.batch_size):
-    prompt_indices = rows[start:start + args.batch_size]
-    batch = pad_prompts([encoded[i] for i in prompt_indices], pad_id)
-    rngs_B = request_keys(start + np.arange(batch.prompt_ids_BxP.shape[0]))
-    out = jax.device_get(generate_fn(params, prompt_ids_BxP=batch.prompt_ids_BxP,
-                                     prompt_mask_BxP=batch.prompt_mask_BxP, rng=rngs_B, active_B=batch.active_B))
-    masks.append(out["response_mask"][:batch.num_prompts])
-    for row, prompt_index in enumerate(prompt_indices):
-      length = int(out["response_lengths"][row])
-      ids = [int(t) for t in out["responses"][row, :length]]
-      results.append({"prompt": texts[prompt_index], "sample": (start + row) % args.n,
-                      "response": tokenizer.decode(ids, skip_special_tokens=True), "response_ids": ids,
-                      "finish_reason": "stop" if ids and ids[-1] in eos_ids else "length"})
+  sampled, masks = sample_responses(jax.device_put(params), model_config, encoded, sampling, n=args.n,
+                                    seed=args.seed, batch_size=args.batch_size)
+  results = []
+  for row in sampled:
+    ids = row["response_ids"]
+    results.append({"prompt": texts[row["prompt_index"]], "sample": row["sample"],
+                    "response": tokenizer.decode(ids, skip_special_tokens=True), "response_ids": ids,
+                    "finish_reason": "stop" if ids and ids[-1] in eos_ids else "length"})
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     for result in results:
       f.write(json.dumps(result, ensure_ascii=False) + "\n")
-  lengths, clip_ratio = response_lengths_and_clip(np.concatenate(masks))
+  lengths, clip_ratio = response_lengths_and_clip(masks)
   print(f"{len(results)} responses ({len(texts)} prompts x n={args.n}) -> {args.output}; "
         f"response_length/mean {lengths.mean():.1f}, response_length/clip_ratio {clip_ratio:.3f}", file=sys.stderr)
   return results

@@ -5,7 +5,8 @@
 config points at, in the order a user would fix them:
 
 - the model directories (actor, critic, reward model): config.json, safetensors, and every tensor's
-  shape and the layer count against the config, from the safetensors headers alone;
+  shape and the layer count against the config, from the safetensors headers alone; LoRA on the embedding
+  or the LM head against a tied head;
 - the tokenizer directory;
 - the data files: they exist and have the prompt and data_source columns, and every data_source they
   hold has a reward function (a file's first `DATA_SOURCE_SAMPLE_ROWS` rows; the trainer checks every
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable
 
 from jaxrlhf import rewards
 from jaxrlhf.checkpoint import STEP_PREFIX, CheckpointError, split_step_dir
-from jaxrlhf.config import ConfigError
+from jaxrlhf.config import EMBED_TARGET, HEAD_TARGET, ConfigError, resolve_target_modules
 from jaxrlhf.data import DataError
 from jaxrlhf.data.builtin import builtin_rows
 from jaxrlhf.models import check_hf_checkpoint, load_hf_config, model_config_from
@@ -38,6 +39,7 @@ DATA_SOURCE_SAMPLE_ROWS = 10_000  # rows per data file whose data_source is chec
 def validate_run(config) -> Callable | None:
   """Checks a resolved config's paths, data and reward functions; returns the custom reward function (or None)."""
   check_models(config)
+  check_lora_targets(config)
   check_tokenizer(config)
   compute_score = load_reward_function(config)
   uses_rule_reward = compute_score is None and (not config.reward_model.enable
@@ -91,6 +93,21 @@ def check_models(config) -> None:
       raise CheckpointError(f"{key}.path: {e}", hint=e.hint) from None
     except ValueError as e:  # DecoderConfig's own checks (heads, sizes) on the checkpoint's config.json
       raise ConfigError(f"{key}.path={section.path!r}: {e}") from None
+
+
+def check_lora_targets(config) -> None:
+  """LoRA on `embed_tokens` or `lm_head` needs an untied head (as the checkpoint's config.json or override_config
+  has it): a tied head is the input embedding, and merging either one's adapter into the generation copy and
+  the export would change the other use too (PEFT's merge has the same flaw), so the merged policy would not be
+  the one trained."""
+  model = config.actor_rollout_ref.model
+  key = "actor_rollout_ref.model.target_modules"
+  targets = [name for name in resolve_target_modules(model.target_modules, key) if name in (EMBED_TARGET, HEAD_TARGET)]
+  if not model.lora_rank or not targets or not model_config_from(model).tie_word_embeddings:
+    return
+  raise ConfigError(f"{key}={model.target_modules!r} adapts {targets}, but the model ties its LM head to the input "
+                    "embedding (tie_word_embeddings=True): LoRA on either needs an untied head "
+                    "(actor_rollout_ref.model.override_config.tie_word_embeddings=False)")
 
 
 def check_tokenizer(config) -> None:

@@ -39,7 +39,7 @@ def test_wrong_type_names_the_key():
     ("data.truncation", "sideways", "data.truncation"),
     ("algorithm.kl_ctrl.type", "pid", "algorithm.kl_ctrl.type"),
     ("actor_rollout_ref.model.lora_rank", -1, "actor_rollout_ref.model.lora_rank' must be >= 0"),
-    ("actor_rollout_ref.model.target_modules", ["q_proj", "lm_head"], "target_modules.*unknown.*lm_head"),
+    ("actor_rollout_ref.model.target_modules", ["q_proj", "wte"], "target_modules.*unknown.*wte"),
     ("critic.model.lora_rank", 8, "critic fine-tunes every parameter"),
     ("data.train_batch_size", 10, "not divisible"),
     ("trainer.logger", ("console", "carrier_pigeon"), "carrier_pigeon"),
@@ -77,6 +77,24 @@ def test_dynamic_bsz_budget_must_hold_a_sequence():
   config.actor_rollout_ref.actor.use_dynamic_bsz = True
   config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 100
   with pytest.raises(ConfigError, match="ppo_max_token_len_per_gpu"):
+    validate_config(config)
+
+
+def test_dynamic_bsz_budget_counts_a_devices_share_under_sequence_parallelism():
+  config = get_base_config()
+  actor = config.actor_rollout_ref.actor
+  actor.use_dynamic_bsz = True
+  seq_len = config.data.max_prompt_length + config.data.max_response_length
+  actor.ppo_max_token_len_per_gpu = seq_len // 2
+  actor.ulysses_sequence_parallel_size = 2
+  config.critic.enable = False
+  validate_config(config)  # each of the 2 devices holds half a row
+  config.critic.enable = True  # a critic without sp takes whole rows under the actor's budget
+  with pytest.raises(ConfigError, match="ppo_max_token_len_per_gpu"):
+    validate_config(config)
+  actor.ppo_max_token_len_per_gpu = seq_len // 2 - 1
+  config.critic.enable = False
+  with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size 2"):
     validate_config(config)
 
 

@@ -40,6 +40,7 @@ the package:
   M  micro-batch slots of a packing plan        E  EOS token ids
   V  vocabulary   D  hidden (embed)   F  MLP (intermediate)
   Q  query heads = K key/value heads x G query heads per key/value head   H  head dim (H2 = H / 2)
+  r  LoRA adapter rank (PEFT's r; lower case as there)
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import numpy as np
 from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
 # MASK_VALUE is re-exported: the sampler's filtered logit uses the same value.
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
-from jaxrlhf.models.lora import LORA_TARGETS, Linear
+from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed, Linear
 from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attention_impl,  # noqa: F401
                                       blockwise_attention, choose_kernel, cudnn_attention, splash_attention,
                                       xla_attention)
@@ -432,9 +433,10 @@ class Decoder(nn.Module):
       input_ids_BxL, positions_BxL, kv_mask_BxS = (pad_length(x, padded)
                                                    for x in (input_ids_BxL, positions_BxL, kv_mask_BxS))
       segment_ids_BxL = None if segment_ids_BxL is None else pad_length(segment_ids_BxL, padded)
-    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=param_dtype,
-                     embedding_init=_init(nn.initializers.normal(INIT_STD), ("vocab", "embed")),
-                     name="embed_tokens")
+    embed = Embed(cfg.vocab_size, cfg.hidden_size, dtype, param_dtype,
+                  _init(nn.initializers.normal(INIT_STD), ("vocab", "embed")),
+                  lora_rank=cfg.lora_rank if EMBED_TARGET in cfg.lora_targets else 0, lora_alpha=cfg.lora_alpha,
+                  name=EMBED_TARGET)
     x_BxLxD = embed(input_ids_BxL)
     # RoPE from the global positions, before any split: each length shard keeps its tokens' own angles.
     cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
@@ -463,7 +465,8 @@ class Decoder(nn.Module):
       return x_BxLxD, new_cache
     if self.is_initializing():
       self._create_head_params(x_BxLxD, embed)
-    return head_outputs(cfg, self.head, nn.unbox(self.variables["params"]), x_BxLxD), new_cache
+    adapters = nn.unbox(self.variables[LORA_COLLECTION]) if self.has_variable(LORA_COLLECTION, HEAD_TARGET) else None
+    return head_outputs(cfg, self.head, nn.unbox(self.variables["params"]), x_BxLxD, adapters), new_cache
 
   def _create_head_params(self, x_BxLxD, embed):
     """The head's parameters (with their logical axes); its math is `head_outputs`, shared with callers
@@ -473,14 +476,14 @@ class Decoder(nn.Module):
       nn.Dense(1, use_bias=self.head == "value", param_dtype=param_dtype, name="score",
                kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", None)),
                bias_init=_init(nn.initializers.zeros_init(), (None,)))(x_BxLxD)
-    elif not cfg.tie_word_embeddings:
-      nn.Dense(cfg.vocab_size, use_bias=False, param_dtype=param_dtype, name="lm_head",
-               kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", "vocab")))(x_BxLxD)
+    elif not cfg.tie_word_embeddings:  # with LoRA on "lm_head" its adapter too (lora_A [D, r], lora_B [r, V])
+      _linear(cfg, HEAD_TARGET, (cfg.vocab_size,), ("embed",), ("vocab",), False)(x_BxLxD)
 
 
-def head_outputs(config: DecoderConfig, head: str, params, hidden_xD):
+def head_outputs(config: DecoderConfig, head: str, params, hidden_xD, adapters=None):
   """The head on final (normed) hidden states [..., D]: "lm" -> logits [..., V], "value" / "reward" ->
-  scores [...]; fp32 either way. `params`: the Decoder's parameters (only the head's are read).
+  scores [...]; fp32 either way. `params`: the Decoder's parameters (only the head's are read);
+  `adapters`: the LoRA adapters, of which only an LM head's (target "lm_head") is read.
 
   The LM head multiplies in the compute dtype and accumulates in fp32 (tied: by the embedding); the
   scalar heads run in fp32.
@@ -496,7 +499,13 @@ def head_outputs(config: DecoderConfig, head: str, params, hidden_xD):
   if config.tie_word_embeddings:  # x @ embedding.T: contract with the embedding's D axis, no transpose
     embedding_VxD = params["embed_tokens"]["embedding"].astype(dtype)
     return _dot_general_f32(hidden_xD.astype(dtype), embedding_VxD, (((hidden_xD.ndim - 1,), (1,)), ((), ())))
-  return _dot_general_f32(hidden_xD.astype(dtype), params["lm_head"]["kernel"].astype(dtype), dims)
+  logits_xV = _dot_general_f32(hidden_xD.astype(dtype), params["lm_head"]["kernel"].astype(dtype), dims)
+  if adapters is not None and HEAD_TARGET in adapters:  # unmerged (training): x W + (x A) B * alpha / r
+    lora_A_Dxr, lora_B_rxV = (adapters[HEAD_TARGET][name].astype(dtype) for name in ("lora_A", "lora_B"))
+    hidden_xr = _dot_general_f32(hidden_xD.astype(dtype), lora_A_Dxr, dims).astype(dtype)
+    scale = config.lora_alpha / lora_A_Dxr.shape[-1]
+    logits_xV = logits_xV + scale * _dot_general_f32(hidden_xr, lora_B_rxV, dims)
+  return logits_xV
 
 
 # The KV cache's axes: [layers, B, K, S, H]. Heads before length is the layout GPU attention reads; with

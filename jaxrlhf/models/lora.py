@@ -1,5 +1,5 @@
-"""LoRA adapters on the decoder's linear layers: the `Linear` module every projection uses, merging the
-adapters into the weights, and the PEFT file layout.
+"""LoRA adapters on the decoder's linear layers (and, when named, its embedding and LM head): the `Linear` module
+every projection uses, the `Embed` module, merging the adapters into the weights, and the PEFT file layout.
 
 A targeted linear computes y = x W (+ b) + (x A) B * alpha / r, with A [in..., r] and B [r, out...] in
 the kernel's own layout (q_proj: A [D, r], B [r, Q, H]; o_proj: A [Q, H, r], B [r, D]). The adapters live
@@ -13,6 +13,12 @@ Adapters are fp32 whatever the base's param_dtype; the delta runs in the compute
 
 PEFT layout (`peft_state_dict`): `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` [r, in] and
 `...lora_B.weight` [out, r] (torch Linear layout, heads flattened), with `adapter_config.json`.
+
+Outside the layer stack, with an untied head only, PEFT's two other targets: the LM head ("lm_head") is a
+`Linear` too, its adapter `lm_head/lora_A` [D, r], `lm_head/lora_B` [r, V] applied by `decoder.head_outputs`
+(the trainer runs the head on chunks of hidden states itself); PEFT's key `base_model.model.lm_head.lora_A.weight`.
+The token embedding ("embed_tokens") is an `Embed`: `embed_tokens/lora_A` [V, r], `lora_B` [r, D], PEFT's
+`base_model.model.model.embed_tokens.lora_embedding_A` [r, V] and `lora_embedding_B` [D, r].
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import numpy as np
 
 from jaxrlhf.checkpoint import unstack_layers
 # The names are jax-free (the config validates target_modules without loading jax).
-from jaxrlhf.config import ATTENTION_TARGETS, LORA_TARGETS, MLP_TARGETS, resolve_target_modules  # noqa: F401
+from jaxrlhf.config import (ATTENTION_TARGETS, EMBED_TARGET, HEAD_TARGET, LORA_TARGETS,  # noqa: F401
+                             MLP_TARGETS, resolve_target_modules)
 
 COLLECTION = "lora"
 RANK_AXIS = "lora_rank"  # the adapters' rank dim: in no layout rule, so replicated
@@ -82,6 +89,39 @@ class Linear(nn.Module):
     return y
 
 
+class Embed(nn.Module):
+  """The token embedding, `embedding` [V, D] as flax's `nn.Embed` has it; with `lora_rank` > 0 plus the adapter's
+  rows whenever the "lora" collection is given: E[ids] + A[ids] B * alpha / r, A [V, r], B [r, D].
+
+  Init as PEFT's embedding adapter, the reverse of a Linear's: A zeros, B standard normal (a fresh adapter changes
+  nothing either way). `embedding_init` is boxed with its logical axes by the caller."""
+  num_embeddings: int
+  features: int
+  dtype: Any
+  param_dtype: Any
+  embedding_init: Any
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+
+  @nn.compact
+  def __call__(self, ids_BxL):
+    embedding_VxD = self.param("embedding", self.embedding_init, (self.num_embeddings, self.features),
+                               self.param_dtype)
+    x_BxLxD = jnp.take(embedding_VxD.astype(self.dtype), ids_BxL, axis=0)
+    if self.lora_rank and (self.is_initializing() or self.has_variable(COLLECTION, "lora_A")):
+      rank = self.lora_rank
+      init_A = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab", RANK_AXIS))
+      init_B = nn.with_logical_partitioning(nn.initializers.normal(1.0), (RANK_AXIS, "embed"))
+      lora_A_Vxr = self.variable(COLLECTION, "lora_A", lambda: init_A(None, (self.num_embeddings, rank),
+                                                                      jnp.float32)).value
+      lora_B_rxD = self.variable(COLLECTION, "lora_B", lambda: init_B(self.make_rng("params"), (rank, self.features),
+                                                                      jnp.float32)).value
+      rows_BxLxr = jnp.take(nn.unbox(lora_A_Vxr).astype(self.dtype), ids_BxL, axis=0)
+      delta_BxLxD = jnp.einsum("blr,rd->bld", rows_BxLxr, nn.unbox(lora_B_rxD).astype(self.dtype))
+      x_BxLxD = x_BxLxD + (delta_BxLxD * (self.lora_alpha / rank)).astype(x_BxLxD.dtype)
+    return x_BxLxD
+
+
 # ----- the adapter trees ------------------------------------------------------------------------
 
 def _adapter_nodes(tree, path=()):
@@ -120,10 +160,11 @@ def merge_adapters(params, adapters, lora_alpha: float):
 
   for path, node in _adapter_nodes(adapters):
     target = node_of(merged, path)
-    kernel = target["kernel"]
+    name = "embedding" if path[-1] == EMBED_TARGET else "kernel"
+    weight = target[name]
     scale = lora_alpha / node["lora_A"].shape[-1]
-    target["kernel"] = (kernel.astype(jnp.float32) + _delta(node["lora_A"], node["lora_B"], kernel.shape, scale)
-                        ).astype(kernel.dtype)
+    target[name] = (weight.astype(jnp.float32) + _delta(node["lora_A"], node["lora_B"], weight.shape, scale)
+                    ).astype(weight.dtype)
   return merged
 
 
@@ -132,14 +173,17 @@ def count_adapter_params(adapters) -> int:
 
 
 def expected_adapter_params(config, head: str = "lm") -> int:
-  """r x (in + out) summed over the targeted linears of every layer: what the rank implies."""
+  """r x (in + out) summed over the targeted linears of every layer, plus the embedding's and the LM head's
+  r x (V + D) when targeted: what the rank implies."""
   del head
   D, F = config.hidden_size, config.intermediate_size
   QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
   sizes = {"q_proj": (D, QH), "k_proj": (D, KH), "v_proj": (D, KH), "o_proj": (QH, D),
            "gate_proj": (D, F), "up_proj": (D, F), "down_proj": (F, D)}
-  per_layer = sum(config.lora_rank * sum(sizes[name]) for name in config.lora_targets)
-  return per_layer * config.num_hidden_layers
+  per_layer = sum(config.lora_rank * sum(sizes[name]) for name in config.lora_targets if name in sizes)
+  outer = sum(config.lora_rank * (config.vocab_size + D) for name in (EMBED_TARGET, HEAD_TARGET)
+              if name in config.lora_targets)
+  return per_layer * config.num_hidden_layers + outer
 
 
 # ----- PEFT files -------------------------------------------------------------------------------
@@ -147,19 +191,30 @@ def expected_adapter_params(config, head: str = "lm") -> int:
 _MODULE_PARENT = {**{name: "self_attn" for name in ATTENTION_TARGETS}, **{name: "mlp" for name in MLP_TARGETS}}
 
 
-def peft_state_dict(adapters, prefix: str = "base_model.model.model") -> dict[str, np.ndarray]:
-  """Adapters (stacked `layers/...` or `layers_<i>/...`) -> PEFT's tensors, torch Linear layout, fp32."""
+def peft_state_dict(adapters, prefix: str = "base_model.model") -> dict[str, np.ndarray]:
+  """Adapters (stacked `layers/...` or `layers_<i>/...`, `embed_tokens`, `lm_head`) -> PEFT's tensors, torch
+  layout, fp32, under HF's module paths: `<prefix>.model.layers.N...`, `<prefix>.model.embed_tokens`,
+  `<prefix>.lm_head`."""
   host = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), adapters)
   if "layers" in host:
     host = unstack_layers(host, lambda leaf, i: leaf[i])
   tensors = {}
   for path, node in _adapter_nodes(host):
-    layer_key, module = path[0], path[-1]
-    layer = int(layer_key.split("_")[-1])
-    name = f"{prefix}.layers.{layer}.{_MODULE_PARENT[module]}.{module}"
+    module = path[-1]
     rank = node["lora_A"].shape[-1]
-    tensors[f"{name}.lora_A.weight"] = np.ascontiguousarray(node["lora_A"].reshape(-1, rank).T)
-    tensors[f"{name}.lora_B.weight"] = np.ascontiguousarray(node["lora_B"].reshape(rank, -1).T)
+    lora_A, lora_B = (np.ascontiguousarray(node["lora_A"].reshape(-1, rank).T),
+                      np.ascontiguousarray(node["lora_B"].reshape(rank, -1).T))
+    if module == EMBED_TARGET:  # PEFT's embedding adapter: parameters, not Linears (no ".weight")
+      tensors[f"{prefix}.model.{EMBED_TARGET}.lora_embedding_A"] = lora_A  # [r, V]
+      tensors[f"{prefix}.model.{EMBED_TARGET}.lora_embedding_B"] = lora_B  # [D, r]
+      continue
+    if module == HEAD_TARGET:
+      name = f"{prefix}.{HEAD_TARGET}"
+    else:
+      layer = int(path[0].split("_")[-1])
+      name = f"{prefix}.model.layers.{layer}.{_MODULE_PARENT[module]}.{module}"
+    tensors[f"{name}.lora_A.weight"] = lora_A
+    tensors[f"{name}.lora_B.weight"] = lora_B
   return tensors
 
 

@@ -10,6 +10,11 @@ its output to length shards. RoPE positions, the padding mask and packed segment
 ones: positions are computed before the split, and the mask and segment ids (small int arrays)
 reach the core whole.
 
+With fewer key/value heads per tensor shard than `sp` devices (Qwen2.5-7B has 4 at sp=8), each
+key/value head is repeated r = sp / gcd(K / tensor, sp) times and its query group split into r parts
+(as verl's Ulysses repeats key/value heads): the attention is the same, and every device gets whole
+heads. The query heads must still split over tensor x sp (`trainer.program.check_sequence_parallel`).
+
 The `sp` axis is a sub-axis of FSDP: the user's `mesh.fsdp` devices are laid out as `fsdp` x `sp`
 (`parallel.mesh.make_mesh`), parameters stay split over both (the layouts read `fsdp` as the pair), and
 only these activations tell the two apart. A sequence-parallel group is therefore `sp` neighbouring
@@ -20,6 +25,7 @@ FSDP devices that work on the same rows; the rows of a micro-batch are split ove
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -61,6 +67,18 @@ class SequenceParallel(ActivationLayout):
                 window_on):
     """`core(q, k, v, kv_mask, segment_ids, window_on) -> out [B, L, K, G, H]` on whole sequences and
     K / (tensor * sp) heads per device, between the two all-to-alls."""
+    B, L, K, G, H = q_BxLxKxGxH.shape
+    repeat = self.size // math.gcd(K // self.mesh.shape["tensor"], self.size)
+    if repeat > 1:
+      # Head k's copies (k, 0..r-1) are neighbours, so a tensor shard keeps its own heads' copies; copy j
+      # serves the j-th part of the head's query group. jnp.repeat's transpose sums the copies' gradients.
+      q_BxLxKxGxH = q_BxLxKxGxH.reshape(B, L, K * repeat, G // repeat, H)
+      keys_BxLxKxH = jnp.repeat(keys_BxLxKxH, repeat, axis=2)
+      values_BxLxKxH = jnp.repeat(values_BxLxKxH, repeat, axis=2)
+      out = self.attention(core, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL,
+                           window_on)
+      return out.reshape(B, L, K, G, H)
+
     def local(q, k, v, kv_mask, segment_ids, window_on):
       # [b, L/sp, K/t, ...] -> [b, L, K/(t*sp), ...]: split the heads, gather the length.
       to_heads = lambda x: jax.lax.all_to_all(x, SEQUENCE_AXIS, 2, 1, tiled=True)
@@ -70,6 +88,14 @@ class SequenceParallel(ActivationLayout):
     length_split = PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), SEQUENCE_AXIS, "tensor")
     return self._shard_attention(local, length_split, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL,
                                  segment_ids_BxL, window_on)
+
+
+def training_layout(mesh, sequence_parallel: int) -> ActivationLayout | None:
+  """The activation layout of a train-layout forward: none without a mesh, the length split over `sp`
+  under sequence parallelism (size > 1), else rows only."""
+  if mesh is None:
+    return None
+  return SequenceParallel(mesh) if sequence_parallel > 1 else ActivationLayout(mesh)
 
 
 def pad_length(x, length: int, value=0):

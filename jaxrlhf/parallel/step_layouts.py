@@ -65,6 +65,17 @@ class StepLayouts:
     """Batch-major arrays in the train batch layout (leading dim over data x fsdp where it divides)."""
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape))
 
+  def pin_gradients(self, grads, role: str):
+    """Gradients in the train layout of what `role` ("actor" or "critic") trains: the actor's parameters,
+    or its adapters with LoRA (`update_loop.minibatch_gradients` pins each micro-batch's and their sum:
+    with the activations split by rows XLA otherwise sums each layer's weight gradient whole on every
+    device)."""
+    shardings = self.critic_train if role == "critic" else (
+        self.actor_train if self.actor_adapters is None else self.actor_adapters)
+    if self.mesh is None or shardings is None:
+      return grads
+    return jax.lax.with_sharding_constraint(grads, shardings)
+
   @staticmethod
   def fetch(tree, shardings):
     """Moves an offloaded tree into device memory (or back to host); identity without offload."""

@@ -19,6 +19,7 @@ from jaxrlhf.rollout.sampler import (
     generate,
     greedy_tokens,
     prefill_cache,
+    request_key,
     token_keys,
     token_log_probs,
 )
@@ -28,5 +29,5 @@ __all__ = [
     "prompt_length_buckets", "repeat_interleave", "response_lengths_and_clip",
     "DecodeState", "Engine", "Prefix", "ResultTokens", "SlotData",
     "SamplingParams", "choose_tokens", "decode_step", "filter_logits", "generate", "greedy_tokens", "prefill_cache",
-    "token_keys", "token_log_probs",
+    "request_key", "token_keys", "token_log_probs",
 ]

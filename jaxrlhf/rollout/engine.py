@@ -15,10 +15,11 @@ shifts every row left by S - keep, where keep = max_prefill_length + max_new_tok
 live request can have written, so nothing live is lost and the copy happens once every S - keep steps.
 Masked columns add exactly 0 to attention, so a request's tokens do not depend on its neighbours.
 
-Sampling keys are per request: token g of a request is drawn with `token_keys(request key, g)`
-(fold_in), the convention `generate` follows when given per-row keys, so `jaxrlhf.generate` and
-`Engine.serve` sample the same tokens for the same seed and request, whichever slot or step it ran in.
-The decode step itself is `sampler.decode_step`, shared with `generate`.
+Sampling keys are per request: sample s of request (prompt) i under seed k has the key
+`request_key(k, i, s)` and draws its token g with `token_keys(that key, g)` (fold_in), the convention
+`generate` follows when given per-row keys, so `jaxrlhf.generate` and `Engine.serve` sample the same
+tokens for the same seed and request, whichever slot or step it ran in. The first token is drawn at
+prefill by the same `sampler.decode_step` that `generate` and `Engine.generate` run.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from flax import struct
 
 from jaxrlhf.models import CACHE_LOGICAL_AXES, Decoder, DecoderConfig, init_cache, load_hf_params
 from jaxrlhf.rollout.buckets import DEFAULT_LENGTH_BUCKETS, pick_bucket
-from jaxrlhf.rollout.sampler import SamplingParams, decode_step, prefill_cache, token_keys
+from jaxrlhf.rollout.sampler import SamplingParams, decode_step, prefill_cache, request_key, token_keys
 
 
 @struct.dataclass
@@ -131,7 +132,7 @@ class Engine:
       apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
     self._apply_fn = apply_fn
     self._mesh = mesh
-    self._base_key = jax.random.key(seed)
+    self._seed = int(seed)
     self._num_prefills = 0
     self._prefill_jit = jax.jit(self._prefill_impl)
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=1)
@@ -171,7 +172,8 @@ class Engine:
     return None
 
   def init_decode_state(self) -> DecodeState:
-    key_data = jax.random.key_data(self._base_key)
+    # Empty slots draw tokens that are never reported; any valid key does.
+    key_data = jax.random.key_data(jax.random.key(self._seed))
     return DecodeState(
         cache=init_cache(self.model_config, self._slots, self.cache_length),
         kv_mask_BxS=jnp.zeros((self._slots, self.cache_length), jnp.int32),
@@ -188,7 +190,8 @@ class Engine:
 
     padded_tokens: 1-D ids, right-padded as JetStream's tokenizer pads (`true_length` real tokens).
     The prompt is re-padded on the left to the smallest prefill bucket. rng: the request's key
-    (default: a fresh one from the engine seed).
+    (default: `request_key(engine seed, k, 0)` for the k-th prefill of this engine, the key `serve`
+    gives its k-th request with n=1).
     """
     if existing_prefix is not None:
       raise NotImplementedError("prefill on top of an existing prefix is not supported")
@@ -204,7 +207,7 @@ class Engine:
     ids_1xP[0, bucket - true_length:] = tokens
     mask_1xP = (np.arange(bucket) >= bucket - true_length).astype(np.int32)[None]
     if rng is None:
-      rng = jax.random.fold_in(self._base_key, self._num_prefills)
+      rng = request_key(self._seed, self._num_prefills, 0)
       self._num_prefills += 1
     return self._prefill_jit(params, ids_1xP, mask_1xP, rng)
 
@@ -286,41 +289,45 @@ class Engine:
 
   # --- continuous batching in-process ---------------------------------------------------------------
 
-  def serve(self, params, prompts: Sequence[Sequence[int]], seed: int = 0) -> list[dict[str, list]]:
-    """Generates for every prompt with continuous batching; returns per prompt
-    {'token_ids': [...] (up to and including EOS), 'log_probs': [...]} in prompt order."""
-    base_key = jax.random.key(seed)
-    pending = collections.deque(enumerate(prompts))
+  def serve(self, params, prompts: Sequence[Sequence[int]], seed: int = 0, n: int = 1) -> list[dict[str, list]]:
+    """Generates n samples per prompt with continuous batching; sample s of prompt i is keyed
+    `request_key(seed, i, s)`, as `jaxrlhf.generate` keys it. Returns, prompt-major (prompt i's
+    samples at [i * n, (i + 1) * n), the CLI's row order), {'token_ids': [...] (up to and including
+    EOS), 'log_probs': [...]}."""
+    if n < 1:
+      raise ValueError(f"n={n}: expected at least 1 sample per prompt")
+    pending = collections.deque((i * n + sample, prompt, request_key(seed, i, sample))
+                                for i, prompt in enumerate(prompts) for sample in range(n))
     free_slots = list(range(self._slots))[::-1]
-    running: dict[int, int] = {}  # slot -> request index
-    outputs = [{"token_ids": [], "log_probs": []} for _ in prompts]
+    running: dict[int, int] = {}  # slot -> output row
+    outputs = [{"token_ids": [], "log_probs": []} for _ in range(len(prompts) * n)]
 
-    def record(request: int, result: ResultTokens, slot: int) -> bool:
+    def record(row: int, result: ResultTokens, slot: int) -> bool:
       """Appends a valid token; True when the request is finished."""
       data = result.get_result_at_slot(slot)
       if not int(data.valid[0, 0]):
         return True
       token = int(data.tokens[0, 0])
-      outputs[request]["token_ids"].append(token)
-      outputs[request]["log_probs"].append(float(result.log_probs[slot, 0]))
+      outputs[row]["token_ids"].append(token)
+      outputs[row]["log_probs"].append(float(result.log_probs[slot, 0]))
       return token in self.sampling.eos_token_ids or int(data.lengths[0]) >= self.sampling.max_new_tokens
 
     state = self.init_decode_state()
     while pending or running:
       while pending and free_slots:
-        request, prompt = pending.popleft()
+        row, prompt, key = pending.popleft()
         prefix, first = self.prefill(params=params, padded_tokens=np.asarray(prompt, np.int32),
-                                     true_length=len(prompt), rng=jax.random.fold_in(base_key, request))
-        if not record(request, first.convert_to_numpy(), 0):
+                                     true_length=len(prompt), rng=key)
+        if not record(row, first.convert_to_numpy(), 0):
           slot = free_slots.pop()
           state = self.insert(prefix, state, slot)
-          running[slot] = request
+          running[slot] = row
       if not running:
         continue
       state, result = self.generate(params, state)
       result = result.convert_to_numpy()
-      for slot, request in list(running.items()):
-        if record(request, result, slot):
+      for slot, row in list(running.items()):
+        if record(row, result, slot):
           del running[slot]
           free_slots.append(slot)
     return outputs

@@ -17,10 +17,11 @@ import numpy as np
 from jaxrlhf.models import generation_eos_ids, load_tokenizer, pad_token_id
 from jaxrlhf.rollout.engine import Engine, ResultTokens
 
-try:
+try:  # the optional extra: guarded here, once, so that no function imports it lazily
   from jetstream.engine import engine_api as _engine_api
-except ImportError:  # the optional extra is not installed
-  _engine_api = None
+  from jetstream.engine import tokenizer_pb2 as _tokenizer_pb2
+except ImportError:  # not installed
+  _engine_api = _tokenizer_pb2 = None
 
 INSTALL_HINT = "JetStreamEngine needs the optional `jetstream` extra: pip install google-jetstream"
 
@@ -97,8 +98,7 @@ class JetStreamEngine(_Base):
     return self.engine.get_prefix_destination_sharding()
 
   def get_tokenizer(self):
-    from jetstream.engine import tokenizer_pb2
-    return tokenizer_pb2.TokenizerParameters(path=self.tokenizer_path or "")
+    return _tokenizer_pb2.TokenizerParameters(path=self.tokenizer_path or "")
 
   def build_tokenizer(self, metadata):
     return HFTokenizer(metadata.path or self.tokenizer_path)

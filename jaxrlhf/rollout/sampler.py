@@ -12,8 +12,9 @@ temperature` the training forward uses, SPEC §4), so the rollout's log-probs eq
 recomputed `old_log_prob` for the same weights (in the same dtype; a bf16 rollout differs slightly).
 top-k / top-p only restrict what is sampled. The response mask covers tokens up to and including the
 first EOS.
-`prefill_cache`, `decode_step` and the PRNG convention `token_keys` are shared with the serving engine
-(`jaxrlhf.rollout.engine`).
+`prefill_cache`, `decode_step` and the PRNG convention (`request_key`, `token_keys`) are shared with the
+serving engine (`jaxrlhf.rollout.engine`), so `jaxrlhf.generate` and `Engine.serve` sample the same tokens
+for the same seed and request.
 """
 
 from __future__ import annotations
@@ -116,13 +117,24 @@ def choose_tokens(logits_BxV, key, sampling: SamplingParams):
   return jax.vmap(lambda k, row_V: jax.random.categorical(k, row_V))(key, scaled_BxV).astype(jnp.int32)
 
 
+def request_key(seed, request, sample):
+  """The sampling key of sample `sample` of request (prompt) `request` under `seed`.
+
+  fold_in(fold_in(key(seed), request), sample): `jaxrlhf.generate` and `Engine.serve` key a request
+  this way, so its samples depend on (seed, request, sample) only, not on its batch, slot or `n`
+  (sample 0 of a prompt is the same with n=1 or n=4). Arguments may be traced (vmap it for a batch).
+  """
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), request), sample)
+
+
 def token_keys(rng, index):
   """The sampling key of generated token `index` (0 = the first): `fold_in(key, index)`.
 
   The one PRNG convention of generation. `rng` is either one key for the whole batch (the training
-  rollout: one draw over [B, V]), or a key per row, a request's own key (`jaxrlhf.generate` and the
-  serving engine): then a request's tokens depend only on its key and its prompt, whichever batch,
-  slot or step it runs in. `index`: a scalar, or one per row.
+  rollout: one draw over [B, V], so a row's tokens depend on its place in the batch; kept so that a
+  seed's rollouts stay what they were), or a key per row, a request's own key (`request_key`: the
+  serving engine and `jaxrlhf.generate`): then a request's tokens depend only on its key and its
+  prompt, whichever batch, slot or step it runs in. `index`: a scalar, or one per row.
   """
   if rng.ndim == 0:
     return jax.random.fold_in(rng, index)
@@ -171,8 +183,8 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
   """Samples up to `max_new_tokens` per left-padded prompt.
 
   `apply_fn(params, ids_BxL, positions_BxL, kv_mask_BxS, cache, cache_index) -> (logits, cache)`.
-  `rng`: one key for the batch (the training rollout), or one key per row, a request's own key (see
-  `token_keys`: then a row samples what the serving engine samples for the same request key).
+  `rng`: one key for the batch (the training rollout), or one key per row, a request's own key
+  (`request_key`; see `token_keys`): then a row samples what the serving engine samples for that key.
   `constrain_cache(cache) -> cache` pins the KV cache's sharding (batch and kv-heads) on a mesh.
   `active_B` (bool, optional): rows marked False (batch padding) start finished and stay empty.
   Returns dict(responses [B,R] int32 (pad after EOS), response_mask [B,R] int32,

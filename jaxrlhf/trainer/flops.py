@@ -155,9 +155,9 @@ def step_phase_flops(ppo, *, batch_size: int, prompt_len: int, response_len: int
     phases["reward"] = forward_flops(ppo.reward_model.config, rows * seq_len, seq_len, "reward")
   actor_forward = forward_flops(actor, rows * seq_len, seq_len, "lm")
   phases["old_log_prob"] = actor_forward
-  if ppo.use_reference:
+  if ppo.plan.use_reference:
     phases["ref"] = actor_forward
-  if ppo.use_critic:
+  if ppo.plan.use_critic:
     critic_forward = forward_flops(critic, rows * seq_len, seq_len, "value")
     phases["values"] = critic_forward
     remat = 1 if critic.remat_policy != "none" else 0

@@ -47,10 +47,12 @@ TOKEN_STATISTICS = {"entropy": algos.entropy_from_logits, "sum_pi_squared": algo
 
 
 def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: float, statistics: tuple[str, ...],
-                     chunk_len: int, constrain: Callable = lambda x, logical_axes: x, ref=None) -> dict:
+                     chunk_len: int, constrain: Callable = lambda x, logical_axes: x, ref=None,
+                     adapters=None) -> dict:
   """{"log_prob": [B, L], and each of `statistics` (TOKEN_STATISTICS names): [B, L]} of `tokens` under
   softmax(head(hidden) / T), fp32.
 
+  `adapters`: the actor's LoRA adapters (the head reads an "lm_head" adapter; the reference runs without).
   `ref`: (ref_params, ref_hidden_BxLxD) of the reference policy at the same positions; adds
   "ref_log_prob" and "full_kl" (the exact KL(pi || ref) over the vocabulary, `algos.full_kl`), so the
   two policies' logits meet one chunk at a time.
@@ -59,12 +61,13 @@ def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: floa
   each chunk's logits are recomputed in the backward instead of kept. `constrain(x, logical_axes)`
   pins the chunk's hidden states and logits to the train layout (`ActivationLayout.constrain`).
   """
-  def logits(head_params, h_BxCxD):
+  def logits(head_params, h_BxCxD, head_adapters=None):
     h_BxCxD = constrain(h_BxCxD, ("batch", "length", None))
-    return constrain(head_outputs(config, "lm", head_params, h_BxCxD), ("batch", "length", "vocab")) / temperature
+    return constrain(head_outputs(config, "lm", head_params, h_BxCxD, head_adapters),
+                     ("batch", "length", "vocab")) / temperature
 
   def outputs(h_BxCxD, tokens_BxC, ref_h_BxCxD=None):
-    z_BxCxV = logits(params, h_BxCxD)
+    z_BxCxV = logits(params, h_BxCxD, adapters)
     out = {"log_prob": token_log_probs(z_BxCxV, tokens_BxC, 1.0),
            **{name: TOKEN_STATISTICS[name](z_BxCxV) for name in statistics}}
     if ref_h_BxCxD is not None:
@@ -142,7 +145,7 @@ class ModelOutputs:
     tokens_BxL = packing.next_tokens(micro["packed"]["input_ids"]) if "packed" in micro else micro["responses"]
     chunk_len = chunk_length(tokens_BxL.shape[0], tokens_BxL.shape[1], self.chunk_tokens, self.num_batch_shards)
     out = lm_token_outputs(self.actor.config, params, hidden_BxLxD, tokens_BxL, self.temperature, statistics,
-                           chunk_len, self.constrain, ref)
+                           chunk_len, self.constrain, ref, adapters)
     return {name: self._to_responses(x, micro) for name, x in out.items()}
 
   def log_probs(self, params, micro: dict, with_entropy: bool = True, adapters=None):

@@ -15,6 +15,7 @@ import time
 import jax
 import numpy as np
 
+from jaxrlhf.trainer import update_loop
 from jaxrlhf.trainer.ppo_step import PPOStep
 
 
@@ -29,7 +30,7 @@ class PhasedStep:
     self.adv = jax.jit(ppo.advantages)
     self.update_critic = jax.jit(ppo.update_critic)
     self.update_actor = jax.jit(ppo.update_actor)
-    self.data = jax.jit(ppo.update_data)
+    self.data = jax.jit(update_loop.update_data)
     self.finish = jax.jit(ppo.finish, out_shardings=(state_shardings, replicated_sharding))
     # Everything after the reward in one program (DAPO with fuse_step=True).
     self.train_on_rollout = jax.jit(ppo.train_on_rollout, out_shardings=(state_shardings, replicated_sharding))
@@ -44,14 +45,14 @@ class PhasedStep:
     ppo = self.ppo
     keys = ppo.split_rng(rng)
     old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout, state.actor_adapters,
-              ppo.reference_params(state) if ppo.full_kl_in_reward else None)
-    ref = (run("ref", self.ref, ppo.reference_params(state), rollout) if ppo.ref_phase
+              ppo.reference_params(state) if ppo.plan.full_kl_in_reward else None)
+    ref = (run("ref", self.ref, ppo.reference_params(state), rollout) if ppo.plan.ref_phase
            else old[1].get("ref_log_prob"))
-    values = run("values", self.values, state.critic_params, rollout) if ppo.use_critic else None
+    values = run("values", self.values, state.critic_params, rollout) if ppo.plan.use_critic else None
     adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values, old[1])
     data = run(None, self.data, rollout, old[0], ref, adv)
     critic = None
-    if ppo.use_critic:
+    if ppo.plan.use_critic:
       critic = run("update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])
     actor = run("update_actor", self.update_actor, state, data, keys["actor"])
     return run(None, self.finish, state, rollout, scored, old, ref, values, adv, keys, critic, actor)

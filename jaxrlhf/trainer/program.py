@@ -99,7 +99,7 @@ class StepProgram:
                  kv_heads=self.model_config.num_key_value_heads, head_dim=self.model_config.resolved_head_dim)
     shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
     sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
-    cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.rollout_dtype))
+    cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.generation.rollout_dtype))
     return 2 * per_device_bytes(cache_leaf, sharding)  # keys and values
 
 
@@ -125,7 +125,7 @@ def check_micro_batches(config, ppo: PPOStep, num_batch_shards: int) -> None:
   if config.actor_rollout_ref.actor.use_dynamic_bsz:
     return  # micro-batches come from the token budget
   sections = [("actor_rollout_ref.actor", config.actor_rollout_ref.actor)]
-  if ppo.use_critic:
+  if ppo.plan.use_critic:
     sections.append(("critic", config.critic))
   for path, section in sections:
     try:
@@ -137,18 +137,23 @@ def check_micro_batches(config, ppo: PPOStep, num_batch_shards: int) -> None:
 
 def check_sequence_parallel(config, mesh: Mesh, model_config: DecoderConfig,
                             critic_model_config: DecoderConfig) -> None:
-  """Start-up check: each sequence-parallel model's heads split over tensor x sp (the all-to-all gives each
-  device whole key/value heads with their query groups)."""
+  """Start-up check: each sequence-parallel model's query heads split over tensor x sp, and its key/value
+  heads over tensor (the all-to-all gives each device whole heads; key/value heads fewer than sp per
+  tensor shard are repeated, `models.sequence_parallel`)."""
   tensor = mesh.shape["tensor"]
   models = {"actor": ("actor_rollout_ref.model", model_config), "ref": ("actor_rollout_ref.model", model_config),
             "critic": ("critic.model", critic_model_config)}
   for role, size in sequence_parallel_sizes(config).items():
     model_path, model = models[role]
-    for name in ("num_attention_heads", "num_key_value_heads"):
+    if size == 1:
+      continue
+    for name, split in (("num_attention_heads", size * tensor), ("num_key_value_heads", tensor)):
       heads = getattr(model, name)
-      if size > 1 and heads % (size * tensor):
-        raise ConfigError(f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} x mesh.tensor={tensor} must divide "
-                          f"{name}={heads} of {model_path} (Ulysses gives each device whole heads)")
+      if heads % split:
+        over = f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} x mesh.tensor={tensor}" if split > tensor else (
+            f"mesh.tensor={tensor} (with {SEQUENCE_PARALLEL_KEYS[role]}={size})")
+        raise ConfigError(f"{over} must divide {name}={heads} of {model_path} (Ulysses gives each device whole "
+                          "heads)")
 
 
 def _abstract(shapes, shardings):
@@ -167,9 +172,9 @@ def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState
   trained_shapes = actor_shapes if adapter_shapes is None else adapter_shapes
   actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, trained_shapes),
                               layouts.actor_opt_host or opt_shardings["actor"])
-  ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.stores_reference else None
+  ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.plan.stores_reference else None
   critic_params = critic_opt_state = None
-  if ppo.use_critic:
+  if ppo.plan.use_critic:
     critic_shapes = abstract_params(Decoder(program_parts["critic_model_config"], head="value"))[0]
     critic_params = _abstract(critic_shapes, layouts.critic_train)
     critic_opt_state = _abstract(jax.eval_shape(optimizers["critic"].init, critic_shapes), opt_shardings["critic"])

@@ -128,16 +128,16 @@ class Trainer:
     actor_train = self.layouts.actor_train  # in device memory: the optimizer and the reference start from it
     actor_params = actor_base_params(config, self.model_config, actor_train)
     actor_adapters = None
-    if self.ppo.actor_lora:  # fresh adapters (B = 0: the policy starts as the base); only they train
+    if self.ppo.plan.actor_lora:  # fresh adapters (B = 0: the policy starts as the base); only they train
       actor_adapters = jax.jit(lambda key: init_adapters(Decoder(self.model_config, head="lm"), key)[0],
                                out_shardings=shardings.actor_adapters)(jax.random.fold_in(actor_key, 1))
     actor_opt_state = jax.jit(optimizers["actor"].init, out_shardings=shardings.actor_opt_state)(
         actor_params if actor_adapters is None else actor_adapters)
     ref_params = None
-    if self.ppo.stores_reference:
+    if self.ppo.plan.stores_reference:
       ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings.ref_params)(actor_params)
     critic_params = critic_opt_state = None
-    if self.ppo.use_critic:
+    if self.ppo.plan.use_critic:
       if self.critic_model_path:  # verl's critic format, or the actor's checkpoint with a fresh value head
         critic_params = load_hf_params(self.critic_model_path, self.critic_model_config, head="value",
                                        shardings=shardings.critic_params, rng=critic_key)
@@ -205,7 +205,7 @@ class Trainer:
           rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
           self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
       metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-    if self.ppo.use_critic and step + 1 < self.config.trainer.critic_warmup:  # verl: the actor did not update
+    if self.ppo.plan.use_critic and step + 1 < self.config.trainer.critic_warmup:  # verl: the actor did not update
       for key in self.ppo.actor_update_metric_names:
         metrics.pop(key, None)
     elapsed = time.perf_counter() - start
@@ -220,7 +220,7 @@ class Trainer:
     metrics["perf/time_per_step"] = elapsed
     metrics["perf/throughput"] = tokens / elapsed / self.mesh.size
     metrics.update(self._mfu(metrics, timings, elapsed, actor_updated=not (
-        self.ppo.use_critic and step < self.config.trainer.critic_warmup)))
+        self.ppo.plan.use_critic and step < self.config.trainer.critic_warmup)))
     metrics["training/global_step"] = step + 1
     metrics["training/epoch"] = self.schedule.epoch_of(step)
     return metrics
@@ -241,9 +241,9 @@ class Trainer:
       return {"perf/mfu/step": actor_step_flops(
           self.model_config, self.actor_num_params, **tokens, num_sequences=n,
           ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
-          use_reference=self.ppo.use_reference) / (elapsed * peak)}
+          use_reference=self.ppo.plan.use_reference) / (elapsed * peak)}
     mfu = {}
-    phases = [("critic", self.critic_model_config, self.config.critic, "value")] if self.ppo.use_critic else []
+    phases = [("critic", self.critic_model_config, self.config.critic, "value")] if self.ppo.plan.use_critic else []
     if actor_updated:
       phases.append(("actor", self.model_config, self.config.actor_rollout_ref.actor, "lm"))
     for name, model_config, section, head in phases:

@@ -214,6 +214,18 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
   return grads, dict(metrics, **{"perf/packed": pays.astype(jnp.float32)})
 
 
+def update_data(rollout: dict, old_log_probs, ref_log_probs, adv: dict) -> dict:
+  """What the updates read: the sequences (the response mask after any rollout rejection), old
+  log-probs, advantages, and the reference's log-probs and rollout correction weights when present."""
+  data = {key: rollout[key] for key in ("prompts", "prompt_mask", "responses")}
+  data.update(response_mask=adv["response_mask"], old_log_probs=old_log_probs, advantages=adv["advantages"])
+  if "rollout_is_weights" in adv:
+    data["rollout_is_weights"] = adv["rollout_is_weights"]
+  if ref_log_probs is not None:
+    data["ref_log_probs"] = ref_log_probs
+  return data
+
+
 def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
                mini_batch_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str,
                to_train: Callable = lambda tree: tree, loss_scale_factor: float | None = None,
@@ -250,3 +262,15 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
   metrics = {k: v.mean() for k, v in metrics.items()}
   metrics[f"{prefix}/lr"] = lr
   return params, opt_state, metrics
+
+
+def update_after_warmup(update: Callable, warmup_steps: int, step, params, opt_state):
+  """`update(params, opt_state) -> (params, opt_state, metrics)` from step `warmup_steps` on, before it
+  the inputs unchanged and zeros for the same metrics. Returns (that, the names of the metrics skipped in
+  warm-up steps: none without a warm-up)."""
+  if warmup_steps == 0:
+    return update(params, opt_state), ()
+  metric_shapes = jax.eval_shape(update, params, opt_state)[2]
+  skip = lambda params, opt_state: (params, opt_state, jax.tree.map(
+      lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
+  return jax.lax.cond(step >= warmup_steps, update, skip, params, opt_state), tuple(metric_shapes)

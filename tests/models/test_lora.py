@@ -1,5 +1,6 @@
-"""LoRA adapters on the decoder: the parameter count the rank implies, fresh adapters change nothing,
-merging equals applying, and the exports load in transformers (merged) and in peft (adapters alone)."""
+"""LoRA adapters on the decoder (its layers' linears and, when named, the LM head): the parameter count the rank
+implies, fresh adapters change nothing, merging equals applying, and the exports load in transformers (merged)
+and in peft (adapters alone)."""
 
 import dataclasses
 
@@ -10,8 +11,8 @@ import pytest
 
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask, save_hf_checkpoint
 from jaxrlhf.models.decoder import init_adapters, init_params, model_variables
-from jaxrlhf.models.lora import (LORA_TARGETS, count_adapter_params, merge_adapters, resolve_target_modules,
-                                 save_peft_adapter)
+from jaxrlhf.models.lora import (EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, count_adapter_params, merge_adapters,
+                                 resolve_target_modules, save_peft_adapter)
 from tests.models.hf_fixtures import build_model, hf_forward, left_padded_batch, save_model
 
 
@@ -31,7 +32,8 @@ def _forward(model, variables, ids, mask):
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
-@pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj")])
+@pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj"),
+                                     (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)])
 def test_adapter_count_is_what_the_rank_implies(tiny_model_config, scan_layers, targets):
   config = _lora_config(tiny_model_config, rank=4, targets=targets, scan_layers=scan_layers)
   adapters, _ = init_adapters(Decoder(config), jax.random.key(0))
@@ -39,25 +41,32 @@ def test_adapter_count_is_what_the_rank_implies(tiny_model_config, scan_layers, 
   QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
   in_out = {"q_proj": D + QH, "k_proj": D + KH, "v_proj": D + KH, "o_proj": QH + D, "gate_proj": D + F,
             "up_proj": D + F, "down_proj": F + D}
-  assert count_adapter_params(adapters) == L * r * sum(in_out[name] for name in targets)
-  # PEFT's init: B is zero, A is not
+  # one embedding and one LM head, outside the layer stack
+  outer = sum(r * (config.vocab_size + D) for name in (EMBED_TARGET, HEAD_TARGET) if name in targets)
+  assert count_adapter_params(adapters) == L * r * sum(in_out[name] for name in targets if name in in_out) + outer
+  # PEFT's init: B is zero, A is not; the reverse on the embedding
   for path, leaf in jax.tree_util.tree_leaves_with_path(adapters):
     name = jax.tree_util.keystr(path)
     assert leaf.dtype == jnp.float32
-    assert (np.abs(np.asarray(leaf)).max() == 0) == ("lora_B" in name), name
+    zero = "lora_A" if EMBED_TARGET in name else "lora_B"
+    assert (np.abs(np.asarray(leaf)).max() == 0) == (zero in name), name
 
 
 def test_target_modules_keys():
   assert resolve_target_modules("all-linear") == LORA_TARGETS
   assert resolve_target_modules(["v_proj", "q_proj"]) == ("q_proj", "v_proj")
   assert resolve_target_modules("q_proj, v_proj") == ("q_proj", "v_proj")
-  with pytest.raises(ValueError, match="lm_head"):
-    resolve_target_modules(["lm_head"], "actor_rollout_ref.model.target_modules")
+  # PEFT's names for the input embedding and the output layer
+  assert resolve_target_modules(["lm_head", "q_proj", "embed_tokens"]) == ("embed_tokens", "q_proj", "lm_head")
+  with pytest.raises(ValueError, match="actor_rollout_ref.model.target_modules.*unknown: \\['wte'\\]"):
+    resolve_target_modules(["wte"], "actor_rollout_ref.model.target_modules")
 
 
-@pytest.mark.parametrize("scan_layers", [True, False])
-def test_fresh_adapters_are_the_base_and_merging_equals_applying(tiny_model_config, scan_layers):
-  config = _lora_config(tiny_model_config, scan_layers=scan_layers)
+@pytest.mark.parametrize("scan_layers,targets", [(True, LORA_TARGETS), (False, LORA_TARGETS),
+                                                 (True, (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)),
+                                                 (True, (HEAD_TARGET,)), (True, (EMBED_TARGET,))])
+def test_fresh_adapters_are_the_base_and_merging_equals_applying(tiny_model_config, scan_layers, targets):
+  config = _lora_config(tiny_model_config, targets=targets, scan_layers=scan_layers)
   model = Decoder(config)
   params, _ = init_params(model, jax.random.key(0))
   # The base's weights do not depend on whether the config has adapters.
@@ -93,7 +102,8 @@ def test_merged_export_loads_in_transformers_and_adapters_in_peft(tmp_path, scan
   transformers = pytest.importorskip("transformers")
   peft = pytest.importorskip("peft")
   base_dir = save_model(build_model("qwen2_untied"), tmp_path / "base")
-  config = _lora_config(load_hf_config(base_dir), rank=4, scan_layers=scan_layers)
+  targets = (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)
+  config = _lora_config(load_hf_config(base_dir), rank=4, targets=targets, scan_layers=scan_layers)
   params = load_hf_params(base_dir, config)
   adapters = _nudged(init_adapters(Decoder(config), jax.random.key(3))[0], scale=0.2)
   ids, mask, positions = left_padded_batch()
@@ -111,7 +121,10 @@ def test_merged_export_loads_in_transformers_and_adapters_in_peft(tmp_path, scan
                                                            attn_implementation="eager").eval()
   with_adapter = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
   loaded = {k: v for k, v in with_adapter.state_dict().items() if "lora_" in k}
-  assert len(loaded) == 2 * config.num_hidden_layers * len(LORA_TARGETS)  # every adapter was read, none left at init
+  # every adapter was read (the embedding's and the LM head's too), none left at init
+  assert len(loaded) == 2 * (config.num_hidden_layers * len(LORA_TARGETS) + 2)
+  for name in (f"base_model.model.{HEAD_TARGET}.lora_B", f"base_model.model.model.{EMBED_TARGET}.lora_embedding_A"):
+    assert any(k.startswith(name) for k in loaded), (name, sorted(loaded))
   assert all(float(v.abs().max()) > 0 for k, v in loaded.items())
   np.testing.assert_allclose(hf_forward(with_adapter, ids, mask, positions)[valid], ours[valid], atol=1e-4,
                              rtol=1e-4)

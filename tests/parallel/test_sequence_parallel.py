@@ -16,16 +16,19 @@ from tests.helpers import TIMING_DEPENDENT, small_config
 
 
 
-def _tiny(impl):
+def _tiny(impl, kv_heads=4):
   return DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=8, num_key_value_heads=4, attention_impl=impl, attention_block_size=4,
-                       rope_theta=100.0)
+                       num_attention_heads=8, num_key_value_heads=kv_heads, attention_impl=impl,
+                       attention_block_size=4, rope_theta=100.0)
 
 
-@pytest.mark.parametrize("impl,packed,sp", [("xla", False, 2), ("blockwise", True, 4), ("blockwise", False, 4)])
-def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp):
-  """Length 14 (not a multiple of 4: padded inside), left padding or two packed segments per row."""
-  config = _tiny(impl)
+@pytest.mark.parametrize("impl,packed,sp,kv_heads", [("xla", False, 2, 4), ("blockwise", True, 4, 4),
+                                                     ("blockwise", False, 4, 4), ("xla", False, 4, 2),
+                                                     ("blockwise", True, 8, 2)])
+def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp, kv_heads):
+  """Length 14 (not a multiple of 4: padded inside), left padding or two packed segments per row. With
+  fewer key/value heads than sp (2 at sp 4 and 8) each is repeated and its query group split."""
+  config = _tiny(impl, kv_heads)
   params, _ = init_params(Decoder(config), jax.random.key(0))
   rng = np.random.default_rng(0)
   ids_BxL = jnp.asarray(rng.integers(0, 64, (4, 14)), jnp.int32)
@@ -80,7 +83,7 @@ def test_step_metrics_equal_sp1(tmp_path, unsplit_steps, sp, packed):
   trainer = Trainer(_config(tmp_path, sp, packed))
   assert dict(trainer.mesh.shape) == {"data": 1, "fsdp": 8 // sp, "sp": sp, "tensor": 1}
   assert trainer.ppo.actor.sequence_parallel.size == sp and trainer.ppo.critic.sequence_parallel.size == sp
-  assert trainer.ppo.rollout_actor.sequence_parallel is None  # generation never splits
+  assert trainer.ppo.generation.rollout_actor.sequence_parallel is None  # generation never splits
   metrics = trainer.train_step(0)
   for key, value in want_metrics.items():
     if not key.startswith(TIMING_DEPENDENT):
@@ -92,10 +95,11 @@ def test_step_metrics_equal_sp1(tmp_path, unsplit_steps, sp, packed):
 @pytest.mark.parametrize("overrides,message", [
     ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 3},
      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=3 must divide mesh.fsdp=8"),
-    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8},
-     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8 x mesh.tensor=1 must divide num_key_value_heads=4"),
-    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2, "mesh.fsdp": 2, "mesh.tensor": 4},
-     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 x mesh.tensor=4 must divide num_key_value_heads=4"),
+    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8, "num_attention_heads": 4},
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8 x mesh.tensor=1 must divide num_attention_heads=4"),
+    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2, "mesh.fsdp": 2, "mesh.tensor": 4,
+      "num_attention_heads": 4},
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 x mesh.tensor=4 must divide num_attention_heads=4"),
     ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
       "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1},
      "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"),
@@ -103,7 +107,11 @@ def test_step_metrics_equal_sp1(tmp_path, unsplit_steps, sp, packed):
      "critic.ulysses_sequence_parallel_size=4 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"),
 ])
 def test_bad_combinations_are_config_errors(tmp_path, overrides, message):
+  overrides = dict(overrides)
+  heads = overrides.pop("num_attention_heads", None)
   config = small_config(tmp_path, **{"mesh.fsdp": -1, **overrides})
   config.actor_rollout_ref.model.override_config.num_key_value_heads = 4
+  if heads:
+    config.actor_rollout_ref.model.override_config.num_attention_heads = heads
   with pytest.raises(ConfigError, match=message.replace("*", r"\*")):
     Trainer(config)

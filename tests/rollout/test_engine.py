@@ -1,4 +1,5 @@
-"""JetStream-style engine: ResultTokens layout, continuous batching equal to running each request alone."""
+"""JetStream-style engine: ResultTokens layout, continuous batching equal to running each request alone,
+the same samples as `jaxrlhf.generate` for the same seed."""
 
 import functools
 
@@ -7,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrlhf import generate as generate_cli
 from jaxrlhf.models import Decoder, init_params, positions_from_mask
 from jaxrlhf.rollout import Engine, ResultTokens, SamplingParams, generate, token_log_probs
 
@@ -83,6 +85,28 @@ def test_sampled_requests_do_not_depend_on_slot_or_neighbours_and_log_probs_matc
     np.testing.assert_allclose(output["log_probs"], recomputed[row, :len(output["token_ids"])], atol=1e-5)
 
 
+def test_generate_cli_and_serve_sample_the_same_tokens_and_log_probs(setup):
+  """One decode step, one PRNG convention: `jaxrlhf.generate`'s sampling (batched, prompts left-padded
+  to one bucket, batch padded) and `Engine.serve` (continuous batching over 3 slots, prefill buckets
+  8/16, compaction) give every (prompt, sample) the same tokens and log-probs for the same seed."""
+  model, params, prompts = setup
+  sampling = SamplingParams(max_new_tokens=8, eos_token_ids=(EOS,), pad_token_id=0, temperature=0.8, top_k=20,
+                            top_p=0.9)
+  rows, _ = generate_cli.sample_responses(params, model.config, prompts, sampling, n=3, seed=5, batch_size=8)
+  engine = Engine(model.config, sampling, max_concurrent_decodes=3, prefill_buckets=(8, 16))
+  served = engine.serve(params, prompts, seed=5, n=3)
+  assert [(r["prompt_index"], r["sample"]) for r in rows] == [(i, s) for i in range(len(prompts)) for s in range(3)]
+  assert [r["response_ids"] for r in rows] == [o["token_ids"] for o in served]
+  for row, output in zip(rows, served):
+    np.testing.assert_allclose(row["log_probs"], output["log_probs"], atol=1e-5)
+  # Really sampled (a prompt's samples differ), and a sample's key ignores n: sample 0 of n=3 is n=1's.
+  assert any(len({tuple(o["token_ids"]) for o in served[i * 3:i * 3 + 3]}) > 1 for i in range(len(prompts)))
+  assert [o["token_ids"] for o in engine.serve(params, prompts[:3], seed=5)] == \
+      [o["token_ids"] for o in served[0:9:3]]
+  assert [o["token_ids"] for o in engine.serve(params, prompts[:3], seed=6)] != \
+      [o["token_ids"] for o in served[0:9:3]]
+
+
 def test_prefill_insert_generate_follow_jetstream_shapes(setup, greedy_engine):
   model, params, prompts = setup
   engine = greedy_engine
@@ -132,16 +156,20 @@ def test_jetstream_adapter_is_optional_and_delegates(setup, greedy_engine, monke
     samples_per_slot: int
 
   engine_api = types.SimpleNamespace(Engine=type("Engine", (abc.ABC,), {}), ResultTokens=FakeResultTokens)
+  tokenizer_pb2 = types.SimpleNamespace(TokenizerParameters=lambda path: types.SimpleNamespace(path=path))
   engine_module = types.ModuleType("jetstream.engine")
   engine_module.engine_api = engine_api
+  engine_module.tokenizer_pb2 = tokenizer_pb2
   monkeypatch.setitem(sys.modules, "jetstream", types.ModuleType("jetstream"))
   monkeypatch.setitem(sys.modules, "jetstream.engine", engine_module)
   monkeypatch.setitem(sys.modules, "jetstream.engine.engine_api", engine_api)
+  monkeypatch.setitem(sys.modules, "jetstream.engine.tokenizer_pb2", tokenizer_pb2)
   adapter = importlib.reload(jetstream_adapter)
   try:
     model, params, prompts = setup
     served = adapter.JetStreamEngine(greedy_engine)
     assert isinstance(served, engine_api.Engine) and served.max_concurrent_decodes == 3
+    assert served.get_tokenizer().path == ""
     prefix, first = served.prefill(params=params, padded_tokens=np.asarray(prompts[0]), true_length=len(prompts[0]))
     assert isinstance(first, FakeResultTokens) and first.data.shape == (1, 3)
     state, result = served.generate(params, served.insert(prefix, served.init_decode_state(), 0))

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "gpu_scripts", "*")) + glob.glob(os.path.join(ROOT, "tpu_scripts", "*")))
+SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "gpu_scripts", "*")) + glob.glob(os.path.join(ROOT, "tpu_scripts", "*"))
+                 + glob.glob(os.path.join(ROOT, "scripts", "*")))
 CONFIG = "configs/grpo_gsm8k_qwen2_5_32b.py"
 
 
@@ -29,7 +30,9 @@ def _shellcheck() -> str:
 def test_script_is_clean(path):
   assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0
   text = open(path).read()
-  assert "set -euo pipefail" in text or path.endswith("common.sh")  # common.sh is sourced by scripts that set it
+  # Sourced files (common.sh, scripts/) run under the options of the scripts that source them.
+  sourced = path.endswith("common.sh") or os.path.basename(os.path.dirname(path)) == "scripts"
+  assert "set -euo pipefail" in text or sourced
   assert "Needs:" in text or "Set (environment)" in text, "the header says what the script needs"
   checked = subprocess.run([_shellcheck(), "-x", os.path.relpath(path, ROOT)], cwd=ROOT, capture_output=True, text=True)
   assert checked.returncode == 0, checked.stdout

@@ -29,9 +29,16 @@ def _host(tree):
   return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
-@pytest.mark.parametrize("scan_layers", [True, False])
-def test_fresh_adapters_step_like_the_base_and_only_adapters_train(tmp_path, scan_layers):
+# An LM head adapter needs an untied head (a tied one is the input embedding too).
+HEAD = {"actor_rollout_ref.model.override_config.tie_word_embeddings": False,
+        "actor_rollout_ref.model.target_modules": "q_proj,v_proj,lm_head"}
+
+
+@pytest.mark.parametrize("scan_layers,head", [(True, False), (False, False), (True, True)])
+def test_fresh_adapters_step_like_the_base_and_only_adapters_train(tmp_path, scan_layers, head):
   layout = {"actor_rollout_ref.model.scan_layers": scan_layers}
+  if head:
+    layout.update(HEAD)
   base = _trainer(tmp_path / "base", **ONE_UPDATE, **layout)
   lora = _trainer(tmp_path / "lora", **ONE_UPDATE, **layout, **LORA)
   state = lora.state

@@ -89,7 +89,7 @@ def _gradients(step, params, minibatch, loss_agg_mode):
   actor_params, critic_params = params
   seq_len = PROMPT_LEN + RESPONSE_LEN
   batching = step.batcher.update_plan(step.config.actor_rollout_ref.actor, "actor_rollout_ref.actor", seq_len,
-                                      step.actor_packed)
+                                      step.plan.actor_packed)
 
   @jax.jit
   def run(minibatch):

@@ -78,7 +78,7 @@ def test_overlong_penalty_is_linear_over_the_buffer(tmp_path):
 def test_remax_runs_with_a_greedy_baseline(tmp_path):
   config = small_config(tmp_path, **ONE, **{"algorithm.adv_estimator": "remax"})
   trainer = Trainer(config, devices=jax.devices()[:1])
-  assert not trainer.ppo.use_critic
+  assert not trainer.ppo.plan.use_critic
   metrics = trainer.train_step(0)
   assert np.isfinite(metrics["actor/pg_loss"]) and "critic/vf_loss" not in metrics
 
@@ -141,7 +141,7 @@ def test_optimal_token_baselines_get_sum_pi_squared_from_the_old_log_prob_phase(
   sum_pi_squared = np.asarray(aux["sum_pi_squared"])[mask]
   assert np.all((sum_pi_squared > 0) & (sum_pi_squared <= 1))  # sum_v pi_v^2 of a distribution
   metrics = trainer.train_step(0)
-  assert not trainer.ppo.use_critic and np.isfinite(metrics["actor/pg_loss"])
+  assert not trainer.ppo.plan.use_critic and np.isfinite(metrics["actor/pg_loss"])
 
 
 def _component_reward_file(tmp_path, with_format=True):

@@ -86,7 +86,7 @@ def test_bf16_rollout_of_an_fp32_actor(tmp_path):
   """rollout.dtype=bfloat16: generation runs bf16 matmuls on a cast copy; training stays fp32."""
   trainer = Trainer(small_config(tmp_path, **{"actor_rollout_ref.rollout.dtype": "bfloat16"}),
                     devices=jax.devices()[:1])
-  assert trainer.ppo.rollout_actor.config.dtype == "bfloat16" and trainer.model_config.dtype == "float32"
+  assert trainer.ppo.generation.rollout_actor.config.dtype == "bfloat16" and trainer.model_config.dtype == "float32"
   metrics = trainer.train_step(0)
   assert all(np.isfinite(v) for v in metrics.values())
   assert all(x.dtype == jax.numpy.float32 for x in jax.tree.leaves(trainer.state.actor_params))
@@ -106,7 +106,7 @@ def full_kl_runs(tmp_path_factory):
         "trainer.fuse_step": fuse, "algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "full",
         "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_type": "full"}),
         devices=jax.devices()[:1])
-    assert trainer.ppo.full_kl_in_reward and trainer.ppo.full_kl_loss and not trainer.ppo.ref_phase
+    assert trainer.ppo.plan.full_kl_in_reward and trainer.ppo.plan.full_kl_loss and not trainer.ppo.plan.ref_phase
     noise = jax.random.normal(jax.random.key(3), ())
     trainer.state = trainer.state.replace(ref_params=jax.tree.map(
         lambda x: x * (1.0 + 0.2 * noise) if x.ndim > 1 else x, trainer.state.ref_params))

@@ -33,7 +33,7 @@ def assert_same_step(metrics, want, keys=STEP_METRICS):
 
 def test_bypass_mode_on_an_fp32_rollout_is_the_plain_step(tmp_path, plain):
   trainer, metrics = run_step(tmp_path, **{CORRECTION + "bypass_mode": True, CORRECTION + "rollout_is": "token"})
-  assert trainer.ppo.bypass and not trainer.ppo.old_forward  # no old-log-prob forward at all
+  assert trainer.ppo.plan.bypass and not trainer.ppo.plan.old_forward  # no old-log-prob forward at all
   assert "actor/entropy" not in metrics  # as verl: bypass mode has no old-log-prob phase
   assert_same_step(metrics, plain)
   # Diagnostics of the evolving policy against the rollout's, averaged over the updates (the first sees
