@@ -53,10 +53,10 @@ _MODEL = {
     "scan_layers": ("the decoder layers as one `nn.scan` over stacked weights (one compiled layer body whatever "
                     "the depth; KV cache stacked per layer); False = a Python loop of `layers_<i>` modules. "
                     "Checkpoints of either layout load into either", "— (ours; XLA compile time)"),
-    "attention_impl": ("attention kernel: `auto` (cudnn on NVIDIA GPUs, blockwise on TPU, xla on CPU, by the mesh's "
+    "attention_impl": ("attention kernel: `auto` (cudnn on NVIDIA GPUs, splash on TPU, xla on CPU, by the mesh's "
                        "devices), `xla` (the whole [L, S] score matrix), `blockwise` (online softmax over blocks, "
-                       "plain JAX, any backend), `cudnn` (bf16/fp16), `splash` (TPU Pallas; one device only for "
-                       "now). Packed rows (cudnn), a partial sliding window, a cache prefill, fp32 (cudnn) and a "
+                       "plain JAX, any backend), `cudnn` (bf16/fp16), `splash` (TPU Pallas; on a mesh of several "
+                       "devices it runs in a shard_map over rows and key/value heads). Packed rows (cudnn), a partial sliding window, a cache prefill, fp32 (cudnn) and a "
                        "process without cuDNN (compiling ahead of time on a CPU host) fall back to blockwise; decode "
                        "steps keep their own path", "`attn_implementation` (`flash_attention_2`, `sdpa`, `eager`)"),
     "attention_block_size": ("query and key block of `blockwise` attention (and splash's tiles)",

@@ -85,7 +85,7 @@ def _model() -> ml_collections.ConfigDict:
       enable_gradient_checkpointing=False,
       remat_policy="full",  # with gradient checkpointing: full | dots_saveable | nothing_saveable | ...
       scan_layers=True,  # layers as one nn.scan over stacked weights (False: a Python loop)
-      attention_impl="auto",  # auto (cudnn on GPU, blockwise on TPU, xla on CPU) | xla | blockwise | cudnn | splash
+      attention_impl="auto",  # auto (cudnn on GPU, splash on TPU, xla on CPU) | xla | blockwise | cudnn | splash
       attention_block_size=512,  # blockwise attention's query/key block
       # LoRA (verl's keys): rank 0 = full fine-tuning; > 0 trains adapters on `target_modules` only
       # ("all-linear", or a list such as ["q_proj", "v_proj"]) with scaling lora_alpha / lora_rank.

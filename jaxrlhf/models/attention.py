@@ -15,9 +15,10 @@ window, when on), `kv_mask_BxS[s]` > 0 (padding) and, for packed rows, the same 
              when each row's valid tokens are one contiguous run, as the trainer's prompt + response rows
              are; columns between a row's first and last valid token count as valid).
   splash     Pallas splash attention on TPU (`jax.experimental.pallas.ops.tpu.splash_attention`): causal,
-             sliding window, padding and packing as segment ids. One device only for now: XLA cannot
-             partition a Mosaic kernel, and the `shard_map` around it is not written yet, so `auto`
-             picks blockwise on TPU.
+             sliding window, padding and packing as segment ids. XLA cannot partition a Mosaic kernel
+             ("Mosaic kernels cannot be automatically partitioned. Please wrap the call in a shard_map."),
+             so on a mesh of several devices the decoder runs it in a `shard_map` over rows and key/value
+             heads (`ActivationLayout.attention`; the Decoder needs its `layout`, as the trainer's have).
 What a vendor kernel cannot express falls back to blockwise (`choose_kernel` says why): fp32 inputs or
 packed segment ids for cudnn, a per-layer (traced) window flag, a cache prefill (queries offset into
 a longer cache), and a process without cuDNN (an ahead-of-time compile for GPUs on a CPU host).
@@ -41,16 +42,12 @@ ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 
 
 def auto_attention_impl(platform: str) -> str:
-  """`attention_impl="auto"` on a device platform: cudnn on NVIDIA GPUs, blockwise on TPU, xla elsewhere.
-
-  Not splash on TPU yet: a Mosaic kernel is not partitioned by XLA, so on a mesh of more than one
-  device it needs a `shard_map` over the batch and head axes, which the model does not build yet
-  (`attention_impl="splash"` works on a single device)."""
+  """`attention_impl="auto"` on a device platform: cudnn on NVIDIA GPUs, splash on TPU, xla elsewhere."""
   platform = platform.lower()
   if platform in ("cuda", "gpu"):
     return "cudnn"
   if platform == "tpu":
-    return "blockwise"
+    return "splash"
   return "xla"
 
 

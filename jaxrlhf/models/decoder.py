@@ -61,6 +61,7 @@ from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed, 
 from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attention_impl,  # noqa: F401
                                       blockwise_attention, choose_kernel, cudnn_attention, splash_attention,
                                       xla_attention)
+from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -229,10 +230,15 @@ def apply_rope(x, cos_BxLxH, sin_BxLxH):
   return out.astype(x.dtype)
 
 
+def _pin(layout: ActivationLayout | None):
+  """`constrain(x, logical_axes)` of a cache-free call's activation layout; the identity without one."""
+  return (lambda x, logical_axes: x) if layout is None else layout.constrain
+
+
 class Attention(nn.Module):
   config: DecoderConfig
   sliding_window: int | None = None
-  sequence_parallel: SequenceParallel | None = None  # cache-free calls only (`models/sequence_parallel.py`)
+  layout: ActivationLayout | None = None  # cache-free calls only (`models/activation_layout.py`)
 
   @nn.compact
   def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
@@ -242,6 +248,7 @@ class Attention(nn.Module):
     cfg = self.config
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     num_heads, num_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.resolved_head_dim
+    layout = self.layout if cache is None else None
     dense = lambda features, names, name: _linear(cfg, name, features, ("embed",), names, cfg.qkv_bias)
     q_BxLxQxH = dense((num_heads, head_dim), ("heads", "head_dim"), "q_proj")(x_BxLxD)
     k_BxLxKxH = dense((num_kv, head_dim), ("kv_heads", "head_dim"), "k_proj")(x_BxLxD)
@@ -252,6 +259,10 @@ class Attention(nn.Module):
       k_BxLxKxH = head_norm("k_norm")(k_BxLxKxH)
     q_BxLxQxH = apply_rope(q_BxLxQxH, cos_BxLxH, sin_BxLxH)
     k_BxLxKxH = apply_rope(k_BxLxKxH, cos_BxLxH, sin_BxLxH)
+    pin = _pin(layout)
+    q_BxLxQxH = pin(q_BxLxQxH, ("batch", "length", "heads", "head_dim"))
+    k_BxLxKxH = pin(k_BxLxKxH, ("batch", "length", "kv_heads", "head_dim"))
+    v_BxLxKxH = pin(v_BxLxKxH, ("batch", "length", "kv_heads", "head_dim"))
 
     batch, length = x_BxLxD.shape[:2]
     if cache is None:
@@ -306,13 +317,15 @@ class Attention(nn.Module):
       return splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window,
                               cfg.attention_block_size)
 
-    if self.sequence_parallel is not None and cache is None:
-      # Length-split q, k, v: the all-to-all gives each device whole sequences for some heads.
-      out_BxLxKxGxH = self.sequence_parallel.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS,
-                                                       segment_ids_BxL, window_on)
+    if cache is None and self.layout is not None and (isinstance(self.layout, SequenceParallel) or impl == "splash"):
+      # Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a
+      # Mosaic kernel (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads.
+      out_BxLxKxGxH = self.layout.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS,
+                                            segment_ids_BxL, window_on)
     else:
       out_BxLxKxGxH = core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
-    out_BxLxQxH = out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim)
+    out_BxLxQxH = pin(out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim),
+                      ("batch", "length", "heads", "head_dim"))
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(
         out_BxLxQxH)
     return out_BxLxD, new_cache
@@ -320,13 +333,16 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
   config: DecoderConfig
+  layout: ActivationLayout | None = None
 
   @nn.compact
   def __call__(self, x_BxLxD):
     cfg = self.config
+    pin = _pin(self.layout)
     dense = lambda features, names, name: _linear(cfg, name, (features,), names[:1], names[1:], cfg.mlp_bias)
-    gate_BxLxF = dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj")(x_BxLxD)
-    up_BxLxF = dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj")(x_BxLxD)
+    # The largest activations of a layer ([B, L, F], F ~ 5 D): split by rows (and F over tensor), never copied.
+    gate_BxLxF = pin(dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj")(x_BxLxD), ("batch", "length", "mlp"))
+    up_BxLxF = pin(dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj")(x_BxLxD), ("batch", "length", "mlp"))
     return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj")(nn.silu(gate_BxLxF) * up_BxLxF)
 
 
@@ -335,23 +351,26 @@ class DecoderLayer(nn.Module):
   ((x, cache), None); the Python loop calls it the same way."""
   config: DecoderConfig
   sliding_window: int | None = None
-  sequence_parallel: SequenceParallel | None = None
+  layout: ActivationLayout | None = None  # cache-free calls only
 
   @nn.compact
   def __call__(self, carry, layer, window_on, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index=None,
                segment_ids_BxL=None):
     x_BxLxD, cache = carry
     cfg = self.config
-    if self.sequence_parallel is not None and cache is None:
-      # Pinned at every layer (the scan body's carry): the residual stream stays split by length.
-      x_BxLxD = self.sequence_parallel.constrain(x_BxLxD, ("batch", "length", "embed"))
+    layout = self.layout if cache is None else None
+    # Pinned at both ends of every layer (the scan body's carry): the residual stream stays split by rows
+    # (and by length under sequence parallelism), in the forward and, through the constraint's transpose,
+    # in the backward.
+    pin = _pin(layout)
+    x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], name=name)
-    attn_BxLxD, cache = Attention(cfg, self.sliding_window, self.sequence_parallel, name="self_attn")(
+    attn_BxLxD, cache = Attention(cfg, self.sliding_window, layout, name="self_attn")(
         norm("input_layernorm")(x_BxLxD), cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index,
         segment_ids_BxL, layer, window_on)
-    x_BxLxD = x_BxLxD + attn_BxLxD
-    x_BxLxD = x_BxLxD + MLP(cfg, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
-    return (x_BxLxD, cache), None
+    x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
+    x_BxLxD = x_BxLxD + MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
+    return (pin(x_BxLxD, ("batch", "length", "embed")), cache), None
 
 
 def _layer_class(config: DecoderConfig):
@@ -383,12 +402,18 @@ class Decoder(nn.Module):
   `segment_ids_BxL` (packed rows, no cache): block-diagonal causal attention within each segment id > 0.
   `return_hidden`: the final normed hidden states x_BxLxD (compute dtype) instead of the head's output,
   for callers that apply `head_outputs` to some positions only.
-  `sequence_parallel`: cache-free calls split each sequence over the mesh's `sp` axis (Ulysses,
-  `models/sequence_parallel.py`); a length it does not divide is padded (masked) and cut back.
+  `layout`: where a cache-free call's activations live on the mesh (`models/activation_layout.py`),
+  pinned at every layer's boundaries; None (one device, or decode) pins nothing. A `SequenceParallel`
+  layout also splits each sequence over the mesh's `sp` axis (Ulysses, `models/sequence_parallel.py`);
+  a length it does not divide is padded (masked) and cut back.
   """
   config: DecoderConfig
   head: str = "lm"
-  sequence_parallel: SequenceParallel | None = None
+  layout: ActivationLayout | None = None
+
+  @property
+  def sequence_parallel(self) -> SequenceParallel | None:
+    return self.layout if isinstance(self.layout, SequenceParallel) else None
 
   @nn.compact
   def __call__(self, input_ids_BxL, positions_BxL, kv_mask_BxS, cache=None, cache_index=None,
@@ -399,7 +424,9 @@ class Decoder(nn.Module):
     if segment_ids_BxL is not None and cache is not None:
       raise ValueError("segment_ids_BxL (packed rows) is for cache-free calls only")
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
-    sp = self.sequence_parallel if cache is None else None  # decode never splits its sequence
+    layout = self.layout if cache is None else None  # decode never splits its sequence nor pins a layout
+    sp = layout if isinstance(layout, SequenceParallel) else None
+    pin = _pin(layout)
     length = input_ids_BxL.shape[1]
     if sp is not None:
       padded = sp.padded_length(length)
@@ -413,9 +440,8 @@ class Decoder(nn.Module):
     x_BxLxD = embed(input_ids_BxL)
     # RoPE from the global positions, before any split: each length shard keeps its tokens' own angles.
     cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
-    if sp is not None:
-      x_BxLxD = sp.constrain(x_BxLxD, ("batch", "length", "embed"))
-      cos_BxLxH, sin_BxLxH = (sp.constrain(x, ("batch", "length", "head_dim")) for x in (cos_BxLxH, sin_BxLxH))
+    x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
+    cos_BxLxH, sin_BxLxH = (pin(x, ("batch", "length", "head_dim")) for x in (cos_BxLxH, sin_BxLxH))
     layer_class = _layer_class(cfg)
     shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index, segment_ids_BxL)
     if cfg.scan_layers:
@@ -423,16 +449,18 @@ class Decoder(nn.Module):
       layers = nn.scan(layer_class, variable_axes={"params": 0, LORA_COLLECTION: 0}, split_rngs={"params": True},
                        in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
                        length=cfg.num_hidden_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      (x_BxLxD, cache), _ = layers(cfg, window, sp, name="layers")(
+      (x_BxLxD, cache), _ = layers(cfg, window, layout, name="layers")(
           (x_BxLxD, cache), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared)
     else:
       for i in range(cfg.num_hidden_layers):
         window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
-        (x_BxLxD, cache), _ = layer_class(cfg, window, sp, name=f"layers_{i}")((x_BxLxD, cache), i, None, *shared)
+        (x_BxLxD, cache), _ = layer_class(cfg, window, layout, name=f"layers_{i}")((x_BxLxD, cache), i, None,
+                                                                                    *shared)
     new_cache = cache
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
+    x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     if sp is not None:
-      x_BxLxD = sp.constrain(x_BxLxD, ("batch", "length", "embed"))[:, :length]
+      x_BxLxD = x_BxLxD[:, :length]
     if return_hidden:
       return x_BxLxD, new_cache
     if self.is_initializing():

@@ -30,16 +30,17 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
-SEQUENCE_AXIS = "sp"
-_ROW_AXES = ("data", "fsdp")  # a sequence-parallel group's rows: the mesh's data-parallel part
+from jaxrlhf.models.activation_layout import SEQUENCE_AXIS, ActivationLayout
 
 
 @dataclasses.dataclass(frozen=True)
-class SequenceParallel:
-  """The mesh (with an `sp` axis) a Decoder splits its sequences over; a hashable Flax attribute."""
-  mesh: Mesh
+class SequenceParallel(ActivationLayout):
+  """The mesh (with an `sp` axis) a Decoder splits its sequences over; a hashable Flax attribute.
+
+  Its activation layout is `ActivationLayout`'s with the length over `sp` and the rows over the rest of
+  the data-parallel axes."""
 
   def __post_init__(self):
     if SEQUENCE_AXIS not in self.mesh.axis_names:
@@ -49,33 +50,18 @@ class SequenceParallel:
   def size(self) -> int:
     return self.mesh.shape[SEQUENCE_AXIS]
 
+  @property
+  def row_axes(self) -> tuple[str, ...]:
+    return ("data", "fsdp")  # a sequence-parallel group's rows: the mesh's data-parallel part
+
   def padded_length(self, length: int) -> int:
     """The length rounded up to a multiple of `size` (shard_map needs equal shards)."""
     return -(-length // self.size) * self.size
 
-  def _row_axes(self, rows: int):
-    """The largest prefix of (data, fsdp) that divides `rows` (a row count they do not divide runs
-    replicated over the rest, as `layouts.fit_spec` does for batches)."""
-    axes = _ROW_AXES
-    while axes and rows % _size(self.mesh, axes):
-      axes = axes[:-1]
-    return axes or None
-
-  def spec(self, x, logical_axes: tuple) -> PartitionSpec:
-    """`batch` -> rows, `length` -> sp (where it divides), `heads`/`kv_heads`/`vocab` -> tensor; the rest whole."""
-    def one(name, dim):
-      if name == "batch":
-        return self._row_axes(dim)
-      if name == "length":
-        return SEQUENCE_AXIS if dim % self.size == 0 else None
-      if name in ("heads", "kv_heads", "vocab", "mlp"):
-        return "tensor" if dim % self.mesh.shape["tensor"] == 0 else None
-      return None
-    return PartitionSpec(*(one(name, dim) for name, dim in zip(logical_axes, x.shape)))
-
-  def constrain(self, x, logical_axes: tuple):
-    """Pins an activation to the sequence-parallel layout (rows over data x fsdp, length over sp)."""
-    return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.spec(x, logical_axes)))
+  def _axis(self, name, dim: int):
+    if name == "length":
+      return SEQUENCE_AXIS if dim % self.size == 0 else None
+    return super()._axis(name, dim)
 
   def attention(self, core: Callable, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL,
                 window_on):
@@ -92,31 +78,24 @@ class SequenceParallel:
       out = self.attention(core, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL,
                            window_on)
       return out.reshape(B, L, K, G, H)
-    rows = self._row_axes(B)
-    length_split = PartitionSpec(rows, SEQUENCE_AXIS, "tensor")
-    whole = PartitionSpec(rows, None)
-    # Only the operands present enter the shard_map (an absent segment ids / window flag stays None).
-    optional = {"segment_ids": (segment_ids_BxL, whole), "window_on": (window_on, PartitionSpec())}
-    present = [name for name, (x, _) in optional.items() if x is not None]
 
-    def local(q, k, v, kv_mask, *rest):
-      given = dict(zip(present, rest))
+    def local(q, k, v, kv_mask, segment_ids, window_on):
       # [b, L/sp, K/t, ...] -> [b, L, K/(t*sp), ...]: split the heads, gather the length.
       to_heads = lambda x: jax.lax.all_to_all(x, SEQUENCE_AXIS, 2, 1, tiled=True)
-      out = core(to_heads(q), to_heads(k), to_heads(v), kv_mask, given.get("segment_ids"), given.get("window_on"))
+      out = core(to_heads(q), to_heads(k), to_heads(v), kv_mask, segment_ids, window_on)
       return jax.lax.all_to_all(out, SEQUENCE_AXIS, 1, 2, tiled=True)
 
-    # The vma check is off: the kernels' custom VJPs and loops carry no varying-axis annotations.
-    specs = (length_split,) * 3 + (whole,) + tuple(optional[name][1] for name in present)
-    return jax.shard_map(local, mesh=self.mesh, in_specs=specs, out_specs=length_split, check_vma=False)(
-        q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, *(optional[name][0] for name in present))
+    length_split = PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), SEQUENCE_AXIS, "tensor")
+    return self._shard_attention(local, length_split, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL,
+                                 segment_ids_BxL, window_on)
 
 
-def _size(mesh: Mesh, axes) -> int:
-  size = 1
-  for axis in axes:
-    size *= mesh.shape[axis]
-  return size
+def training_layout(mesh, sequence_parallel: int) -> ActivationLayout | None:
+  """The activation layout of a train-layout forward: none without a mesh, the length split over `sp`
+  under sequence parallelism (size > 1), else rows only."""
+  if mesh is None:
+    return None
+  return SequenceParallel(mesh) if sequence_parallel > 1 else ActivationLayout(mesh)
 
 
 def pad_length(x, length: int, value=0):

@@ -65,19 +65,20 @@ class StepLayouts:
     return self._constrain(cache, lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape,
                                                                     self.generation_rules))
 
-  def constrain_activation(self, x, logical_axes: tuple):
-    """A training activation by its logical axes (train rules: batch over data x fsdp, vocab over tensor).
-
-    Pinning the batch makes XLA gather an FSDP-split weight for a matmul rather than split the
-    activation's contraction dim over fsdp and all-reduce the (large) product.
-    """
-    if self.mesh is None:
-      return x
-    return jax.lax.with_sharding_constraint(x, activation_sharding(self.mesh, logical_axes, x.shape, TRAIN_RULES))
-
   def to_train(self, tree):
     """Batch-major arrays in the train batch layout (leading dim over data x fsdp where it divides)."""
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape))
+
+  def pin_gradients(self, grads, role: str):
+    """Gradients in the train layout of what `role` ("actor" or "critic") trains: the actor's parameters,
+    or its adapters with LoRA (`update_loop.minibatch_gradients` pins each micro-batch's and their sum:
+    with the activations split by rows XLA otherwise sums each layer's weight gradient whole on every
+    device)."""
+    shardings = self.critic_train if role == "critic" else (
+        self.actor_train if self.actor_adapters is None else self.actor_adapters)
+    if self.mesh is None or shardings is None:
+      return grads
+    return jax.lax.with_sharding_constraint(grads, shardings)
 
   @staticmethod
   def fetch(tree, shardings):

@@ -60,7 +60,7 @@ def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: floa
 
   With `chunk_len` < L the positions run as a `lax.scan` over chunks of `chunk_len` (the last one padded);
   each chunk's logits are recomputed in the backward instead of kept. `constrain(x, logical_axes)`
-  pins the chunk's hidden states and logits to the train layout (`StepLayouts.constrain_activation`).
+  pins the chunk's hidden states and logits to the train layout (`ActivationLayout.constrain`).
   """
   def logits(head_params, h_BxCxD, head_adapters=None):
     h_BxCxD = constrain(h_BxCxD, ("batch", "length", None))

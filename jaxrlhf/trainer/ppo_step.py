@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jaxrlhf import algos
 from jaxrlhf.config import sequence_parallel_sizes
 from jaxrlhf.models.decoder import Decoder, DecoderConfig
-from jaxrlhf.models.sequence_parallel import SequenceParallel
+from jaxrlhf.models.sequence_parallel import training_layout
 from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.trainer import advantage, flops, losses, reward, update_loop
@@ -45,30 +45,29 @@ class PPOStep:
   def __init__(self, config, model_config: DecoderConfig, reward_fn: Callable, *, eos_token_ids, pad_token_id,
                lr_schedules: dict[str, Callable], optimizers: dict[str, Any], layouts: StepLayouts,
                num_batch_shards: int = 1, kl_warmup_steps: int = 0,
-               critic_model_config: DecoderConfig | None = None,
-               reward_model_config: DecoderConfig | None = None):
+               critic_model_config: DecoderConfig | None = None, reward_model_config: DecoderConfig | None = None):
     self.config = config
     actor = config.actor_rollout_ref.actor
-    rollout = config.actor_rollout_ref.rollout
-    # Ulysses (`models/sequence_parallel.py`): the training and log-prob / value forwards split sequences
-    # over the mesh's sp axis; generation (`self.generation`) has its own module and never does.
+    # Every train-layout forward pins its activations to the batch layout, and under Ulysses splits sequences
+    # over the mesh's sp axis (`models/sequence_parallel.py`); generation has its own module and never does.
     sp_sizes = sequence_parallel_sizes(config)
-    split = lambda role: SequenceParallel(layouts.mesh) if sp_sizes[role] > 1 else None
-    self.actor = Decoder(model_config, head="lm", sequence_parallel=split("actor"))
-    self.critic = Decoder(critic_model_config or model_config, head="value", sequence_parallel=split("critic"))
+    layout = lambda role: training_layout(layouts.mesh, sp_sizes.get(role, 1))
+    self.actor = Decoder(model_config, head="lm", layout=layout("actor"))
+    self.critic = Decoder(critic_model_config or model_config, head="value", layout=layout("critic"))
     self.reward_fn = reward_fn
-    self.reward_model = Decoder(reward_model_config, head="reward") if reward_model_config else None
+    self.reward_model = (Decoder(reward_model_config, head="reward", layout=layout("reward"))
+                         if reward_model_config else None)
     self.lr_schedules = lr_schedules
     self.optimizers = optimizers
     self.layouts = layouts
     self.kl_warmup_steps = kl_warmup_steps
     self.sampling = SamplingParams.from_rollout_config(
-        rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
+        config.actor_rollout_ref.rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
     self.generation = Generation(config, model_config, self.sampling, layouts)
-    # The LM head's chunks keep the forward's split: by rows and length under sequence parallelism.
-    constrain = self.actor.sequence_parallel.constrain if split("actor") else layouts.constrain_activation
+    # The LM head's chunks keep the forward's split: by rows (and length under sequence parallelism).
     self.outputs = ModelOutputs(self.actor, self.critic, self.sampling.logprob_temperature,
-                                config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards, constrain)
+                                config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards,
+                                self.actor.layout.constrain if self.actor.layout else (lambda x, logical_axes: x))
     # A sequence-parallel group shares its rows: batch shards (verl's data-parallel size) are devices / sp.
     # Packing pays only when it saves more backbone work than its heads add (`packing.packing_pays`).
     seq_len = config.data.max_prompt_length + config.data.max_response_length
@@ -164,7 +163,8 @@ class PPOStep:
         batching=self.batcher.update_plan(section, path, seq_len, packed),
         mini_batch_rows=section.ppo_mini_batch_size * self.batcher.n, epochs=section.ppo_epochs,
         shuffle=section.shuffle, loss_agg_mode=section.loss_agg_mode, prefix=role, to_train=self.layouts.to_train,
-        loss_scale_factor=section.loss_scale_factor)
+        loss_scale_factor=section.loss_scale_factor, pin_grads=functools.partial(self.layouts.pin_gradients,
+                                                                               role=role))
 
   def update_critic(self, state: TrainState, data: dict, values, returns, rng):
     """Phase `update_critic`: PPO epochs of clipped value loss.

@@ -154,22 +154,26 @@ def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBa
 
 def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, batching: packing.MicroBatching,
                         loss_agg_mode: str, to_train: Callable = lambda tree: tree,
-                        loss_scale_factor: float | None = None):
+                        loss_scale_factor: float | None = None, pin_grads: Callable = lambda tree: tree):
   """Summed gradients and metrics of one mini-batch over its micro-batches (padded rows or packed slots).
 
   `loss_fn(params, aux, micro, normalizers, rng) -> (loss, metrics)`; `to_train` pins a micro-batch to
   the training layout; `loss_scale_factor` is `seq-mean-token-sum-norm`'s divisor (None: the padded length).
+  `pin_grads` pins a gradient tree to the parameters' layout: each micro-batch's gradients and their sum
+  (a loop carry, whose layout XLA does not infer: left alone it held the 7B's stacked MLP gradients
+  whole, [28, 3584, 18944] fp32 on every GPU).
   With packing (`batching.packed`) the slots run only when packing pays (`packing.packing_pays`), else
   padded micro-batches of the same rows; metrics["perf/packed"] says which (1 = packed).
   """
   normalizers = algos.loss_normalizers(minibatch["response_mask"], loss_agg_mode, loss_scale_factor)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   micro_rngs = jax.random.split(rng, batching.num_micro)
-  zeros = jax.tree.map(jnp.zeros_like, params)
+  zeros = pin_grads(jax.tree.map(jnp.zeros_like, params))
+  add = lambda grads_acc, grads: pin_grads(jax.tree.map(jnp.add, grads_acc, grads))
 
   def gradients(micro, micro_rng):
     (_, metrics), grads = grad_fn(params, aux, to_train(micro), normalizers, micro_rng)
-    return grads, metrics
+    return pin_grads(grads), metrics
 
   def finish(grads, micro_metrics, micro_batches_run):
     # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
@@ -182,7 +186,7 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
 
     def padded_step(grads_acc, inputs):
       grads, metrics = gradients(*inputs)
-      return jax.tree.map(jnp.add, grads_acc, grads), metrics
+      return add(grads_acc, grads), metrics
 
     return finish(*jax.lax.scan(padded_step, zeros, (micro_batches, micro_rngs)), float(batching.num_micro))
 
@@ -200,7 +204,7 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
       skip_shapes = jax.eval_shape(run)
       skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), skip_shapes)
       grads, metrics = jax.lax.cond(plan["used"][k], run, skip)  # an empty slot costs nothing
-      return jax.tree.map(jnp.add, grads_acc, grads), metrics
+      return add(grads_acc, grads), metrics
 
     grads, micro_metrics = jax.lax.scan(packed_step, zeros, (jnp.arange(batching.num_micro), micro_rngs))
     return finish(grads, micro_metrics, jnp.maximum(jnp.sum(plan["used"]), 1).astype(jnp.float32))
@@ -224,7 +228,8 @@ def update_data(rollout: dict, old_log_probs, ref_log_probs, adv: dict) -> dict:
 
 def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
                mini_batch_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str,
-               to_train: Callable = lambda tree: tree, loss_scale_factor: float | None = None):
+               to_train: Callable = lambda tree: tree, loss_scale_factor: float | None = None,
+               pin_grads: Callable = lambda tree: tree):
   """`epochs` x mini-batches of `mini_batch_rows` (one optimizer step each) x micro-batches (`batching`).
 
   Returns (params, opt_state, metrics averaged over the optimizer steps, plus `<prefix>/lr`).
@@ -239,7 +244,7 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
     params, opt_state = carry
     minibatch, minibatch_rng = inputs
     grads, metrics = minibatch_gradients(loss_fn, params, aux, minibatch, minibatch_rng, batching, loss_agg_mode,
-                                         to_train, loss_scale_factor)
+                                         to_train, loss_scale_factor, pin_grads)
     params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
     metrics[f"{prefix}/grad_norm"] = grad_norm
     metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied

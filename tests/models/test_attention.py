@@ -112,7 +112,7 @@ def test_decoder_blockwise_matches_xla_logits_and_gradients(tiny_model_config):
 
 def test_kernel_choice_and_fallbacks():
   assert config_lib.ATTENTION_IMPLS == ATTENTION_IMPLS
-  assert [auto_attention_impl(p) for p in ("cpu", "gpu", "cuda", "tpu")] == ["xla", "cudnn", "cudnn", "blockwise"]
+  assert [auto_attention_impl(p) for p in ("cpu", "gpu", "cuda", "tpu")] == ["xla", "cudnn", "cudnn", "splash"]
   bf16 = dict(dtype=jnp.bfloat16, cached=False, packed=False, traced_window=False)
   assert choose_kernel("cudnn", **bf16) == "cudnn" and choose_kernel("splash", **bf16) == "splash"
   assert choose_kernel("cudnn", **{**bf16, "dtype": jnp.float32}) == "blockwise"
@@ -124,7 +124,7 @@ def test_kernel_choice_and_fallbacks():
 
 
 def test_for_platform_resolves_auto_only(tiny_model_config):
-  assert tiny_model_config.for_platform("tpu").attention_impl == "blockwise"
+  assert tiny_model_config.for_platform("tpu").attention_impl == "splash"
   assert tiny_model_config.for_platform("cpu").attention_impl == "xla"
   fixed = dataclasses.replace(tiny_model_config, attention_impl="blockwise")
   assert fixed.for_platform("gpu") is fixed

@@ -48,7 +48,7 @@ def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp, kv_heads):
 
   (_, want), want_grads = jax.jit(jax.value_and_grad(lambda p: loss(p, Decoder(config)), has_aux=True))(params)
   (_, got), got_grads = jax.jit(jax.value_and_grad(
-      lambda p: loss(p, Decoder(config, sequence_parallel=split)), has_aux=True))(params)
+      lambda p: loss(p, Decoder(config, layout=split)), has_aux=True))(params)
   valid = np.asarray(mask_BxL)[..., None] > 0
   np.testing.assert_allclose(np.where(valid, got, 0), np.where(valid, want, 0), atol=1e-5, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4), got_grads, want_grads)
