@@ -70,11 +70,11 @@ class StepLayouts:
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape))
 
   def pin_gradients(self, grads, role: str):
-    """Gradients in the train layout of what `role` ("actor" or "critic") trains: the actor's parameters,
-    or its adapters with LoRA (`update_loop.minibatch_gradients` pins each micro-batch's and their sum:
-    with the activations split by rows XLA otherwise sums each layer's weight gradient whole on every
-    device)."""
-    shardings = self.critic_train if role == "critic" else (
+    """Gradients in the train layout of what `role` ("actor" or "critic") trains: its parameters, or with
+    LoRA its adapters (and the critic's value head). `update_loop.minibatch_gradients` pins each
+    micro-batch's and their sum: with the activations split by rows XLA otherwise sums each layer's weight
+    gradient whole on every device."""
+    shardings = self.critic_optimized if role == "critic" else (
         self.actor_train if self.actor_adapters is None else self.actor_adapters)
     if self.mesh is None or shardings is None:
       return grads

@@ -47,7 +47,9 @@ class PhasePlan:
   actor_warmup_steps: int
 
   @classmethod
-  def from_config(cls, config, actor_lora: bool, critic_lora: bool) -> PhasePlan:
+  def from_config(cls, config, model_config, critic_model_config) -> PhasePlan:
+    """`model_config` / `critic_model_config`: the actor's and critic's `DecoderConfig` (LoRA by rank)."""
+    actor_lora, critic_lora = model_config.lora_rank > 0, critic_model_config.lora_rank > 0
     actor, algo = config.actor_rollout_ref.actor, config.algorithm
     correction = algo.rollout_correction
     use_reference = bool(actor.use_kl_loss or algo.use_kl_in_reward)
