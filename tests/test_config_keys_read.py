@@ -60,8 +60,12 @@ RUNS = {
 
 def _record_reads(monkeypatch):
   """(reads, unpatched __getitem__): every (id(node), key) read by attribute or subscript, except while
-  the whole tree is serialised (a checkpoint's or a logger's copy of the config reads nothing)."""
-  reads, serialising = set(), []
+  the whole tree is serialised (a checkpoint's or a logger's copy of the config reads nothing).
+
+  A read node is kept alive to the end of the test: once freed, its id may be reused by a node of a later
+  config, which would then count as read (it did: `reward_model.model.path` took the id of a run's freed
+  `model` node, whose `path` had been read)."""
+  reads, serialising, alive = set(), [], {}
   getitem, getattr_, to_dict = (config_dict.ConfigDict.__getitem__, config_dict.ConfigDict.__getattr__,
                                 config_dict.ConfigDict.to_dict)
   is_root = lambda node: "actor_rollout_ref" in node._fields and "trainer" in node._fields
@@ -69,11 +73,13 @@ def _record_reads(monkeypatch):
   def recording_getitem(self, key):
     if not serialising:
       reads.add((id(self), key))
+      alive[id(self)] = self
     return getitem(self, key)
 
   def recording_getattr(self, key):
     if not key.startswith("_") and not serialising:
       reads.add((id(self), key))
+      alive[id(self)] = self
     return getattr_(self, key)
 
   def whole_tree_to_dict(self, *args, **kwargs):
