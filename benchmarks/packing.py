@@ -77,7 +77,8 @@ def programs(step: PPOStep, params, rollout):
   log_probs = old_log_prob(params, rollout)[0]
   state = TrainState(step=jnp.int32(0), actor_params=params, actor_adapters=None,
                      actor_opt_state=step.optimizers["actor"].init(params),
-                     critic_params=None, critic_opt_state=None, ref_params=None, reward_params=None,
+                     critic_params=None, critic_opt_state=None, critic_adapters=None, ref_params=None,
+                     reward_params=None,
                      kl_coef=jnp.float32(0.0), lr_scale=jnp.float32(1.0))
   advantages = jax.random.normal(jax.random.key(1), rollout["responses"].shape) * rollout["response_mask"]
   data = dict(rollout, old_log_probs=log_probs, advantages=advantages)

@@ -77,6 +77,16 @@ _MODEL = {
     "param_dtype": ("dtype the parameters are stored and updated in", "`fsdp_config.mixed_precision.param_dtype`"),
 }
 
+# The critic's meaning where it differs from the actor's.
+_CRITIC_MODEL = {
+    "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning. With a rank the adapters (fp32) and the fresh value "
+                  "head (`score`, as PEFT's `modules_to_save`) train, hold optimizer state and are checkpointed; "
+                  "the backbone is frozen and rebuilt from its source on resume; export merges (docs/lora.md)"),
+    "target_modules": ("modules that get an adapter: `all-linear` (q/k/v/o and gate/up/down of every layer) or a "
+                       "list such as `[\"q_proj\", \"v_proj\"]`, which may also name `embed_tokens`; not "
+                       "`lm_head` (the critic has none; its value head trains in full)"),
+}
+
 _OPTIM = {
     "lr": ("peak learning rate (AdamW)", SAME),
     "betas": ("AdamW (beta1, beta2)", SAME),
@@ -356,6 +366,8 @@ def describe(key: str) -> tuple[str, str]:
       meaning, verl = table[key[len(section):]]
       if section.startswith("critic.model.") and key.endswith(".path"):
         meaning = "critic checkpoint; `\"\"` = the actor's `model.path` with a fresh value head"
+      if section.startswith("critic.model.") and key[len(section):] in _CRITIC_MODEL:
+        meaning = _CRITIC_MODEL[key[len(section):]]
       return meaning, verl
   raise KeyError(f"config key '{key}' has no entry in docs/gen_config_md.py; add its meaning and verl name")
 

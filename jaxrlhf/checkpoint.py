@@ -2,10 +2,11 @@
 
 What a checkpoint holds: the TrainState (actor and critic params and optimizer states, KL-controller
 coefficient, lr scale, step) and a JSON record (step, data-iterator position, seed, the config).
-With LoRA the actor's trained part is its adapters: they and their optimizer state are saved, the base is
-not. The frozen models (reference policy, reward model, a LoRA actor's base) are not saved: they are rebuilt from their source
-(the seed or the model path), as verl does. Batches and per-step RNG are pure functions of (seed, step), so the step is the whole
-iterator state.
+With LoRA the actor's trained part is its adapters (a LoRA critic's: its adapters and value head): they and
+their optimizer state are saved, the base is not. The frozen models (reference policy, reward model, a LoRA
+actor's base, a LoRA critic's backbone) are not saved: they are rebuilt from their source (the seed or the
+model path), as verl does. Batches and per-step RNG are pure functions of (seed, step), so the step is the
+whole iterator state.
 
 Layer layouts: a model with scanned layers holds each layer parameter stacked under `layers/...`; one
 with a loop of modules (and every checkpoint written before the scan) under `layers_<i>/...`.
@@ -44,9 +45,11 @@ class CheckpointError(UserError, ValueError):
 
 
 def _without_reference(state):
-  """Frozen models (reference policy, reward model, the actor's base under LoRA) are rebuilt from their
-  source, not saved."""
+  """Frozen models (reference policy, reward model, the actor's base and the critic's backbone under LoRA)
+  are rebuilt from their source, not saved."""
   frozen = {"actor_params": None} if state.actor_adapters is not None else {}
+  if state.critic_adapters is not None:
+    frozen["critic_params"] = None
   return state.replace(ref_params=None, reward_params=None, **frozen)
 
 
@@ -119,6 +122,8 @@ class Checkpointer:
     state = state.replace(ref_params=target_state.ref_params, reward_params=target_state.reward_params)
     if target_state.actor_adapters is not None:
       state = state.replace(actor_params=target_state.actor_params)
+    if target_state.critic_adapters is not None:
+      state = state.replace(critic_params=target_state.critic_params)
     return state, restored.meta
 
   def set_aside(self, step: int) -> str:

@@ -267,10 +267,6 @@ def get_base_config() -> ml_collections.ConfigDict:
 # Keys verl has that jaxrlhf accepts but does not implement (yet): any value but the default is
 # refused, saying what jaxrlhf does instead. Delete a row when its feature lands.
 NOT_IMPLEMENTED = {
-    "critic.model.lora_rank": (0, "LoRA is implemented for the actor (actor_rollout_ref.model.lora_rank); the "
-                               "critic fine-tunes every parameter"),
-    "critic.model.lora_alpha": (16, "the critic has no LoRA adapters (critic.model.lora_rank)"),
-    "critic.model.target_modules": ("all-linear", "the critic has no LoRA adapters (critic.model.lora_rank)"),
     "actor_rollout_ref.rollout.name": (
         "jax", "generation always runs jaxrlhf's JAX sampler inside the compiled step (no vllm/sglang/hf)"),
     "actor_rollout_ref.rollout.max_num_batched_tokens": (
@@ -467,9 +463,13 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                         f"{instead}")
   for section in ("actor_rollout_ref", "critic"):
     try:
-      resolve_target_modules(values[f"{section}.model.target_modules"], f"{section}.model.target_modules")
+      targets = resolve_target_modules(values[f"{section}.model.target_modules"], f"{section}.model.target_modules")
     except ValueError as e:
       raise ConfigError(f"config key {e}") from None
+    if section == "critic" and HEAD_TARGET in targets:  # its value head trains whole with LoRA, as modules_to_save
+      raise ConfigError(f"config key 'critic.model.target_modules'={values['critic.model.target_modules']!r} "
+                        f"names {HEAD_TARGET!r}, but the critic has no LM head: its value head trains in full "
+                        "beside the adapters")
   data = config.data
   actor = config.actor_rollout_ref.actor
   _check_rollout_correction(config)

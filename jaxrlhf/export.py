@@ -6,9 +6,10 @@
 The actor is written as a causal LM (config.json + safetensors) that
 `transformers.AutoModelForCausalLM.from_pretrained` loads (a LoRA run's adapters merged in, and also
 alone in PEFT's layout under `<out>/lora_adapter`); the critic as a token-classification
-model with one label (verl's critic format). When the run started from an HF checkpoint, that
-checkpoint's tokenizer and generation config files are copied alongside (nothing else from it); the
-built-in tokenizer of a from-scratch run is copied from the run directory.
+model with one label (verl's critic format; a LoRA critic's adapters merged in, with its trained value
+head). When the run started from an HF checkpoint, that checkpoint's tokenizer and generation config
+files are copied alongside (nothing else from it); the built-in tokenizer of a from-scratch run is copied
+from the run directory.
 
 An output directory that already holds files is refused unless `--overwrite` is given (then its
 config.json, weights and tokenizer files are replaced and any other file in it is left alone).
@@ -24,9 +25,9 @@ from jaxrlhf.checkpoint import CheckpointError, read_checkpoint
 from jaxrlhf.errors import UserError
 import jax
 
-from jaxrlhf.models import (Decoder, copy_tokenizer_files, init_params, load_hf_params, model_config_from,
-                            save_hf_checkpoint)
-from jaxrlhf.models.lora import merge_adapters, save_peft_adapter
+from jaxrlhf.models import (Decoder, copy_tokenizer_files, critic_config_from, init_params, load_hf_params,
+                            model_config_from, save_hf_checkpoint)
+from jaxrlhf.models.lora import critic_params_with, merge_adapters, save_peft_adapter, split_value_head
 
 LORA_ADAPTER_DIR = "lora_adapter"  # under the export directory: a LoRA run's adapters in PEFT's layout
 
@@ -48,14 +49,31 @@ def actor_base_params(config, model_config, shardings=None):
   return jax.jit(init, out_shardings=shardings)(init_keys(config)[0])
 
 
-def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_params=None,
+def critic_base_params(config, critic_config, shardings=None):
+  """The critic's weights a run starts from: its HF checkpoint (verl's critic format, or a causal LM whose
+  value head is initialised fresh from `trainer.seed`), or all of it initialised from `trainer.seed`.
+
+  With critic LoRA the backbone stays frozen, so a checkpoint does not hold it: export rebuilds it here.
+  `shardings`: the whole critic's, value head included.
+  """
+  path = config.critic.model.path or config.actor_rollout_ref.model.path
+  critic_key = init_keys(config)[1]
+  if path:
+    return load_hf_params(path, critic_config, head="value", shardings=shardings, rng=critic_key)
+  init = lambda key: init_params(Decoder(critic_config, head="value"), key)[0]
+  return jax.jit(init, out_shardings=shardings)(critic_key)
+
+
+def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_params=None, critic_adapters=None,
              critic_out: str | None = None, tokenizer_dir: str | None = None, dtype: str | None = None) -> str:
   """Writes the actor (and the critic when `critic_out`) of a run with `config` in HF format.
 
   A run started from an HF checkpoint keeps that checkpoint's other config keys, tokenizer and
   generation config; a from-scratch run gets the tokenizer files from `tokenizer_dir`. With LoRA
   (`actor_adapters`) the weights written are base + adapters merged, and the adapters alone go to
-  `out_dir`/lora_adapter in PEFT's layout (`peft.PeftModel.from_pretrained(base, that_dir)`).
+  `out_dir`/lora_adapter in PEFT's layout (`peft.PeftModel.from_pretrained(base, that_dir)`). With critic
+  LoRA (`critic_adapters`: {"lora", "head"}) `critic_params` is the frozen backbone and the critic written
+  is backbone + adapters merged + the trained value head.
   """
   actor_model = config.actor_rollout_ref.model
   model_config = model_config_from(actor_model)
@@ -69,10 +87,11 @@ def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_
   if critic_out:
     if critic_params is None:
       raise CheckpointError("the run has no critic (critic.enable was off)")
-    critic_model = config.critic.model
-    critic_config = model_config_from(critic_model) if critic_model.path else model_config
+    critic_config = critic_config_from(config, model_config)
+    if critic_adapters is not None:
+      critic_params = critic_params_with(critic_params, critic_adapters, critic_config.lora_alpha)
     save_hf_checkpoint(critic_params, critic_config, critic_out, head="value", dtype=dtype,
-                       source_dir=critic_model.path or actor_model.path or None)
+                       source_dir=config.critic.model.path or actor_model.path or None)
   return out_dir
 
 
@@ -94,13 +113,13 @@ def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None
     if path:
       check_out_dir(flag, path, overwrite)
   state, _, config = read_checkpoint(step_dir, key="--checkpoint")
-  if critic_out and state.get("critic_params") is None:
+  if critic_out and state.get("critic_params") is None and not state.get("critic_adapters"):
     raise CheckpointError(f"--critic_out: the run of --checkpoint {step_dir!r} has no critic (critic.enable was off)")
   tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
   actor_params, actor_adapters = checkpoint_actor(state, config)
-  return write_hf(actor_params, config, out_dir, actor_adapters=actor_adapters,
-                  critic_params=state.get("critic_params"), critic_out=critic_out, tokenizer_dir=tokenizer_dir,
-                  dtype=dtype)
+  critic_params, critic_adapters = checkpoint_critic(state, config) if critic_out else (None, None)
+  return write_hf(actor_params, config, out_dir, actor_adapters=actor_adapters, critic_params=critic_params,
+                  critic_adapters=critic_adapters, critic_out=critic_out, tokenizer_dir=tokenizer_dir, dtype=dtype)
 
 
 def checkpoint_actor(state: dict, config):
@@ -109,6 +128,16 @@ def checkpoint_actor(state: dict, config):
   if not adapters:
     return state["actor_params"], None
   return actor_base_params(config, model_config_from(config.actor_rollout_ref.model)), adapters
+
+
+def checkpoint_critic(state: dict, config):
+  """(params, trained part or None) of a checkpoint's critic; a LoRA critic's backbone is rebuilt from its
+  source (its saved trained part holds the adapters and the value head)."""
+  trained = state.get("critic_adapters")
+  if not trained:
+    return state["critic_params"], None
+  critic_config = critic_config_from(config, model_config_from(config.actor_rollout_ref.model))
+  return split_value_head(critic_base_params(config, critic_config))[0], trained
 
 
 def main(argv=None):

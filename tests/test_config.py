@@ -40,7 +40,7 @@ def test_wrong_type_names_the_key():
     ("algorithm.kl_ctrl.type", "pid", "algorithm.kl_ctrl.type"),
     ("actor_rollout_ref.model.lora_rank", -1, "actor_rollout_ref.model.lora_rank' must be >= 0"),
     ("actor_rollout_ref.model.target_modules", ["q_proj", "wte"], "target_modules.*unknown.*wte"),
-    ("critic.model.lora_rank", 8, "critic fine-tunes every parameter"),
+    ("critic.model.target_modules", "q_proj,lm_head", "the critic has no LM head"),
     ("data.train_batch_size", 10, "not divisible"),
     ("trainer.logger", ("console", "carrier_pigeon"), "carrier_pigeon"),
     ("actor_rollout_ref.rollout.temperature", 0.0, "do_sample=False for greedy"),

@@ -190,6 +190,15 @@ def model_config_from(model, tokenizer=None) -> DecoderConfig:
   return model_config
 
 
+def critic_config_from(config, actor_config: DecoderConfig, tokenizer=None) -> DecoderConfig:
+  """The critic's DecoderConfig of a run's config: the actor's architecture (`actor_config`) unless
+  `critic.model.path` names another checkpoint; the critic's own compute and LoRA keys either way."""
+  actor_model, critic_model = config.actor_rollout_ref.model, config.critic.model
+  if critic_model.path and critic_model.path != actor_model.path:
+    return model_config_from(critic_model, tokenizer)
+  return dataclasses.replace(actor_config, **compute_settings(critic_model))
+
+
 def hf_config_dict(config: DecoderConfig, head: str = "lm", base: dict[str, Any] | None = None,
                    dtype: str | None = None) -> dict[str, Any]:
   """An HF config.json dict for `config` (v4 `rope_theta`/`rope_scaling` form, which v4 and v5 both read).

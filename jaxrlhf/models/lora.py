@@ -168,6 +168,32 @@ def merge_adapters(params, adapters, lora_alpha: float):
   return merged
 
 
+# ----- a LoRA critic's trained part -------------------------------------------------------------
+
+# The value head: fresh (a base checkpoint has none), so with critic LoRA it trains in full beside the
+# adapters, as PEFT's `modules_to_save`.
+VALUE_HEAD = "score"
+
+
+def critic_trained(adapters, params) -> dict:
+  """What a LoRA critic trains: {"lora": its adapters, "head": {"score": the value head}} of the critic's
+  `params` (the head is read from them); `split_value_head` gives the frozen backbone."""
+  return {"lora": adapters, "head": {VALUE_HEAD: params[VALUE_HEAD]}}
+
+
+def split_value_head(params) -> tuple[dict, dict]:
+  """(backbone, head) of a value model's params (or of a same-shaped tree of shapes or shardings)."""
+  backbone = {key: value for key, value in params.items() if key != VALUE_HEAD}
+  return backbone, {VALUE_HEAD: params[VALUE_HEAD]}
+
+
+def critic_params_with(backbone, trained, lora_alpha: float | None = None):
+  """The critic's params: the frozen backbone with the trained value head; with `lora_alpha` also the
+  adapters merged in (what export writes). Without it, apply them unmerged (`trained["lora"]`)."""
+  params = {**backbone, **trained["head"]}
+  return params if lora_alpha is None else merge_adapters(params, trained["lora"], lora_alpha)
+
+
 def count_adapter_params(adapters) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
 

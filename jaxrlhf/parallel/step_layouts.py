@@ -23,6 +23,7 @@ import jax
 from jax.sharding import Mesh
 
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, Decoder, abstract_adapters, abstract_params
+from jaxrlhf.models.lora import critic_trained, split_value_head
 from jaxrlhf.parallel.layouts import (TRAIN_RULES, activation_sharding, batch_sharding, generation_rules,
                                       logical_to_shardings)
 
@@ -33,7 +34,10 @@ class StepLayouts:
   actor_train: Any = None  # trees of NamedSharding, one per parameter
   actor_generation: Any = None
   actor_adapters: Any = None  # LoRA adapters in the train layout (None without LoRA)
-  critic_train: Any = None
+  critic_train: Any = None  # the critic's whole tree, value head included
+  # Critic LoRA: {"lora": adapters, "head": value head} in the train layout (`TrainState.critic_adapters`);
+  # the frozen backbone is `critic_train` without the head (`critic_params`). None without critic LoRA.
+  critic_adapters: Any = None
   reward_train: Any = None
   generation_rules: tuple = ()
   # Offload: device-memory shardings to fetch into, host ones to return to (None: nothing offloaded).
@@ -66,11 +70,11 @@ class StepLayouts:
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape))
 
   def pin_gradients(self, grads, role: str):
-    """Gradients in the train layout of what `role` ("actor" or "critic") trains: the actor's parameters,
-    or its adapters with LoRA (`update_loop.minibatch_gradients` pins each micro-batch's and their sum:
-    with the activations split by rows XLA otherwise sums each layer's weight gradient whole on every
-    device)."""
-    shardings = self.critic_train if role == "critic" else (
+    """Gradients in the train layout of what `role` ("actor" or "critic") trains: its parameters, or with
+    LoRA its adapters (and the critic's value head). `update_loop.minibatch_gradients` pins each
+    micro-batch's and their sum: with the activations split by rows XLA otherwise sums each layer's weight
+    gradient whole on every device."""
+    shardings = self.critic_optimized if role == "critic" else (
         self.actor_train if self.actor_adapters is None else self.actor_adapters)
     if self.mesh is None or shardings is None:
       return grads
@@ -113,6 +117,16 @@ class StepLayouts:
     return self.actor_host or self.actor_train
 
   @property
+  def critic_params(self):
+    """Where `TrainState.critic_params` lives: the whole critic, or with LoRA its backbone (no value head)."""
+    return self.critic_train if self.critic_adapters is None else split_value_head(self.critic_train)[0]
+
+  @property
+  def critic_optimized(self):
+    """What the critic's optimizer tracks: its params, or with LoRA its adapters and value head."""
+    return self.critic_train if self.critic_adapters is None else self.critic_adapters
+
+  @property
   def ref_params(self):
     """Where the reference policy lives between steps: the train layout, in host memory when offloaded."""
     if self.ref_device is None:
@@ -130,12 +144,19 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
   actor_shapes, actor_logical = abstract_params(Decoder(model_config, head="lm"))
   # Adapters follow their kernel's rules (A [D, r] over fsdp like the kernel's D); the rank is replicated.
   adapter_shapes, adapter_logical = abstract_adapters(Decoder(model_config, head="lm"))
+  critic_train = train_shardings(critic_model_config, "value")
+  critic_adapters = None
+  if config.critic.enable and critic_model_config.lora_rank:
+    critic_adapter_shapes, critic_adapter_logical = abstract_adapters(Decoder(critic_model_config, head="value"))
+    critic_adapters = critic_trained(
+        logical_to_shardings(critic_adapter_logical, critic_adapter_shapes, mesh, TRAIN_RULES), critic_train)
   return StepLayouts(
       actor_adapters=(logical_to_shardings(adapter_logical, adapter_shapes, mesh, TRAIN_RULES)
                       if adapter_shapes is not None else None),
       mesh=mesh,
       actor_train=logical_to_shardings(actor_logical, actor_shapes, mesh, TRAIN_RULES),
       actor_generation=logical_to_shardings(actor_logical, actor_shapes, mesh, gen_rules),
-      critic_train=train_shardings(critic_model_config, "value"),
+      critic_train=critic_train,
+      critic_adapters=critic_adapters,
       reward_train=train_shardings(reward_model_config, "reward") if reward_model_config is not None else None,
       generation_rules=gen_rules)

@@ -58,9 +58,13 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
   return loss, metrics
 
 
-def critic_loss(params, unused_aux, micro, normalizers, unused_rng, *, outputs: ModelOutputs, critic):
-  """Clipped value loss. `critic`: the critic's config section."""
-  vpreds = outputs.values(params, micro)
+def critic_loss(params, aux, micro, normalizers, unused_rng, *, outputs: ModelOutputs, critic):
+  """Clipped value loss. `critic`: the critic's config section.
+
+  aux: None, or with LoRA {"base_params": the frozen backbone}; `params` (what is differentiated) are
+  then the critic's adapters and value head (`TrainState.critic_adapters`)."""
+  base, trained = (aux["base_params"], params) if aux and "base_params" in aux else (params, None)
+  vpreds = outputs.values(base, micro, trained)
   vf_loss, vf_clipfrac = algos.compute_value_loss(
       vpreds, micro["values"], micro["returns"], micro["response_mask"], critic.cliprange_value,
       loss_agg_mode=critic.loss_agg_mode, **normalizers)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from jaxrlhf import algos
 from jaxrlhf.models.decoder import Decoder, head_outputs, model_variables, positions_from_mask
+from jaxrlhf.models.lora import critic_params_with
 from jaxrlhf.rollout import token_log_probs
 from jaxrlhf.trainer import packing
 
@@ -153,7 +154,12 @@ class ModelOutputs:
     out = self.token_outputs(params, micro, ("entropy",) if with_entropy else (), adapters)
     return out["log_prob"], out.get("entropy")
 
-  def values(self, params, micro: dict):
-    """V at the state before each response token, [N, R]."""
-    hidden_BxLxD = self._hidden(self.critic, params, micro)
+  def values(self, params, micro: dict, adapters=None):
+    """V at the state before each response token, [N, R].
+
+    `adapters`: a LoRA critic's trained part (`TrainState.critic_adapters`: {"lora", "head"}); `params` is
+    then its frozen backbone, run with the adapters unmerged and the trained value head."""
+    if adapters is not None:
+      params = critic_params_with(params, adapters)
+    hidden_BxLxD = self._hidden(self.critic, params, micro, None if adapters is None else adapters["lora"])
     return self._to_responses(head_outputs(self.critic.config, "value", params, hidden_BxLxD), micro)

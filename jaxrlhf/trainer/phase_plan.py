@@ -19,6 +19,8 @@ class PhasePlan:
   # LoRA: the actor trains adapters over a frozen base, and the base (adapters off) is the reference
   # policy, so no copy of the weights is stored for it.
   actor_lora: bool
+  # Critic LoRA: the critic trains adapters and its value head over a frozen backbone.
+  critic_lora: bool
   stores_reference: bool
   # Exact KL over the vocabulary ("full") needs both policies' logits in one place: the old-log-prob
   # phase runs the reference too (for the reward; it then yields the reference log-probs as well, so
@@ -45,7 +47,9 @@ class PhasePlan:
   actor_warmup_steps: int
 
   @classmethod
-  def from_config(cls, config, actor_lora: bool) -> PhasePlan:
+  def from_config(cls, config, model_config, critic_model_config) -> PhasePlan:
+    """`model_config` / `critic_model_config`: the actor's and critic's `DecoderConfig` (LoRA by rank)."""
+    actor_lora, critic_lora = model_config.lora_rank > 0, critic_model_config.lora_rank > 0
     actor, algo = config.actor_rollout_ref.actor, config.algorithm
     correction = algo.rollout_correction
     use_reference = bool(actor.use_kl_loss or algo.use_kl_in_reward)
@@ -57,6 +61,7 @@ class PhasePlan:
         use_critic=bool(config.critic.enable),
         use_reference=use_reference,
         actor_lora=actor_lora,
+        critic_lora=critic_lora and bool(config.critic.enable),
         stores_reference=use_reference and not actor_lora,
         full_kl_in_reward=full_kl_in_reward,
         full_kl_loss=bool(actor.use_kl_loss and actor.kl_loss_type == "full"),

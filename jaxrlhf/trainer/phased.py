@@ -48,7 +48,8 @@ class PhasedStep:
               ppo.reference_params(state) if ppo.plan.full_kl_in_reward else None)
     ref = (run("ref", self.ref, ppo.reference_params(state), rollout) if ppo.plan.ref_phase
            else old[1].get("ref_log_prob"))
-    values = run("values", self.values, state.critic_params, rollout) if ppo.plan.use_critic else None
+    values = (run("values", self.values, state.critic_params, rollout, state.critic_adapters) if ppo.plan.use_critic
+              else None)
     adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values, old[1])
     data = run(None, self.data, rollout, old[0], ref, adv)
     critic = None

@@ -75,7 +75,7 @@ class PPOStep:
         config, num_batch_shards, {ACTOR: sp_sizes["actor"], CRITIC: sp_sizes["critic"]},
         head_costs={ACTOR: flops.head_cost(model_config, "lm", seq_len),
                     CRITIC: flops.head_cost(critic_model_config or model_config, "value", seq_len)})
-    self.plan = plan = PhasePlan.from_config(config, actor_lora=model_config.lora_rank > 0)
+    self.plan = plan = PhasePlan.from_config(config, model_config, critic_model_config or model_config)
     # The two trained roles: (config path, config section, packed).
     self.sections = {"actor": (ACTOR, actor, plan.actor_packed), "critic": (CRITIC, config.critic, plan.critic_packed)}
     # The reference's weights are fetched like the actor's base with LoRA, else like its own copy.
@@ -134,10 +134,10 @@ class PPOStep:
     return self._forward_phase(lambda micro: self.outputs.token_outputs(ref_params, micro), rollout, "actor",
                                "ref")["log_prob"]
 
-  def critic_values(self, critic_params, rollout: dict):
-    values_NxR = self._forward_phase(lambda micro: self.outputs.values(critic_params, micro), rollout, "critic",
-                                     "values")
-    return values_NxR * rollout["response_mask"].astype(jnp.float32)
+  def critic_values(self, critic_params, rollout: dict, critic_adapters=None):
+    """Phase `values`; `critic_adapters`: a LoRA critic's adapters and value head (None: full params)."""
+    outputs_fn = lambda micro: self.outputs.values(critic_params, micro, critic_adapters)
+    return self._forward_phase(outputs_fn, rollout, "critic", "values") * rollout["response_mask"].astype(jnp.float32)
 
   # ----- adv and the updates ----------------------------------------------------------------------
 
@@ -165,8 +165,11 @@ class PPOStep:
                                                                                role=role))
 
   def update_critic(self, state: TrainState, data: dict, values, returns, rng):
-    """Phase `update_critic`: PPO epochs of clipped value loss."""
-    return self._update(self.critic_loss, "critic", state.critic_params, state.critic_opt_state, None,
+    """Phase `update_critic`: PPO epochs of clipped value loss; trains the critic's params, or with LoRA its
+    adapters and value head (the backbone then rides in aux, frozen). -> (trained, opt_state, metrics)"""
+    trained, aux = ((state.critic_adapters, {"base_params": state.critic_params}) if self.plan.critic_lora
+                    else (state.critic_params, None))
+    return self._update(self.critic_loss, "critic", trained, state.critic_opt_state, aux,
                         dict(data, values=values, returns=returns), rng,
                         self.lr_schedules["critic"](state.step) * state.lr_scale)
 
@@ -207,8 +210,7 @@ class PPOStep:
 
   @staticmethod
   def split_rng(rng):
-    gen_rng, actor_rng, critic_rng = jax.random.split(rng, 3)
-    return {"gen": gen_rng, "actor": actor_rng, "critic": critic_rng}
+    return dict(zip(("gen", "actor", "critic"), jax.random.split(rng, 3)))
 
   def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng) -> tuple[TrainState, dict]:
     """Everything after the reward, in one program (used by the fused step and by DAPO's rounds)."""
@@ -216,7 +218,8 @@ class PPOStep:
                             self.reference_params(state) if self.plan.full_kl_in_reward else None)
     ref_log_probs = (self.ref_log_prob(self.reference_params(state), rollout) if self.plan.ref_phase
                      else old[1].get("ref_log_prob"))
-    values = self.critic_values(state.critic_params, rollout) if self.plan.use_critic else None
+    values = (self.critic_values(state.critic_params, rollout, state.critic_adapters) if self.plan.use_critic
+              else None)
     adv = self.advantages(state, rollout, scored, old[0], ref_log_probs, values, old[1])
     return self.finish(state, rollout, scored, old, ref_log_probs, values, adv, self.split_rng(rng))
 
@@ -226,21 +229,18 @@ class PPOStep:
     old_log_probs, old_aux = old
     data = update_loop.update_data(rollout, old_log_probs, ref_log_probs, adv)
     metrics = {**old_aux["metrics"], **adv["metrics"]}
-    critic_params, critic_opt_state = state.critic_params, state.critic_opt_state
+    results = {}  # role -> (trained: its params, or with LoRA its adapters (+ value head), opt state, metrics)
     if self.plan.use_critic:
-      critic_params, critic_opt_state, critic_metrics = critic_result or self.update_critic(
-          state, data, values, adv["returns"], rngs["critic"])
-      metrics.update(critic_metrics)
-    actor_trained, actor_opt_state, actor_metrics = actor_result or self.update_actor(state, data, rngs["actor"])
-    metrics.update(actor_metrics)
-    lora = self.plan.actor_lora
-    actor_params, actor_adapters = (state.actor_params, actor_trained) if lora else (actor_trained, None)
+      results["critic"] = critic_result or self.update_critic(state, data, values, adv["returns"], rngs["critic"])
+    results["actor"] = actor_result or self.update_actor(state, data, rngs["actor"])
+    fields = {}
+    for role, (trained, opt_state, role_metrics) in results.items():
+      lora = self.plan.actor_lora if role == "actor" else self.plan.critic_lora
+      fields.update({f"{role}_adapters" if lora else f"{role}_params": trained, f"{role}_opt_state": opt_state})
+      metrics.update(role_metrics)
     metrics.update(batch_metrics(rollout, scored, adv, values, self.config.data.max_prompt_length,
                                  self.config.algorithm.gdpo_reward_keys or ()))
-    new_state = state.replace(step=state.step + 1, actor_params=actor_params, actor_opt_state=actor_opt_state,
-                              actor_adapters=actor_adapters,
-                              critic_params=critic_params, critic_opt_state=critic_opt_state, kl_coef=adv["kl_coef"])
-    return new_state, metrics
+    return state.replace(step=state.step + 1, kl_coef=adv["kl_coef"], **fields), metrics
 
   def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
     """The fused step: every phase in one program."""

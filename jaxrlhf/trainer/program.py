@@ -18,9 +18,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jaxrlhf.config import SEQUENCE_PARALLEL_KEYS, ConfigError, sequence_parallel_sizes
-from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, compute_settings, load_hf_config,
+from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, critic_config_from, load_hf_config,
                             model_config_from)
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, abstract_adapters
+from jaxrlhf.models.lora import critic_trained, split_value_head
 from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
 from jaxrlhf.parallel.layouts import activation_sharding
 from jaxrlhf.parallel.mesh import fsdp_size
@@ -88,6 +89,8 @@ class StepProgram:
     if state.critic_params is not None:
       counts["critic params"] = per_device_bytes(state.critic_params)
       counts["critic optimizer"] = per_device_bytes(state.critic_opt_state)
+    if state.critic_adapters is not None:
+      counts["critic LoRA adapters + value head"] = per_device_bytes(state.critic_adapters)
     return layout_report(self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation},
                          counts)
 
@@ -109,12 +112,8 @@ def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig,
   The critic has the actor's architecture unless `critic.model.path` names another checkpoint; its own
   compute keys (dtype, param_dtype, gradient checkpointing) apply either way.
   """
-  actor_model, critic_model = config.actor_rollout_ref.model, config.critic.model
-  model_config = model_config_from(actor_model, tokenizer)
-  if critic_model.path and critic_model.path != actor_model.path:
-    critic_model_config = model_config_from(critic_model, tokenizer)
-  else:
-    critic_model_config = dataclasses.replace(model_config, **compute_settings(critic_model))
+  model_config = model_config_from(config.actor_rollout_ref.model, tokenizer)
+  critic_model_config = critic_config_from(config, model_config, tokenizer)
   # The reward model reads the actor's token ids: it must share the actor's tokenizer.
   reward_model_config = load_hf_config(config.reward_model.model.path) if config.reward_model.enable else None
   return model_config, critic_model_config, reward_model_config
@@ -173,20 +172,27 @@ def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState
   actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, trained_shapes),
                               layouts.actor_opt_host or opt_shardings["actor"])
   ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.plan.stores_reference else None
-  critic_params = critic_opt_state = None
+  critic_params = critic_opt_state = critic_adapters = None
   if ppo.plan.use_critic:
-    critic_shapes = abstract_params(Decoder(program_parts["critic_model_config"], head="value"))[0]
-    critic_params = _abstract(critic_shapes, layouts.critic_train)
-    critic_opt_state = _abstract(jax.eval_shape(optimizers["critic"].init, critic_shapes), opt_shardings["critic"])
+    critic = Decoder(program_parts["critic_model_config"], head="value")
+    critic_shapes = abstract_params(critic)[0]
+    critic_trained_shapes = critic_shapes
+    if ppo.plan.critic_lora:  # the backbone frozen; the adapters and the value head train
+      critic_trained_shapes = critic_trained(abstract_adapters(critic)[0], critic_shapes)
+      critic_adapters = _abstract(critic_trained_shapes, layouts.critic_adapters)
+      critic_shapes = split_value_head(critic_shapes)[0]
+    critic_params = _abstract(critic_shapes, layouts.critic_params)
+    critic_opt_state = _abstract(jax.eval_shape(optimizers["critic"].init, critic_trained_shapes),
+                                 opt_shardings["critic"])
   reward_params = None
   if program_parts["reward_model_config"] is not None:
     reward_shapes = abstract_params(Decoder(program_parts["reward_model_config"], head="reward"))[0]
     reward_params = _abstract(reward_shapes, layouts.reward_train)
   scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated(mesh))
   return TrainState(step=scalar(jnp.int32), actor_params=actor_params, actor_opt_state=actor_opt_state,
-                    actor_adapters=actor_adapters,
-                    critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
-                    reward_params=reward_params, kl_coef=scalar(jnp.float32), lr_scale=scalar(jnp.float32))
+                    actor_adapters=actor_adapters, critic_params=critic_params, critic_opt_state=critic_opt_state,
+                    critic_adapters=critic_adapters, ref_params=ref_params, reward_params=reward_params,
+                    kl_coef=scalar(jnp.float32), lr_scale=scalar(jnp.float32))
 
 
 def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_model_config: DecoderConfig,
@@ -203,10 +209,10 @@ def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_mod
   schedules = {"actor": make_lr_schedule(actor_cfg.optim, total_steps),
                "critic": make_lr_schedule(config.critic.optim, total_steps)}
   layouts = build_step_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
-  # With LoRA the actor's optimizer tracks the adapters only.
+  # With LoRA the actor's optimizer tracks the adapters only (the critic's: its adapters and value head).
   actor_trained = layouts.actor_train if layouts.actor_adapters is None else layouts.actor_adapters
   opt_shardings = {"actor": opt_state_shardings(optimizers["actor"], actor_trained, replicated(mesh)),
-                   "critic": opt_state_shardings(optimizers["critic"], layouts.critic_train, replicated(mesh))}
+                   "critic": opt_state_shardings(optimizers["critic"], layouts.critic_optimized, replicated(mesh))}
   layouts = layouts.with_offload(config, opt_shardings["actor"])
   check_sequence_parallel(config, mesh, model_config, critic_model_config)
   num_batch_shards = mesh.shape["data"] * fsdp_size(mesh)

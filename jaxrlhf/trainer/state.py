@@ -23,8 +23,11 @@ class TrainState:
   actor_params: Any  # with LoRA: the frozen base (also the reference policy: adapters off)
   actor_opt_state: Any  # over what the actor trains: its params, or its adapters with LoRA
   actor_adapters: Any  # LoRA adapters (actor_rollout_ref.model.lora_rank > 0), fp32; else None
-  critic_params: Any  # None without a critic
-  critic_opt_state: Any
+  critic_params: Any  # None without a critic; with critic LoRA the frozen backbone (no value head)
+  critic_opt_state: Any  # over what the critic trains: its params, or its critic_adapters with LoRA
+  # Critic LoRA (critic.model.lora_rank > 0): what trains, {"lora": adapters (fp32), "head": {"score": the
+  # value head}} (`models.lora.critic_trained`); else None.
+  critic_adapters: Any
   ref_params: Any  # None when no KL term needs the reference policy, and with LoRA (the base is the reference)
   reward_params: Any  # the reward model's (reward_model.enable), frozen; else None
   kl_coef: jax.Array  # KL-in-reward coefficient beta, updated by the KL controller

@@ -22,9 +22,10 @@ from jaxrlhf import rewards
 from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
-from jaxrlhf.export import actor_base_params, init_keys, write_hf
-from jaxrlhf.models import Decoder, generation_eos_ids, init_params, load_hf_params, load_tokenizer, pad_token_id
+from jaxrlhf.export import actor_base_params, critic_base_params, init_keys, write_hf
+from jaxrlhf.models import Decoder, generation_eos_ids, load_hf_params, load_tokenizer, pad_token_id
 from jaxrlhf.models.decoder import init_adapters
+from jaxrlhf.models.lora import critic_trained, split_value_head
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import fsdp_size, mesh_from_config
 from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
@@ -83,7 +84,6 @@ class Trainer:
     self.total_steps = trainer_cfg.total_training_steps or self.schedule.batches_per_epoch * trainer_cfg.total_epochs
 
     self.model_config, self.critic_model_config, self.reward_model_config = model_configs(config, self.tokenizer)
-    self.critic_model_path = config.critic.model.path or config.actor_rollout_ref.model.path
     eos_ids = generation_eos_ids(config.actor_rollout_ref.model.path or None, self.tokenizer)
     pad_id = pad_token_id(self.tokenizer, eos_ids)
     # GDPO's reward components: entries of the dict the reward function returns, one advantage each.
@@ -124,7 +124,6 @@ class Trainer:
     """Loads or initialises every part of the state straight into `shardings` (the program's)."""
     config, optimizers = self.config, self.program.optimizers
     actor_key, critic_key = init_keys(config)
-    init = lambda model, shardings: jax.jit(lambda key: init_params(model, key)[0], out_shardings=shardings)
     actor_train = self.layouts.actor_train  # in device memory: the optimizer and the reference start from it
     actor_params = actor_base_params(config, self.model_config, actor_train)
     actor_adapters = None
@@ -136,14 +135,18 @@ class Trainer:
     ref_params = None
     if self.ppo.plan.stores_reference:
       ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings.ref_params)(actor_params)
-    critic_params = critic_opt_state = None
+    critic_params = critic_opt_state = critic_adapters = None
     if self.ppo.plan.use_critic:
-      if self.critic_model_path:  # verl's critic format, or the actor's checkpoint with a fresh value head
-        critic_params = load_hf_params(self.critic_model_path, self.critic_model_config, head="value",
-                                       shardings=shardings.critic_params, rng=critic_key)
-      else:
-        critic_params = init(Decoder(self.critic_model_config, head="value"), shardings.critic_params)(critic_key)
-      critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=shardings.critic_opt_state)(critic_params)
+      # verl's critic format, the actor's checkpoint with a fresh value head, or all fresh.
+      critic_params = critic_base_params(config, self.critic_model_config, self.layouts.critic_train)
+      if self.ppo.plan.critic_lora:  # fresh adapters (B = 0) and the value head train; the backbone is frozen
+        critic = Decoder(self.critic_model_config, head="value")
+        adapters = jax.jit(lambda key: init_adapters(critic, key)[0],
+                           out_shardings=shardings.critic_adapters["lora"])(jax.random.fold_in(critic_key, 1))
+        critic_adapters = critic_trained(adapters, critic_params)
+        critic_params = split_value_head(critic_params)[0]
+      critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=shardings.critic_opt_state)(
+          critic_params if critic_adapters is None else critic_adapters)
     reward_params = None
     if self.reward_model_config is not None:
       reward_params = load_hf_params(config.reward_model.model.path, self.reward_model_config, head="reward",
@@ -152,7 +155,8 @@ class Trainer:
     actor_params = jax.device_put(actor_params, shardings.actor_params)  # to the host with param_offload
     return TrainState(reward_params=reward_params, step=put(jnp.int32(0)), actor_params=actor_params,
                       actor_opt_state=actor_opt_state, actor_adapters=actor_adapters,
-                      critic_params=critic_params, critic_opt_state=critic_opt_state, ref_params=ref_params,
+                      critic_params=critic_params, critic_opt_state=critic_opt_state, critic_adapters=critic_adapters,
+                      ref_params=ref_params,
                       kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)), lr_scale=put(jnp.float32(1.0)))
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -294,7 +298,7 @@ class Trainer:
     adapters merged in, and alone in PEFT's layout in `out_dir`/lora_adapter."""
     has_critic = self.state.critic_params is not None
     write_hf(self.state.actor_params, self.config, out_dir, actor_adapters=self.state.actor_adapters,
-             critic_params=self.state.critic_params,
+             critic_params=self.state.critic_params, critic_adapters=self.state.critic_adapters,
              critic_out=os.path.join(out_dir, "critic") if has_critic else None,
              tokenizer_dir=os.path.join(self.run_dir, "tokenizer"))
 

@@ -11,8 +11,9 @@ import pytest
 
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask, save_hf_checkpoint
 from jaxrlhf.models.decoder import init_adapters, init_params, model_variables
-from jaxrlhf.models.lora import (EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, count_adapter_params, merge_adapters,
-                                 resolve_target_modules, save_peft_adapter)
+from jaxrlhf.models.lora import (EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, VALUE_HEAD, count_adapter_params,
+                                 critic_params_with, critic_trained, expected_adapter_params, merge_adapters,
+                                 resolve_target_modules, save_peft_adapter, split_value_head)
 from tests.models.hf_fixtures import build_model, hf_forward, left_padded_batch, save_model
 
 
@@ -128,3 +129,26 @@ def test_merged_export_loads_in_transformers_and_adapters_in_peft(tmp_path, scan
   assert all(float(v.abs().max()) > 0 for k, v in loaded.items())
   np.testing.assert_allclose(hf_forward(with_adapter, ids, mask, positions)[valid], ours[valid], atol=1e-4,
                              rtol=1e-4)
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_critic_trained_part_adapters_and_value_head(tiny_model_config, scan_layers):
+  """A LoRA critic: adapters as the actor's (no LM head: the head is the value head), trained beside the value
+  head; backbone + head with the adapters unmerged equals the merged params."""
+  config = _lora_config(tiny_model_config, targets=(EMBED_TARGET,) + LORA_TARGETS, scan_layers=scan_layers)
+  critic = Decoder(config, head="value")
+  params, _ = init_params(critic, jax.random.key(0))
+  trained = critic_trained(init_adapters(critic, jax.random.key(1))[0], params)
+  backbone, head = split_value_head(params)
+  assert VALUE_HEAD not in backbone and set(head[VALUE_HEAD]) == {"kernel", "bias"}
+  assert count_adapter_params(trained) == expected_adapter_params(config) + config.hidden_size + 1
+  ids, mask, _ = left_padded_batch(batch=2, length=10, pads=(0, 3))
+  ids = ids % config.vocab_size
+  np.testing.assert_array_equal(  # fresh adapters: the full critic
+      _forward(critic, model_variables(critic_params_with(backbone, trained), trained["lora"]), ids, mask),
+      _forward(critic, {"params": params}, ids, mask))
+  nudged = _nudged(trained)
+  adapted = _forward(critic, model_variables(critic_params_with(backbone, nudged), nudged["lora"]), ids, mask)
+  assert np.abs(np.asarray(adapted - _forward(critic, {"params": params}, ids, mask))).max() > 1e-2
+  merged = _forward(critic, {"params": critic_params_with(backbone, nudged, config.lora_alpha)}, ids, mask)
+  np.testing.assert_allclose(merged, adapted, atol=1e-5, rtol=1e-5)

@@ -85,6 +85,7 @@ def test_jsonl_prompts_give_the_same_greedy_responses_in_a_new_process(greedy_te
 class _State:  # the fields of the train state that a checkpoint needs here
   actor_params: dict
   actor_adapters: dict | None = None  # LoRA adapters (none here)
+  critic_adapters: dict | None = None  # critic LoRA (none here)
   ref_params: dict | None = None
   reward_params: dict | None = None
 

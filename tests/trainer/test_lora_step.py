@@ -1,16 +1,20 @@
 """LoRA in the PPO step: only the adapters train (and hold optimizer state), fresh adapters give the base
-model's step, the reference is the base (no copy), and a checkpoint resumes adapters and moments exactly."""
+model's step, the reference is the base (no copy), and a checkpoint resumes adapters and moments exactly.
+The critic's LoRA likewise, with its fresh value head trained beside the adapters; its export is merged."""
 
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrlhf.checkpoint import Checkpointer, read_checkpoint
 from jaxrlhf.export import LORA_ADAPTER_DIR, export_checkpoint
-from jaxrlhf.models import load_hf_config, load_hf_params
-from jaxrlhf.models.lora import count_adapter_params, expected_adapter_params, merge_adapters
+from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask
+from jaxrlhf.models.decoder import model_variables
+from jaxrlhf.models.lora import (VALUE_HEAD, count_adapter_params, critic_params_with, expected_adapter_params,
+                                 merge_adapters)
 from jaxrlhf.trainer import Trainer
 from tests.helpers import TIMING_DEPENDENT, small_config
 
@@ -88,3 +92,82 @@ def test_resume_restores_adapters_and_optimizer_state_exactly_and_exports(tmp_pa
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7),
                _host(exported), expected)
   assert sorted(os.listdir(os.path.join(out, LORA_ADAPTER_DIR))) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+# ----- critic LoRA: adapters and the fresh value head train over a frozen backbone ---------------
+
+CRITIC_LORA = {"critic.model.lora_rank": 4, "critic.model.lora_alpha": 8}
+
+
+def test_critic_lora_trains_adapters_and_value_head_only(tmp_path):
+  trainer = _trainer(tmp_path, **CRITIC_LORA)
+  state = trainer.state
+  assert state.actor_adapters is None  # the actor fine-tunes in full
+  assert set(state.critic_adapters) == {"lora", "head"} and VALUE_HEAD not in state.critic_params
+  num_adapters = count_adapter_params(state.critic_adapters["lora"])
+  assert num_adapters == expected_adapter_params(trainer.critic_model_config) > 0
+  D = trainer.critic_model_config.hidden_size
+  num_trained = count_adapter_params(state.critic_adapters)
+  assert num_trained == num_adapters + D + 1  # the value head: kernel [D, 1] and bias [1]
+  moments = [x for x in jax.tree.leaves(state.critic_opt_state) if x.ndim > 0]
+  assert sum(x.size for x in moments) == 2 * num_trained  # Adam's mu and nu over what trains only
+
+  backbone, head = _host(state.critic_params), _host(state.critic_adapters["head"])
+  losses = [trainer.train_step(step)["critic/vf_loss"] for step in range(3)]
+  assert len(set(losses)) == 3  # the critic learns
+  jax.tree.map(np.testing.assert_array_equal, _host(trainer.state.critic_params), backbone)  # frozen
+  moved = [np.abs(x).max() for x in jax.tree.leaves(_host(trainer.state.critic_adapters["lora"]))]
+  assert min(moved) > 0  # every A and B trained (B left zero)
+  changed = jax.tree.map(lambda a, b: np.abs(a - b).max(), _host(trainer.state.critic_adapters["head"]), head)
+  assert min(jax.tree.leaves(changed)) > 0
+
+
+def test_fresh_critic_adapters_step_like_the_full_critic(tmp_path):
+  full = _trainer(tmp_path / "full", **ONE_UPDATE)
+  lora = _trainer(tmp_path / "lora", **ONE_UPDATE, **CRITIC_LORA)
+  # The same value head: initialised as a full critic's, then trained beside the adapters.
+  jax.tree.map(np.testing.assert_array_equal, _host(lora.state.critic_adapters["head"][VALUE_HEAD]),
+               _host(full.state.critic_params[VALUE_HEAD]))
+  expected, got = full.train_step(0), lora.train_step(0)
+  assert "critic/vpred_mean" in got and "critic/values/mean" in got
+  for key, value in expected.items():
+    if key.startswith(TIMING_DEPENDENT) or key == "critic/grad_norm":  # the norm is over what trains
+      continue
+    np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+def test_critic_lora_resumes_exactly_and_exports_merged(tmp_path):
+  import torch
+  import transformers
+  trainer = _trainer(tmp_path, **CRITIC_LORA)
+  trainer.train_step(0)
+  trainer.train_step(1)
+  checkpointer = Checkpointer(str(tmp_path / "ckpt"))
+  trainer.save(checkpointer, 2)
+  checkpointer.wait()
+  saved, _, _ = read_checkpoint(checkpointer.step_dir(2))
+  assert not saved.get("critic_params") and saved["critic_adapters"]["head"]  # the backbone is rebuilt
+
+  other = _trainer(tmp_path, **CRITIC_LORA)
+  restored, _ = checkpointer.restore(2, other.state)
+  checkpointer.close()
+  for field in ("critic_adapters", "critic_opt_state", "critic_params", "actor_params", "actor_opt_state"):
+    jax.tree.map(np.testing.assert_array_equal, _host(getattr(restored, field)), _host(getattr(trainer.state, field)))
+  backbone, trained = _host(restored.critic_params), _host(restored.critic_adapters)
+  other.state = restored  # donated by the step below
+  np.testing.assert_allclose(other.train_step(2)["critic/vf_loss"], trainer.train_step(2)["critic/vf_loss"],
+                             rtol=1e-6)
+
+  out, critic_out = str(tmp_path / "export"), str(tmp_path / "critic")
+  export_checkpoint(os.path.join(str(tmp_path / "ckpt"), "global_step_2"), out, critic_out=critic_out)
+  ids = np.array([[3, 9, 12, 20, 7, 30, 4]], np.int64)
+  mask = np.ones_like(ids)
+  with torch.no_grad():
+    hf_values = transformers.AutoModelForTokenClassification.from_pretrained(critic_out)(
+        torch.tensor(ids)).logits.numpy()[..., 0]
+  # Ours: the backbone with the adapters unmerged and the trained head, as the values phase runs it.
+  critic = Decoder(trainer.critic_model_config, head="value")
+  ours = critic.apply(model_variables(critic_params_with(backbone, trained), trained["lora"]),
+                      jnp.asarray(ids, jnp.int32), positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask))[0]
+  assert np.abs(np.asarray(ours)).max() > 1e-3
+  np.testing.assert_allclose(hf_values, np.asarray(ours), atol=1e-4)
