@@ -126,11 +126,11 @@ def test_bf16_generation_follows_fp32(setup):
 
 def test_bf16_matmuls_accumulate_in_fp32():
   """A bf16 projection equals the fp32 product of the bf16-rounded operands, rounded once to bf16."""
-  from jaxrlhf.models.decoder import _dot_general_f32_accumulate
+  from jaxrlhf.models.projection import project
   rng = np.random.RandomState(2)
   x = jnp.asarray(rng.randn(4, 512), jnp.bfloat16)
   w = jnp.asarray(rng.randn(512, 16), jnp.bfloat16)
-  out = _dot_general_f32_accumulate(x, w, (((1,), (0,)), ((), ())))
+  out = project(x, w)
   assert out.dtype == jnp.bfloat16
   exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   # fp32 accumulation: at most one bf16 rounding away (bf16 accumulation over 512 terms drifts much further).
