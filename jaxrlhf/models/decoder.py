@@ -62,6 +62,7 @@ from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attentio
                                       blockwise_attention, choose_kernel, cudnn_attention, splash_attention,
                                       xla_attention)
 from jaxrlhf.models.activation_layout import ActivationLayout
+from jaxrlhf.models.projection import PROJECTION, project
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -69,12 +70,16 @@ INIT_STD = 0.02  # std of every fresh kernel and embedding (HF's `initializer_ra
 HEADS = ("lm", "value", "reward")
 ROPE_TYPES = ("default", "linear", "llama3")
 # Gradient checkpointing of each decoder layer: which intermediates the backward pass may keep.
+# The projections are custom-VJP calls (`projection.py`), which the dot policies do not recognise as
+# dots: those policies also keep them, by their checkpoint name.
+_AND_PROJECTIONS = lambda policy: jax.checkpoint_policies.save_from_both_policies(
+    policy, jax.checkpoint_policies.save_only_these_names(PROJECTION))
 REMAT_POLICIES = {
     "none": None,  # no rematerialisation
     "full": jax.checkpoint_policies.nothing_saveable,
     "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_saveable": _AND_PROJECTIONS(jax.checkpoint_policies.dots_saveable),
+    "dots_with_no_batch_dims_saveable": _AND_PROJECTIONS(jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
 }
 
 
@@ -150,16 +155,6 @@ class DecoderConfig:
     return config
 
 
-def _dot_general_f32_accumulate(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
-  """`lax.dot_general` that accumulates in fp32 and returns the inputs' dtype.
-
-  For bf16 operands this is the precision GPUs and TPUs use anyway, and on x86 CPUs with AVX512-BF16 it
-  is the fast path (bf16 x bf16 -> fp32 runs about 2x the fp32 rate; bf16 -> bf16 does not).
-  """
-  return _dot_general_f32(lhs, rhs, dimension_numbers, precision, preferred_element_type, **kw).astype(
-      jnp.result_type(lhs, rhs))
-
-
 def _dot_general_f32(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
   """`lax.dot_general` accumulated in and returning fp32 (the language-model head's logits)."""
   del preferred_element_type
@@ -174,7 +169,7 @@ def _init(init_fn, names):
 def _linear(cfg: DecoderConfig, name: str, features, in_names, out_names, use_bias: bool) -> Linear:
   """A projection of a decoder layer; an adapter on it when LoRA targets `name`."""
   return Linear(tuple(features), tuple(in_names), tuple(out_names), use_bias, _DTYPES[cfg.dtype],
-                _DTYPES[cfg.param_dtype], _dot_general_f32_accumulate, nn.initializers.normal(INIT_STD),
+                _DTYPES[cfg.param_dtype], nn.initializers.normal(INIT_STD),
                 lora_rank=cfg.lora_rank if name in cfg.lora_targets else 0, lora_alpha=cfg.lora_alpha, name=name)
 
 
@@ -499,12 +494,12 @@ def head_outputs(config: DecoderConfig, head: str, params, hidden_xD, adapters=N
   if config.tie_word_embeddings:  # x @ embedding.T: contract with the embedding's D axis, no transpose
     embedding_VxD = params["embed_tokens"]["embedding"].astype(dtype)
     return _dot_general_f32(hidden_xD.astype(dtype), embedding_VxD, (((hidden_xD.ndim - 1,), (1,)), ((), ())))
-  logits_xV = _dot_general_f32(hidden_xD.astype(dtype), params["lm_head"]["kernel"].astype(dtype), dims)
+  logits_xV = project(hidden_xD.astype(dtype), params["lm_head"]["kernel"].astype(dtype), out_dtype=jnp.float32)
   if adapters is not None and HEAD_TARGET in adapters:  # unmerged (training): x W + (x A) B * alpha / r
     lora_A_Dxr, lora_B_rxV = (adapters[HEAD_TARGET][name].astype(dtype) for name in ("lora_A", "lora_B"))
-    hidden_xr = _dot_general_f32(hidden_xD.astype(dtype), lora_A_Dxr, dims).astype(dtype)
+    hidden_xr = project(hidden_xD.astype(dtype), lora_A_Dxr)
     scale = config.lora_alpha / lora_A_Dxr.shape[-1]
-    logits_xV = logits_xV + scale * _dot_general_f32(hidden_xr, lora_B_rxV, dims)
+    logits_xV = logits_xV + scale * project(hidden_xr, lora_B_rxV, out_dtype=jnp.float32)
   return logits_xV
 
 

@@ -37,6 +37,7 @@ from jaxrlhf.checkpoint import unstack_layers
 # The names are jax-free (the config validates target_modules without loading jax).
 from jaxrlhf.config import (ATTENTION_TARGETS, EMBED_TARGET, HEAD_TARGET, LORA_TARGETS,  # noqa: F401
                              MLP_TARGETS, resolve_target_modules)
+from jaxrlhf.models.projection import project
 
 COLLECTION = "lora"
 RANK_AXIS = "lora_rank"  # the adapters' rank dim: in no layout rule, so replicated
@@ -48,16 +49,15 @@ def _kaiming_uniform_A(fan_in: int):
 
 
 class Linear(nn.Module):
-  """x @ kernel (+ bias), contracting x's last len(in_names) dims; with `lora_rank` > 0 plus the adapter's
-  delta whenever the "lora" collection is given (always at init). `kernel_init` / `bias_init` are boxed
-  with logical axes in_names + out_names (`bias`: out_names)."""
+  """x @ kernel (+ bias), contracting x's last len(in_names) dims (`projection.project`: fp32 accumulation);
+  with `lora_rank` > 0 plus the adapter's delta whenever the "lora" collection is given (always at init).
+  `kernel_init` / `bias_init` are boxed with logical axes in_names + out_names (`bias`: out_names)."""
   features: tuple[int, ...]
   in_names: tuple[str, ...]
   out_names: tuple[str, ...]
   use_bias: bool
   dtype: Any
   param_dtype: Any
-  dot_general: Any
   kernel_init: Any
   lora_rank: int = 0
   lora_alpha: float = 16.0
@@ -69,9 +69,7 @@ class Linear(nn.Module):
     names = self.in_names + self.out_names
     kernel = self.param("kernel", nn.with_logical_partitioning(self.kernel_init, names),
                         in_shape + self.features, self.param_dtype)
-    contract = lambda lhs, rhs, n: self.dot_general(
-        lhs, rhs, ((tuple(range(lhs.ndim - n, lhs.ndim)), tuple(range(n))), ((), ())))
-    y = contract(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
+    y = project(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
     if self.use_bias:
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), self.out_names),
                         self.features, self.param_dtype)
@@ -83,8 +81,8 @@ class Linear(nn.Module):
       lora_A = self.variable(COLLECTION, "lora_A", lambda: init_A(self.make_rng("params"), in_shape + (rank,),
                                                                   jnp.float32)).value
       lora_B = self.variable(COLLECTION, "lora_B", lambda: init_B(None, (rank,) + self.features, jnp.float32)).value
-      xa = contract(x.astype(self.dtype), nn.unbox(lora_A).astype(self.dtype), n_in)
-      delta = contract(xa, nn.unbox(lora_B).astype(self.dtype), 1)
+      xa = project(x.astype(self.dtype), nn.unbox(lora_A).astype(self.dtype), n_in)
+      delta = project(xa, nn.unbox(lora_B).astype(self.dtype), 1)
       y = y + (delta * (self.lora_alpha / rank)).astype(y.dtype)
     return y
 

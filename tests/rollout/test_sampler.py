@@ -126,11 +126,11 @@ def test_bf16_generation_follows_fp32(setup):
 
 def test_bf16_matmuls_accumulate_in_fp32():
   """A bf16 projection equals the fp32 product of the bf16-rounded operands, rounded once to bf16."""
-  from jaxrlhf.models.decoder import _dot_general_f32_accumulate
+  from jaxrlhf.models.projection import project
   rng = np.random.RandomState(2)
   x = jnp.asarray(rng.randn(4, 512), jnp.bfloat16)
   w = jnp.asarray(rng.randn(512, 16), jnp.bfloat16)
-  out = _dot_general_f32_accumulate(x, w, (((1,), (0,)), ((), ())))
+  out = project(x, w)
   assert out.dtype == jnp.bfloat16
   exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   # fp32 accumulation: at most one bf16 rounding away (bf16 accumulation over 512 terms drifts much further).
@@ -154,3 +154,19 @@ def test_segmented_decode_equals_one_loop(setup, do_sample):
 def test_default_segments_follow_the_response_length():
   ends = lambda n: SamplingParams(max_new_tokens=n, eos_token_ids=(1,), pad_token_id=0).segment_ends
   assert ends(16) == [16] and ends(128) == [64, 128] and ends(1024) == [256, 512, 768, 1024]
+
+
+@pytest.mark.parametrize("per_row_keys", [False, True])
+def test_sampled_tokens_are_jax_categorical(per_row_keys):
+  """`choose_tokens` (Gumbel noise + a first-index max) draws exactly `jax.random.categorical`'s tokens,
+  top-k / top-p filtered logits included."""
+  from jaxrlhf.rollout.sampler import choose_tokens
+  logits_BxV = jax.random.normal(jax.random.key(3), (6, 50)) * 3
+  sampling = SamplingParams(max_new_tokens=1, eos_token_ids=(0,), pad_token_id=0, do_sample=True, temperature=0.7,
+                            top_k=20, top_p=0.9)
+  scaled_BxV = filter_logits(logits_BxV / 0.7, 20, 0.9)
+  for seed in range(20):
+    key = jax.random.split(jax.random.key(seed), 6) if per_row_keys else jax.random.key(seed)
+    want = (jax.vmap(jax.random.categorical)(key, scaled_BxV) if per_row_keys
+            else jax.random.categorical(key, scaled_BxV, axis=-1))
+    np.testing.assert_array_equal(np.asarray(choose_tokens(logits_BxV, key, sampling)), np.asarray(want))
