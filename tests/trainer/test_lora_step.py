@@ -63,23 +63,30 @@ def test_fresh_adapters_step_like_the_base_and_only_adapters_train(tmp_path, sca
   assert min(moved) > 0  # every A and B trained (B left zero)
 
 
-def test_resume_restores_adapters_and_optimizer_state_exactly_and_exports(tmp_path):
-  trainer = _trainer(tmp_path, **LORA)
+def _save_and_restore(tmp_path, overrides: dict, fields: tuple[str, ...]):
+  """Two steps of a trainer, saved at step 2 and restored into a fresh one, whose state's `fields` must
+  equal the trainer's exactly. Returns (trainer, the fresh one, the restored state, what the checkpoint
+  holds, its config)."""
+  trainer = _trainer(tmp_path, **overrides)
   trainer.train_step(0)
   trainer.train_step(1)
   checkpointer = Checkpointer(str(tmp_path / "ckpt"))
   trainer.save(checkpointer, 2)
   checkpointer.wait()
   saved, _, config = read_checkpoint(checkpointer.step_dir(2))
-  assert not saved.get("actor_params")  # the frozen base is rebuilt from its source, not saved
-
-  other = _trainer(tmp_path, **LORA)
+  other = _trainer(tmp_path, **overrides)
   restored, meta = checkpointer.restore(2, other.state)
   checkpointer.close()
   assert meta["step"] == 2
-  for field in ("actor_adapters", "actor_opt_state", "critic_params", "critic_opt_state"):
+  for field in fields:
     jax.tree.map(np.testing.assert_array_equal, _host(getattr(restored, field)), _host(getattr(trainer.state, field)))
-  jax.tree.map(np.testing.assert_array_equal, _host(restored.actor_params), _host(trainer.state.actor_params))
+  return trainer, other, restored, saved, config
+
+
+def test_resume_restores_adapters_and_optimizer_state_exactly_and_exports(tmp_path):
+  trainer, other, restored, saved, config = _save_and_restore(
+      tmp_path, LORA, ("actor_adapters", "actor_opt_state", "critic_params", "critic_opt_state", "actor_params"))
+  assert not saved.get("actor_params")  # the frozen base is rebuilt from its source, not saved
   base, adapters = _host(restored.actor_params), _host(restored.actor_adapters)
   other.state = restored  # donated by the step below
   np.testing.assert_allclose(other.train_step(2)["actor/pg_loss"], trainer.train_step(2)["actor/pg_loss"],
@@ -139,20 +146,10 @@ def test_fresh_critic_adapters_step_like_the_full_critic(tmp_path):
 def test_critic_lora_resumes_exactly_and_exports_merged(tmp_path):
   import torch
   import transformers
-  trainer = _trainer(tmp_path, **CRITIC_LORA)
-  trainer.train_step(0)
-  trainer.train_step(1)
-  checkpointer = Checkpointer(str(tmp_path / "ckpt"))
-  trainer.save(checkpointer, 2)
-  checkpointer.wait()
-  saved, _, _ = read_checkpoint(checkpointer.step_dir(2))
+  trainer, other, restored, saved, _ = _save_and_restore(
+      tmp_path, CRITIC_LORA,
+      ("critic_adapters", "critic_opt_state", "critic_params", "actor_params", "actor_opt_state"))
   assert not saved.get("critic_params") and saved["critic_adapters"]["head"]  # the backbone is rebuilt
-
-  other = _trainer(tmp_path, **CRITIC_LORA)
-  restored, _ = checkpointer.restore(2, other.state)
-  checkpointer.close()
-  for field in ("critic_adapters", "critic_opt_state", "critic_params", "actor_params", "actor_opt_state"):
-    jax.tree.map(np.testing.assert_array_equal, _host(getattr(restored, field)), _host(getattr(trainer.state, field)))
   backbone, trained = _host(restored.critic_params), _host(restored.critic_adapters)
   other.state = restored  # donated by the step below
   np.testing.assert_allclose(other.train_step(2)["critic/vf_loss"], trainer.train_step(2)["critic/vf_loss"],
