@@ -115,7 +115,7 @@ class Embed(nn.Module):
       lora_B_rxD = self.variable(COLLECTION, "lora_B", lambda: init_B(self.make_rng("params"), (rank, self.features),
                                                                       jnp.float32)).value
       rows_BxLxr = jnp.take(nn.unbox(lora_A_Vxr).astype(self.dtype), ids_BxL, axis=0)
-      delta_BxLxD = jnp.einsum("blr,rd->bld", rows_BxLxr, nn.unbox(lora_B_rxD).astype(self.dtype))
+      delta_BxLxD = project(rows_BxLxr, nn.unbox(lora_B_rxD).astype(self.dtype))
       x_BxLxD = x_BxLxD + (delta_BxLxD * (self.lora_alpha / rank)).astype(x_BxLxD.dtype)
     return x_BxLxD
 
