@@ -407,6 +407,11 @@ logs `gdpo/<key>/{mean,std,max,min}`; validation's variables are the score (`rew
 reward returns, `acc` is the core variable when present, `maj@k` votes on a text `pred` (same bootstrap
 draws as verl's); `actor/entropy` comes from the old-log-prob phase (absent in bypass mode, as verl); actor
 metrics are absent during the critic warm-up; `perf/mfu/actor` is the update phase's, in phased mode.
+With one actor mini-batch per epoch (`ppo_mini_batch_size` = `train_batch_size`) and nothing before the
+update reading the old log-probs (no KL in the reward, no rollout correction, no optimal token baseline, no
+critic warm-up, unpacked updates), the update's first epoch runs on the rollout policy's weights: its forward
+gives the old log-probs for the later epochs and `actor/entropy`, and the old-log-prob forward is not run
+(verl runs it; the numbers are the same, `tests/trainer/test_ppo_step.py`).
 
 Deliberate differences (each is an input verl never produces, or a choice the comparison shows):
 - rows without a valid response token are padding: they join no group, no whitening, no normaliser and no

@@ -33,13 +33,13 @@ def forward_flops_per_token(num_params: int, embedding_params: int, num_layers: 
 
 
 def actor_step_flops(model_config, num_params: int, *, prompt_tokens: float, response_tokens: float,
-                     num_sequences: int, ppo_epochs: int, use_reference: bool) -> float:
+                     num_sequences: int, ppo_epochs: int, use_reference: bool, old_forward: bool = True) -> float:
   embedding = model_config.vocab_size * model_config.hidden_size
   tokens = prompt_tokens + response_tokens
   context = tokens / max(num_sequences, 1) / 2.0  # causal: each token sees half the sequence on average
   per_token = forward_flops_per_token(num_params, embedding, model_config.num_hidden_layers,
                                       model_config.hidden_size, context)
-  forwards = 1 + 1 + (1 if use_reference else 0)  # rollout, old log-prob, reference
+  forwards = 1 + (1 if old_forward else 0) + (1 if use_reference else 0)  # rollout, old log-prob, reference
   return per_token * tokens * (forwards + 3 * ppo_epochs)
 
 
@@ -154,7 +154,8 @@ def step_phase_flops(ppo, *, batch_size: int, prompt_len: int, response_len: int
   if ppo.reward_model is not None:
     phases["reward"] = forward_flops(ppo.reward_model.config, rows * seq_len, seq_len, "reward")
   actor_forward = forward_flops(actor, rows * seq_len, seq_len, "lm")
-  phases["old_log_prob"] = actor_forward
+  if not ppo.plan.old_in_update:
+    phases["old_log_prob"] = actor_forward
   if ppo.plan.use_reference:
     phases["ref"] = actor_forward
   if ppo.plan.use_critic:

@@ -10,10 +10,11 @@ import jax
 
 from jaxrlhf import algos
 from jaxrlhf.trainer.model_outputs import ModelOutputs
+from jaxrlhf.trainer.update_loop import ROWS_PREFIX
 
 
 def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, actor, on_policy: bool,
-               rollout_correction=None):
+               rollout_correction=None, first_epoch: bool = False):
   """Policy loss - entropy bonus (+ KL loss to the reference). `actor`: the actor's config section.
 
   aux: per-step values; `kl_gate` is 0 during the KL warm-up, else 1; with LoRA `base_params` is the
@@ -23,6 +24,9 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
   is exactly 1, as in verl. `rollout_correction` (`algorithm.rollout_correction`, bypass mode): the
   loss is verl's `bypass_mode` with those settings, whatever `policy_loss.loss_mode` says (as verl).
   Decoupled correction weights arrive in the micro-batch (`rollout_is_weights`).
+  `first_epoch` (`PhasePlan.old_in_update`): the update's first epoch, on the rollout policy's weights. Its
+  log-probs (stopped) are the old ones, and go out per row (`update_loop.ROWS_PREFIX`) for the later
+  epochs, with the entropy as verl's `actor/entropy` (the old-log-prob phase's metric otherwise).
   """
   mask = micro["response_mask"]
   base, adapters = (aux["base_params"], params) if "base_params" in aux else (params, None)
@@ -30,7 +34,7 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
   out = outputs.token_outputs(base, micro, ("entropy",), adapters=adapters,
                               ref_params=aux["ref_params"] if full_kl else None)
   log_prob, entropy = out["log_prob"], out["entropy"]
-  old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy else micro["old_log_probs"]
+  old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy or first_epoch else micro["old_log_probs"]
   correction = {} if rollout_correction is None else {
       key: rollout_correction[key] for key in algos.ROLLOUT_CORRECTION_CONFIG_KEYS}
   pg_loss, pg_metrics = algos.compute_policy_loss(
@@ -50,6 +54,8 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
              "actor/ppo_kl": pg_metrics["ppo_kl"],
              # bypass mode: verl's rollout_corr/ family, each a mean over this micro-batch (see update_loop)
              **{key: value for key, value in pg_metrics.items() if key.startswith("rollout_corr/")}}
+  if first_epoch:
+    metrics.update({"actor/entropy": entropy_loss, ROWS_PREFIX + "old_log_probs": old_log_prob})
   if actor.use_kl_loss:
     kl = out["full_kl"] if full_kl else algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
     kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)

@@ -42,6 +42,11 @@ class PhasePlan:
   # One epoch over one mini-batch: the old log-probs equal the current ones (in bypass mode they are the
   # rollout's, never on-policy by construction).
   on_policy: bool
+  # One mini-batch per epoch and nothing before the update reads the old log-probs (no KL in the reward,
+  # no rollout correction, no optimal token baseline): the update's first epoch runs on the rollout
+  # policy's weights, so its forward gives the old log-probs (and verl's `actor/entropy`) and the
+  # old-log-prob forward is not run. Packed updates keep the phase.
+  old_in_update: bool
   # verl counts steps from 1 and updates the actor once `critic_warmup <= step`: the actor skips this
   # many steps (0-based), and its learning rate schedule starts at its own step 0 after them.
   actor_warmup_steps: int
@@ -57,6 +62,9 @@ class PhasePlan:
     bypass = bool(correction.bypass_mode)
     sum_pi_squared = algo.adv_estimator in OTB_ESTIMATORS
     actor_packed = bool(config.actor_rollout_ref.model.use_remove_padding)
+    decoupled_correction = not bypass and (correction.rollout_is is not None or correction.rollout_rs is not None)
+    one_mini_batch = actor.ppo_mini_batch_size == config.data.train_batch_size
+    actor_warmup_steps = max(config.trainer.critic_warmup - 1, 0) if config.critic.enable else 0
     return cls(
         use_critic=bool(config.critic.enable),
         use_reference=use_reference,
@@ -67,11 +75,12 @@ class PhasePlan:
         full_kl_loss=bool(actor.use_kl_loss and actor.kl_loss_type == "full"),
         ref_phase=use_reference and not full_kl_in_reward,
         bypass=bypass,
-        decoupled_correction=not bypass and (correction.rollout_is is not None or correction.rollout_rs is not None),
+        decoupled_correction=decoupled_correction,
         old_forward=not bypass or full_kl_in_reward or sum_pi_squared,
         sum_pi_squared=sum_pi_squared,
         actor_packed=actor_packed,
         critic_packed=actor_packed or bool(config.critic.model.use_remove_padding),
-        on_policy=(actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == config.data.train_batch_size
-                   and not bypass),
-        actor_warmup_steps=max(config.trainer.critic_warmup - 1, 0) if config.critic.enable else 0)
+        on_policy=actor.ppo_epochs == 1 and one_mini_batch and not bypass,
+        old_in_update=(one_mini_batch and not (bypass or decoupled_correction or sum_pi_squared or actor_packed)
+                       and not algo.use_kl_in_reward and actor_warmup_steps == 0),
+        actor_warmup_steps=actor_warmup_steps)

@@ -44,8 +44,9 @@ class PhasedStep:
     """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""
     ppo = self.ppo
     keys = ppo.split_rng(rng)
-    old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout, state.actor_adapters,
-              ppo.reference_params(state) if ppo.plan.full_kl_in_reward else None)
+    old = (ppo.old_log_prob(state.actor_params, rollout) if ppo.plan.old_in_update  # the update gives them
+           else run("old_log_prob", self.old_log_prob, state.actor_params, rollout, state.actor_adapters,
+                    ppo.reference_params(state) if ppo.plan.full_kl_in_reward else None))
     ref = (run("ref", self.ref, ppo.reference_params(state), rollout) if ppo.plan.ref_phase
            else old[1].get("ref_log_prob"))
     values = (run("values", self.values, state.critic_params, rollout, state.critic_adapters) if ppo.plan.use_critic

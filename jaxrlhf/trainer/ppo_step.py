@@ -83,6 +83,8 @@ class PPOStep:
     correction = config.algorithm.rollout_correction if plan.bypass else None
     self.actor_loss = functools.partial(losses.actor_loss, outputs=self.outputs, actor=actor,
                                         on_policy=plan.on_policy, rollout_correction=correction)
+    self.first_epoch_actor_loss = (functools.partial(self.actor_loss, first_epoch=True) if plan.old_in_update
+                                   else None)
     self.critic_loss = functools.partial(losses.critic_loss, outputs=self.outputs, critic=config.critic)
     self.actor_update_metric_names: tuple[str, ...] = ()
 
@@ -109,7 +111,10 @@ class PPOStep:
     """Phase `old_log_prob`: (log-probs of the rollout policy, aux). aux["metrics"] holds its entropy
     (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the optimal token baselines. With
     `ref_params` (full KL in the reward) aux also holds "full_kl" and "ref_log_prob" [N, R].
-    Bypass mode: the old log-probs are the sampler's (`rollout_log_probs`)."""
+    Bypass mode: the old log-probs are the sampler's (`rollout_log_probs`). With `plan.old_in_update` the
+    actor update's first epoch gives them (and the entropy): (None, no metrics)."""
+    if self.plan.old_in_update:
+      return None, {"metrics": {}}
     if not self.plan.old_forward:
       return rollout["rollout_log_probs"], {"metrics": {}}
     actor = self.config.actor_rollout_ref.actor
@@ -153,7 +158,7 @@ class PPOStep:
         kl_gate=self.kl_gate(state.step), rollout=rollout, scored=scored, old_log_probs=old_log_probs,
         ref_log_probs=ref_log_probs, values=values, old_aux=old_aux or {})
 
-  def _update(self, loss_fn, role: str, params, opt_state, aux, data, rng, lr):
+  def _update(self, loss_fn, role: str, params, opt_state, aux, data, rng, lr, first_epoch_loss_fn=None):
     path, section, packed = self.sections[role]
     seq_len = data["prompts"].shape[1] + data["responses"].shape[1]
     return update_loop.ppo_update(
@@ -162,7 +167,8 @@ class PPOStep:
         mini_batch_rows=section.ppo_mini_batch_size * self.batcher.n, epochs=section.ppo_epochs,
         shuffle=section.shuffle, loss_agg_mode=section.loss_agg_mode, prefix=role, to_train=self.layouts.to_train,
         loss_scale_factor=section.loss_scale_factor, pin_grads=functools.partial(self.layouts.pin_gradients,
-                                                                               role=role))
+                                                                               role=role),
+        first_epoch_loss_fn=first_epoch_loss_fn)
 
   def update_critic(self, state: TrainState, data: dict, values, returns, rng):
     """Phase `update_critic`: PPO epochs of clipped value loss; trains the critic's params, or with LoRA its
@@ -193,7 +199,7 @@ class PPOStep:
         aux["ref_params"] = self.layouts.fetch(self.reference_params(state), self.ref_device)
       trained, opt_state, metrics = self._update(
           self.actor_loss, "actor", trained, opt_state, aux, data, rng,
-          self.lr_schedules["actor"](actor_updates_done) * state.lr_scale)
+          self.lr_schedules["actor"](actor_updates_done) * state.lr_scale, self.first_epoch_actor_loss)
       if actor.use_kl_loss:
         metrics["actor/kl_coef"] = kl_gate * actor.kl_loss_coef
       if not self.plan.actor_lora:

@@ -245,7 +245,7 @@ class Trainer:
       return {"perf/mfu/step": actor_step_flops(
           self.model_config, self.actor_num_params, **tokens, num_sequences=n,
           ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
-          use_reference=self.ppo.plan.use_reference) / (elapsed * peak)}
+          use_reference=self.ppo.plan.use_reference, old_forward=not self.ppo.plan.old_in_update) / (elapsed * peak)}
     mfu = {}
     phases = [("critic", self.critic_model_config, self.config.critic, "value")] if self.ppo.plan.use_critic else []
     if actor_updated:

@@ -109,6 +109,8 @@ SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")  # what
 # averaged over the micro-batches that ran. Every other metric is normalised by the mini-batch's counts and
 # summed.
 MICRO_MEAN_PREFIXES = ("rollout_corr/",)
+# A loss's per-row outputs ([rows, R]): concatenated over the micro-batches (padding rows dropped), not summed.
+ROWS_PREFIX = "rows/"
 
 
 def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None,
@@ -177,8 +179,11 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
 
   def finish(grads, micro_metrics, micro_batches_run):
     # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
-    return grads, {k: v.sum() / micro_batches_run if k.startswith(MICRO_MEAN_PREFIXES) else v.sum()
-                   for k, v in micro_metrics.items()}
+    def reduce(key, v):
+      if key.startswith(ROWS_PREFIX):
+        return v.reshape((-1,) + v.shape[2:])[:minibatch["responses"].shape[0]]
+      return v.sum() / micro_batches_run if key.startswith(MICRO_MEAN_PREFIXES) else v.sum()
+    return grads, {k: reduce(k, v) for k, v in micro_metrics.items()}
 
   def padded():
     rows = packing.pad_rows(minibatch, batching.num_micro * batching.rows)
@@ -216,9 +221,11 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
 
 def update_data(rollout: dict, old_log_probs, ref_log_probs, adv: dict) -> dict:
   """What the updates read: the sequences (the response mask after any rollout rejection), old
-  log-probs, advantages, and the reference's log-probs and rollout correction weights when present."""
+  log-probs (unless None), advantages, and the reference's log-probs and rollout correction weights when present."""
   data = {key: rollout[key] for key in ("prompts", "prompt_mask", "responses")}
-  data.update(response_mask=adv["response_mask"], old_log_probs=old_log_probs, advantages=adv["advantages"])
+  data.update(response_mask=adv["response_mask"], advantages=adv["advantages"])
+  if old_log_probs is not None:  # None: the actor update's first epoch gives them (`PhasePlan.old_in_update`)
+    data["old_log_probs"] = old_log_probs
   if "rollout_is_weights" in adv:
     data["rollout_is_weights"] = adv["rollout_is_weights"]
   if ref_log_probs is not None:
@@ -229,18 +236,24 @@ def update_data(rollout: dict, old_log_probs, ref_log_probs, adv: dict) -> dict:
 def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
                mini_batch_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str,
                to_train: Callable = lambda tree: tree, loss_scale_factor: float | None = None,
-               pin_grads: Callable = lambda tree: tree):
+               pin_grads: Callable = lambda tree: tree, first_epoch_loss_fn: Callable | None = None):
   """`epochs` x mini-batches of `mini_batch_rows` (one optimizer step each) x micro-batches (`batching`).
 
+  `first_epoch_loss_fn` (one mini-batch of padded rows): the first epoch's loss instead of `loss_fn`; its
+  per-row outputs (metrics named `ROWS_PREFIX` + key) join `data` under that key for the later epochs,
+  and its metrics that the later epochs lack are the first epoch's.
   Returns (params, opt_state, metrics averaged over the optimizer steps, plus `<prefix>/lr`).
   """
   num_rows = data["responses"].shape[0]
   num_mini = num_rows // mini_batch_rows
+  if first_epoch_loss_fn is not None and (num_mini != 1 or batching.packed):
+    raise ValueError(f"{prefix}: a first-epoch loss needs one mini-batch of padded rows, got {num_mini} "
+                     f"mini-batches{' of packed rows' if batching.packed else ''}")
 
   def split(tree, parts):
     return jax.tree.map(lambda x: x.reshape((parts, x.shape[0] // parts) + x.shape[1:]), tree)
 
-  def minibatch_step(carry, inputs):
+  def minibatch_step(loss_fn, carry, inputs):
     params, opt_state = carry
     minibatch, minibatch_rng = inputs
     grads, metrics = minibatch_gradients(loss_fn, params, aux, minibatch, minibatch_rng, batching, loss_agg_mode,
@@ -252,14 +265,29 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
       metrics[f"perf/packed/{prefix}"] = metrics.pop("perf/packed")
     return (params, opt_state), metrics
 
-  def epoch_step(carry, epoch_rng):
+  def epoch(loss_fn, data, carry, epoch_rng):
+    """-> (carry, metrics stacked over the mini-batches, the epoch's row order)."""
     perm_rng, mini_rng = jax.random.split(epoch_rng)
     order = jax.random.permutation(perm_rng, num_rows) if shuffle else jnp.arange(num_rows)
     epoch_data = jax.tree.map(lambda x: x[order], data)
-    return jax.lax.scan(minibatch_step, carry, (split(epoch_data, num_mini), jax.random.split(mini_rng, num_mini)))
+    carry, metrics = jax.lax.scan(lambda c, inputs: minibatch_step(loss_fn, c, inputs), carry,
+                                  (split(epoch_data, num_mini), jax.random.split(mini_rng, num_mini)))
+    return carry, metrics, order
 
-  (params, opt_state), metrics = jax.lax.scan(epoch_step, (params, opt_state), jax.random.split(rng, epochs))
-  metrics = {k: v.mean() for k, v in metrics.items()}
+  def epochs_of(loss_fn, data, carry, epoch_rngs):
+    return jax.lax.scan(lambda c, epoch_rng: epoch(loss_fn, data, c, epoch_rng)[:2], carry, epoch_rngs)
+
+  epoch_rngs = jax.random.split(rng, epochs)
+  if first_epoch_loss_fn is None:
+    (params, opt_state), metrics = epochs_of(loss_fn, data, (params, opt_state), epoch_rngs)
+    metrics = {k: v.mean() for k, v in metrics.items()}
+  else:
+    carry, first, order = epoch(first_epoch_loss_fn, data, (params, opt_state), epoch_rngs[0])
+    rows = {k[len(ROWS_PREFIX):]: first.pop(k)[0] for k in [k for k in first if k.startswith(ROWS_PREFIX)]}
+    data = dict(data, **{k: jnp.zeros_like(v).at[order].set(v) for k, v in rows.items()})  # back to row order
+    (params, opt_state), rest = epochs_of(loss_fn, data, carry, epoch_rngs[1:]) if epochs > 1 else (carry, {})
+    metrics = {k: (v.sum() + rest[k].sum()) / (v.size + rest[k].size) if k in rest else v.mean()
+               for k, v in first.items()}
   metrics[f"{prefix}/lr"] = lr
   return params, opt_state, metrics
 

@@ -1,6 +1,7 @@
 """The fused PPO step: compiles once, same numbers on every mesh, ratio exactly 1 at the first update."""
 
 
+import dataclasses
 import re
 
 import jax
@@ -54,6 +55,51 @@ def test_metrics_follow_spec_names(tmp_path):
     assert key in metrics, key
     assert np.isfinite(metrics[key]), key
   assert all(k.startswith(SPEC_METRIC_PREFIXES) for k in metrics)
+
+
+def _without_old_in_update(trainer):
+  """The same trainer, made to run the old-log-prob forward (before its step is first traced)."""
+  trainer.ppo.plan = dataclasses.replace(trainer.ppo.plan, old_in_update=False)
+  trainer.ppo.first_epoch_actor_loss = None
+  return trainer
+
+
+@pytest.mark.parametrize("fused,mesh", [(True, None), (False, None), (True, (2, 2, 2))])
+def test_old_log_probs_from_the_first_epoch_equal_the_old_forward(tmp_path, fused, mesh):
+  # One mini-batch per epoch, nothing before the update reading old log-probs: the update's first epoch
+  # gives them. Same numbers, in fp32, as the old-log-prob forward, with the KL loss and the critic on
+  # (on a mesh, against one device).
+  overrides = {"actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_epochs": 2,
+               "actor_rollout_ref.actor.shuffle": True, "trainer.fuse_step": fused, "mesh.fsdp": 1}
+  mesh_overrides = {} if mesh is None else dict(zip(("mesh.data", "mesh.fsdp", "mesh.tensor"), mesh))
+  reused = Trainer(small_config(tmp_path / "reused", **{**overrides, **mesh_overrides}),
+                   devices=jax.devices()[:1] if mesh is None else None)
+  assert reused.ppo.plan.old_in_update
+  tolerance = dict(rtol=1e-5, atol=1e-6) if mesh is None else dict(rtol=1e-4, atol=1e-5)
+  forward = _without_old_in_update(Trainer(small_config(tmp_path / "forward", **overrides),
+                                           devices=jax.devices()[:1]))
+  for step in range(2):
+    a, b = reused.train_step(step), forward.train_step(step)
+    assert a.keys() - {"timing_s/old_log_prob", "timing_per_token_ms/old_log_prob"} == b.keys() - {
+        "timing_s/old_log_prob", "timing_per_token_ms/old_log_prob"}
+    assert "timing_s/old_log_prob" not in a and ("timing_s/old_log_prob" in b) == (not fused)
+    for key, value in b.items():
+      if not key.startswith(TIMING_DEPENDENT):
+        np.testing.assert_allclose(a[key], value, **tolerance, err_msg=f"step {step} {key}")
+  close = lambda x, y: np.testing.assert_allclose(x, y, **tolerance)
+  jax.tree.map(close, jax.device_get(reused.state.actor_params), jax.device_get(forward.state.actor_params))
+  jax.tree.map(close, jax.device_get(reused.state.actor_opt_state), jax.device_get(forward.state.actor_opt_state))
+
+
+@pytest.mark.parametrize("overrides", [
+    {"actor_rollout_ref.actor.ppo_mini_batch_size": 4},  # two mini-batches: the second is off-policy
+    {"algorithm.use_kl_in_reward": True},  # the KL penalty reads the old log-probs before the update
+    {"actor_rollout_ref.model.use_remove_padding": True},  # packed slots
+    {"trainer.critic_warmup": 2},  # steps without an actor update still log its entropy
+])
+def test_the_old_log_prob_forward_stays_where_the_update_cannot_give_them(tmp_path, overrides):
+  config = small_config(tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 8, **overrides})
+  assert not Trainer(config, devices=jax.devices()[:1]).ppo.plan.old_in_update
 
 
 @pytest.fixture(scope="module")
