@@ -1,10 +1,22 @@
-"""Test set-up: 8 simulated CPU devices (set before JAX starts) and small shared fixtures."""
+"""Test set-up: 8 simulated CPU devices (set before JAX starts), one compilation cache for the whole run, and small
+shared fixtures."""
 
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Most of the suite's time is XLA compiling, and many tests build the same programs (the same small trainer, the
+# quickstart run again by train.py, a notebook and a resume). A persistent cache that lives for this run, set in the
+# environment so the subprocesses and xdist workers the tests start share it, compiles each program once. Its
+# directory is new per run (nothing carries over from another checkout); tests that count programs count its hits.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrlhf-tests-xla-cache-")
+  os.environ["JAXRLHF_TESTS_OWN_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402  (after XLA_FLAGS on purpose)
 import pytest  # noqa: E402
@@ -20,3 +32,10 @@ def tiny_model_config() -> DecoderConfig:
 
 def pytest_configure(config):
   assert jax.device_count() == 8, "tests expect 8 simulated CPU devices (XLA_FLAGS set too late?)"
+
+
+def pytest_unconfigure(config):
+  """The run that made the cache removes it (xdist workers inherit the directory and leave it)."""
+  if os.environ.get("JAXRLHF_TESTS_OWN_CACHE") == os.environ["JAX_COMPILATION_CACHE_DIR"] and not hasattr(
+      config, "workerinput"):
+    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -1,7 +1,11 @@
-"""Shared test helpers: a small config derived from the quickstart, the metrics that depend on time, a free port."""
+"""Shared test helpers: a small config derived from the quickstart, the metrics that depend on time, a free port,
+a count of the XLA programs built."""
 
+import contextlib
 import os
 import socket
+
+import jax.monitoring
 
 from jaxrlhf.config import load_config_file
 
@@ -38,3 +42,24 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
+
+
+# A program is built by compiling it or by loading it from the persistent compilation cache (conftest turns the
+# cache on); a test that proves nothing was built counts both.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+@contextlib.contextmanager
+def programs_built():
+  """Yields a list that gets one entry per XLA program compiled or loaded from the compilation cache inside."""
+  events = []
+  compiled = lambda event, *args, **kwargs: events.append(event) if event == BACKEND_COMPILE_EVENT else None
+  loaded = lambda event, **kwargs: events.append(event) if event == CACHE_HIT_EVENT else None
+  jax.monitoring.register_event_duration_secs_listener(compiled)
+  jax.monitoring.register_event_listener(loaded)
+  try:
+    yield events
+  finally:
+    jax.monitoring.unregister_event_duration_listener(compiled)
+    jax.monitoring.unregister_event_listener(loaded)

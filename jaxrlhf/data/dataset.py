@@ -69,12 +69,21 @@ def _messages(row: dict, prompt_key: str, where: str):
                   f"({{'role', 'content'}}), got {type(prompt).__name__}")
 
 
-def encode_prompt(tokenizer, messages) -> list[int]:
+def encode_prompts(tokenizer, conversations) -> list[list[int]]:
+  """Token ids of each conversation as the model is prompted with it: the chat template with the generation prompt
+  (or, without a template, the contents one per line). Rendered and tokenized as one batch: a call per row spent
+  twice as long in Python (10 s for the quickstart's 20,000 rows)."""
+  if not conversations:
+    return []
   if getattr(tokenizer, "chat_template", None):
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    texts = tokenizer.apply_chat_template(list(conversations), add_generation_prompt=True, tokenize=False)
   else:
-    text = "\n".join(m["content"] for m in messages)
-  return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    texts = ["\n".join(m["content"] for m in messages) for messages in conversations]
+  return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def encode_prompt(tokenizer, messages) -> list[int]:
+  return encode_prompts(tokenizer, [messages])[0]
 
 
 def _truncate(ids: list[int], max_len: int, mode: str, where: str) -> list[int]:
@@ -112,9 +121,9 @@ def build_dataset(files, tokenizer, *, max_prompt_length: int, prompt_key: str =
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
   ids_list, sources, truths, extras = [], [], [], []
   filtered = 0
-  for i, row in enumerate(rows):
+  encoded = encode_prompts(tokenizer, [_messages(row, prompt_key, f"{files} row {i}") for i, row in enumerate(rows)])
+  for i, (row, ids) in enumerate(zip(rows, encoded)):
     where = f"{files} row {i}"
-    ids = encode_prompt(tokenizer, _messages(row, prompt_key, where))
     if len(ids) > max_prompt_length and filter_overlong_prompts:
       filtered += 1
       continue

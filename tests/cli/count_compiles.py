@@ -3,8 +3,8 @@
     python tests/cli/count_compiles.py train.py --config ...        # a script
     python tests/cli/count_compiles.py -m jaxrlhf.generate --model ...  # a module
 
-The last stderr line is `[compiled] N` (N: backend compilations seen by `jax.monitoring`), so a test
-can prove that bad input was refused before anything was compiled.
+The last stderr line is `[compiled] N` (N: programs compiled or loaded from the persistent compilation cache,
+as `jax.monitoring` sees them), so a test can prove that bad input was refused before anything was built.
 """
 
 import atexit
@@ -14,16 +14,18 @@ import sys
 import jax.monitoring
 
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _compiled = 0
 
 
-def _count(event, duration_secs, **kwargs):
+def _count(event, *args, **kwargs):
   global _compiled
-  if event == _BACKEND_COMPILE_EVENT:
+  if event in (_BACKEND_COMPILE_EVENT, _CACHE_HIT_EVENT):
     _compiled += 1
 
 
 jax.monitoring.register_event_duration_secs_listener(_count)
+jax.monitoring.register_event_listener(_count)
 atexit.register(lambda: print(f"[compiled] {_compiled}", file=sys.stderr, flush=True))
 
 if sys.argv[1] == "-m":

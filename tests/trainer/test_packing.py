@@ -11,8 +11,7 @@ from jaxrlhf.models.decoder import init_params
 from jaxrlhf.parallel import StepLayouts
 from jaxrlhf.trainer import PPOStep, Trainer, packing, update_loop
 from jaxrlhf.trainer.state import make_optimizer
-from tests.helpers import TIMING_DEPENDENT, small_config
-from tests.trainer.test_ppo_step import _compile_counter
+from tests.helpers import TIMING_DEPENDENT, programs_built, small_config
 
 PROMPT_LEN, RESPONSE_LEN = 6, 8
 MODEL = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -152,11 +151,8 @@ def test_fused_step_with_both_switches_compiles_once_and_matches_padded(tmp_path
   for key, value in reference.items():
     if not key.startswith(TIMING_DEPENDENT):
       np.testing.assert_allclose(first[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
-  events, listener = _compile_counter()
-  try:
+  with programs_built() as events:
     fast.train_step(1)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert events == [], f"the second packed PPO step compiled {len(events)} program(s)"
 
 

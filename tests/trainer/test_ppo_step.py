@@ -9,23 +9,14 @@ import numpy as np
 import pytest
 
 from jaxrlhf.trainer import Trainer
-from tests.helpers import TIMING_DEPENDENT, small_config
-
-def _compile_counter():
-  events = []
-  listener = lambda name, *args, **kwargs: events.append(name) if "backend_compile" in name else None
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  return events, listener
+from tests.helpers import TIMING_DEPENDENT, programs_built, small_config
 
 
 def test_step_compiles_once(tmp_path):
   trainer = Trainer(small_config(tmp_path), devices=jax.devices()[:1])
   first = trainer.train_step(0)
-  events, listener = _compile_counter()
-  try:
+  with programs_built() as events:
     second = trainer.train_step(1)  # a different batch of prompts
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert events == [], f"the second PPO step compiled {len(events)} program(s)"
   assert first["training/global_step"] == 1 and second["training/global_step"] == 2
   assert int(trainer.state.step) == 2

@@ -12,8 +12,7 @@ from jaxrlhf.data.builtin import RECALL_DATA_SOURCE, build_tokenizer
 from jaxrlhf.rollout import prompt_length_buckets
 from jaxrlhf.trainer import Trainer
 from jaxrlhf.trainer.phased import select_groups
-from tests.helpers import TIMING_DEPENDENT, small_config
-from tests.trainer.test_ppo_step import _compile_counter
+from tests.helpers import TIMING_DEPENDENT, programs_built, small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 MAX_PROMPT_LENGTH = 40  # buckets 16, 32, 40
@@ -107,11 +106,8 @@ def test_a_run_compiles_one_step_program_per_bucket(tmp_path):
   assert widths == [16, 32, 16, 32]
   trainer.train_step(0)
   trainer.train_step(1)
-  events, listener = _compile_counter()
-  try:
+  with programs_built() as events:
     trainer.train_step(2)
     trainer.train_step(3)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert events == [], f"steps on buckets already used compiled {len(events)} program(s)"
   assert trainer.jitted_step._cache_size() == 2
