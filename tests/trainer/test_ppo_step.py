@@ -55,7 +55,7 @@ def _without_old_in_update(trainer):
   return trainer
 
 
-@pytest.mark.parametrize("fused,mesh", [(True, None), (False, None), (True, (2, 2, 2))])
+@pytest.mark.parametrize("fused,mesh", [(True, None), (False, (2, 2, 2))])
 def test_old_log_probs_from_the_first_epoch_equal_the_old_forward(tmp_path, fused, mesh):
   # One mini-batch per epoch, nothing before the update reading old log-probs: the update's first epoch
   # gives them. Same numbers, in fp32, as the old-log-prob forward, with the KL loss and the critic on
@@ -100,8 +100,10 @@ def one_device_step(tmp_path_factory):
   return metrics, jax.device_get(trainer.state.actor_params), jax.device_get(trainer.state.critic_params)
 
 
-@pytest.mark.parametrize("mesh,generation_tp", [
-    ((8, 1, 1), 1), ((1, 8, 1), 1), ((1, 1, 8), 1), ((2, 2, 2), 1), ((1, 2, 4), 1), ((1, 2, 4), 8)])
+# Every axis at once (2x2x2, generation data-parallel), the tensor axis alone at full width (8 kv heads over 8), and
+# a training layout resharded to a wider generation TP (1x2x4 -> TP 8). Each mesh compiles the whole step for 8
+# devices (about a minute and a half here), so single-axis meshes the first one covers are left out.
+@pytest.mark.parametrize("mesh,generation_tp", [((2, 2, 2), 1), ((1, 1, 8), 1), ((1, 2, 4), 8)])
 def test_same_numbers_on_every_mesh(tmp_path, one_device_step, mesh, generation_tp):
   ref_metrics, ref_actor, ref_critic = one_device_step
   data, fsdp, tensor = mesh
