@@ -359,8 +359,14 @@ def test_ctrl_c_after_a_save_then_resume_logs_each_step_once(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   run_dir = tmp_path / "quickstart" / "recall_ppo"
-  process = subprocess.Popen([sys.executable, *_train_flags(tmp_path, 6)], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  # A suite started in the background by a non-interactive shell (`make test &`) ignores SIGINT, and an ignored
+  # signal stays ignored across exec: the run would never stop. A handled one is reset to its default there.
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    process = subprocess.Popen([sys.executable, *_train_flags(tmp_path, 6)], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  finally:
+    signal.signal(signal.SIGINT, previous)
   deadline = time.time() + 300
   # Interrupt once step 3 is logged after the save at step 2: step 3 is then in metrics.jsonl twice unless cut.
   while process.poll() is None and time.time() < deadline:
