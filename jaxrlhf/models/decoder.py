@@ -59,8 +59,8 @@ from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
 from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed, Linear
 from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attention_impl,  # noqa: F401
-                                      blockwise_attention, choose_kernel, cudnn_attention, splash_attention,
-                                      xla_attention)
+                                      blockwise_attention, choose_kernel, cudnn_attention, decode_attention,
+                                      splash_attention, xla_attention)
 from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.projection import PROJECTION, project
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
@@ -238,8 +238,11 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
                segment_ids_BxL=None, layer=0, window_on=None):
-    """`cache`: the whole stacked cache {"k", "v"} [layers, B, K, S, H]; this layer reads and writes
-    slice `layer`. `window_on` (traced bool, optional): whether this layer uses the sliding window."""
+    """`cache`: the whole stacked cache {"k", "v"} [layers, B, K, S, H], read-only here: this layer attends
+    over its slice `layer` with this call's keys and values written in, and returns those (`new_kv`
+    {"k", "v"} [B, K, L, H]) for the Decoder to write into the stacked cache once, after every layer.
+    `window_on` (traced bool, optional): whether this layer uses the sliding window. Returns
+    (out_BxLxD, new_kv or None)."""
     cfg = self.config
     dtype, param_dtype = _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype]
     num_heads, num_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.resolved_head_dim
@@ -263,36 +266,31 @@ class Attention(nn.Module):
     if cache is None:
       keys_BxSxKxH, values_BxSxKxH = k_BxLxKxH, v_BxLxKxH
       offset = 0
-      new_cache = None
+      new_kv = None
     else:
+      # Only the first S = len(kv_mask) columns are read: a cache allocated longer (for later decode
+      # segments) costs this call nothing beyond them. The stacked cache is not written here: written
+      # per layer inside the layer scan (its slice taken out, updated, put back), XLA moved every
+      # layer's whole slice several times per decode step, most of a small model's decode time.
       zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
-      new_cache, layer_cache = {}, {}
+      new_kv, layer_cache = {}, {}
       for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
-        new_BxKxLxH = new_BxLxKxH.astype(cache[name].dtype).transpose(0, 2, 1, 3)
-        if isinstance(layer, int):  # the loop: write the new columns in place, read the layer back
-          start = (layer, zero, zero, index, zero)
-          new_cache[name] = jax.lax.dynamic_update_slice(cache[name], new_BxKxLxH[None], start)
-          layer_cache[name] = new_cache[name][layer]
-        else:
-          # In the scan, the layer's slice is taken out, updated and written back whole: reading the
-          # updated stacked cache instead makes XLA keep a copy of all of it inside the loop body.
-          old_BxKxSxH = jax.lax.dynamic_index_in_dim(cache[name], layer, keepdims=False)
-          layer_cache[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_BxKxLxH, (zero, zero, index, zero))
-          new_cache[name] = jax.lax.dynamic_update_slice(cache[name], layer_cache[name][None],
-                                                         (layer, zero, zero, zero, zero))
-      # Queries see the first S = len(kv_mask) columns: a cache allocated longer (for later decode
-      # segments) costs this call nothing beyond them, and is never copied to grow.
-      visible = kv_mask_BxS.shape[1]
-      keys_BxSxKxH, values_BxSxKxH = (layer_cache[name][:, :, :visible].transpose(0, 2, 1, 3) for name in "kv")
+        stacked = cache[name]
+        new_kv[name] = new_BxLxKxH.astype(stacked.dtype).transpose(0, 2, 1, 3)
+        layers, _, kv_heads, _, dim = stacked.shape
+        old_BxKxSxH = jax.lax.dynamic_slice(stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero),
+                                            (1, batch, kv_heads, kv_mask_BxS.shape[1], dim))[0]
+        layer_cache[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_kv[name], (zero, zero, index, zero))
       offset = cache_index
 
     group = num_heads // num_kv
     q_BxLxKxGxH = q_BxLxQxH.reshape(batch, length, num_kv, group, head_dim)
     window = self.sliding_window
+    decode = cache is not None and length == 1  # one query row: over the cache in its own layout
+    if cache is not None and not decode:  # a prefill: queries offset into the cache
+      keys_BxSxKxH, values_BxSxKxH = (layer_cache[name].transpose(0, 2, 1, 3) for name in "kv")
     impl = cfg.attention_impl if cfg.attention_impl != "auto" else auto_attention_impl(jax.default_backend())
-    if cache is not None and length == 1:
-      impl = "xla"  # a decode step: one query row, its own path
-    else:
+    if not decode:
       impl = choose_kernel(impl, dtype=dtype, cached=cache is not None, packed=segment_ids_BxL is not None,
                            traced_window=window is not None and window_on is not None)
 
@@ -312,7 +310,10 @@ class Attention(nn.Module):
       return splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window,
                               cfg.attention_block_size)
 
-    if cache is None and self.layout is not None and (isinstance(self.layout, SequenceParallel) or impl == "splash"):
+    if decode:
+      out_BxLxKxGxH = decode_attention(q_BxLxKxGxH[:, 0], layer_cache["k"], layer_cache["v"], offset, kv_mask_BxS,
+                                       window, window_on)[:, None]
+    elif cache is None and self.layout is not None and (isinstance(self.layout, SequenceParallel) or impl == "splash"):
       # Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a
       # Mosaic kernel (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads.
       out_BxLxKxGxH = self.layout.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS,
@@ -323,7 +324,7 @@ class Attention(nn.Module):
                       ("batch", "length", "heads", "head_dim"))
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(
         out_BxLxQxH)
-    return out_BxLxD, new_cache
+    return out_BxLxD, new_kv
 
 
 class MLP(nn.Module):
@@ -342,16 +343,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One layer, called as a scan body: ((x, cache), layer index, window flag, *shared inputs) ->
-  ((x, cache), None); the Python loop calls it the same way."""
+  """One layer, called as a scan body: (x, layer index, window flag, *shared inputs) -> (x, new_kv);
+  the Python loop calls it the same way. `new_kv`: the keys and values this call adds to the cache
+  (`Attention`), None without a cache."""
   config: DecoderConfig
   sliding_window: int | None = None
   layout: ActivationLayout | None = None  # cache-free calls only
 
   @nn.compact
-  def __call__(self, carry, layer, window_on, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index=None,
+  def __call__(self, x_BxLxD, layer, window_on, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
                segment_ids_BxL=None):
-    x_BxLxD, cache = carry
     cfg = self.config
     layout = self.layout if cache is None else None
     # Pinned at both ends of every layer (the scan body's carry): the residual stream stays split by rows
@@ -360,12 +361,12 @@ class DecoderLayer(nn.Module):
     pin = _pin(layout)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], name=name)
-    attn_BxLxD, cache = Attention(cfg, self.sliding_window, layout, name="self_attn")(
+    attn_BxLxD, new_kv = Attention(cfg, self.sliding_window, layout, name="self_attn")(
         norm("input_layernorm")(x_BxLxD), cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index,
         segment_ids_BxL, layer, window_on)
     x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
     x_BxLxD = x_BxLxD + MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
-    return (pin(x_BxLxD, ("batch", "length", "embed")), cache), None
+    return pin(x_BxLxD, ("batch", "length", "embed")), new_kv
 
 
 def _layer_class(config: DecoderConfig):
@@ -438,20 +439,26 @@ class Decoder(nn.Module):
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     cos_BxLxH, sin_BxLxH = (pin(x, ("batch", "length", "head_dim")) for x in (cos_BxLxH, sin_BxLxH))
     layer_class = _layer_class(cfg)
-    shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache_index, segment_ids_BxL)
+    shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index, segment_ids_BxL)
     if cfg.scan_layers:
       window, window_on_N = _layer_windows(cfg)
       layers = nn.scan(layer_class, variable_axes={"params": 0, LORA_COLLECTION: 0}, split_rngs={"params": True},
                        in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
                        length=cfg.num_hidden_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      (x_BxLxD, cache), _ = layers(cfg, window, layout, name="layers")(
-          (x_BxLxD, cache), jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared)
+      x_BxLxD, new_kv = layers(cfg, window, layout, name="layers")(
+          x_BxLxD, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared)
     else:
+      per_layer = []
       for i in range(cfg.num_hidden_layers):
         window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
-        (x_BxLxD, cache), _ = layer_class(cfg, window, layout, name=f"layers_{i}")((x_BxLxD, cache), i, None,
-                                                                                    *shared)
-    new_cache = cache
+        x_BxLxD, layer_kv = layer_class(cfg, window, layout, name=f"layers_{i}")(x_BxLxD, i, None, *shared)
+        per_layer.append(layer_kv)
+      new_kv = None if cache is None else {name: jnp.stack([kv[name] for kv in per_layer]) for name in cache}
+    new_cache = None
+    if cache is not None:  # every layer's new columns [layers, B, K, L, H] written at once, in place
+      zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
+      new_cache = {name: jax.lax.dynamic_update_slice(cache[name], new_kv[name], (zero, zero, zero, index, zero))
+                   for name in cache}
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     if sp is not None:

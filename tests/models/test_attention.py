@@ -12,7 +12,7 @@ import pytest
 from jaxrlhf import config as config_lib
 from jaxrlhf.models import Decoder, init_params, positions_from_mask
 from jaxrlhf.models.attention import (ATTENTION_IMPLS, auto_attention_impl, blockwise_attention, choose_kernel,
-                                      xla_attention)
+                                      decode_attention, xla_attention)
 
 B, L, K, G, H = 2, 13, 2, 2, 8
 
@@ -77,6 +77,18 @@ def test_blockwise_matches_xla_at_a_cache_offset():
   q, k, v = _inputs(3, keys=24)
   mask = jnp.asarray(np.r_[np.zeros(2), np.ones(16), np.zeros(6)][None].repeat(B, 0), jnp.int32)
   _compare(q, k, v, 5, mask, window=6, block=4)
+
+
+@pytest.mark.parametrize("window,window_on", [(None, None), (4, None), (4, False), (4, True)])
+def test_decode_attention_in_the_cache_layout_equals_xla_at_one_query(window, window_on):
+  # One query at sequence index 9 over a 13-column cache with padding, read in the cache's [B, K, S, H].
+  q, k, v = _inputs(5)
+  mask, index = _padded_mask(), 9
+  flag = None if window_on is None else jnp.asarray(window_on)
+  want = xla_attention(q[:, :1], k, v, jnp.arange(index, index + 1), mask, None, window, flag)[:, 0]
+  got = decode_attention(q[:, 0], k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), jnp.int32(index), mask, window,
+                         flag)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
 def test_blockwise_in_bf16_stays_close():
