@@ -278,7 +278,7 @@ class Attention(nn.Module):
       for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
         stacked = cache[name]
         new_kv[name] = new_BxLxKxH.astype(stacked.dtype).transpose(0, 2, 1, 3)
-        layers, _, kv_heads, _, dim = stacked.shape
+        _, _, kv_heads, _, dim = stacked.shape
         old_BxKxSxH = jax.lax.dynamic_slice(stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero),
                                             (1, batch, kv_heads, kv_mask_BxS.shape[1], dim))[0]
         layer_cache[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_kv[name], (zero, zero, index, zero))
