@@ -9,8 +9,9 @@ new tokens, no packing, and the same batch shape on both sides:
   release that has one; a rule reward stands in for its reward model).
 - GRPO: 4 prompts x 4 samples, no KL, one mini-batch of 16 rows, micro-batches of 8, 2 epochs
   (TRL: `num_iterations=2`, `gradient_accumulation_steps=2`); current TRL's `GRPOTrainer`.
-jaxrlhf checkpoints its layers' activations (`enable_gradient_checkpointing`, as verl's recipes; faster
-here, see `get_config`); TRL runs with its defaults (none).
+jaxrlhf's layer settings are the faster on CPU per model (`LAYER_SETTINGS`): at 155K the layer scan with
+gradient checkpointing (as verl's recipes), at 21.7M a loop of layers without it; TRL runs with its
+defaults (no checkpointing).
 Each TRL version gets its own venv under `benchmarks/.venvs` (made on first use; pip + PyPI). jaxrlhf
 runs `train.py` with this file as its config (`get_config`). The sides alternate, `--rounds` times; a
 side's step time is the median over its steps after the first (compile / warm-up) in each round, and
@@ -27,6 +28,7 @@ widest vector extension, and prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -46,6 +48,11 @@ ALGOS = {  # prompts per step, samples per prompt; both: 16 rows, micro-batches 
     "ppo": (16, 1),
     "grpo": (4, 4),
 }
+# jaxrlhf's layer settings per model, the faster on CPU (`benchmarks/backbone_vs_torch.py`): at 155K the
+# layer scan with checkpointing; at 21.7M a Python loop of layers without it (backbone fwd+bwd 0.72 s against
+# 0.79 s, PPO step -14%, GRPO -6% on a 2-core Xeon), where the scan's stacked residuals and per-layer weight
+# slices cost more than the loop's longer compile (6 layers).
+LAYER_SETTINGS = {"155K": "scan=1,remat=1", "21.7M": "scan=0,remat=0"}
 MICRO_ROWS, EPOCHS = 8, 2
 THREADS = 2
 
@@ -148,7 +155,8 @@ def get_config(spec: str):
   """`train.py --config benchmarks/vs_trl.py:algo=ppo,model=DIR,data=PARQUET,steps=5,response_length=64,run_dir=DIR`.
 
   Optional: `fuse=0` (phased mode: per-phase times and MFU), `bucket=0` (prompts padded to max_prompt_length),
-  `remat=0` (no gradient checkpointing), `attention=xla` (the whole score matrix, not 64-token blocks).
+  `remat=0` (no gradient checkpointing), `scan=0` (a Python loop of layers, not one scan over stacked weights),
+  `attention=xla` (the whole score matrix, not 64-token blocks).
   """
   from jaxrlhf.config import get_base_config
 
@@ -172,12 +180,13 @@ def get_config(spec: str):
   config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu = prompts * n  # TRL: one forward batch
   config.critic.ppo_micro_batch_size_per_gpu = MICRO_ROWS
   config.critic.ppo_epochs = EPOCHS
-  # Gradient checkpointing on, as verl's GSM8K recipes set it (the results do not change). On this CPU a
-  # layer's recomputed forward costs less than the layer scan's stacked residuals at 155K (GRPO fused step
-  # 0.13-0.15 -> 0.11-0.12 s) and about the same at 21.7M.
+  # Gradient checkpointing (the results do not change) and the layer scan by default, as verl's GSM8K recipes
+  # and the library. With the scan, a layer's recomputed forward costs less than the stacked residuals at 155K
+  # (GRPO fused step 0.13-0.15 -> 0.11-0.12 s) and about the same at 21.7M; `LAYER_SETTINGS` picks per model.
   remat = args.get("remat", "1") == "1"
-  config.actor_rollout_ref.model.enable_gradient_checkpointing = remat
-  config.critic.model.enable_gradient_checkpointing = remat
+  scan = args.get("scan", "1") == "1"
+  for model in (config.actor_rollout_ref.model, config.critic.model):
+    model.enable_gradient_checkpointing, model.scan_layers = remat, scan
   # Blockwise attention in 64-token blocks (`attention=xla` for the whole score matrix, the CPU default): over
   # 128-token sequences the blocks above the diagonal, a quarter of the scores, are skipped, and the backward
   # recomputes the probabilities instead of keeping them (155K GRPO fused step ~7% faster, 21.7M even).
@@ -204,9 +213,9 @@ def get_config(spec: str):
 
 
 def run_jaxrlhf(algo: str, model_dir: str, parquet: str, steps: int, response_length: int, run_dir: str,
-                fused: bool = True) -> dict:
+                fused: bool = True, settings: str = "") -> dict:
   spec = (f"algo={algo},model={model_dir},data={parquet},steps={steps},response_length={response_length},"
-          f"run_dir={run_dir},fuse={int(fused)}")
+          f"run_dir={run_dir},fuse={int(fused)}" + (f",{settings}" if settings else ""))
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), f"--config={os.path.abspath(__file__)}:{spec}"],
                  cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -388,7 +397,7 @@ def main():
           subprocess.run(["rm", "-rf", run_dir], check=True)
           load_before = load_average()
           start = time.perf_counter()
-          runner = run_trl if side == "trl" else run_jaxrlhf
+          runner = run_trl if side == "trl" else functools.partial(run_jaxrlhf, settings=LAYER_SETTINGS[name])
           result = runner(algo, model_dir, inputs["parquet"], args.steps, args.response_length, run_dir)
           result.update(side=side, model=name, algo=algo, round=round_index, load_before=load_before,
                         load_after=load_average(), wall_s=round(time.perf_counter() - start, 1),
@@ -402,7 +411,7 @@ def main():
         run_dir = os.path.join(args.work_dir, "runs", f"phased_{name}_{algo}")
         subprocess.run(["rm", "-rf", run_dir], check=True)
         result = run_jaxrlhf(algo, os.path.join(args.work_dir, f"model_{name}"), inputs["parquet"], args.steps,
-                             args.response_length, run_dir, fused=False)
+                             args.response_length, run_dir, fused=False, settings=LAYER_SETTINGS[name])
         breakdowns.append({"model": name, "algo": algo, "load": load_average(), **result})
         print(json.dumps(breakdowns[-1]), flush=True)
   table = []
