@@ -158,8 +158,8 @@ def main():
                   "rounds_s": [round(statistics.median(r["fwd_bwd_s"]), 3) for r in mine]})
   settings = {k: getattr(args, k) for k in ("model", "rounds", "reps", "rows", "tokens", "variants")}
   with open(os.path.join(ROOT, "benchmarks", "results", "backbone_vs_torch.json"), "w") as f:
-    json.dump({"machine": vs_trl.machine(), "settings": settings, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "table": table, "runs": runs}, f, indent=2)
+    json.dump({"machine": vs_trl.machine(), "settings": settings,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "table": table, "runs": runs}, f, indent=2)
   print(f"\n{vs_trl.machine()}; {settings}\n")
   print("| side | fwd+bwd s (rounds) | model GFLOP/s | GEMM GFLOP/s (best) |")
   print("|---|---|---|---|")
