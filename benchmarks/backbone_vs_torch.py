@@ -157,10 +157,7 @@ def main():
                   "gemm_gflops": round(flops["gemm_flops"] / gemm / 1e9, 1),
                   "rounds_s": [round(statistics.median(r["fwd_bwd_s"]), 3) for r in mine]})
   settings = {k: getattr(args, k) for k in ("model", "rounds", "reps", "rows", "tokens", "variants")}
-  with open(os.path.join(ROOT, "benchmarks", "results", "backbone_vs_torch.json"), "w") as f:
-    json.dump({"machine": vs_trl.machine(), "settings": settings,
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "table": table, "runs": runs}, f, indent=2)
-  print(f"\n{vs_trl.machine()}; {settings}\n")
+  vs_trl.write_results("backbone_vs_torch", settings, table=table, runs=runs)
   print("| side | fwd+bwd s (rounds) | model GFLOP/s | GEMM GFLOP/s (best) |")
   print("|---|---|---|---|")
   for r in table:

@@ -359,6 +359,16 @@ def machine() -> str:
   return f"{os.cpu_count()} CPU cores ({model}, {vector}), {THREADS} threads, fp32"
 
 
+def write_results(name: str, settings: dict, **payload) -> None:
+  """benchmarks/results/NAME.json: this machine, the settings, the date and `payload`; prints the first two."""
+  description = machine()
+  os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
+  with open(os.path.join(ROOT, "benchmarks", "results", name.removesuffix(".json") + ".json"), "w") as f:
+    json.dump({"machine": description, "settings": settings,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **payload}, f, indent=2)
+  print(f"\n{description}; {settings}\n")
+
+
 def load_average() -> float:
   return os.getloadavg()[0]
 
@@ -425,13 +435,8 @@ def main():
                     "ratio": round(median("trl") / median("jaxrlhf"), 2),
                     "load_min": round(min(loads), 2), "load_max": round(max(loads), 2)})
   settings = {k: getattr(args, k) for k in ("quick", "rounds", "steps", "response_length", "models", "algos")}
-  description = machine()
-  name = (args.results or ("vs_trl_quick" if args.quick else "vs_trl")).removesuffix(".json") + ".json"
-  os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-  with open(os.path.join(ROOT, "benchmarks", "results", name), "w") as f:
-    json.dump({"machine": description, "settings": settings, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "table": table, "runs": runs, "phased": breakdowns}, f, indent=2)
-  print(f"\n{description}; {settings}\n")
+  write_results(args.results or ("vs_trl_quick" if args.quick else "vs_trl"), settings, table=table, runs=runs,
+                phased=breakdowns)
   print("| model | algo | TRL | TRL step s | jaxrlhf step s | TRL / jaxrlhf | load average |")
   print("|---|---|---|---|---|---|---|")
   for r in table:
