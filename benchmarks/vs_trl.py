@@ -6,12 +6,16 @@ same verl-format parquet of GSM8K-style word problems and score with verl's GSM8
 new tokens, no packing, and the same batch shape on both sides:
 - PPO: 16 prompts x 1 sample, KL in the reward (k1, coefficient 0.05), GAE, one mini-batch of 16 rows,
   micro-batches of 8, 2 PPO epochs; TRL's `PPOTrainer` (trl 1.12.0, `trl.experimental.ppo`: the last
-  release that has one; a rule reward stands in for its reward model).
+  release that has one; a rule reward stands in for its reward model). TRL's old log-probs are those of
+  the sampler (the scores `generate` returns), with no forward pass for them; jaxrlhf does the same
+  with verl's bypass mode (`algorithm.rollout_correction.bypass_mode`: PPO-clip against the rollout's
+  log-probs, no correction thresholds).
 - GRPO: 4 prompts x 4 samples, no KL, one mini-batch of 16 rows, micro-batches of 8, 2 epochs
   (TRL: `num_iterations=2`, `gradient_accumulation_steps=2`); current TRL's `GRPOTrainer`.
 jaxrlhf's layer settings are the faster on CPU per model (`LAYER_SETTINGS`): at 155K the layer scan with
 gradient checkpointing (as verl's recipes), at 21.7M a loop of layers without it; TRL runs with its
-defaults (no checkpointing).
+defaults (no checkpointing). Each side runs on the cores that make it fastest, never more than 2 threads
+(`JAXRLHF_CORES`): at 155K jaxrlhf runs on one core, TRL on two.
 Each TRL version gets its own venv under `benchmarks/.venvs` (made on first use; pip + PyPI). jaxrlhf
 runs `train.py` with this file as its config (`get_config`). The sides alternate, `--rounds` times; a
 side's step time is the median over its steps after the first (compile / warm-up) in each round, and
@@ -53,6 +57,11 @@ ALGOS = {  # prompts per step, samples per prompt; both: 16 rows, micro-batches 
 # step 9.97 against 11.66 s, GRPO 6.85 against 7.26 s; 2-core Xeon, trainers alternating in one process). The
 # loop's compile is longer (6 layers); `benchmarks/backbone_vs_torch.py` times the backbone alone.
 LAYER_SETTINGS = {"155K": "scan=1,remat=1", "21.7M": "scan=0,remat=0"}
+# The cores jaxrlhf's process may run on per model (None: all). XLA:CPU sizes its thread pool from them. At 155K
+# the step is hundreds of tiny ops, and handing each to the other core's thread costs more than that core gives
+# (2-vCPU Xeon VM, 155K GRPO step 0.34-0.39 s on one core against 0.49-0.70 s on two; PPO 0.75-0.90 against
+# 0.84-1.56). TRL is not faster on one thread there (GRPO 0.92 against 0.85 s, PPO 1.53 against 1.52 s).
+JAXRLHF_CORES = {"155K": 1, "21.7M": None}
 MICRO_ROWS, EPOCHS = 8, 2
 THREADS = 2
 
@@ -155,6 +164,7 @@ def get_config(spec: str):
   """`train.py --config benchmarks/vs_trl.py:algo=ppo,model=DIR,data=PARQUET,steps=5,response_length=64,run_dir=DIR`.
 
   Optional: `fuse=0` (phased mode: per-phase times and MFU), `bucket=0` (prompts padded to max_prompt_length),
+  `bypass=0` (PPO: an old-log-prob forward pass, as verl's default, instead of the sampler's log-probs),
   `remat=0` (no gradient checkpointing), `scan=0` (a Python loop of layers, not one scan over stacked weights),
   `attention=xla` (the whole score matrix, not 64-token blocks).
   """
@@ -197,6 +207,8 @@ def get_config(spec: str):
   if args["algo"] == "ppo":
     algorithm.adv_estimator, algorithm.gamma, algorithm.lam = "gae", 1.0, 0.95  # TRL's PPO defaults
     algorithm.use_kl_in_reward, algorithm.kl_penalty, algorithm.kl_ctrl.kl_coef = True, "kl", 0.05
+    # TRL's PPOTrainer takes the old log-probs from generation's scores: the sampler's, as verl's bypass mode.
+    algorithm.rollout_correction.bypass_mode = args.get("bypass", "1") == "1"
   else:
     algorithm.adv_estimator = "grpo"
   config.trainer.fuse_step = args.get("fuse", "1") == "1"
@@ -213,12 +225,15 @@ def get_config(spec: str):
 
 
 def run_jaxrlhf(algo: str, model_dir: str, parquet: str, steps: int, response_length: int, run_dir: str,
-                fused: bool = True, settings: str = "") -> dict:
+                fused: bool = True, settings: str = "", cores: int | None = None) -> dict:
+  """`cores`: run on the first this many of this process's cores (None: all of them)."""
   spec = (f"algo={algo},model={model_dir},data={parquet},steps={steps},response_length={response_length},"
           f"run_dir={run_dir},fuse={int(fused)}" + (f",{settings}" if settings else ""))
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  allowed = sorted(os.sched_getaffinity(0))[:cores]
   subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), f"--config={os.path.abspath(__file__)}:{spec}"],
-                 cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+                 cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL,
+                 preexec_fn=lambda: os.sched_setaffinity(0, allowed))
   with open(os.path.join(run_dir, "vs_trl", algo, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f if line.strip()]
   steps_s = [r["timing_s/step"] for r in records if "timing_s/step" in r]
@@ -407,7 +422,8 @@ def main():
           subprocess.run(["rm", "-rf", run_dir], check=True)
           load_before = load_average()
           start = time.perf_counter()
-          runner = run_trl if side == "trl" else functools.partial(run_jaxrlhf, settings=LAYER_SETTINGS[name])
+          runner = run_trl if side == "trl" else functools.partial(run_jaxrlhf, settings=LAYER_SETTINGS[name],
+                                                                   cores=JAXRLHF_CORES[name])
           result = runner(algo, model_dir, inputs["parquet"], args.steps, args.response_length, run_dir)
           result.update(side=side, model=name, algo=algo, round=round_index, load_before=load_before,
                         load_after=load_average(), wall_s=round(time.perf_counter() - start, 1),
@@ -421,7 +437,8 @@ def main():
         run_dir = os.path.join(args.work_dir, "runs", f"phased_{name}_{algo}")
         subprocess.run(["rm", "-rf", run_dir], check=True)
         result = run_jaxrlhf(algo, os.path.join(args.work_dir, f"model_{name}"), inputs["parquet"], args.steps,
-                             args.response_length, run_dir, fused=False, settings=LAYER_SETTINGS[name])
+                             args.response_length, run_dir, fused=False, settings=LAYER_SETTINGS[name],
+                             cores=JAXRLHF_CORES[name])
         breakdowns.append({"model": name, "algo": algo, "load": load_average(), **result})
         print(json.dumps(breakdowns[-1]), flush=True)
   table = []
@@ -435,6 +452,7 @@ def main():
                     "ratio": round(median("trl") / median("jaxrlhf"), 2),
                     "load_min": round(min(loads), 2), "load_max": round(max(loads), 2)})
   settings = {k: getattr(args, k) for k in ("quick", "rounds", "steps", "response_length", "models", "algos")}
+  settings.update(jaxrlhf_layers=LAYER_SETTINGS, jaxrlhf_cores=JAXRLHF_CORES)
   write_results(args.results or ("vs_trl_quick" if args.quick else "vs_trl"), settings, table=table, runs=runs,
                 phased=breakdowns)
   print("| model | algo | TRL | TRL step s | jaxrlhf step s | TRL / jaxrlhf | load average |")
