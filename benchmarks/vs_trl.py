@@ -58,7 +58,7 @@ ALGOS = {  # prompts per step, samples per prompt; both: 16 rows, micro-batches 
 # loop's compile is longer (6 layers); `benchmarks/backbone_vs_torch.py` times the backbone alone.
 LAYER_SETTINGS = {"155K": "scan=1,remat=1", "21.7M": "scan=0,remat=0"}
 # The cores jaxrlhf's process may run on per model (None: all). XLA:CPU sizes its thread pool from them. At 155K
-# the step is hundreds of tiny ops, and handing each to the other core's thread costs more than that core gives
+# the step is thousands of tiny ops, and handing each to the other core's thread costs more than that core gives
 # (2-vCPU Xeon VM, 155K GRPO step 0.34-0.39 s on one core against 0.49-0.70 s on two; PPO 0.75-0.90 against
 # 0.84-1.56). TRL is not faster on one thread there (GRPO 0.92 against 0.85 s, PPO 1.53 against 1.52 s).
 JAXRLHF_CORES = {"155K": 1, "21.7M": None}
