@@ -1,7 +1,8 @@
 """jaxrlhf entry point: `python train.py --config configs/X.py [--config.some.key=value ...] [key=value ...] [-v]`.
 
 `key=value` arguments are verl's (Hydra-style) overrides, as in verl's run scripts: they apply after the
-`--config.` flags, and without --config they apply to configs/verl_defaults.py (verl's defaults);
+`--config.` flags. Without --config both apply to configs/verl_defaults.py (verl's defaults). A key
+given twice takes its last value, in either spelling.
 `jaxrlhf.verl_compat` says which verl keys are translated or ignored.
 
 Bad input (a config key, a path, a data file, a checkpoint) prints one or two lines and exits 2;
@@ -19,6 +20,8 @@ from jaxrlhf.cli import absl_main
 from jaxrlhf.errors import UserError
 from jaxrlhf import verl_compat
 
+# The base of a command line without --config: verl's defaults, as verl's main_ppo starts from.
+VERL_DEFAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), verl_compat.DEFAULT_CONFIG)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
                                           lock_config=True)
 _DISTRIBUTED = flags.DEFINE_bool(
@@ -37,7 +40,7 @@ def _config_with_overrides(verl_args: list[str]):
       raise UserError("--config is required, e.g. --config configs/quickstart.py (or verl-style key=value "
                       "overrides on configs/verl_defaults.py)")
     from jaxrlhf.config import load_config_file
-    config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), verl_compat.DEFAULT_CONFIG))
+    config = load_config_file(VERL_DEFAULTS)
     config.lock()
   if verl_args:
     report = verl_compat.apply_overrides(config, verl_args)
@@ -79,4 +82,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  absl_main("train.py", main)
+  absl_main("train.py", main, default_config=VERL_DEFAULTS)

@@ -124,10 +124,34 @@ def _config_file_error(error: BaseException, config_path: str) -> str | None:
   return f"{config_path}:{frame.lineno}: {message}" + (f": {frame.line.strip()}" if frame.line else "")
 
 
-def absl_main(prog: str, main: Callable[[list[str]], object], argv: list[str] | None = None) -> None:
-  """`absl.app.run(main)` with the one error style, for flag and config-file errors as well."""
-  argv = list(sys.argv if argv is None else argv)
+def _config_override_key(arg: str) -> str | None:
+  """The key of a `--config.<key>=<value>` flag; None for any other argument."""
+  if not arg.startswith("--config.") or "=" not in arg:
+    return None
+  return arg[len("--config."):].split("=", 1)[0]
+
+
+def last_override_wins(argv: list[str]) -> list[str]:
+  """`argv` with every `--config.<key>=` but the last of its key removed.
+
+  absl appends the values of a repeated flag, and ml_collections then sets a tuple-valued key to all of
+  them (a repeated `--config.data.train_files` trained on both files); verl's `key=value` lines and
+  every other flag keep the last value, so these do too.
+  """
+  last = {key: i for i, key in enumerate(map(_config_override_key, argv)) if key is not None}
+  return [arg for i, arg in enumerate(argv) if _config_override_key(arg) is None or last[_config_override_key(arg)] == i]
+
+
+def absl_main(prog: str, main: Callable[[list[str]], object], argv: list[str] | None = None,
+              default_config: str | None = None) -> None:
+  """`absl.app.run(main)` with the one error style, for flag and config-file errors as well.
+
+  `default_config`: the config file `--config.<key>=` flags apply to when `--config` is not given.
+  """
+  argv = last_override_wins(list(sys.argv if argv is None else argv))
   verbose = _take_verbose(argv)
+  if default_config and _flag_value(argv, "config") is None and any(map(_config_override_key, argv)):
+    argv.insert(1, f"--config={default_config}")
 
   def parse_flags(args):
     config_path = _flag_value(args, "config")
