@@ -27,6 +27,7 @@ import jax
 
 from jaxrlhf.models import (Decoder, copy_tokenizer_files, critic_config_from, init_params, load_hf_params,
                             model_config_from, save_hf_checkpoint)
+from jaxrlhf.models.hub import hub_id_of, resolve_model_path
 from jaxrlhf.models.lora import critic_params_with, merge_adapters, save_peft_adapter, split_value_head
 
 LORA_ADAPTER_DIR = "lora_adapter"  # under the export directory: a LoRA run's adapters in PEFT's layout
@@ -81,7 +82,7 @@ def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_
   save_hf_checkpoint(merged, model_config, out_dir, head="lm", dtype=dtype, source_dir=actor_model.path or None)
   if actor_adapters is not None:
     save_peft_adapter(actor_adapters, model_config, os.path.join(out_dir, LORA_ADAPTER_DIR),
-                      base_model_name_or_path=actor_model.path)
+                      base_model_name_or_path=hub_id_of(actor_model.path) or actor_model.path)
   if not actor_model.path and tokenizer_dir and os.path.isdir(tokenizer_dir):
     copy_tokenizer_files(tokenizer_dir, out_dir)
   if critic_out:
@@ -113,6 +114,12 @@ def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None
     if path:
       check_out_dir(flag, path, overwrite)
   state, _, config = read_checkpoint(step_dir, key="--checkpoint")
+  # The run's model paths: a snapshot in another machine's hub cache is fetched here (weights only for a LoRA
+  # run, whose frozen base is rebuilt from them).
+  lora = bool(state.get("actor_adapters") or state.get("critic_adapters"))
+  for key, section in (("actor_rollout_ref.model.path", config.actor_rollout_ref.model),
+                       ("critic.model.path", config.critic.model)):
+    section.path = resolve_model_path(section.path, f"the checkpoint's {key}", weights=lora)
   if critic_out and state.get("critic_params") is None and not state.get("critic_adapters"):
     raise CheckpointError(f"--critic_out: the run of --checkpoint {step_dir!r} has no critic (critic.enable was off)")
   tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")

@@ -4,8 +4,10 @@
         [--temperature T] (0 = greedy) [--top_p P] [--top_k K] [--n N] [--chat] [--seed S]
         [--dtype float32|bfloat16]
 
-PATH: an HF directory (config.json + safetensors + tokenizer) or a run's `global_step_N` directory
-(the tokenizer then comes from the run's model path, else the run's `tokenizer/` folder).
+PATH: an HF directory (config.json + safetensors + tokenizer), a Hugging Face Hub model id such as
+`Qwen/Qwen2.5-0.5B-Instruct` (from the hub cache, else downloaded: `jaxrlhf.models.hub`), or a run's
+`global_step_N` directory (the tokenizer then comes from the run's model path, else the run's `tokenizer/`
+folder).
 FILE: a text file with one prompt per line, a .jsonl/.json file whose rows have a `prompt` field
 (a string, or a verl list of chat messages, which always goes through the chat template), or a verl
 .parquet file as the trainer reads it (its `prompt` column: chat messages). Text is tokenized as-is
@@ -36,6 +38,7 @@ from jaxrlhf.errors import UserError
 from jaxrlhf.export import checkpoint_actor
 from jaxrlhf.models import (Decoder, cast_floating, generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer,
                             model_config_from, pad_token_id, params_for)
+from jaxrlhf.models.hub import resolve_model_path
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.rollout import (SamplingParams, generate, pad_prompts, repeat_interleave, request_key,
                              response_lengths_and_clip)
@@ -96,9 +99,12 @@ def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
 
 
 def load_model(path: str):
-  """(params, DecoderConfig, tokenizer, eos ids, pad id) of an HF directory or a `global_step_N` directory."""
+  """(params, DecoderConfig, tokenizer, eos ids, pad id) of an HF directory (or Hub id) or a `global_step_N`
+  directory."""
+  path = resolve_model_path(path, "--model")
   if not os.path.isdir(path):
-    raise UserError(f"--model {path!r} is not a directory (an HF checkpoint directory or a run's global_step_N)")
+    raise UserError(f"--model {path!r} is not a directory (an HF checkpoint directory, a Hub model id org/name, or "
+                    "a run's global_step_N)")
   if os.path.exists(os.path.join(path, "config.json")):
     model_config = load_hf_config(path)
     params = load_hf_params(path, model_config)
@@ -106,6 +112,9 @@ def load_model(path: str):
   else:
     state, _, config = read_checkpoint(path, key="--model")
     model_section = config.actor_rollout_ref.model
+    # A snapshot in another machine's hub cache is fetched here; a LoRA run's frozen base is rebuilt from it.
+    model_section.path = resolve_model_path(model_section.path, "the checkpoint's actor_rollout_ref.model.path",
+                                            weights=bool(state.get("actor_adapters")))
     model_config = model_config_from(model_section)
     actor_params, actor_adapters = checkpoint_actor(state, config)  # a LoRA run's adapters merged in
     params = params_for(model_config, jax.tree.map(np.asarray, merge_adapters(actor_params, actor_adapters,
@@ -189,7 +198,8 @@ def run(args) -> list[dict]:
 
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(prog="python -m jaxrlhf.generate", description=__doc__.split("\n\n")[0])
-  parser.add_argument("--model", required=True, help="HF checkpoint directory or a run's global_step_N directory")
+  parser.add_argument("--model", required=True,
+                      help="HF checkpoint directory, Hub model id (org/name), or a run's global_step_N directory")
   parser.add_argument("--prompts", required=True, help="text file (one prompt per line) or jsonl with 'prompt'")
   parser.add_argument("--output", required=True, help="output .jsonl")
   parser.add_argument("--max_new_tokens", type=int, default=256)

@@ -4,6 +4,9 @@
 (keys, types, choices against the registries, ranges, keys not implemented). This pass checks what the
 config points at, in the order a user would fix them:
 
+- Hugging Face Hub ids among the model and tokenizer paths (`Qwen/Qwen2.5-7B-Instruct`), resolved to their
+  local snapshot directories in the config itself (`jaxrlhf.models.hub`), so everything after this pass, the
+  run's config.json and checkpoints included, sees a local directory;
 - the model directories (actor, critic, reward model): config.json, safetensors, and every tensor's
   shape and the layer count against the config, from the safetensors headers alone; LoRA on the embedding
   or the LM head against a tied head;
@@ -30,6 +33,7 @@ from jaxrlhf.config import EMBED_TARGET, HEAD_TARGET, ConfigError, resolve_targe
 from jaxrlhf.data import DataError
 from jaxrlhf.data.builtin import builtin_rows
 from jaxrlhf.models import check_hf_checkpoint, load_hf_config, model_config_from
+from jaxrlhf.models.hub import resolve_model_paths
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,10 @@ DATA_SOURCE_SAMPLE_ROWS = 10_000  # rows per data file whose data_source is chec
 
 
 def validate_run(config) -> Callable | None:
-  """Checks a resolved config's paths, data and reward functions; returns the custom reward function (or None)."""
+  """Checks a resolved config's paths, data and reward functions; returns the custom reward function (or None).
+
+  Hub ids among its model paths are replaced by their local snapshot directories, in `config` itself."""
+  resolve_model_paths(config)
   check_models(config)
   check_lora_targets(config)
   check_tokenizer(config)
@@ -62,7 +69,7 @@ def check_model_dir(key: str, path: str) -> None:
   """`key`=`path` is a Hugging Face checkpoint directory (config.json + *.safetensors)."""
   if not os.path.exists(path):
     raise ConfigError(f"{key}={path!r} does not exist (expected a Hugging Face checkpoint directory: config.json + "
-                      "*.safetensors)")
+                      "*.safetensors, or a Hub model id org/name)")
   if not os.path.isdir(path):
     raise ConfigError(f"{key}={path!r} is not a directory (expected a Hugging Face checkpoint directory)")
   if not os.path.isfile(os.path.join(path, "config.json")):
@@ -118,8 +125,8 @@ def check_tokenizer(config) -> None:
     raise ConfigError("no tokenizer: set data.tokenizer (a tokenizer directory, or 'builtin:recall') or "
                       "actor_rollout_ref.model.path")
   if name and not os.path.isdir(name):
-    raise ConfigError(f"data.tokenizer={name!r} is not a directory (expected a tokenizer directory, or "
-                      "'builtin:<task>'; '' = the actor's model.path)")
+    raise ConfigError(f"data.tokenizer={name!r} is not a directory (expected a tokenizer directory, a Hub model id "
+                      "org/name, or 'builtin:<task>'; '' = the actor's model.path)")
 
 
 # ----- data ----------------------------------------------------------------------------------------

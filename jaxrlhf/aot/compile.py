@@ -28,6 +28,7 @@ import numpy as np
 from jaxrlhf.aot.targets import Target
 from jaxrlhf.config import resolve_config
 from jaxrlhf.errors import UserError
+from jaxrlhf.models.hub import resolve_model_paths
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.parallel.report import fmt_bytes, per_device_bytes
@@ -135,6 +136,7 @@ def _rule_reward_on_device(responses_NxR, response_mask_NxR, sample_index_N):
 def build_abstract_program(config, devices) -> StepProgram:
   """The trainer's step program for `config` on `devices` (a target's abstract devices)."""
   config = resolve_config(config)
+  resolve_model_paths(config, weights=False)  # Hub ids: their config.json is all a compile reads
   model_path = config.actor_rollout_ref.model.path
   if model_path and not os.path.exists(os.path.join(model_path, "config.json")):
     raise AotError(f"actor_rollout_ref.model.path={model_path!r} has no config.json; to compile without weights "

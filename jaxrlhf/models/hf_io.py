@@ -49,7 +49,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 MODEL_DIR_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
                    "chat_template.jinja", "chat_template.json")
-_TOKENIZER_SUFFIXES = (".tiktoken",)
+TOKENIZER_SUFFIXES = (".tiktoken",)
 
 
 # ----- config ------------------------------------------------------------------------------------
@@ -629,7 +629,7 @@ def copy_tokenizer_files(source_dir: str, out_dir: str) -> list[str]:
   copied = []
   for file in sorted(os.listdir(source_dir)):
     source = os.path.join(source_dir, file)
-    if os.path.isfile(source) and (file in MODEL_DIR_FILES or file.endswith(_TOKENIZER_SUFFIXES)):
+    if os.path.isfile(source) and (file in MODEL_DIR_FILES or file.endswith(TOKENIZER_SUFFIXES)):
       shutil.copy2(source, os.path.join(out_dir, file))
       copied.append(file)
   return copied
