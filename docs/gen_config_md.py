@@ -26,7 +26,8 @@ SAME = "same"  # verl has exactly this key
 
 # Sections that occur twice in the tree (actor and critic model / optimizer): documented once by suffix.
 _MODEL = {
-    "path": ("Hugging Face checkpoint directory (config.json + safetensors); `\"\"` = initialise from scratch "
+    "path": ("Hugging Face checkpoint directory (config.json + safetensors), or a Hub model id `org/name[@revision]` "
+             "(from the hub cache, else downloaded; a path that exists wins); `\"\"` = initialise from scratch "
              "from `override_config`", SAME),
     "override_config.vocab_size": ("HF config field; with `path` it overrides config.json, without `path` it "
                                    "defines the from-scratch model (as do the other `override_config.*`)",
@@ -105,8 +106,8 @@ _DOCS = {
     "data.train_files": ("training parquet files (verl row format, SPEC §8) or `builtin:<task>:train`",
                          "same (a string or a list)"),
     "data.val_files": ("validation files; `(\"\",)` = no validation", "same"),
-    "data.tokenizer": ("tokenizer directory; `\"\"` = the actor's `model.path`; `builtin:<task>` = the built-in "
-                       "word-level tokenizer", "same (no `builtin:`)"),
+    "data.tokenizer": ("tokenizer directory or Hub model id; `\"\"` = the actor's `model.path`; `builtin:<task>` = "
+                       "the built-in word-level tokenizer", "same (no `builtin:`)"),
     "data.prompt_key": ("column holding the chat messages", SAME),
     "data.reward_fn_key": ("column selecting the reward function", SAME),
     "data.max_prompt_length": ("prompt tokens at most; with `bucket_prompt_lengths=False` every prompt is "
@@ -228,7 +229,7 @@ _DOCS = {
     # ----- reward
     "reward_model.enable": ("score with a learned reward model (in addition to rule rewards)", SAME),
     "reward_model.model.path": ("reward model checkpoint (HF sequence classification, num_labels=1; the "
-                                "actor's tokenizer)", SAME),
+                                "actor's tokenizer): a directory or a Hub model id", SAME),
     "reward_model.combine_with_rule": ("True: score = rule reward + reward model; False: the reward model alone",
                                        "— (ours; verl uses the reward model alone when it is on)"),
     "reward_model.on_error": ("a reward function that raises: `raise`, or `zero` (scores 0, counted in "
@@ -365,7 +366,8 @@ def describe(key: str) -> tuple[str, str]:
     if key.startswith(section) and key[len(section):] in table:
       meaning, verl = table[key[len(section):]]
       if section.startswith("critic.model.") and key.endswith(".path"):
-        meaning = "critic checkpoint; `\"\"` = the actor's `model.path` with a fresh value head"
+        meaning = ("critic checkpoint (a directory or a Hub model id); `\"\"` = the actor's `model.path` with a "
+                   "fresh value head")
       if section.startswith("critic.model.") and key[len(section):] in _CRITIC_MODEL:
         meaning = _CRITIC_MODEL[key[len(section):]]
       return meaning, verl
