@@ -58,6 +58,7 @@ def main(argv):
   import jax
   from jaxrlhf.trainer import Trainer
   from jaxrlhf.trainer.guards import GuardError
+  from jaxrlhf.trainer.preemption import EXIT_PREEMPTED, Preempted
 
   verl_args, rest = verl_compat.split_overrides(argv[1:])
   if rest:
@@ -74,6 +75,9 @@ def main(argv):
     history = trainer.fit()
   except GuardError as e:
     sys.exit(f"jaxrlhf: {e}")  # a stop the guards decided, not bad input: exit 1
+  except Preempted as e:
+    print(f"train.py: {e}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_PREEMPTED)
   if not history:
     return  # already complete: fit() said so
   val_keys = [k for k in history[-1] if k.startswith("val-core/")]

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 from etils import epath
 
 from jaxrlhf.errors import UserError
@@ -73,9 +74,46 @@ def _abstract_stack(leaves: list) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct((len(leaves),) + tuple(leaves[0].shape), leaves[0].dtype, sharding=sharding)
 
 
+class _OrbaxSaveErrors(logging.Filter):
+  """Drops Orbax's own error records (each a traceback, logged from its writer threads): a failed save reaches
+  the user once, as the CheckpointError `Checkpointer` raises. JAXRLHF_DEBUG=1 (or `-v`) keeps them."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return (record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
+            or bool(os.environ.get("JAXRLHF_DEBUG")))
+
+
+_ORBAX_SAVE_ERRORS = _OrbaxSaveErrors()
+
+
+def _failure_text(error: BaseException) -> str:
+  """The operating system's words for a failed write ("No space left on device"), else the error's first line."""
+  for cause in _chain(error):
+    if isinstance(cause, OSError) and cause.strerror:
+      return cause.strerror
+    code = re.search(r"os_error_code='(\d+)'", str(cause))  # TensorStore's wording of an OSError
+    if code:
+      return os.strerror(int(code.group(1)))
+  return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
+def _chain(error: BaseException):
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
 class Checkpointer:
+  """Saves are asynchronous: `check()` after each step raises a failed one's CheckpointError without
+  waiting for one in progress; `wait()` and `close()` wait and raise it too."""
+
   def __init__(self, directory: str, *, max_to_keep: int | None = None, async_save: bool = True):
     self.directory = os.path.abspath(directory)
+    self._pending: int | None = None  # the step of a save that has not been seen through yet
+    self._failed = False
+    absl_logging.get_absl_logger().addFilter(_ORBAX_SAVE_ERRORS)  # once: a filter is kept in a set
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, step_prefix=STEP_PREFIX,
@@ -89,8 +127,28 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state, meta: dict) -> None:
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_without_reference(state)), meta=ocp.args.JsonSave(meta)))
+    self.wait()  # the previous save's failure is named as that save's, not this one's
+    with self._save_failure(step):
+      self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(_without_reference(state)), meta=ocp.args.JsonSave(meta)))
+    self._pending = step
+
+  @contextlib.contextmanager
+  def _save_failure(self, step: int):
+    """A failed save (disk full, read-only, quota) as one CheckpointError naming it and the last good one.
+
+    Orbax writes into a temporary folder and renames it only once the write has finished, so the failed
+    step is never among `all_steps()` (nor picked by a resume)."""
+    try:
+      yield
+    except Exception as error:  # noqa: BLE001  (any failure to write means the same to the user)
+      self._failed = True
+      good = [s for s in self._manager.all_steps() if s != step]
+      last = (f"the last good checkpoint is {self.step_dir(max(good))}" if good
+              else "no checkpoint of this run was saved before it")
+      raise CheckpointError(f"saving checkpoint {self.step_dir(step)} failed: {_failure_text(error)}; {last}",
+                            hint="free space (or fix the path) and start again with trainer.resume_mode=auto"
+                            ) from error
 
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, f"{STEP_PREFIX}_{step}")
@@ -139,12 +197,28 @@ class Checkpointer:
     self._manager.reload()
     return target
 
+  def check(self) -> None:
+    """Raises the CheckpointError of a background save that has failed; never waits for one still writing."""
+    if self._pending is not None and not self._manager.is_saving_in_progress():
+      self.wait()
+
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    step, self._pending = self._pending, None
+    if step is None or self._failed:
+      return
+    with self._save_failure(step):
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for the last save (raising its failure) and closes; after a failure has been raised, just closes."""
+    try:
+      self.wait()
+    finally:
+      try:
+        self._manager.close()
+      except Exception:  # noqa: BLE001  (Orbax raises the failed save again; it has been reported)
+        if not self._failed:
+          raise
 
 
 @contextlib.contextmanager

@@ -33,7 +33,9 @@ from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jso
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
+from jaxrlhf.trainer.preemption import Preempted, StopSignal
 from jaxrlhf.trainer.program import build_program, model_configs
+from jaxrlhf.trainer.run_lock import RunLock
 from jaxrlhf.trainer.reward import (decode_responses, host_callback_errors, make_reward_fn, score_on_host,
                                     uses_rule_reward)
 from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
@@ -63,6 +65,9 @@ class Trainer:
     trainer_cfg = config.trainer
     self.run_dir = os.path.join(trainer_cfg.default_local_dir, trainer_cfg.project_name, trainer_cfg.experiment_name)
     os.makedirs(self.run_dir, exist_ok=True)
+    self.run_lock = RunLock(self.run_dir)
+    if jax.process_index() == 0:  # refused before anything heavy; held again (same process) while fit() runs
+      self.run_lock.acquire()
     self.mesh = mesh_from_config(config, devices)
     self.num_batch_shards = self.mesh.shape["data"] * fsdp_size(self.mesh)
 
@@ -293,6 +298,19 @@ class Trainer:
     if self.config.trainer.save_hf:
       self.export_hf(os.path.join(self.run_dir, "huggingface", f"global_step_{step}"))
 
+  def _save_on_stop(self, checkpointer: Checkpointer, step: int) -> str:
+    """Saves step `step` for a SIGTERM (unless checkpoints are off) and says what was kept, in one line."""
+    resume = "trainer.resume_mode=auto continues from it"
+    if self.config.trainer.save_freq <= 0:
+      latest = checkpointer.latest_step()
+      kept = f"the last checkpoint is step {latest}" if latest is not None else "the run has no checkpoint"
+      return (f"SIGTERM after step {step}: not saved because trainer.save_freq={self.config.trainer.save_freq} "
+              f"turns checkpoints off; {kept}")
+    if checkpointer.latest_step() != step:
+      self.save(checkpointer, step)
+    checkpointer.wait()
+    return f"SIGTERM after step {step}: saved {checkpointer.step_dir(step)}; {resume}"
+
   def export_hf(self, out_dir: str) -> None:
     """The current actor as an HF causal LM in `out_dir` (the critic in `out_dir`/critic); with LoRA the
     adapters merged in, and alone in PEFT's layout in `out_dir`/lora_adapter."""
@@ -410,9 +428,20 @@ class Trainer:
     """Runs to `total_steps` with validation, checkpoints and guards; returns the step records.
 
     Resumes per `trainer.resume_mode`; writes metrics.jsonl (on resume, after cutting the records of the
-    steps past the checkpoint, which it writes again) and the plot.
+    steps past the checkpoint, which it writes again) and the plot. Holds the run directory's lock while it
+    runs; SIGTERM ends it after the step in flight with a checkpoint of that step (raises `Preempted`).
     """
     config = self.config.trainer
+    if jax.process_index() == 0:
+      self.run_lock.acquire()  # this process's lock again (released when the last fit() ended)
+    try:
+      with StopSignal() as stop:
+        return self._fit(config, stop)
+    finally:
+      if jax.process_index() == 0:
+        self.run_lock.release()
+
+  def _fit(self, config, stop: StopSignal) -> list[dict]:
     checkpointer = Checkpointer(self.run_dir, max_to_keep=config.max_actor_ckpt_to_keep)
     start_step = self.resume(checkpointer)
     if start_step >= self.total_steps:
@@ -455,9 +484,12 @@ class Trainer:
         history.append({"step": step, **metrics})
         if (config.save_freq > 0 and step % config.save_freq == 0) or (is_last and config.save_freq > 0):
           self.save(checkpointer, step)
+        checkpointer.check()  # a background save that failed stops the run now, not a save later
+        if not is_last and stop.requested():
+          raise Preempted(self._save_on_stop(checkpointer, step))
     finally:
       checkpointer.close()
-      tracking.close(failed=sys.exc_info()[0] is not None)
+      tracking.close(failed=sys.exc_info()[0] not in (None, Preempted))
     if config.plot and "jsonl" in config.logger and jax.process_index() == 0:
       plot_metrics(tracking.metrics_path, os.path.join(self.run_dir, "metrics.png"))
     return history

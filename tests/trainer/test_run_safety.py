@@ -1,0 +1,142 @@
+"""Nothing lost (README "Bad input"): one run per run directory, a failed checkpoint save stops the run in one
+line, and SIGTERM saves the last finished step so that a resume continues exactly."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from jaxrlhf.checkpoint import Checkpointer
+from jaxrlhf.trainer.run_lock import LOCK_NAME, RunDirectoryLocked, RunLock
+from jaxrlhf.tracking import read_metrics
+from tests.cli.test_bad_input import ROOT, _train_flags, _training_steps, assert_user_error, run_cli
+
+HOLD = textwrap.dedent("""
+    import os, sys, time
+    from jaxrlhf.trainer.run_lock import RunLock
+    RunLock(sys.argv[1]).acquire()
+    print("held", flush=True)
+    if sys.argv[2] == "die":
+      os._exit(0)  # as a crash or kill -9 would: the lock stays behind
+    time.sleep(600)
+""")
+
+
+def _env():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  return env
+
+
+def _holder(run_dir, mode):
+  process = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir), mode], stdout=subprocess.PIPE, text=True,
+                             env=_env())
+  assert process.stdout.readline().strip() == "held"
+  return process
+
+
+def test_a_second_run_on_a_held_run_directory_is_refused_naming_the_holder(tmp_path):
+  run_dir = tmp_path / "quickstart" / "recall_ppo"
+  run_dir.mkdir(parents=True)
+  holder = _holder(run_dir, "hold")
+  try:
+    with pytest.raises(RunDirectoryLocked, match=f"in use by another run \\(pid {holder.pid} on host "):
+      RunLock(str(run_dir)).acquire()
+    # train.py refuses before building anything, in one line.
+    result = run_cli("train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}")
+    assert_user_error(result, "train.py", f"run directory {run_dir} is in use by another run (pid {holder.pid}")
+    assert f"delete {run_dir / LOCK_NAME}" in result.stderr
+  finally:
+    holder.kill()
+    holder.wait()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_saying_so(tmp_path, capsys):
+  holder = _holder(tmp_path, "die")
+  holder.wait()
+  assert (tmp_path / LOCK_NAME).exists()
+  lock = RunLock(str(tmp_path)).acquire()
+  assert f"taking over the lock of pid {holder.pid}" in capsys.readouterr().out
+  lock.acquire()  # this process's own lock: kept
+  lock.release()
+  assert not (tmp_path / LOCK_NAME).exists()
+
+
+SAVE_THEN_FILL = textwrap.dedent("""
+    import resource, signal, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jaxrlhf.checkpoint import Checkpointer, CheckpointError
+    from jaxrlhf.trainer.state import TrainState
+    params = {"w": jnp.asarray(np.random.default_rng(0).random(250_000, np.float32))}  # 1 MB, incompressible
+    state = TrainState(step=jnp.int32(0), actor_params=params, actor_opt_state=None, actor_adapters=None,
+                       critic_params=None, critic_opt_state=None, critic_adapters=None, ref_params=None,
+                       reward_params=None, kl_coef=jnp.float32(0), lr_scale=jnp.float32(1))
+    checkpointer = Checkpointer(sys.argv[1])
+    checkpointer.save(1, state, {"step": 1})
+    checkpointer.wait()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as a full disk would
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    checkpointer.save(2, state, {"step": 2})
+    try:
+      while True:
+        checkpointer.check()  # raises once the background write has failed
+    except CheckpointError as error:
+      print(error)
+    checkpointer.close()
+""")
+
+
+def test_a_failed_save_is_one_line_naming_it_and_the_last_good_checkpoint(tmp_path):
+  result = subprocess.run([sys.executable, "-c", SAVE_THEN_FILL, str(tmp_path)], capture_output=True, text=True,
+                          env=_env(), timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.strip() == (f"saving checkpoint {tmp_path}/global_step_2 failed: File too large; "
+                                   f"the last good checkpoint is {tmp_path}/global_step_1")
+  assert "Traceback" not in result.stderr and "OUT_OF_RANGE" not in result.stderr, result.stderr[-3000:]
+  checkpointer = Checkpointer(str(tmp_path))
+  assert checkpointer.all_steps() == [1]  # the half-written step is never taken as the latest
+  checkpointer.close()
+
+
+_COMPARED = ("actor/", "critic/", "response_length/", "training/")
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_last_finished_step_and_the_resumed_run_matches_an_uninterrupted_one(tmp_path):
+  def flags(root):
+    return [*_train_flags(root, 6), "--config.trainer.save_freq=4"]
+
+  interrupted_root, reference_root = tmp_path / "interrupted", tmp_path / "reference"
+  run_dir = interrupted_root / "quickstart" / "recall_ppo"
+  process = subprocess.Popen([sys.executable, *flags(interrupted_root)], cwd=ROOT, env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
+  while process.poll() is None and time.time() < deadline:  # SIGTERM once step 2 is logged (no save before 4)
+    if os.path.exists(run_dir / "metrics.jsonl") and 2 in _training_steps(run_dir):
+      break
+    time.sleep(0.05)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 143, stderr[-3000:]
+  stopped = max(_training_steps(run_dir))
+  assert 2 <= stopped < 6
+  assert f"train.py: SIGTERM after step {stopped}: saved {run_dir}/global_step_{stopped}; " \
+         "trainer.resume_mode=auto continues from it" in stderr
+  assert "Traceback" not in stderr
+
+  resumed = subprocess.run([sys.executable, *flags(interrupted_root)], cwd=ROOT, env=_env(), capture_output=True,
+                           text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  reference = subprocess.run([sys.executable, *flags(reference_root)], cwd=ROOT, env=_env(), capture_output=True,
+                             text=True, timeout=600)
+  assert reference.returncode == 0, reference.stderr[-3000:]
+
+  def records(root):
+    rows = read_metrics(os.path.join(root, "quickstart", "recall_ppo", "metrics.jsonl"))
+    return [{k: v for k, v in row.items() if k.startswith(_COMPARED)} for row in rows if "training/global_step" in row]
+  assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
+  assert records(interrupted_root) == records(reference_root)
