@@ -82,7 +82,9 @@ def main(argv):
     return  # already complete: fit() said so
   val_keys = [k for k in history[-1] if k.startswith("val-core/")]
   summary = ", ".join(f"{k}: {history[0].get(k, float('nan')):.3f} -> {history[-1][k]:.3f}" for k in val_keys)
-  print(f"done: {len(history)} records in {trainer.run_dir}/metrics.jsonl; {summary}")
+  written = (f" in {trainer.run_dir}/metrics.jsonl" if "jsonl" in trainer.config.trainer.logger
+             else ", none written to a file (trainer.logger has no 'jsonl')")
+  print(f"done: {len(history)} records{written}; {summary}")
 
 
 if __name__ == "__main__":
