@@ -4,17 +4,20 @@ verl runs as `python3 -m verl.trainer.main_ppo data.train_batch_size=256 trainer
 jaxrlhf's tree uses verl's key names, so most keys apply as they are; `TABLE` lists every other verl key
 jaxrlhf knows, as one of:
   - translated: the same intent under jaxrlhf's names (GPUs per node x nodes -> the mesh);
-  - ignored: no meaning here (vLLM, Ray, FSDP wrapping), listed once at start-up with the reason.
-Any key in neither the tree nor the table is an error that names it.
+  - ignored: no meaning here (vLLM, Ray, FSDP wrapping), listed once at start-up with the reason;
+  - refused: a feature jaxrlhf lacks (Megatron, vision-language, multi-turn), one line per family.
+Any key in neither the tree nor the table is an error that names it; every problem of a command line is
+reported at once, one line each. docs/verl_scripts.md is generated from `SECTIONS` (the table).
 
 Two users of the table:
   - `train.py [--config FILE] key=value ...`: `apply_overrides` sets the keys on the config (without
     --config the base is configs/verl_defaults.py: verl's own defaults, as `main_ppo` starts from).
-  - `python -m jaxrlhf.verl_compat SCRIPT.sh [--config FILE]`: reads a verl run script (line
-    continuations, the script's own `VAR=value` lines, `$VAR` / `${VAR:-default}` / `$((a + b))`) and
-    prints the equivalent `python train.py --config ... --config.key=value` command and the table of
-    mapped / translated / ignored keys. A `$VAR` it cannot resolve stays in the command for the shell
-    and is reported.
+  - `python -m jaxrlhf.verl_compat SCRIPT.sh [--config FILE]`: reads a verl run script
+    (`jaxrlhf.verl_shell`) and prints the equivalent `python train.py --config ... --config.key=value`
+    command and the table of mapped / translated / ignored keys. A `key=null` is printed as the verl
+    override `key=null` (no `--config.` flag can say None), and a value only the user's shell knows
+    (`trainer.nnodes=$SLURM_JOB_NUM_NODES`) as the verl override `key="$VAR"`, with every key whose
+    translation depends on it: train.py translates them when it runs, with the shell's values.
 
 Values follow Hydra's grammar as verl's scripts use it: `null`, `True/False` (any case), numbers,
 `[a,b]` / `['a','b']` lists, quoted strings; `+key=value` (Hydra's append) is accepted like `key=value`.
@@ -28,75 +31,206 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
 
 from jaxrlhf.errors import UserError
+from jaxrlhf.verl_shell import Script, read_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The base of a verl command line without --config: verl's defaults (`jaxrlhf.config.get_base_config`).
 DEFAULT_CONFIG = os.path.join("configs", "verl_defaults.py")
-VERL_ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "verl.trainer.main_generation")
+HINT = "docs/verl_scripts.md says what each verl key becomes"
 
 
 @dataclasses.dataclass(frozen=True)
 class Translated:
   """A verl key whose intent lives under other jaxrlhf keys.
 
-  `fn(value, overrides, config)` returns {jaxrlhf key: value}; `overrides` holds every verl key of the
-  command line (parsed), `config` the config with the mapped keys already applied.
+  `fn(value, overrides, config)` returns {jaxrlhf key: value}, or ({...}, [(what, reason), ...]) to report
+  parts it drops; `overrides` holds every verl key of the command line (parsed), `config` the config with
+  the mapped keys applied. `inputs`: the other verl keys it reads (a value only the shell knows in any of
+  them leaves the whole translation to train.py at run time).
   """
-  fn: Callable[[Any, dict, ml_collections.ConfigDict], dict]
-  target: str  # what it becomes, for the table
+  fn: Callable[[Any, dict, ml_collections.ConfigDict], Any]
+  target: str  # what it becomes, for the table and docs/verl_scripts.md
+  inputs: tuple[str, ...] = ()
+  note: str = ""  # said next to what it became: where the translation is not exactly verl's
 
 
 @dataclasses.dataclass(frozen=True)
 class Ignored:
+  """A verl key with no meaning in jaxrlhf. `refuse(key, value, overrides)` returns a reason for the values
+  that cannot be ignored (then the key is refused, in `family`), else None; `refuses` says which, for docs."""
+  reason: str
+  refuse: Callable[[str, Any, dict], str | None] | None = None
+  refuses: str = ""
+  family: str = ""
+  until_in_tree: bool = False  # ignored only until jaxrlhf's tree has the key (then mapped)
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+  """A verl feature jaxrlhf does not have: every key of the family is refused in one line."""
+  family: str
   reason: str
 
 
 # ----- translations ------------------------------------------------------------------------------
 
+GPUS, NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
+ROLLOUT_TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+
+
+def _devices(overrides) -> int:
+  # verl's defaults: 8 GPUs per node, 1 node.
+  try:
+    return int(overrides.get(GPUS, 8)) * int(overrides.get(NODES, 1))
+  except (TypeError, ValueError):
+    raise UserError(f"{GPUS} x {NODES} must be whole numbers, got {overrides.get(GPUS, 8)!r} x "
+                    f"{overrides.get(NODES, 1)!r}") from None
+
+
 def _mesh_from_gpus(value, overrides, config) -> dict:
-  # verl's defaults: 8 GPUs per node, 1 node. The device count pins the fsdp axis (the one that
-  # absorbs devices), so a job that starts with fewer devices fails at start-up, naming the mesh.
+  # Training is FSDP, as verl's: the GPUs go to the fsdp axis (a job started on a different device
+  # count fails at start-up, naming the mesh). Generation's own TP is rollout.tensor_model_parallel_size.
   del value
-  devices = int(overrides.get("trainer.n_gpus_per_node", 8)) * int(overrides.get("trainer.nnodes", 1))
+  devices = _devices(overrides)
   mesh = config.mesh
-  tensor = _rollout_tp(overrides).get("mesh.tensor", mesh.tensor)
   data = mesh.data if mesh.data != -1 else 1
+  tensor = mesh.tensor if mesh.tensor != -1 else 1
   if devices % (data * tensor):
-    raise UserError(f"trainer.n_gpus_per_node x trainer.nnodes = {devices} devices are not divisible by "
-                    f"mesh.data*mesh.tensor = {data * tensor}",
-                    hint="change mesh.data / rollout.tensor_model_parallel_size so they divide the devices")
+    raise UserError(f"{GPUS} x {NODES} = {devices} devices are not divisible by mesh.data*mesh.tensor = "
+                    f"{data * tensor}")
   return {**({"mesh.data": 1} if mesh.data == -1 else {}), "mesh.fsdp": devices // (data * tensor)}
 
 
-def _rollout_tp(overrides) -> dict:
-  # jaxrlhf generates in the training layout gathered over fsdp (or over fsdp*tensor), so a
-  # generation TP of k is a tensor axis of k: training and generation both split heads k ways.
-  if "actor_rollout_ref.rollout.tensor_model_parallel_size" not in overrides:
-    return {}
-  size = int(overrides["actor_rollout_ref.rollout.tensor_model_parallel_size"])
-  return {"mesh.tensor": size, "actor_rollout_ref.rollout.tensor_model_parallel_size": size}
+def _rollout_tp(value, overrides, config) -> dict:
+  del config
+  size, devices = int(value), _devices(overrides)
+  if size < 1 or devices % size:
+    raise UserError(f"{ROLLOUT_TP}={value} must divide the {devices} GPUs ({GPUS} x {NODES}), as in verl")
+  return {ROLLOUT_TP: size}
 
 
-def _logger(value, overrides, config) -> dict:
+def _per_gpu(target: str, sequence_parallel: tuple[str, ...]):
+  """verl's deprecated global micro-batch -> the per-GPU key: divided over the data-parallel ranks
+  (GPUs / Ulysses SP), as verl's FSDP workers divided it (and verl requires at least one per GPU)."""
+  source = target.removesuffix("_per_gpu")
+
+  def translate(value, overrides, config):
+    if target in overrides and overrides[target] is not None and value is not None:
+      raise UserError(f"both {source} and {target} are set: verl refuses this too (only the *_per_gpu key is "
+                      "supported, the other is deprecated); remove one")
+    if value is None:
+      return {target: None}
+    from jaxrlhf.config import get
+    sp = next((get(config, key) for key in sequence_parallel if get(config, key)), 1)
+    devices = _devices(overrides)
+    ranks = max(devices // sp, 1)
+    if int(value) < ranks:
+      raise UserError(f"{source}={value} sequences over {ranks} data-parallel ranks ({devices} GPUs / "
+                      f"Ulysses SP {sp}) is less than one per GPU (verl requires {source} x SP >= GPUs)")
+    return {target: int(value) // ranks}
+  return Translated(translate, f"{target} = {source.rsplit('.', 1)[1]} / (GPUs / Ulysses SP), as verl divided it",
+                    inputs=(GPUS, NODES, target))
+
+
+def _logger(value, overrides, config):
   del overrides, config
   from jaxrlhf.tracking.tracking import LOGGERS  # here: loading the table must not start JAX
-  names = (value,) if isinstance(value, str) else tuple(value)
-  return {"trainer.logger": tuple(name for name in names if name in LOGGERS) or ("console",)}
+  names = (value,) if isinstance(value, str) else () if value is None else tuple(value)
+  kept, dropped = [], []
+  for name in names:
+    name = _VERL_LOGGER_NAMES.get(name, name)
+    if name in LOGGERS:
+      kept.append(name)
+    elif name in _VERL_ONLY_LOGGERS:
+      dropped.append(("trainer.logger", name, f"{_VERL_ONLY_LOGGERS[name]}: not a jaxrlhf backend "
+                                              f"(jaxrlhf has {', '.join(LOGGERS)})"))
+    else:
+      raise UserError(f"trainer.logger has unknown logger {name!r}: verl's are "
+                      f"{sorted({*LOGGERS, *_VERL_ONLY_LOGGERS, *_VERL_LOGGER_NAMES} - {'jsonl'})}, "
+                      f"jaxrlhf's {list(LOGGERS)}")
+  return {"trainer.logger": tuple(dict.fromkeys(kept)) or ("console",)}, dropped
 
 
-def _same(target: str):
-  return lambda value, overrides, config: {target: value}
+# verl's names for jaxrlhf's backends, and verl's backends jaxrlhf lacks (verl 0.9.1 utils/tracking.py).
+_VERL_LOGGER_NAMES = {"file": "jsonl", "tracking": "wandb"}
+_VERL_ONLY_LOGGERS = {"swanlab": "SwanLab", "vemlp_wandb": "Volcengine ML platform's wandb", "clearml": "ClearML",
+                      "trackio": "Trackio", "rl_insight": "RL Insight"}
+
+
+def _rename(target: str, why: str = "") -> Translated:
+  return Translated(lambda value, overrides, config: {target: value}, f"{target}{f' ({why})' if why else ''}")
+
+
+def _max_resp_len(value, overrides, config) -> dict:
+  del overrides
+  if value is not None and int(value) != config.data.max_response_length:
+    raise UserError(f"reward_model.reward_kwargs.max_resp_len={value} differs from data.max_response_length="
+                    f"{config.data.max_response_length}: jaxrlhf's overlong buffer ends at data.max_response_length")
+  return {}
+
+
+def _filter_metric(value, overrides, config) -> dict:
+  del overrides, config
+  return {"algorithm.filter_groups.metric": "score" if value in ("acc", "reward") else value}
+
+
+def _profile_steps(value, overrides, config) -> dict:
+  del overrides, config
+  steps = () if value is None else (value,) if isinstance(value, int) else tuple(value)
+  return {"trainer.profile_steps": tuple(int(step) for step in steps)}
+
+
+# ----- refusals that depend on the value ----------------------------------------------------------
+
+_MULTI_TURN = "multi-turn rollouts: not yet (issue 35)"
+_MULTI_TURN_INERT = {"actor_rollout_ref.rollout.multi_turn.enable": False,
+                     "actor_rollout_ref.rollout.multi_turn.format": None,  # any value: tool-call parsing only
+                     "actor_rollout_ref.rollout.agent.num_workers": None,
+                     "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent"}
+
+
+def _multi_turn(key, value, overrides) -> str | None:
+  del overrides
+  if key in _MULTI_TURN_INERT and _MULTI_TURN_INERT[key] in (None, value):
+    return None
+  return _MULTI_TURN
+
+
+def _strategy(key, value, overrides) -> str | None:
+  del key, overrides
+  return _MEGATRON if value == "megatron" else None
+
+
+_REWARD_MANAGERS = {"prime": "PRIME's reward manager (the PRIME recipe's verification with timeouts and implicit "
+                             "process rewards): jaxrlhf has no PRIME recipe",
+                    "collabllm": "CollabLLM's conversation-level rewards: " + _MULTI_TURN}
+
+
+def _reward_manager(key, value, overrides) -> str | None:
+  del key, overrides
+  if value in (None, "naive", "dapo", "batch", "gdpo"):
+    return None
+  return _REWARD_MANAGERS.get(value, f"reward manager {value!r}: jaxrlhf's rewards are the rule by data_source or "
+                                     "custom_reward_function (naive, dapo, batch and gdpo alike)")
+
+
+def _input_tokenizer(key, value, overrides) -> str | None:
+  del key, overrides
+  return None if value is None else (
+      "a reward model with its own tokenizer or chat template: jaxrlhf's reward model reads the actor's tokens "
+      "(set it to null when the two share tokenizer and chat template)")
 
 
 # ----- the table ---------------------------------------------------------------------------------
-# Keys of jaxrlhf's tree are mapped as they are (same name, same meaning) unless listed here.
-# A key ending in `.*` covers every key under it (keys of the tree under it stay mapped).
+# Keys of jaxrlhf's tree are mapped as they are (same name, same meaning) unless listed here. A `*` in a
+# key matches any run of characters (`*.megatron.*`: every key with a `megatron` part); keys of the tree
+# under a pattern stay mapped.
 
 _VLLM = "vLLM/SGLang engine setting: generation is jaxrlhf's JAX sampler inside the compiled step"
 _RAY = "Ray: jaxrlhf is one SPMD program per host (`train.py --distributed` on each node)"
@@ -104,84 +238,212 @@ _FSDP = "PyTorch FSDP wrapping: every parameter is sharded over the mesh's fsdp 
 _DYNAMIC = ("the log-prob and value phases use the actor's token budget (actor.use_dynamic_bsz, "
             "actor.ppo_max_token_len_per_gpu)")
 _TORCH = "PyTorch kernel switch: XLA compiles and fuses the step"
+_CHUNKED_HEAD = ("the LM head (log-probs, entropy) runs in chunks whose logits the backward recomputes "
+                 "(actor_rollout_ref.model.logits_chunk_size)")
+_PROFILER = ("jaxrlhf traces every device of the steps in trainer.profile_steps with jax.profiler into "
+             "<run dir>/profile (view with TensorBoard or Perfetto); tool, ranks and options are verl's profilers'")
+_REWARD_ENGINE = "the reward model's own engine (verl serves it apart): jaxrlhf's reward model scores inside the step"
+_MEGATRON = ("Megatron-LM's tensor/pipeline/context/expert parallelism: jaxrlhf trains with FSDP (and Ulysses SP) "
+             "over its mesh; drop the megatron keys (trainer.n_gpus_per_node sizes the mesh, "
+             "ulysses_sequence_parallel_size splits long sequences)")
+_VISION = "vision-language data (images, videos, audio): jaxrlhf's decoders read text only"
+_CHECKPOINT = "checkpoints always hold model, optimizer and data state (Orbax)"
 
-TABLE: dict[str, Translated | Ignored] = {
-    "trainer.n_gpus_per_node": Translated(_mesh_from_gpus, "mesh.fsdp = GPUs / (mesh.data * mesh.tensor)"),
-    "trainer.nnodes": Translated(_mesh_from_gpus, "mesh.fsdp = GPUs / (mesh.data * mesh.tensor)"),
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": Translated(
-        lambda value, overrides, config: _rollout_tp(overrides),
-        "mesh.tensor and rollout.tensor_model_parallel_size (generation TP = training TP)"),
-    "trainer.logger": Translated(_logger, "trainer.logger, keeping the backends jaxrlhf has"),
-    "actor_rollout_ref.actor.optim.warmup_style": Translated(
-        _same("actor_rollout_ref.actor.optim.lr_scheduler_type"), "actor.optim.lr_scheduler_type (verl's old name)"),
-    "critic.optim.warmup_style": Translated(_same("critic.optim.lr_scheduler_type"),
-                                            "critic.optim.lr_scheduler_type (verl's old name)"),
-    # The rollout engine.
-    "actor_rollout_ref.rollout.name": Ignored(_VLLM),
-    "actor_rollout_ref.rollout.mode": Ignored(_VLLM),
-    "actor_rollout_ref.rollout.gpu_memory_utilization": Ignored(
-        "vLLM's KV-cache share of GPU memory: XLA sizes the KV cache for the batch when it compiles"),
-    "actor_rollout_ref.rollout.enforce_eager": Ignored("vLLM's CUDA-graph switch: the sampler is always compiled"),
-    "actor_rollout_ref.rollout.free_cache_engine": Ignored(
-        "vLLM frees its KV cache between rollouts: XLA frees the cache when generation ends"),
-    "actor_rollout_ref.rollout.enable_chunked_prefill": Ignored(_VLLM),
-    "actor_rollout_ref.rollout.max_num_batched_tokens": Ignored(
-        "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"),
-    "actor_rollout_ref.rollout.max_num_seqs": Ignored(
-        "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"),
-    "actor_rollout_ref.rollout.load_format": Ignored("the sampler reads the actor's weights inside the step"),
-    "actor_rollout_ref.rollout.layered_summon": Ignored(_FSDP),
-    "actor_rollout_ref.rollout.calculate_log_probs": Ignored("the old log-probs are recomputed by the actor"),
-    "actor_rollout_ref.rollout.engine_kwargs.*": Ignored(_VLLM),
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": Ignored(_DYNAMIC),
-    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": Ignored(_DYNAMIC),
-    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": Ignored(_DYNAMIC),
-    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": Ignored(_DYNAMIC),
-    "critic.use_dynamic_bsz": Ignored(_DYNAMIC),
-    "critic.ppo_max_token_len_per_gpu": Ignored(_DYNAMIC),
-    "critic.forward_max_token_len_per_gpu": Ignored(_DYNAMIC),
-    # Parallelism and PyTorch.
-    "actor_rollout_ref.hybrid_engine": Ignored("actor and rollout always share one set of weights in one program"),
-    "actor_rollout_ref.actor.strategy": Ignored("one strategy: XLA SPMD over the mesh (mesh.*)"),
-    "critic.strategy": Ignored("one strategy: XLA SPMD over the mesh (mesh.*)"),
-    "actor_rollout_ref.actor.fsdp_config.*": Ignored(_FSDP),
-    "actor_rollout_ref.ref.fsdp_config.*": Ignored(_FSDP),
-    "critic.model.fsdp_config.*": Ignored(_FSDP + "; the critic's state stays on the device"),
-    "actor_rollout_ref.actor.use_torch_compile": Ignored(_TORCH),
-    "actor_rollout_ref.model.use_fused_kernels": Ignored(_TORCH),
-    "actor_rollout_ref.model.use_liger": Ignored(_TORCH),
-    "actor_rollout_ref.model.use_shm": Ignored("the model is read from its directory once"),
-    "actor_rollout_ref.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
-    "actor_rollout_ref.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
-    "critic.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
-    "critic.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
-    "critic.model.tokenizer_path": Ignored("the critic reads the actor's tokens (one tokenizer: data.tokenizer)"),
-    **{f"actor_rollout_ref.model.override_config.{name}": Ignored("jaxrlhf's decoder has no dropout (RL sets it 0)")
-       for name in ("attention_dropout", "embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout")},
-    "actor_rollout_ref.actor.checkpoint.*": Ignored("checkpoints always hold model, optimizer and data state (Orbax)"),
-    "critic.checkpoint.*": Ignored("checkpoints always hold model, optimizer and data state (Orbax)"),
-    "actor_rollout_ref.actor.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
-    "critic.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
-    # Ray, devices, the driver.
-    "ray_init.*": Ignored(_RAY),
-    "ray_kwargs.*": Ignored(_RAY),
-    "trainer.ray_wait_register_center_timeout": Ignored(_RAY),
-    "trainer.device": Ignored("JAX picks the platform (JAX_PLATFORMS=cuda|tpu|cpu)"),
-    "trainer.balance_batch": Ignored("verl balances sequence lengths over data-parallel ranks: jaxrlhf sizes "
-                                     "micro-batches by tokens (actor.use_dynamic_bsz) inside the step"),
-    "trainer.default_hdfs_dir": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
-    "trainer.del_local_ckpt_after_load": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
-    # Data loading and the reward manager.
-    "data.return_raw_chat": Ignored("the prompt is tokenized once, through the chat template"),
-    "data.return_raw_input_ids": Ignored("the prompt is tokenized once, through the chat template"),
-    "data.return_full_prompt": Ignored("the prompt is tokenized once, through the chat template"),
-    "data.dataloader_num_workers": Ignored("the whole data set is tokenized up front; batches are host arrays"),
-    "data.filter_overlong_prompts_workers": Ignored("the whole data set is tokenized up front"),
-    "data.use_shm": Ignored("the data files are read once"),
-    "data.trust_remote_code": Ignored("never remote code"),
-    "reward_model.reward_manager": Ignored("rewards are scored by data_source (naive and dapo alike); DAPO's "
-                                           "overlong shaping is reward_model.overlong_buffer"),
-}
+SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
+    ("The cluster and the mesh", {
+        GPUS: Translated(_mesh_from_gpus, "mesh.fsdp = GPUs per node x nodes / (mesh.data x mesh.tensor): "
+                         "training is FSDP, as verl's", inputs=(NODES,)),
+        NODES: Translated(_mesh_from_gpus, "mesh.fsdp (with trainer.n_gpus_per_node)", inputs=(GPUS,)),
+        ROLLOUT_TP: Translated(_rollout_tp, "the same key: generation's tensor parallelism, k ways over the fsdp "
+                               "devices (training stays FSDP: mesh.tensor is not touched)", inputs=(GPUS, NODES)),
+        "actor_rollout_ref.hybrid_engine": Ignored("actor and rollout always share one set of weights in one program"),
+        "actor_rollout_ref.actor.strategy": Ignored(
+            "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"),
+        "critic.strategy": Ignored("one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`",
+                                   "Megatron-LM"),
+        "actor_rollout_ref.actor.fsdp_config.*": Ignored(_FSDP),
+        "actor_rollout_ref.ref.fsdp_config.*": Ignored(_FSDP),
+        "critic.model.fsdp_config.*": Ignored(_FSDP + "; the critic's state stays on the device"),
+        "actor_rollout_ref.nccl_timeout": Ignored("the timeout of verl's NCCL process groups: XLA's collectives "
+                                                  "run inside the compiled step"),
+        "trainer.use_legacy_worker_impl": Ignored("verl's choice between its worker implementations: jaxrlhf has one"),
+        "ray_init.*": Ignored(_RAY),
+        "ray_kwargs.*": Ignored(_RAY),
+        "trainer.ray_wait_register_center_timeout": Ignored(_RAY),
+        "trainer.device": Ignored("JAX picks the platform (JAX_PLATFORMS=cuda|tpu|cpu)"),
+        "trainer.balance_batch": Ignored("verl balances sequence lengths over data-parallel ranks: jaxrlhf sizes "
+                                         "micro-batches by tokens (actor.use_dynamic_bsz) inside the step"),
+    }),
+    ("Batch sizes", {
+        "actor_rollout_ref.actor.ppo_micro_batch_size": _per_gpu(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",)),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size": _per_gpu(
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",)),
+        "actor_rollout_ref.ref.log_prob_micro_batch_size": _per_gpu(
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+            ("actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+             "actor_rollout_ref.actor.ulysses_sequence_parallel_size")),
+        "critic.ppo_micro_batch_size": _per_gpu("critic.ppo_micro_batch_size_per_gpu",
+                                                ("critic.ulysses_sequence_parallel_size",)),
+        "critic.forward_micro_batch_size": _per_gpu("critic.forward_micro_batch_size_per_gpu",
+                                                    ("critic.ulysses_sequence_parallel_size",)),
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": Ignored(_DYNAMIC),
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": Ignored(_DYNAMIC),
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": Ignored(_DYNAMIC),
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": Ignored(_DYNAMIC),
+        "critic.use_dynamic_bsz": Ignored(_DYNAMIC),
+        "critic.ppo_max_token_len_per_gpu": Ignored(_DYNAMIC),
+        "critic.forward_max_token_len_per_gpu": Ignored(_DYNAMIC),
+    }),
+    ("The optimizer", {
+        "actor_rollout_ref.actor.optim.clip_grad": _rename("actor_rollout_ref.actor.grad_clip", "verl's optimizer "
+                                                                                                "spelling"),
+        "critic.optim.clip_grad": _rename("critic.grad_clip", "verl's optimizer spelling"),
+        "actor_rollout_ref.actor.optim.warmup_style": _rename("actor_rollout_ref.actor.optim.lr_scheduler_type",
+                                                              "verl's old name"),
+        "critic.optim.warmup_style": _rename("critic.optim.lr_scheduler_type", "verl's old name"),
+        "actor_rollout_ref.actor.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
+        "critic.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
+    }),
+    ("The rollout engine", {
+        "actor_rollout_ref.rollout.name": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.mode": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.gpu_memory_utilization": Ignored(
+            "vLLM's KV-cache share of GPU memory: XLA sizes the KV cache for the batch when it compiles"),
+        "actor_rollout_ref.rollout.enforce_eager": Ignored("vLLM's CUDA-graph switch: the sampler is always compiled"),
+        "actor_rollout_ref.rollout.free_cache_engine": Ignored(
+            "vLLM frees its KV cache between rollouts: XLA frees the cache when generation ends"),
+        "actor_rollout_ref.rollout.enable_chunked_prefill": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.enable_prefix_caching": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.cudagraph_capture_sizes": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.disable_log_stats": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.max_num_batched_tokens": Ignored(
+            "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"),
+        "actor_rollout_ref.rollout.max_num_seqs": Ignored(
+            "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"),
+        "actor_rollout_ref.rollout.max_model_len": Ignored(
+            "vLLM's longest sequence: jaxrlhf's KV cache holds data.max_prompt_length + data.max_response_length"),
+        "actor_rollout_ref.rollout.data_parallel_size": Ignored("vLLM's engine replicas: generation runs on every "
+                                                                "device of the mesh"),
+        "actor_rollout_ref.rollout.expert_parallel_size": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.pipeline_model_parallel_size": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.load_format": Ignored("the sampler reads the actor's weights inside the step"),
+        "actor_rollout_ref.rollout.layered_summon": Ignored(_FSDP),
+        "actor_rollout_ref.rollout.calculate_log_probs": Ignored("the old log-probs are recomputed by the actor"),
+        "actor_rollout_ref.rollout.engine_kwargs.*": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.checkpoint_engine.*": Ignored("verl's weight transfer to the rollout engine: the "
+                                                                 "sampler reads the actor's weights in place"),
+    }),
+    ("The model and its kernels", {
+        "actor_rollout_ref.actor.use_torch_compile": Ignored(_TORCH),
+        "actor_rollout_ref.ref.use_torch_compile": Ignored(_TORCH),
+        "actor_rollout_ref.model.use_fused_kernels": Ignored(_TORCH),
+        "actor_rollout_ref.model.fused_kernel_options.*": Ignored(_TORCH),
+        "actor_rollout_ref.model.use_liger": Ignored(_TORCH),
+        "actor_rollout_ref.actor.entropy_checkpointing": Ignored(_CHUNKED_HEAD),
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking": Ignored(_CHUNKED_HEAD),
+        "actor_rollout_ref.model.use_shm": Ignored("the model is read from its directory once"),
+        "actor_rollout_ref.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
+        "actor_rollout_ref.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
+        "critic.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
+        "critic.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
+        "critic.model.tokenizer_path": Ignored("the critic reads the actor's tokens (one tokenizer: data.tokenizer)"),
+        **{f"actor_rollout_ref.model.override_config.{name}": Ignored("jaxrlhf's decoder has no dropout (RL sets it 0)")
+           for name in ("attention_dropout", "embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout")},
+    }),
+    ("Rewards", {
+        "reward_model.reward_manager": Ignored(
+            "rewards are scored by data_source one sample at a time (naive, dapo and gdpo alike; with batch, "
+            "custom_reward_function takes one sample as naive's does); DAPO's overlong shaping is "
+            "reward_model.overlong_buffer", _reward_manager, "`prime`, `collabllm` and managers jaxrlhf lacks",
+            "reward manager"),
+        **{f"{prefix}.{name}": _rename(f"reward_model.overlong_buffer.{name}", "DAPO's overlong buffer")
+           for prefix in ("reward_model.reward_kwargs.overlong_buffer_cfg", "custom_reward_function.overlong_buffer")
+           for name in ("enable", "len", "penalty_factor")},
+        **{f"{prefix}.log": Ignored("verl logs each sample's overlong_reward: jaxrlhf logs response_length/clip_ratio "
+                                    "(responses cut at the maximum)")
+           for prefix in ("reward_model.reward_kwargs.overlong_buffer_cfg", "custom_reward_function.overlong_buffer",
+                          "reward_model.overlong_buffer")},
+        "reward_model.reward_kwargs.max_resp_len": Translated(
+            _max_resp_len, "nothing: checked to equal data.max_response_length, where jaxrlhf's overlong buffer ends"),
+        "reward_model.use_reward_loop": Ignored("verl's asynchronous reward loop: jaxrlhf scores inside the step"),
+        "reward_model.num_workers": Ignored("parallel scoring: reliability issue", until_in_tree=True),
+        "reward_model.rollout.*": Ignored(_REWARD_ENGINE),
+        "reward_model.enable_resource_pool": Ignored(_REWARD_ENGINE),
+        "reward_model.n_gpus_per_node": Ignored(_REWARD_ENGINE),
+        "reward_model.nnodes": Ignored(_REWARD_ENGINE),
+        "reward_model.strategy": Ignored(_REWARD_ENGINE),
+        "reward_model.micro_batch_size": Ignored(_REWARD_ENGINE),
+        "reward_model.micro_batch_size_per_gpu": Ignored(_REWARD_ENGINE),
+        "reward_model.max_length": Ignored(_REWARD_ENGINE),
+        "reward_model.use_dynamic_bsz": Ignored(_REWARD_ENGINE),
+        "reward_model.forward_max_token_len_per_gpu": Ignored(_REWARD_ENGINE),
+        "reward_model.model.use_remove_padding": Ignored(_REWARD_ENGINE),
+        "reward_model.model.fsdp_config.*": Ignored(_FSDP),
+        "reward_model.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
+        "reward_model.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
+        "reward_model.model.input_tokenizer": Ignored(
+            "null: the reward model reads the actor's tokens", _input_tokenizer, "any tokenizer (not null)",
+            "reward model tokenizer"),
+        "reward_model.reward_loop_source": Refused("custom reward loop", "a custom reward loop class: jaxrlhf's "
+                                                   "reward is custom_reward_function"),
+        "reward_model.reward_loop_module_path": Refused("custom reward loop", "a custom reward loop class: "
+                                                        "jaxrlhf's reward is custom_reward_function"),
+        "reward_model.reward_loop_class_name": Refused("custom reward loop", "a custom reward loop class: "
+                                                       "jaxrlhf's reward is custom_reward_function"),
+    }),
+    ("The algorithm", {
+        "algorithm.filter_groups.metric": Translated(
+            _filter_metric, "algorithm.filter_groups.metric; verl's `acc` and `reward` become `score`",
+            note="`acc`/`reward` -> `score`: jaxrlhf filters on the sequence score (the reward's score, plus the "
+                 "overlong penalty when it is on), the same groups as verl's `acc` for a reward that scores "
+                 "correctness alone; with the overlong penalty on, a group whose answers are all right or all "
+                 "wrong but whose lengths differ in the buffer is kept"),
+    }),
+    ("Logging, profiling, checkpoints", {
+        "trainer.logger": Translated(_logger, "trainer.logger: jaxrlhf's backends kept (verl's `file` -> jsonl), "
+                                     "verl's others (swanlab, vemlp_wandb, clearml, trackio) dropped and reported, "
+                                     "an unknown name refused"),
+        "global_profiler.steps": Translated(_profile_steps, "trainer.profile_steps (null -> none)"),
+        "trainer.profile_steps": Translated(_profile_steps, "trainer.profile_steps (null -> none)"),
+        "global_profiler.*": Ignored(_PROFILER),
+        "*.profiler.*": Ignored(_PROFILER),
+        "actor_rollout_ref.actor.checkpoint.*": Ignored(_CHECKPOINT),
+        "critic.checkpoint.*": Ignored(_CHECKPOINT),
+        "trainer.default_hdfs_dir": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
+        "trainer.del_local_ckpt_after_load": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
+        "hydra.*": Ignored("Hydra's own settings (its output directory): train.py writes to the run directory"),
+    }),
+    ("Data loading", {
+        "data.return_raw_chat": Ignored("the prompt is tokenized once, through the chat template"),
+        "data.return_raw_input_ids": Ignored("the prompt is tokenized once, through the chat template"),
+        "data.return_full_prompt": Ignored("the prompt is tokenized once, through the chat template"),
+        "data.dataloader_num_workers": Ignored("the whole data set is tokenized up front; batches are host arrays"),
+        "data.filter_overlong_prompts_workers": Ignored("the whole data set is tokenized up front"),
+        "data.use_shm": Ignored("the data files are read once"),
+        "data.trust_remote_code": Ignored("never remote code"),
+    }),
+    ("Features jaxrlhf does not have", {
+        "*.megatron.*": Refused("Megatron-LM", _MEGATRON),
+        **{key: Refused("vision-language", _VISION) for key in (
+            "data.image_key", "data.video_key", "data.audio_key", "data.image_patch_size",
+            "data.return_multi_modal_inputs", "data.mm_processor_kwargs.*", "actor_rollout_ref.rollout.limit_images")},
+        **{key: Ignored("single-turn rollouts, as jaxrlhf's (verl's default)", _multi_turn,
+                        "anything but single-turn settings (`multi_turn.enable=False`, `multi_turn.format`, "
+                        "`agent.num_workers`, `agent.default_agent_loop=single_turn_agent`)", "multi-turn")
+           for key in ("actor_rollout_ref.rollout.multi_turn.*", "actor_rollout_ref.rollout.agent.*",
+                       "data.tool_config_path", "data.function_tool_path")},
+    }),
+]
+TABLE: dict[str, Translated | Ignored | Refused] = {key: entry for _, entries in SECTIONS for key, entry in entries.items()}
+_PATTERNS = sorted(((key, re.compile(".*".join(map(re.escape, key.split("*"))))) for key in TABLE if "*" in key),
+                   key=lambda item: -len(item[0].replace("*", "")))
+
+# Hydra's base config (`--config-name`): verl's defaults are jaxrlhf's base; another file's values are unknown.
+_HYDRA_BASES = {"ppo_trainer": None,
+                "ppo_megatron_trainer": ("Megatron-LM", _MEGATRON)}
 
 
 # ----- parsing key=value ---------------------------------------------------------------------------
@@ -205,7 +467,7 @@ def parse_override(arg: str) -> Override:
   return Override(key, raw, arg)
 
 
-def _split_list(text: str) -> list[str]:
+def _split_list(text: str, raw: str) -> list[str]:
   """Hydra list items: commas outside quotes and brackets."""
   items, depth, quote, current = [], 0, None, ""
   for char in text:
@@ -222,24 +484,32 @@ def _split_list(text: str) -> list[str]:
       current = ""
       continue
     current += char
+  if quote or depth:
+    raise UserError(f"cannot read {raw!r}: {'an unclosed quote' if quote else 'unbalanced brackets'}")
   if current.strip():
     items.append(current)
   return items
 
 
 def parse_value(raw: str) -> Any:
-  """A Hydra value: null, bools, ints, floats, [lists], quoted strings; anything else is a string."""
+  """A Hydra value: null, bools, ints, floats, [lists], quoted strings; anything else is a string.
+
+  An unclosed bracket or quote (`["console","wandb"`) is an error, as in Hydra, not a string.
+  """
   text = raw.strip()
   if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
     return text[1:-1]
+  if text[:1] in "'\"":
+    raise UserError(f"cannot read {raw!r}: an unclosed {text[0]} quote")
   if text in ("null", "None", "~"):
     return None
   if text.lower() in ("true", "false"):
     return text.lower() == "true"
-  if text.startswith("[") and text.endswith("]"):
-    return [parse_value(item) for item in _split_list(text[1:-1])]
-  if text.startswith("(") and text.endswith(")"):  # jaxrlhf's own tuple spelling, from --config habits
-    return [parse_value(item) for item in _split_list(text[1:-1])]
+  for open_char, close_char in ("[]", "()"):  # (a,b): jaxrlhf's own tuple spelling, from --config habits
+    if text.startswith(open_char) or text.endswith(close_char):
+      if not (text.startswith(open_char) and text.endswith(close_char)):
+        raise UserError(f"cannot read {raw!r}: an unclosed {open_char}{close_char} list")
+      return [parse_value(item) for item in _split_list(text[1:-1], raw)]
   if re.fullmatch(r"[+-]?\d+", text):
     return int(text)
   if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?|[+-]?(inf|nan)", text):
@@ -270,24 +540,54 @@ def _tree_types() -> dict[str, type]:
   return _field_types(get_base_config())
 
 
-def lookup(key: str, tree_types: dict[str, type]) -> Translated | Ignored | str | None:
+def lookup(key: str, tree_types: dict[str, type]) -> Translated | Ignored | Refused | str | None:
   """The table's entry for `key`; "mapped" for a key of the tree; None for an unknown key."""
-  if key in TABLE:
-    return TABLE[key]
-  if key in tree_types:
+  entry = TABLE.get(key)
+  if key in tree_types and (entry is None or (isinstance(entry, Ignored) and entry.until_in_tree)):
     return "mapped"
-  for pattern, entry in TABLE.items():
-    if pattern.endswith(".*") and key.startswith(pattern[:-1]):
-      return entry
-  return None
+  if entry is not None:
+    return entry
+  return next((TABLE[pattern] for pattern, regex in _PATTERNS if regex.fullmatch(key)), None)
+
+
+def _did_you_mean(key: str, candidates: Sequence[str]) -> str | None:
+  """A close key: a small typo of the last part under the same section, or the same last part in a section
+  spelled almost alike. Never a different setting that merely shares words."""
+  parent, _, leaf = key.rpartition(".")
+  best, best_score = None, 0.0
+  for candidate in candidates:
+    candidate_parent, _, candidate_leaf = candidate.rpartition(".")
+    if candidate_parent == parent:
+      score = difflib.SequenceMatcher(None, leaf, candidate_leaf).ratio()
+      score = score if score >= 0.85 else 0.0
+    elif candidate_leaf == leaf:
+      score = difflib.SequenceMatcher(None, parent, candidate_parent).ratio()
+      score = score if score >= 0.75 else 0.0
+    else:
+      continue
+    if score > best_score:
+      best, best_score = candidate, score
+  return best
+
+
+def unknown_key_line(key: str, arg: str, tree_types) -> str:
+  close = _did_you_mean(key, list(tree_types) + [k for k in TABLE if "*" not in k])
+  suggestion = f"; did you mean '{close}'?" if close else "; docs/config.md lists every key"
+  return f"unknown config key '{key}' (from {arg}){suggestion}"
 
 
 def unknown_key_error(key: str, arg: str, tree_types) -> UserError:
-  candidates = list(tree_types) + [k for k in TABLE if not k.endswith(".*")]
-  close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-  suggestion = f"; did you mean '{close[0]}'?" if close else "; docs/config.md lists every key"
-  return UserError(f"unknown config key '{key}' (from {arg}){suggestion}",
-                   hint="jaxrlhf.verl_compat.TABLE lists the verl keys that are translated or ignored")
+  return UserError(unknown_key_line(key, arg, tree_types), hint=HINT)
+
+
+class _LeftToShell:
+  """The parsed value of an override whose value only the user's shell knows."""
+
+  def __repr__(self):
+    return "<left to the shell>"
+
+
+LEFT_TO_SHELL = _LeftToShell()
 
 
 @dataclasses.dataclass
@@ -296,70 +596,140 @@ class Report:
   mapped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
   translated: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
   ignored: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
-  unresolved: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+  # Overrides passed on as verl overrides for train.py to translate when it runs: (key, raw, shell text).
+  deferred: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+  notes: list[str] = dataclasses.field(default_factory=list)
   # The jaxrlhf keys and values to set, in order (what `--config.key=value` would set).
   assignments: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def unresolved(self):  # the rows whose values only the user's shell knows
+    return [row for row in self.deferred if row[2] is not None]
 
   def ignored_lines(self) -> list[str]:
     return [f"  {key}={raw}: {reason}" for key, raw, reason in self.ignored]
 
   def table(self) -> str:
+    deferred = [(key, raw, "train.py translates it when it runs" if shell is None else "left to your shell")
+                for key, raw, shell in self.deferred]
     lines = []
     for title, rows in (("mapped", self.mapped), ("translated", self.translated), ("ignored", self.ignored),
-                        ("unresolved (left to your shell)", self.unresolved)):
+                        ("passed on to train.py", deferred)):
       if rows:
         lines.append(f"# {title}: {len(rows)}")
         lines += [f"#   {key}={raw}  ->  {what}" for key, raw, what in rows]
+    lines += [f"# {note}" for note in self.notes]
     return "\n".join(lines)
 
 
 def plan(args: Sequence[str], config: ml_collections.ConfigDict, *,
-         unresolved: Callable[[str], bool] = lambda raw: False) -> Report:
+         shell_text: Mapping[str, str] | None = None,
+         refusals: Mapping[str, tuple[str, list[str]]] | None = None) -> Report:
   """Classifies verl overrides against `config` and returns the jaxrlhf assignments (nothing set yet).
 
-  `unresolved(raw)`: True for a value that still holds a shell variable (the script reader's case);
-  such a key is passed on verbatim and reported, not type-checked.
+  `shell_text`: {argument: its double-quoted form} for the arguments whose values only the user's shell
+  knows (the script reader's `$SLURM_JOB_NUM_NODES`); they, and the translations that read them, are
+  passed on as verl overrides for train.py to translate when it runs. A repeated key: the last wins.
+  Every problem (unknown key, bad value, refused family; `refusals` found before) is raised at once.
   """
   tree_types = _tree_types()
+  shell_text = shell_text or {}
   report = Report()
-  parsed: dict[str, Any] = {}
-  translations: list[tuple[Override, Translated]] = []
+  problems: list[str] = []
+  refusals = {family: (reason, list(keys)) for family, (reason, keys) in (refusals or {}).items()}
+  overrides: dict[str, Override] = {}
   for arg in args:
-    override = parse_override(arg)
-    entry = lookup(override.key, tree_types)
-    if entry is None:
-      raise unknown_key_error(override.key, arg, tree_types)
-    if unresolved(override.raw):
-      report.unresolved.append((override.key, override.raw, "not resolved in the script: set it in your shell"))
-      if entry == "mapped":
-        report.assignments[override.key] = override.raw
+    try:
+      override = parse_override(arg)
+    except UserError as error:
+      problems.append(str(error))
       continue
-    value = parse_value(override.raw)
-    parsed[override.key] = value
-    if isinstance(entry, Ignored):
-      report.ignored.append((override.key, override.raw, entry.reason))
+    overrides.pop(override.key, None)  # the last one wins, in its place
+    overrides[override.key] = override
+  entries, parsed = {}, {}
+  for key, override in overrides.items():
+    entry = lookup(key, tree_types)
+    if entry is None:
+      problems.append(unknown_key_line(key, override.arg, tree_types))
+      continue
+    entries[key] = entry
+    if override.arg in shell_text:
+      parsed[key] = LEFT_TO_SHELL
+      continue
+    try:
+      parsed[key] = parse_value(override.raw)
+    except UserError as error:
+      problems.append(f"config key '{key}': {error}")
+  deferred = set()
+  for key, entry in entries.items():
+    if isinstance(entry, Translated) and any(parsed.get(k) is LEFT_TO_SHELL for k in (key, *entry.inputs)):
+      deferred |= {key, *(k for k in entry.inputs if k in parsed and isinstance(entries.get(k), Translated))}
+  translations = []
+  for key, entry in entries.items():
+    if key not in parsed:
+      continue
+    override, value = overrides[key], parsed[key]
+    if isinstance(entry, Refused):
+      refusals.setdefault(entry.family, (entry.reason, []))[1].append(key)
+    elif isinstance(entry, Ignored):
+      if entry.refuse is not None and value is LEFT_TO_SHELL:
+        problems.append(f"config key '{key}'={override.raw}: jaxrlhf needs its value to decide whether it can be "
+                        "ignored; set the variable where you run verl_compat")
+        continue
+      reason = entry.refuse(key, value, parsed) if entry.refuse is not None else None
+      if reason:
+        refusals.setdefault(entry.family, (reason, []))[1].append(f"{key}={override.raw}")
+      else:
+        report.ignored.append((key, override.raw, entry.reason))
+    elif key in deferred or value is LEFT_TO_SHELL:
+      report.deferred.append((key, override.raw, shell_text.get(override.arg)))
     elif isinstance(entry, Translated):
-      translations.append((override, entry))
+      translations.append(key)
     else:
-      report.assignments[override.key] = coerce(override.key, value, tree_types[override.key], arg)
-      report.mapped.append((override.key, override.raw, override.key))
+      try:
+        report.assignments[key] = coerce(key, value, tree_types[key], override.arg)
+        report.mapped.append((key, override.raw, key))
+      except UserError as error:
+        problems.append(str(error))
   # Translations see the mapped keys applied (the mesh they size may come from the command line too).
   scratch = ml_collections.ConfigDict(config.to_dict())
-  unresolved_keys = {key for key, _, _ in report.unresolved}
-  _set_all(scratch, {k: v for k, v in report.assignments.items() if k not in unresolved_keys}, tree_types)
+  try:
+    _set_all(scratch, report.assignments, tree_types)
+  except UserError as error:
+    problems.append(str(error))
   done = {}  # translation function -> its row: keys that translate together (GPUs x nodes) share one row
-  for override, entry in translations:
+  for key in translations:
+    entry, override = entries[key], overrides[key]
     if entry.fn in done:
-      key, raw, became = report.translated[done[entry.fn]]
-      report.translated[done[entry.fn]] = (f"{key}={raw} {override.key}", override.raw, became)
+      row_key, raw, became = report.translated[done[entry.fn]]
+      report.translated[done[entry.fn]] = (f"{row_key}={raw} {key}", override.raw, became)
       continue
-    targets = entry.fn(parsed[override.key], parsed, scratch)
-    targets = {key: coerce(key, value, tree_types[key], override.arg) for key, value in targets.items()}
+    try:
+      result = entry.fn(parsed[key], parsed, scratch)
+      targets, dropped = result if isinstance(result, tuple) else (result, [])
+      targets = {target: coerce(target, value, tree_types[target], override.arg) for target, value in targets.items()}
+    except UserError as error:
+      problems.append(str(error) if str(error).startswith(("config key", key)) else f"{key}={override.raw}: {error}")
+      continue
     done[entry.fn] = len(report.translated)
-    report.translated.append((override.key, override.raw,
-                              ", ".join(f"{k}={v!r}" for k, v in targets.items()) or "(nothing)"))
+    became = ", ".join(f"{k}={v!r}" for k, v in targets.items()) or entry.target
+    if entry.note and targets != {key: parsed[key]}:
+      became += f"  ({entry.note})"
+    report.translated.append((key, override.raw, became))
+    report.ignored += dropped
     report.assignments.update(targets)
+  if problems or refusals:
+    raise UserError(_problem_message(problems, refusals), hint=HINT)
   return report
+
+
+def _problem_message(problems: list[str], refusals: dict[str, tuple[str, list[str]]]) -> str:
+  lines = problems + [
+      f"refused ({family}): {reason} [{keys[0]}{f' and {len(keys) - 1} more' if len(keys) > 1 else ''}]"
+      for family, (reason, keys) in refusals.items()]
+  if len(lines) == 1:
+    return lines[0]
+  return f"{len(lines)} problems with the verl overrides:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def _set_all(config, assignments: dict[str, Any], tree_types) -> None:
@@ -387,165 +757,7 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
   return verl, [arg for arg in argv if arg not in verl]
 
 
-# ----- reading a verl run script ---------------------------------------------------------------------
-
-_VAR = re.compile(r"\$(?P<plain>[A-Za-z_]\w*)")
-_BRACED = re.compile(r"\$\{(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?-)(?P<default>.*))?\}", re.S)
-_ARITH = re.compile(r"\$\(\((?P<expr>[^()]*)\)\)")
-
-
-class _Shell:
-  """Just enough of bash to read verl's run scripts: variables, quotes, $((arithmetic)); runs nothing."""
-
-  def __init__(self, env: dict[str, str]):
-    self.vars = dict(env)
-    self.missing: set[str] = set()
-
-  def expand(self, text: str) -> str:
-    def arith(match):
-      expr = self.expand(match.group("expr"))
-      expr = re.sub(r"\b([A-Za-z_]\w*)\b", lambda m: self.vars.get(m.group(1), m.group(0)), expr)
-      if re.fullmatch(r"[\d\s+\-*/%()]+", expr):
-        return str(eval(expr.replace("/", "//")))  # noqa: S307  (digits and operators only, checked above)
-      self.missing.add(match.group(0))
-      return match.group(0)
-
-    out, i = "", 0
-    while i < len(text):
-      end = _dollar_span(text, i) if text[i] == "$" else i + 1
-      piece = text[i:end]
-      arith_match, braced, plain = _ARITH.fullmatch(piece), _BRACED.fullmatch(piece), _VAR.fullmatch(piece)
-      if arith_match:
-        out += arith(arith_match)
-      elif braced or plain:
-        name = (braced or plain).group("name" if braced else "plain")
-        if name in self.vars:
-          out += self.vars[name]
-        elif braced and braced.group("op"):
-          out += " ".join(self.words('"' + braced.group("default").replace('"', "") + '"'))
-        else:
-          self.missing.add(name)
-          out += piece
-      else:
-        out += piece
-      i = end
-    return out
-
-  def words(self, line: str) -> list[str]:
-    """bash's word splitting and quote removal: single quotes keep `$`, double quotes expand it."""
-    words, current, quote, started = [], "", None, False
-    i = 0
-    while i < len(line):
-      char = line[i]
-      if quote == "'":
-        if char == "'":
-          quote = None
-        else:
-          current += char
-      elif quote == '"':
-        if char == '"':
-          quote = None
-        elif char == "\\" and i + 1 < len(line) and line[i + 1] in '"\\$`':
-          current += line[i + 1]
-          i += 1
-        elif char == "$":
-          span = _dollar_span(line, i)
-          current += self.expand(line[i:span])
-          i = span - 1
-        else:
-          current += char
-      elif char in "'\"":
-        quote, started = char, True
-      elif char.isspace():
-        if started:
-          words.append(current)
-        current, started = "", False
-      elif char == "#" and not started:
-        break
-      elif char == "\\" and i + 1 < len(line):
-        current += line[i + 1]
-        started = True
-        i += 1
-      elif char == "$":
-        span = _dollar_span(line, i)
-        current += self.expand(line[i:span])
-        started = True
-        i = span - 1
-      else:
-        current += char
-        started = True
-      i += 1
-    if started:
-      words.append(current)
-    return words
-
-
-def _dollar_span(line: str, start: int) -> int:
-  """End index of the `$...` expression starting at `start` (`${...}` may nest: `${A:-"${B}/x"}`)."""
-  if line.startswith("${", start):
-    depth = 0
-    for i in range(start + 1, len(line)):
-      depth += {"{": 1, "}": -1}.get(line[i], 0)
-      if depth == 0:
-        return i + 1
-  for pattern in (_ARITH, _VAR):
-    match = pattern.match(line, start)
-    if match:
-      return match.end()
-  match = re.compile(r"\$[@*#?0-9]").match(line, start)
-  return match.end() if match else start + 1
-
-
-def _logical_lines(text: str) -> list[str]:
-  return re.sub(r"\\\r?\n", " ", text).splitlines()
-
-
-_STOP_WORDS = {"|", "||", "&&", ";", "&", "2>&1", ">", ">>", "2>", "1>"}
-
-
-@dataclasses.dataclass
-class Script:
-  overrides: list[str]  # key=value words after the verl entry point
-  ignored_args: list[str]  # other words after it (Hydra's --config-path/-name, "$@")
-  missing: set[str]  # shell variables it could not resolve
-
-
-def read_script(path: str, env: dict[str, str] | None = None) -> Script:
-  """The overrides of the verl command in a run script (its `VAR=value` lines resolved, nothing run)."""
-  try:
-    with open(path) as f:
-      text = f.read()
-  except OSError as error:
-    raise UserError(f"cannot read verl script {path!r}: {error.strerror}") from None
-  shell = _Shell(dict(os.environ if env is None else env))
-  for line in _logical_lines(text):
-    stripped = line.strip()
-    if not stripped or stripped.startswith("#"):
-      continue
-    assignment = re.match(r"^(?:export\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)=(.*)$", stripped)
-    if assignment and not any(entry in stripped for entry in VERL_ENTRY_POINTS):
-      words = shell.words(assignment.group(2))
-      shell.vars[assignment.group(1)] = words[0] if words else ""
-      continue
-    if not any(entry in stripped for entry in VERL_ENTRY_POINTS):
-      continue
-    before_missing = set(shell.missing)
-    words = shell.words(stripped)
-    start = next(i for i, word in enumerate(words) if word in VERL_ENTRY_POINTS or word.endswith(
-        tuple(entry.replace(".", "/") + ".py" for entry in VERL_ENTRY_POINTS)))
-    overrides, ignored = [], []
-    for word in words[start + 1:]:
-      if word in _STOP_WORDS or word.startswith((">", "2>", "|")):
-        break
-      if "=" in word and not word.startswith("-"):
-        overrides.append(word)
-      else:
-        ignored.append(word)
-    missing = shell.missing - before_missing | {m for m in shell.missing if any(m in o for o in overrides)}
-    return Script(overrides, ignored, {m for m in missing if any(m in o for o in overrides)})
-  raise UserError(f"verl script {path!r} has no `python3 -m verl.trainer.main_ppo` command",
-                  hint=f"looked for {', '.join(VERL_ENTRY_POINTS)}")
-
+# ----- a verl run script -> a jaxrlhf command ---------------------------------------------------------
 
 def _flag_text(value: Any) -> str:
   """A value as ml_collections' `--config.key=` flag reads it."""
@@ -563,15 +775,23 @@ def _quote(text: str) -> str:
   return shlex.quote(text)
 
 
-def jaxrlhf_command(report: Report, config_path: str) -> str:
-  """`python train.py --config FILE --config.key=value ...`, one flag per line, shell-quoted."""
+def jaxrlhf_command(report: Report, config_path: str, passthrough: Sequence[str] = ()) -> str:
+  """`python train.py --config FILE --config.key=value ... [key=null ...] [key="$VAR" ...]`, one per line.
+
+  No `--config.` flag can set None, so a null is the verl override `key=null` (train.py reads verl overrides
+  after the flags); a value only the user's shell knows, and what translates from it, is a verl override too.
+  """
   lines = ["python train.py", f"--config {_quote(config_path)}"]
-  unresolved = {key for key, _, _ in report.unresolved}
+  nulls = []
   for key, value in report.assignments.items():
-    if key in unresolved:  # "$VAR": double quotes, so the user's shell fills it in
-      lines.append(f'--config.{key}="{value}"')
+    if value is None:
+      nulls.append(f"{key}=null")
     else:
       lines.append(f"--config.{key}={_quote(_flag_text(value))}")
+  lines += nulls
+  for key, raw, shell in report.deferred:
+    lines.append(f'{key}="{shell}"' if shell is not None else _quote(f"{key}={raw}"))
+  lines += list(passthrough)
   return " \\\n    ".join(lines)
 
 
@@ -581,13 +801,35 @@ def translate_script(path: str, config_path: str | None = None, env: dict[str, s
   from jaxrlhf.config import get_base_config, load_config_file
   script = read_script(path, env)
   config = load_config_file(config_path) if config_path else get_base_config()
-  missing = script.missing
-  report = plan(script.overrides, config, unresolved=lambda raw: any(
-      re.search(r"\$\{?" + re.escape(name.lstrip("$")), raw) for name in missing))
-  for word in script.ignored_args:
+  report = plan([str(word) for word in script.overrides], config,
+                shell_text={str(word): word.shell.split("=", 1)[1] for word in script.overrides
+                            if word.shell is not None},
+                refusals=_hydra_base(script))
+  for word in script.hydra_args:
     if word.startswith("--config-"):
       report.ignored.append((word, "", "verl's Hydra base config: jaxrlhf's base is --config FILE"))
-  return jaxrlhf_command(report, config_path or DEFAULT_CONFIG), report, script
+  passthrough = [word.shell if word.unquoted else f'"{word.shell}"' for word in script.passthrough]
+  for word in passthrough:
+    report.notes.append(f"{word} is left to your shell: train.py reads the key=value overrides it holds")
+  if script.script_args:
+    report.notes.append(f"{path} passes its own arguments on (\"$@\"): add them to the command as key=value")
+  return jaxrlhf_command(report, config_path or DEFAULT_CONFIG, passthrough), report, script
+
+
+def _hydra_base(script: Script) -> dict[str, tuple[str, list[str]]]:
+  """{family: (reason, [argument])} when the script's Hydra base config is not verl's ppo_trainer defaults."""
+  names = [word.split("=", 1)[1] if "=" in word else script.hydra_args[k + 1]
+           for k, word in enumerate(script.hydra_args)
+           if word.startswith(("--config-name", "-cn")) and ("=" in word or k + 1 < len(script.hydra_args))]
+  for name in names:
+    base = os.path.splitext(os.path.basename(name.strip("'\"")))[0]
+    if base not in _HYDRA_BASES:
+      return {"Hydra base config": ("a base config other than verl's ppo_trainer sets values jaxrlhf cannot "
+                                    "read; pass its settings as key=value", [f"--config-name={name}"])}
+    if _HYDRA_BASES[base]:
+      family, reason = _HYDRA_BASES[base]
+      return {family: (reason, [f"--config-name={name}"])}
+  return {}
 
 
 def main(argv: Sequence[str]) -> None:

@@ -1,13 +1,15 @@
 """verl command lines run unchanged (README "verl command lines"): `jaxrlhf.verl_compat` and train.py's key=value.
 
-The three scripts in verl_scripts/ have the shape of verl's PPO (critic), GRPO and DAPO examples. Each
-must resolve to the same config as the `--config.` command `python -m jaxrlhf.verl_compat` prints for
-it; an ignored key is reported, an unknown one fails naming it; and a printed command runs (1 step).
+The scripts in verl_scripts/ are written here in the shape of verl's examples and recipes (PPO with a critic,
+GRPO, DAPO, multi-node SLURM jobs, the bash verl's newer recipes use). Each must resolve to the same config
+as the command `python -m jaxrlhf.verl_compat` prints for it, read as train.py reads it: the `--config.`
+flags, then the verl overrides after them (`key=null`, values only the shell knows). Ignored keys are
+reported with a reason, refused ones and unknown ones fail, all in one message; scripts the reader cannot
+read fail naming the line (verl_scripts/unreadable/). Only the last test compiles (a printed command runs 1 step).
 """
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 
@@ -16,7 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxrlhf import verl_compat
-from jaxrlhf.config import get_base_config, resolve_config
+from jaxrlhf.config import get, get_base_config, resolve_config
 from jaxrlhf.errors import UserError
 from tests.cli.test_bad_input import MODEL, assert_user_error, run_cli
 
@@ -25,11 +27,17 @@ SCRIPTS = os.path.join(ROOT, "tests", "cli", "verl_scripts")
 ENV = {"HOME": "/home/user"}  # the scripts' $HOME, fixed so the expected paths are known
 
 
-def _command_args(command: str) -> list[str]:
-  """The flags of a printed `python train.py ...` command, as the shell would pass them."""
-  words = shlex.split(command.replace("\\\n", " "))
-  assert words[:2] == ["python", "train.py"], words[:2]
-  return words[2:]
+def _script(name):
+  return os.path.join(SCRIPTS, name)
+
+
+def _shell_words(command: str, env: dict | None = None) -> list[str]:
+  """The arguments bash passes to `python train.py` for a printed command (with `env` as the shell's)."""
+  assert command.startswith("python train.py"), command[:40]
+  args = command[len("python train.py"):]
+  result = subprocess.run(["bash", "-c", "printf '%s\\0' " + args], env={"PATH": "/usr/bin:/bin", **(env or {})},
+                          capture_output=True, text=True, check=True)
+  return result.stdout.split("\0")[:-1]
 
 
 def _config_from_flags(args: list[str]):
@@ -42,36 +50,199 @@ def _config_from_flags(args: list[str]):
   return config.value
 
 
+def _config_from_command(command: str, env: dict | None = None):
+  """The config train.py runs with for a printed command: its flags, then its verl overrides."""
+  verl_args, flag_args = verl_compat.split_overrides(_shell_words(command, env))
+  config = _config_from_flags(flag_args)
+  verl_compat.apply_overrides(config, verl_args)
+  return config
+
+
+def _via_overrides(script):
+  """The config train.py runs with given the script's verl overrides as they are (verl's own command line)."""
+  config = get_base_config()
+  verl_compat.apply_overrides(config, [str(word) for word in script.overrides])
+  return config
+
+
 @pytest.mark.parametrize("script, expected", [
-    ("ppo_gae_qwen2_7b.sh", {"algorithm.adv_estimator": "gae", "critic.optim.lr": 1e-5, "mesh.tensor": 2,
-                             "mesh.fsdp": 4, "data.train_files": ("/home/user/data/gsm8k/train.parquet",),
+    ("ppo_gae_qwen2_7b.sh", {"algorithm.adv_estimator": "gae", "critic.optim.lr": 1e-5, "mesh.tensor": 1,
+                             "mesh.fsdp": 8, "data.train_files": ("/home/user/data/gsm8k/train.parquet",),
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
                              "trainer.logger": ("console", "wandb"), "critic.enable": True}),
     ("grpo_qwen2_7b.sh", {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 5,
                           "actor_rollout_ref.ref.fsdp_config.param_offload": True, "critic.enable": False,
-                          "actor_rollout_ref.rollout.tensor_model_parallel_size": 2}),
+                          "actor_rollout_ref.rollout.tensor_model_parallel_size": 2, "mesh.tensor": 1}),
     ("dapo_qwen2_5_32b.sh", {"data.gen_batch_size": 1536, "data.max_response_length": 20480,
-                             "actor_rollout_ref.actor.clip_ratio_high": 0.28, "mesh.tensor": 4, "mesh.fsdp": 32,
+                             "actor_rollout_ref.actor.clip_ratio_high": 0.28, "mesh.tensor": 1, "mesh.fsdp": 128,
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
                              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 22528,
                              "trainer.default_local_dir": "/home/user/verl/ckpts/DAPO/DAPO-Qwen2.5-32B",
                              "algorithm.filter_groups.enable": True,
                              "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8,
                              "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 8}),
+    # Generation TP is not training TP: verl's 72B GRPO (rollout TP 16 on 2 x 8 GPUs) trains FSDP on 16.
+    ("generation_tp.sh", {"mesh.tensor": 1, "mesh.fsdp": 16, "mesh.data": 1,
+                          "actor_rollout_ref.rollout.tensor_model_parallel_size": 16}),
+    ("reader_constructs.sh", {
+        "data.train_files": ("/home/user/data/math/train.parquet",),
+        "data.val_files": ("/home/user/data/math/test.parquet", "/home/user/data/aime/test.parquet"),
+        "data.max_prompt_length": 2048, "data.max_response_length": 8192,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 20480,  # $(( (a + b) * 2 ))
+        "actor_rollout_ref.model.path": "Qwen/Qwen2.5-3B-Instruct", "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+        "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.rollout.temperature": 1.0,  # the elif; $SAMPLING split
+        "trainer.experiment_name": "gspo-Qwen2.5-3B-Instruct-n8", "mesh.fsdp": 16}),
+    ("deprecated_micro_batch.sh", {  # 2 x 8 GPUs: verl divides by GPUs / Ulysses SP
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 64 // (16 // 2),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 128 // (16 // 2),
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 256 // (16 // 2),  # ref's SP: the actor's
+        "critic.ppo_micro_batch_size_per_gpu": 32 // 16, "critic.forward_micro_batch_size_per_gpu": 64 // 16,
+        "actor_rollout_ref.actor.grad_clip": 0.5, "critic.grad_clip": 2.0}),
+    ("dapo_reward_kwargs.sh", {
+        "reward_model.overlong_buffer.enable": True, "reward_model.overlong_buffer.len": 4096,
+        "reward_model.overlong_buffer.penalty_factor": 1.0, "algorithm.filter_groups.metric": "score",
+        "actor_rollout_ref.actor.grad_clip": 1.0, "trainer.profile_steps": (1, 3),
+        "trainer.logger": ("console", "jsonl")}),
 ])
-def test_verl_script_resolves_like_its_config_flags(script, expected):
-  command, report, parsed = verl_compat.translate_script(os.path.join(SCRIPTS, script), env=ENV)
-  assert not parsed.missing and not report.unresolved
-  via_flags = resolve_config(_config_from_flags(_command_args(command)))
-  via_verl = get_base_config()
-  verl_compat.apply_overrides(via_verl, parsed.overrides)
-  via_verl = resolve_config(via_verl)
-  assert via_verl.to_dict() == via_flags.to_dict()
+def test_verl_script_resolves_like_its_printed_command(script, expected):
+  command, report, parsed = verl_compat.translate_script(_script(script), env=ENV)
+  assert not parsed.missing and not report.unresolved and not report.deferred
+  via_command = resolve_config(_config_from_command(command))
+  via_verl = resolve_config(_via_overrides(parsed))
+  assert via_verl.to_dict() == via_command.to_dict()
   for key, value in expected.items():
-    node = via_verl
-    for part in key.split("."):
-      node = node[part]
-    assert node == value, key
-  ignored = {key for key, _, _ in report.ignored}
-  assert "actor_rollout_ref.rollout.gpu_memory_utilization" in ignored
+    assert get(via_verl, key) == value, key
+
+
+def test_reader_reports_what_it_did_not_translate():
+  _, report, script = verl_compat.translate_script(_script("reader_constructs.sh"), env=ENV)
+  assert script.script_args and not script.passthrough  # "$@"; `2>&1 | tee` is not part of the command
+  assert any("$@" in note for note in report.notes)
+  ignored = {key: raw for key, raw, _ in report.ignored}
+  assert ignored == {"data.return_raw_chat": "True", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "30720"}
+
+
+def test_generation_tp_keeps_training_fsdp():
+  _, report, _ = verl_compat.translate_script(_script("generation_tp.sh"), env=ENV)
+  assert "mesh.tensor" not in report.assignments
+  assert ("actor_rollout_ref.rollout.multi_turn.format", "hermes") in {(k, raw) for k, raw, _ in report.ignored}
+  with pytest.raises(UserError, match=r"tensor_model_parallel_size=3 must divide the 16 GPUs"):
+    verl_compat.apply_overrides(get_base_config(), ["actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+                                                    "trainer.n_gpus_per_node=8", "trainer.nnodes=2"])
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_values_only_the_shell_knows_reach_the_command_and_translate_when_it_runs(nodes):
+  command, report, script = verl_compat.translate_script(_script("slurm_multinode.sh"), env=ENV)
+  assert script.missing == {"SLURM_JOB_NUM_NODES", "CHECKPOINT_ROOT"}
+  assert 'trainer.nnodes="${SLURM_JOB_NUM_NODES}"' in command.split()
+  assert 'trainer.default_local_dir="$CHECKPOINT_ROOT/gsm8k"' in command.split()
+  assert "--config.mesh" not in command  # the mesh depends on the node count: train.py sizes it when it runs
+  deferred = {key for key, _, _ in report.deferred}
+  assert {"trainer.nnodes", "trainer.n_gpus_per_node", "actor_rollout_ref.actor.ppo_micro_batch_size",
+          "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+          "actor_rollout_ref.rollout.tensor_model_parallel_size"} <= deferred
+  config = _config_from_command(command, {"SLURM_JOB_NUM_NODES": str(nodes), "CHECKPOINT_ROOT": "/ckpt"})
+  gpus = 8 * nodes
+  assert (config.mesh.fsdp, config.mesh.tensor) == (gpus, 1)
+  assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 64 // gpus
+  assert config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 128 // gpus
+  assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 4
+  assert config.trainer.default_local_dir == "/ckpt/gsm8k"
+
+
+def test_null_reaches_train_py_as_none_for_every_type():
+  command, _, _ = verl_compat.translate_script(_script("null_values.sh"), env=ENV)
+  assert "data.val_batch_size=null" in command.split() and "--config.data.val_batch_size" not in command
+  config = _config_from_command(command)
+  base = get_base_config()
+  keys = ["data.val_batch_size", "data.val_files", "actor_rollout_ref.rollout.dtype",
+          "actor_rollout_ref.actor.clip_ratio_high", "critic.enable", "trainer.total_training_steps",
+          "trainer.max_actor_ckpt_to_keep"]
+  assert get(base, "data.val_files") is not None  # a tuple with a default, not only placeholders
+  for key in keys:
+    assert get(config, key) is None, key
+  assert config.trainer.profile_steps == ()  # global_profiler.steps=null: no step profiled
+
+
+def test_refused_families_and_unknown_keys_in_one_message():
+  with pytest.raises(UserError) as caught:
+    verl_compat.translate_script(_script("refused_families.sh"), env=ENV)
+  lines = str(caught.value).splitlines()
+  assert lines[0] == "6 problems with the verl overrides:"
+  body = "\n".join(lines[1:])
+  assert sum("refused (Megatron-LM)" in line for line in lines) == 1  # 5 keys (and the base config), one line
+  assert "[--config-name=ppo_megatron_trainer.yaml and 4 more]" in body
+  assert "refused (vision-language)" in body and "[data.image_key]" in body
+  assert "refused (multi-turn): multi-turn rollouts: not yet (issue 35)" in body
+  assert "refused (reward manager): PRIME's reward manager" in body
+  assert "unknown config key 'trainer.total_trainig_steps'" in body and "did you mean 'trainer.total_training_steps'" in body
+  unknown_pipeline = next(line for line in lines if "'critic.pipeline_model_parallel_size'" in line)
+  assert "did you mean" not in unknown_pipeline
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["reward_model.reward_manager=collabllm"], r"refused \(reward manager\): CollabLLM.*multi-turn rollouts: not yet"),
+    (["reward_model.reward_manager=remote"], r"refused \(reward manager\): reward manager 'remote'"),
+    (["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"], r"refused \(multi-turn\)"),
+    (["critic.strategy=megatron"], r"refused \(Megatron-LM\)"),
+    (["reward_model.model.input_tokenizer=Qwen/Qwen2-7B-Instruct"], r"refused \(reward model tokenizer\)"),
+    (["trainer.logger=['console','wandbb']"], r"unknown logger 'wandbb'"),
+    (['trainer.logger=["console","wandb"'], r"'trainer.logger'.*an unclosed \[\] list"),
+    (["trainer.logger='console"], r"'trainer.logger'.*an unclosed ' quote"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=4"], r"ppo_micro_batch_size=4 sequences over 8 data-parallel"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
+     r"both actor_rollout_ref.actor.ppo_micro_batch_size and .*_per_gpu are set"),
+    (["data.max_response_length=1024", "reward_model.reward_kwargs.max_resp_len=2048"],
+     r"max_resp_len=2048 differs from data.max_response_length=1024"),
+])
+def test_refusals_and_bad_values_name_the_key(overrides, message):
+  with pytest.raises(UserError, match=message):
+    verl_compat.apply_overrides(get_base_config(), overrides)
+
+
+def test_accepted_reward_managers_and_loggers():
+  config = get_base_config()
+  report = verl_compat.apply_overrides(config, ["reward_model.reward_manager=batch", "trainer.logger=['file','vemlp_wandb']",
+                                                "trainer.profile_steps=[2]"])
+  assert config.trainer.logger == ("jsonl",) and config.trainer.profile_steps == (2,)
+  assert {(key, raw) for key, raw, _ in report.ignored} == {("reward_model.reward_manager", "batch"),
+                                                             ("trainer.logger", "vemlp_wandb")}
+
+
+def test_num_workers_is_mapped_once_the_tree_has_it():
+  types = verl_compat._tree_types()
+  assert isinstance(verl_compat.lookup("reward_model.num_workers", {k: v for k, v in types.items()
+                                                                    if k != "reward_model.num_workers"}),
+                    verl_compat.Ignored)
+  assert verl_compat.lookup("reward_model.num_workers", {**types, "reward_model.num_workers": int}) == "mapped"
+
+
+def test_did_you_mean_only_when_close():
+  candidates = list(verl_compat._tree_types()) + [k for k in verl_compat.TABLE if "*" not in k]
+  assert verl_compat._did_you_mean("trainer.total_trainig_steps", candidates) == "trainer.total_training_steps"
+  assert verl_compat._did_you_mean("actor_rollout_ref.rollout.tensor_model_paralel_size", candidates) == (
+      "actor_rollout_ref.rollout.tensor_model_parallel_size")
+  assert verl_compat._did_you_mean("actor_rollout_ref.rollout.kl_loss_coef", candidates) == (
+      "actor_rollout_ref.actor.kl_loss_coef")
+  for far in ("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", "critic.pipeline_model_parallel_size",
+              "actor_rollout_ref.model.use_rmpad", "trainer.bench_steps"):
+    assert verl_compat._did_you_mean(far, candidates) is None, far
+
+
+@pytest.mark.parametrize("script, line, message", [
+    ("if_on_a_file.sh", 7, r"uses \$LR, which is set inside an `if` whose test only the shell can decide \(line 2\)"),
+    ("sweep_loop.sh", 3, r"inside a loop \(line 2\)"),
+    ("indirect.sh", 4, r"indirect expansion"),
+    ("unclosed_quote.sh", 3, r'unclosed " quote'),
+    ("two_runs.sh", 2, r"runs verl 2 times \(lines 1, 2\)"),
+    ("array_slice.sh", 2, r"an operation on a whole array"),
+    ("other_program.sh", 1, r"runs verl.trainer.main_generation \(verl's offline generation"),
+])
+def test_a_script_the_reader_cannot_read_fails_naming_the_line(script, line, message):
+  path = _script(os.path.join("unreadable", script))
+  with pytest.raises(UserError, match=rf"^{path}:{line}: .*{message}"):
+    verl_compat.read_script(path, ENV)
 
 
 def test_values_follow_hydra():
@@ -83,9 +254,11 @@ def test_values_follow_hydra():
   assert verl_compat.parse_value("'error'") == "error"
   config = get_base_config()
   verl_compat.apply_overrides(config, ["+data.val_batch_size=null", "data.train_files=/d/train.parquet",
-                                       "actor_rollout_ref.actor.optim.lr=1", "trainer.experiment_name=123"])
+                                       "actor_rollout_ref.actor.optim.lr=1", "trainer.experiment_name=123",
+                                       "data.seed=1", "data.seed=2"])
   assert config.data.val_batch_size is None and config.data.train_files == ("/d/train.parquet",)
   assert config.actor_rollout_ref.actor.optim.lr == 1.0 and config.trainer.experiment_name == "123"
+  assert config.data.seed == 2  # a repeated key: the last wins
   with pytest.raises(UserError, match="'data.train_batch_size' expects int, got 'many'"):
     verl_compat.apply_overrides(get_base_config(), ["data.train_batch_size=many"])
   with pytest.raises(UserError, match="unknown config key 'trainer.total_trainig_steps'.*did you mean "
@@ -98,8 +271,9 @@ def test_unresolved_variable_is_left_to_the_shell(tmp_path):
   script.write_text("python3 -m verl.trainer.main_ppo \\\n  data.train_batch_size=$BSZ \\\n  trainer.nnodes=1 $@\n")
   command, report, parsed = verl_compat.translate_script(str(script), env={})
   assert parsed.missing == {"BSZ"}
-  assert '--config.data.train_batch_size="$BSZ"' in command
+  assert 'data.train_batch_size="$BSZ"' in command.split()
   assert [key for key, _, _ in report.unresolved] == ["data.train_batch_size"]
+  assert _config_from_command(command, {"BSZ": "48"}).data.train_batch_size == 48
 
 
 def test_unknown_verl_key_fails_naming_it():
@@ -162,7 +336,8 @@ def test_printed_command_and_verl_args_both_train(tmp_path):
   assert printed.returncode == 0, printed.stderr[-2000:]
   command = printed.stdout.split("\n\n")[0]
   assert command.startswith("python train.py \\\n    --config configs/verl_defaults.py")
-  assert "--config.mesh.tensor=2" in command and "--config.mesh.fsdp=1" in command
+  assert "--config.mesh.fsdp=2" in command and "--config.actor_rollout_ref.rollout.tensor_model_parallel_size=2" in command
+  assert "--config.mesh.tensor" not in command  # generation TP 2 over the fsdp devices; training is FSDP
   assert "actor_rollout_ref.rollout.name=vllm  ->  vLLM" in printed.stdout
   translated = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=600)
@@ -179,7 +354,8 @@ def test_printed_command_and_verl_args_both_train(tmp_path):
   runs = tmp_path / "runs" / "verl_tiny"
   configs = {name: json.loads((runs / name / "config.json").read_text()) for name in ("translated", "direct")}
   for config in configs.values():
-    assert config["mesh"] == {"data": 1, "fsdp": 1, "tensor": 2}
+    assert config["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1}
+    assert config["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 2
     assert config["algorithm"]["adv_estimator"] == "grpo" and config["actor_rollout_ref"]["rollout"]["n"] == 2
     assert config["data"]["train_files"] == [str(tmp_path / "train.parquet")]
     config["trainer"].pop("experiment_name")

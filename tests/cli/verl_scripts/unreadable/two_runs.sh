@@ -1,0 +1,2 @@
+python3 -m verl.trainer.main_ppo data.train_files=$HOME/data/gsm8k/train.parquet trainer.total_epochs=1
+python3 -m verl.trainer.main_ppo data.train_files=$HOME/data/math/train.parquet trainer.total_epochs=1
