@@ -55,6 +55,12 @@ def parse_hub_id(path: str) -> tuple[str, str | None] | None:
   return repo_id, revision or None
 
 
+def download_patterns(weights: bool) -> tuple[list[str], list[str]]:
+  """(allow_patterns, ignore_patterns) of a download: config, tokenizer and generation config files, and with
+  `weights` the top-level safetensors and their index; nothing else (no .bin/.pt pickles, no code)."""
+  return [*_CONFIG_FILES, *(_WEIGHT_FILES if weights else ())], list(_IGNORED_FILES)
+
+
 def _hub_settings() -> tuple[str, bool]:
   """(cache directory, offline), read at each call: huggingface_hub reads them once, when first imported, so a
   process (a notebook, a test) that sets them later would otherwise be ignored."""
@@ -98,10 +104,10 @@ def _download(repo_id: str, revision: str | None, key: str, path: str, weights: 
                    + ("unset HF_HUB_OFFLINE, or " if offline else "")
                    + f"download it where the Hub is reachable (`hf download {repo_id}"
                    + (f" --revision {revision}" if revision else "") + f"`) into {cache_dir}")
+  allow_patterns, ignore_patterns = download_patterns(weights)
   try:
     directory = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline,
-                                  allow_patterns=[*_CONFIG_FILES, *(_WEIGHT_FILES if weights else ())],
-                                  ignore_patterns=list(_IGNORED_FILES))
+                                  allow_patterns=allow_patterns, ignore_patterns=ignore_patterns)
   except hub_errors.GatedRepoError:
     raise UserError(f"{named}: the {hub_model} is gated", hint="accept its terms on huggingface.co, then log in "
                     "(`hf auth login`) or set HF_TOKEN") from None

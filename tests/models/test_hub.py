@@ -19,7 +19,7 @@ from jaxrlhf.config import resolve_config
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.errors import UserError
 from jaxrlhf.models import Decoder, DecoderConfig, init_params, save_hf_checkpoint
-from jaxrlhf.models.hub import hub_id_of, parse_hub_id, resolve_model_path, resolve_model_paths
+from jaxrlhf.models.hub import download_patterns, hub_id_of, parse_hub_id, resolve_model_path, resolve_model_paths
 from jaxrlhf.trainer.trainer import tokenizer_from_config
 from jaxrlhf.validate import validate_run
 from tests.helpers import small_config
@@ -83,6 +83,19 @@ def snapshot_of(cache, repo_id, commit=COMMIT):
 ])
 def test_what_reads_as_a_hub_id(path, expected):
   assert parse_hub_id(path) == expected
+
+
+def test_a_download_takes_config_tokenizer_and_safetensors_only():
+  from huggingface_hub.utils import filter_repo_objects
+  repo = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+          "merges.txt", "tokenizer.model", "qwen.tiktoken", "model-00001-of-00002.safetensors",
+          "model-00002-of-00002.safetensors", "model.safetensors.index.json",
+          # never: pickles, code, other formats in subfolders, Mistral's duplicate of the weights, docs
+          "pytorch_model.bin", "training_args.bin", "optimizer.pt", "modeling_qwen.py", "original/consolidated.00.pth",
+          "onnx/model.safetensors", "consolidated.safetensors", "params.json", "README.md", ".gitattributes"]
+  for weights, expected in ((True, repo[:11]), (False, repo[:8])):
+    allow_patterns, ignore_patterns = download_patterns(weights)
+    assert list(filter_repo_objects(repo, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns)) == expected
 
 
 def test_an_id_resolves_to_its_cached_snapshot_with_or_without_weights(cache):
