@@ -104,6 +104,12 @@ def test_an_id_resolves_to_its_cached_snapshot_with_or_without_weights(cache):
   assert resolve_model_path(f"{ACTOR}@{OLD_COMMIT}", "critic.model.path") == snapshot_of(cache, ACTOR, OLD_COMMIT)
 
 
+def test_the_cache_is_found_through_hf_home_too(cache, tmp_path, monkeypatch):
+  monkeypatch.delenv("HF_HUB_CACHE")
+  monkeypatch.setenv("HF_HOME", str(tmp_path))  # its hub/ folder is the cache
+  assert resolve_model_path(ACTOR, "actor_rollout_ref.model.path") == snapshot_of(cache, ACTOR)
+
+
 def test_a_path_that_exists_wins_over_an_id(cache, checkpoint):
   os.makedirs(ACTOR)  # ./TinyOrg/tiny-chat, a local directory named like the id
   assert resolve_model_path(ACTOR, "actor_rollout_ref.model.path") == ACTOR
