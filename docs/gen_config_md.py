@@ -232,8 +232,15 @@ _DOCS = {
                                 "actor's tokenizer): a directory or a Hub model id", SAME),
     "reward_model.combine_with_rule": ("True: score = rule reward + reward model; False: the reward model alone",
                                        "— (ours; verl uses the reward model alone when it is on)"),
-    "reward_model.on_error": ("a reward function that raises: `raise`, or `zero` (scores 0, counted in "
-                              "`reward/errors`)", "— (ours; verl always raises)"),
+    "reward_model.on_error": ("a reward function that raises, exits, crashes or times out: `raise`, or `zero` "
+                              "(scores 0, counted in `reward/num_errors`)", "— (ours; verl always raises)"),
+    "reward_model.num_workers": ("processes that score the rule reward: `0` = the trainer's process, one sample "
+                                 "after another, no time limit; `N` = N worker processes (a crash or `sys.exit` "
+                                 "fails one sample; a dead worker is replaced); `None` = `min(8, cores)` for a "
+                                 "`custom_reward_function` file, `0` for the built-in rules (faster in-process)",
+                                 "same name (verl: 8)"),
+    "reward_model.timeout_s": ("seconds a sample may take in a worker process; longer fails it (`on_error`). "
+                               "Not applied with `num_workers=0`", "— (ours)"),
     "reward_model.overlong_buffer.enable": ("DAPO overlong shaping: linear penalty for responses entering the "
                                             "last `len` tokens before `max_response_length`", "same (DAPO recipe)"),
     "reward_model.overlong_buffer.len": ("tokens of the penalty buffer", "same (DAPO recipe)"),

@@ -192,6 +192,10 @@ def get_base_config() -> ml_collections.ConfigDict:
       model=dict(path=""),  # HF AutoModelForSequenceClassification checkpoint (num_labels=1), actor's tokenizer
       combine_with_rule=False,  # True: score = rule reward + reward model; False: the reward model alone (verl)
       on_error="raise",  # raise | zero: a reward function that fails scores 0 and is counted (reward/num_errors)
+      # Rule reward processes (verl's key): 0 = in the trainer's process, no time limit; N >= 1 = N worker
+      # processes; None = min(8, cores) for a custom_reward_function file, 0 for the built-in rules.
+      num_workers=_placeholder(int),
+      timeout_s=60.0,  # beyond verl: a sample scored in a worker process longer than this fails (on_error)
       # DAPO overlong shaping: a linear penalty over the last `len` tokens before max_response_length.
       overlong_buffer=dict(enable=False, len=4096, penalty_factor=1.0),
   )
@@ -355,11 +359,11 @@ _RANGES = {
         "critic.optim.lr", "actor_rollout_ref.actor.optim.weight_decay", "critic.optim.weight_decay",
         "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
         "critic.cliprange_value", "trainer.critic_warmup", "trainer.log_val_generations",
-        "trainer.guard.max_rollbacks")},
+        "trainer.guard.max_rollbacks", "reward_model.num_workers")},
     **{key: _above(0) for key in (
         "actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.grad_clip", "critic.grad_clip",
         "actor_rollout_ref.actor.optim.eps", "critic.optim.eps", "algorithm.kl_ctrl.target_kl",
-        "trainer.guard.kl_max", "trainer.peak_flops_per_device")},
+        "trainer.guard.kl_max", "trainer.peak_flops_per_device", "reward_model.timeout_s")},
     **{key: _within(0, 1) for key in (
         "algorithm.gamma", "algorithm.lam", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
         "critic.optim.lr_warmup_steps_ratio", "actor_rollout_ref.actor.optim.min_lr_ratio",

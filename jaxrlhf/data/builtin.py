@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from jaxrlhf import rewards
+from jaxrlhf.rewards.registry import RECALL_DATA_SOURCE  # its rule is registered with the built-in rules
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>")
 WORDS = ("####", ":", "first", "last", "+", "=", "?")
@@ -25,15 +25,9 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
-RECALL_DATA_SOURCE = "jaxrlhf/recall"
 _LIST_LENGTH = 4
 _NUM_DIGITS = 10
 _VAL_SIZE = 256
-
-
-@rewards.register_reward(RECALL_DATA_SOURCE)
-def recall_score(data_source, solution_str, ground_truth, extra_info=None):
-  return rewards.gsm8k.compute_score(solution_str, ground_truth, method="flexible")
 
 
 def build_tokenizer(save_dir: str | None = None):

@@ -1,27 +1,138 @@
 """Scoring a batch of decoded responses, the host side of the reward ``jax.pure_callback``.
 
 One call per batch; the result always has the same structure for a given ``extra_keys`` and
-``on_error``, which a callback with static result shapes needs.
+``on_error``, which a callback with static result shapes needs. A `RewardScorer` says where the reward
+function runs: in this process, or in worker processes (`rewards.workers`) with a time limit per
+sample, kept across batches.
 """
 
-import math
+from __future__ import annotations
+
+import logging
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from jaxrlhf.errors import UserError
-from jaxrlhf.rewards.registry import UnknownDataSourceError, default_compute_score, normalize_result
+from jaxrlhf.rewards.custom import source_of
+from jaxrlhf.rewards.registry import UnknownDataSourceError, default_compute_score
+from jaxrlhf.rewards.sample import SampleResult, score_sample
+from jaxrlhf.rewards.workers import WorkerPool, default_num_workers
 
 ON_ERROR_MODES = ("raise", "zero")
 ERROR_KEY = "reward_error"
+PROGRESS_EVERY_S = 10.0  # a batch that takes longer says how far it got, this often
+
+_log = logging.getLogger(__name__)
 
 
 class RewardFunctionError(UserError, RuntimeError):
-  """A reward function raised or returned something that is not a finite number for one sample."""
+  """A reward function failed on one sample: it raised, exited, crashed, timed out or returned something
+  that is not a finite number."""
+
+
+class RewardScorer:
+  """The reward function and where it runs.
+
+  `num_workers`: 0 scores in this process, one sample after another, with no time limit; N >= 1 in N
+  worker processes, each sample within `timeout_s`; None (auto) chooses N = `default_num_workers()` for
+  a reward file (user code, which may hang or crash) and 0 for the registry's rules (the built-in ones
+  take microseconds a sample and cannot hang, where a process round trip would cost more). Workers start
+  at the first batch and stay until `close()`; a batch after `close()` starts them again.
+
+  Workers load the function themselves (`rewards.custom.source_of`): a function that is neither the
+  registry nor from a reward file is scored in this process, as is a data_source whose registered
+  function the workers cannot import (one defined in `__main__` or a notebook); each is said once.
+  """
+
+  def __init__(self, compute_score_fn: Optional[Callable[..., Any]] = None, *, num_workers: Optional[int] = 0,
+               timeout_s: Optional[float] = None):
+    self.fn = default_compute_score if compute_score_fn is None else compute_score_fn
+    self.source = source_of(compute_score_fn)
+    if num_workers is None:
+      num_workers = default_num_workers() if self.source is not None and self.source.path else 0
+    if num_workers and self.source is None:
+      _log.warning("reward: %s cannot be loaded by worker processes (not the registry's, not from "
+                   "custom_reward_function.path): scoring it in this process, without a time limit",
+                   function_name(self.fn))
+      num_workers = 0
+    self.num_workers, self.timeout_s = num_workers, timeout_s
+    self._pool: Optional[WorkerPool] = None
+    self._said_in_process: set[str] = set()
+
+  def close(self) -> None:
+    """Stops the worker processes (if any)."""
+    if self._pool is not None:
+      self._pool.close()
+      self._pool = None
+
+  def where(self) -> str:
+    return f"{self.num_workers} worker processes" if self.num_workers else "in this process"
+
+  def score(self, samples: Sequence[tuple], stop_at_error: bool = False) -> list[Optional[SampleResult]]:
+    """One result per `(data_source, solution_str, ground_truth, extra_info)` sample. With
+    `stop_at_error` scoring stops at the first failed sample (the samples not scored are None); an
+    unknown data_source always stops it."""
+    progress = _Progress(len(samples), self.where())
+    results: list[Optional[SampleResult]] = [None] * len(samples)
+    in_process = list(range(len(samples)))
+    if self.num_workers and samples:
+      if self._pool is None:
+        self._pool = WorkerPool(self.source, self.num_workers, self.timeout_s)
+      served = self._pool.served(on_wait=lambda: progress.update(results))
+      in_process = [i for i, sample in enumerate(samples) if served is not None and sample[0] not in served]
+      self._say_in_process({samples[i][0] for i in in_process})
+      in_workers = [(i, sample) for i, sample in enumerate(samples) if served is None or sample[0] in served]
+      for index, result in self._pool.score(in_workers, stop_at_error,
+                                            on_progress=lambda done: progress.update(results, done)).items():
+        results[index] = result
+      if _stops(results, stop_at_error):
+        return results
+    for index in in_process:
+      results[index] = result = score_sample(self.fn, *samples[index])
+      progress.update(results)
+      if _stops([result], stop_at_error):
+        break
+    return results
+
+  def _say_in_process(self, data_sources: set[str]) -> None:
+    for data_source in sorted(data_sources - self._said_in_process):
+      self._said_in_process.add(data_source)
+      _log.warning("reward: data_source %r is scored in this process, without reward_model.timeout_s: the worker "
+                   "processes cannot import its registered function (defined in __main__, a notebook or a config "
+                   "file?); register it in an importable module", data_source)
+
+
+def _stops(results: Sequence[Optional[SampleResult]], stop_at_error: bool) -> bool:
+  return any(r is not None and (r.unknown_data_source or (stop_at_error and r.error)) for r in results)
+
+
+class _Progress:
+  """Logs "reward: scored 120/512 samples in 10 s (...)" every PROGRESS_EVERY_S while a batch is scored."""
+
+  def __init__(self, total: int, where: str):
+    self.total, self.where = total, where
+    self.start = self.last = time.monotonic()
+
+  def update(self, results: Sequence[Optional[SampleResult]], more: Optional[dict] = None) -> None:
+    now = time.monotonic()
+    if now - self.last < PROGRESS_EVERY_S:
+      return
+    self.last = now
+    scored = [r for r in results if r is not None] + list((more or {}).values())
+    timed_out = sum(1 for r in scored if r.error and r.error.startswith("timed out"))
+    failed = sum(1 for r in scored if r.error) - timed_out
+    _log.warning("reward: scored %d/%d samples in %.0f s (%s; %d timed out, %d failed)", len(scored), self.total,
+                 now - self.start, self.where, timed_out, failed)
+
+
+def function_name(fn: Any) -> str:
+  return getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None) or repr(fn)
 
 
 def score_batch(
-    compute_score_fn: Optional[Callable[..., Any]],
+    compute_score_fn: Optional[Callable[..., Any] | RewardScorer],
     data_sources: Sequence[str],
     solution_strs: Sequence[str],
     ground_truths: Sequence[Any],
@@ -34,17 +145,18 @@ def score_batch(
   """Scores every sample; returns ``(scores float32[B], extras {key: float32[B]})``.
 
   ``compute_score_fn`` is called as verl calls it, with keywords ``data_source``,
-  ``solution_str``, ``ground_truth``, ``extra_info``; None means ``default_compute_score``. A dict
-  result gives its ``"score"`` as the score and its other entries as extras: numbers as float32
+  ``solution_str``, ``ground_truth``, ``extra_info``; None means ``default_compute_score``; a
+  `RewardScorer` runs its function where it says (worker processes), a function runs in this process.
+  A dict result gives its ``"score"`` as the score and its other entries as extras: numbers as float32
   (0 for samples that lack the key), and, when ``extra_keys`` is None, text entries (verl's
   ``"pred"``, what majority voting counts) as object arrays (None where missing). ``extra_keys``
   fixes the set of extras, numbers only; with ``require_extra_keys`` a sample whose result lacks one
   of them fails the batch (GDPO's reward components must all be there).
 
-  ``on_error="raise"``: a reward function that raises or returns a non-number / non-finite value
-  fails the batch with a ``RewardFunctionError`` naming the sample index and data_source.
-  ``on_error="zero"``: such a sample scores 0 and is flagged 1.0 in ``extras["reward_error"]``.
-  An unknown data_source is a configuration error and always raises.
+  ``on_error="raise"``: a reward function that raises, exits, crashes, times out, or returns a
+  non-number / non-finite value fails the batch with a ``RewardFunctionError`` naming the sample index,
+  its data_source and what happened. ``on_error="zero"``: such a sample scores 0 and is flagged 1.0 in
+  ``extras["reward_error"]``. An unknown data_source is a configuration error and always raises.
   """
   if on_error not in ON_ERROR_MODES:
     raise ValueError(f"reward on_error must be one of {ON_ERROR_MODES}, got {on_error!r}")
@@ -59,40 +171,39 @@ def score_batch(
   }
   if len(set(lengths.values())) != 1:
     raise ValueError(f"score_batch inputs must all have the batch size; got lengths {lengths}")
-  fn = default_compute_score if compute_score_fn is None else compute_score_fn
+  scorer = compute_score_fn if isinstance(compute_score_fn, RewardScorer) else RewardScorer(compute_score_fn)
+  samples = list(zip(data_sources, solution_strs, ground_truths, extra_infos))
+  results = scorer.score(samples, stop_at_error=on_error == "raise")
+  for result in results:
+    if result is not None and result.unknown_data_source:
+      raise UnknownDataSourceError(result.unknown_data_source)
 
   scores = np.zeros(batch_size, dtype=np.float32)
   errors = np.zeros(batch_size, dtype=np.float32)
-  extra_rows: list[dict[str, float]] = []
-  for index in range(batch_size):
+  extra_rows: list[dict] = []
+  for index, result in enumerate(results):
     data_source = data_sources[index]
-    try:
-      result = fn(
-          data_source=data_source,
-          solution_str=solution_strs[index],
-          ground_truth=ground_truths[index],
-          extra_info=extra_infos[index],
-      )
-      score, extras = _split_result(result, data_source)
-    except UnknownDataSourceError:
-      raise
-    except Exception as error:
+    if result is None:  # not scored: scoring stopped at a failure, which raises below
+      extra_rows.append({})
+      continue
+    if result.error is not None:
       if on_error == "raise":
+        hint = "reward_model.on_error=zero scores such a sample 0 and counts it (metric reward/num_errors)"
+        if result.error.startswith("timed out"):
+          hint = "raise reward_model.timeout_s, or " + hint
         raise RewardFunctionError(
-            f"reward function {getattr(fn, '__name__', fn)!r} failed on sample {index} "
-            f"(data_source={data_source!r}): {type(error).__name__}: {error}",
-            hint="reward_model.on_error=zero scores such a sample 0 and counts it (metric reward/num_errors)",
-        ) from error
+            f"reward function {function_name(scorer.fn)!r} failed on sample {index} "
+            f"(data_source={data_source!r}): {result.error}", hint=hint)
       errors[index] = 1.0
       extra_rows.append({})
       continue
-    scores[index] = score
-    extra_rows.append(extras)
-    missing = [key for key in extra_keys or () if not isinstance(extras.get(key), float)]
+    scores[index] = result.score
+    extra_rows.append(result.extras)
+    missing = [key for key in extra_keys or () if not isinstance(result.extras.get(key), float)]
     if require_extra_keys and missing:
       raise RewardFunctionError(
-          f"reward function {getattr(fn, '__name__', fn)!r} returned no number for {missing} on sample {index} "
-          f"(data_source={data_source!r}); it returned {sorted(['score', *extras])}",
+          f"reward function {function_name(scorer.fn)!r} returned no number for {missing} on sample {index} "
+          f"(data_source={data_source!r}); it returned {sorted(['score', *result.extras])}",
           hint="algorithm.gdpo_reward_keys names entries of the dict the reward function returns")
 
   if extra_keys is not None:
@@ -110,22 +221,3 @@ def score_batch(
   if on_error == "zero":
     extras_out[ERROR_KEY] = errors
   return scores, extras_out
-
-
-def _split_result(result: Any, data_source: str) -> tuple[float, dict[str, float]]:
-  result = normalize_result(result, data_source)
-  if isinstance(result, dict):
-    score = normalize_result(result["score"], data_source)
-    if isinstance(score, dict):
-      raise TypeError(f"reward function for data_source {data_source!r} returned a dict as its 'score'")
-    extras = {key: float(value) if _is_number(value) else value for key, value in result.items()
-              if key != "score" and (_is_number(value) or isinstance(value, str))}
-  else:
-    score, extras = result, {}
-  if not math.isfinite(score):
-    raise ValueError(f"reward function for data_source {data_source!r} returned a non-finite score {score}")
-  return score, extras
-
-
-def _is_number(value: Any) -> bool:
-  return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))

@@ -1,17 +1,49 @@
 """Loading a user's reward function from a .py file (verl's ``custom_reward_function.path`` / ``.name``).
 
 The function is called like verl's: ``fn(data_source, solution_str, ground_truth, extra_info)``.
+A function loaded here remembers where it came from (`source_of`), so that reward worker processes
+load it themselves from the same file instead of receiving it pickled.
 """
 
+import dataclasses
 import functools
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
 import sys
+import weakref
 from typing import Any, Callable, Optional
 
 from jaxrlhf.rewards.registry import default_compute_score
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSource:
+  """Where a reward function comes from: a file's `path` and function `name` (custom_reward_function),
+  or, with `path` "", the registry (by data_source); `reward_kwargs` bound to it, as sorted items."""
+  path: str = ""
+  name: str = "compute_score"
+  reward_kwargs: tuple = ()
+
+  def load(self) -> Callable[..., Any]:
+    return get_compute_score_fn(self.path, self.name, dict(self.reward_kwargs))
+
+  def describe(self) -> str:
+    return f"{self.name!r} from {self.path!r}" if self.path else "the registry's, by data_source"
+
+
+_SOURCES: "weakref.WeakKeyDictionary[Callable, RewardSource]" = weakref.WeakKeyDictionary()
+
+
+def source_of(fn: Optional[Callable[..., Any]]) -> Optional[RewardSource]:
+  """How another process can load `fn`: None (the registry), or a function this module returned; else None."""
+  if fn is None or fn is default_compute_score:
+    return RewardSource()
+  try:
+    return _SOURCES.get(fn)
+  except TypeError:  # not weak-referenceable: not one of ours
+    return None
 
 
 def load_custom_reward_function(
@@ -62,6 +94,7 @@ def load_custom_reward_function(
     )
   if reward_kwargs:
     fn = functools.partial(fn, **dict(reward_kwargs))
+  _SOURCES[fn] = RewardSource(resolved, name, tuple(sorted(dict(reward_kwargs or {}).items())))
   return fn
 
 
@@ -69,6 +102,10 @@ def get_compute_score_fn(
     path: Optional[str] = None, name: str = "compute_score", reward_kwargs: Optional[dict[str, Any]] = None
 ) -> Callable[..., Any]:
   """The reward function a run uses: the custom one when ``path`` is set, else the registry's."""
-  if not path:
-    return functools.partial(default_compute_score, **reward_kwargs) if reward_kwargs else default_compute_score
-  return load_custom_reward_function(path, name, reward_kwargs)
+  if path:
+    return load_custom_reward_function(path, name, reward_kwargs)
+  if not reward_kwargs:
+    return default_compute_score
+  fn = functools.partial(default_compute_score, **reward_kwargs)
+  _SOURCES[fn] = RewardSource(reward_kwargs=tuple(sorted(reward_kwargs.items())))
+  return fn

@@ -68,6 +68,11 @@ def registered_data_sources() -> list[str]:
   return sorted(_REGISTRY)
 
 
+def registered_functions() -> dict[str, RewardFn]:
+  """{data_source: its function}, a copy."""
+  return dict(_REGISTRY)
+
+
 def get_reward_fn(data_source: str) -> RewardFn:
   fn = _REGISTRY.get(data_source) if isinstance(data_source, str) else None
   if fn is None:
@@ -131,3 +136,12 @@ def _math(data_source, solution_str, ground_truth, extra_info=None):
 @register_reward("exact_match")
 def _exact_match(data_source, solution_str, ground_truth, extra_info=None):
   return exact_match.compute_score(solution_str, ground_truth)
+
+
+# The built-in `recall` task (jaxrlhf.data.builtin) asks for one number: the last number in the response.
+RECALL_DATA_SOURCE = "jaxrlhf/recall"
+
+
+@register_reward(RECALL_DATA_SOURCE)
+def _recall(data_source, solution_str, ground_truth, extra_info=None):
+  return gsm8k.compute_score(solution_str, ground_truth, method="flexible")

@@ -49,6 +49,7 @@ def batch_metrics(rollout: dict, scored: dict, adv: dict, values, max_prompt_len
   metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + lengths_N.sum()).astype(jnp.float32)
   metrics["perf/decode_steps"] = jnp.asarray(rollout["decode_steps"], jnp.float32)
   metrics["reward/num_errors"] = scored["reward_errors"].sum()
+  metrics["reward/num_null_ground_truth"] = scored["null_ground_truths"].sum()
   for key, component_N in zip(component_keys, scored.get("reward_components", ())):
     metrics.update({f"gdpo/{key}/{name}": fn(component_N)
                     for name, fn in (("mean", jnp.mean), ("std", jnp.std), ("max", jnp.max), ("min", jnp.min))})

@@ -3,7 +3,8 @@
 `score_rollout` is the phase: rule reward and/or reward model, DAPO overlong shaping, the score on
 the last valid token. The rule reward is one `jax.pure_callback` per batch: decode every response
 (batched), look each row's data_source, ground truth and extra_info up by its `sample_index` in the
-host-side dataset, and score the whole batch with `jaxrlhf.rewards.score_batch`.
+host-side dataset, and score the whole batch with `jaxrlhf.rewards.score_batch`, in the trainer's
+process or in reward worker processes (`reward_scorer`: `reward_model.num_workers`, `timeout_s`).
 
 An exception in the callback reaches the host as a `JaxRuntimeError` whose text buries the reward
 function's message in XLA's traceback; `host_callback_errors` (around the code that runs a step)
@@ -15,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import threading
+import weakref
 from collections.abc import Callable
 
 import jax
@@ -29,7 +32,7 @@ from jaxrlhf.trainer.model_outputs import sequence_inputs
 from jaxrlhf.errors import UserError
 
 
-# Exceptions raised by reward callbacks, newest last; callbacks run on XLA's threads, hence the lock.
+# Exceptions raised by reward callbacks (Ctrl-C too), newest last; callbacks run on XLA's threads, hence the lock.
 _callback_errors: list[BaseException] = []
 _callback_errors_lock = threading.Lock()
 
@@ -60,16 +63,48 @@ def host_callback_errors():
     raise original from error
 
 
+def reward_scorer(reward_model_config, compute_score_fn: Callable | None) -> rewards.RewardScorer:
+  """Where the rule reward runs (`reward_model.num_workers`, `reward_model.timeout_s`); its worker processes
+  start at the first batch, and `close()` stops them."""
+  return rewards.RewardScorer(compute_score_fn, num_workers=reward_model_config.num_workers,
+                              timeout_s=reward_model_config.timeout_s)
+
+
+def _is_null(ground_truth) -> bool:
+  return ground_truth is None or (isinstance(ground_truth, float) and math.isnan(ground_truth))
+
+
+_ROWS_NAMED = 10  # a warning names this many rows with a null ground truth, then counts the rest
+_warned_datasets: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> dataset warned about
+
+
+def warn_null_ground_truths(dataset: PromptDataset) -> None:
+  """Once per dataset: which rows have a null `reward_model.ground_truth` (the built-in rules score them 0)."""
+  if _warned_datasets.get(id(dataset)) is dataset:
+    return
+  _warned_datasets[id(dataset)] = dataset
+  rows = [i for i, truth in enumerate(dataset.ground_truths) if _is_null(truth)]
+  if not rows:
+    return
+  named = ", ".join(f"row {i} (data_source {dataset.data_sources[i]!r})" for i in rows[:_ROWS_NAMED])
+  more = f" and {len(rows) - _ROWS_NAMED} more" if len(rows) > _ROWS_NAMED else ""
+  logging.warning("reward: %d of %d data rows have a null reward_model.ground_truth: %s%s. The reward function gets "
+                  "None for them (the built-in rules score 0); each step counts them in "
+                  "reward/num_null_ground_truth", len(rows), len(dataset), named, more)
+
+
 def decode_responses(tokenizer, responses_NxR: np.ndarray, response_mask_NxR: np.ndarray) -> list[str]:
   rows = [ids[mask > 0].tolist() for ids, mask in zip(np.asarray(responses_NxR), np.asarray(response_mask_NxR))]
   return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
-def score_on_host(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | None, on_error: str,
-                  responses_NxR, response_mask_NxR, sample_index_N, extra_keys=None, require_extra_keys=False):
-  """(scores_N, extras) of decoded responses by the rule reward (`rewards.score_batch`), each row looked
-  up by its `sample_index` in `dataset`. Validation calls it directly (every extra the reward returns);
-  the step through `make_reward_fn`'s callback."""
+def score_on_host(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | rewards.RewardScorer | None,
+                  on_error: str, responses_NxR, response_mask_NxR, sample_index_N, extra_keys=None,
+                  require_extra_keys=False):
+  """(scores_N, extras) of decoded responses by the rule reward (`rewards.score_batch`; a `RewardScorer`
+  says where it runs), each row looked up by its `sample_index` in `dataset`. Validation calls it directly
+  (every extra the reward returns); the step through `make_reward_fn`'s callback."""
+  warn_null_ground_truths(dataset)
   texts = decode_responses(tokenizer, responses_NxR, response_mask_NxR)
   rows = np.asarray(sample_index_N).tolist()
   return rewards.score_batch(
@@ -78,35 +113,40 @@ def score_on_host(tokenizer, dataset: PromptDataset, compute_score_fn: Callable 
       on_error=on_error)
 
 
-def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | None = None,
+def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | rewards.RewardScorer | None = None,
                    on_error: str = "raise", component_keys: tuple[str, ...] = ()):
   """Returns `reward_fn(responses_NxR, response_mask_NxR, sample_index_N) -> (scores_N, errors_N,
-  components_KxN)` (jittable).
+  null_ground_truths_N, components_KxN)` (jittable).
 
-  on_error="raise": a reward function that raises or returns a non-number fails the step, naming the
-  sample and its data_source; "zero": that sample scores 0 and errors_N marks it. `component_keys`
+  on_error="raise": a reward function that raises, exits, crashes, times out or returns a non-number fails
+  the step, naming the sample and its data_source; "zero": that sample scores 0 and errors_N marks it.
+  null_ground_truths_N marks the rows whose ground truth is null (warned about once, here). `component_keys`
   (GDPO's `algorithm.gdpo_reward_keys`): entries of the dict the reward function returns, one row of
   components_KxN each; every sample must return them all.
   """
+  warn_null_ground_truths(dataset)
 
   def host_score(responses_NxR, response_mask_NxR, sample_index_N):
     try:
       scores_N, extras = score_on_host(tokenizer, dataset, compute_score_fn, on_error, responses_NxR,
                                        response_mask_NxR, sample_index_N, extra_keys=component_keys,
                                        require_extra_keys=True)
-    except Exception as error:
+    except BaseException as error:  # KeyboardInterrupt too: Ctrl-C during scoring stops the run as Ctrl-C
       with _callback_errors_lock:
         _callback_errors.append(error)
       raise
     errors_N = extras.get(rewards.ERROR_KEY, np.zeros_like(scores_N))
+    null_ground_truths_N = np.array([_is_null(dataset.ground_truths[i]) for i in np.asarray(sample_index_N)],
+                                    np.float32)
     components_KxN = np.stack([extras[key] for key in component_keys]) if component_keys else (
         np.zeros((0, len(scores_N)), np.float32))
-    return scores_N.astype(np.float32), errors_N.astype(np.float32), components_KxN.astype(np.float32)
+    return (scores_N.astype(np.float32), errors_N.astype(np.float32), null_ground_truths_N,
+            components_KxN.astype(np.float32))
 
   def reward_fn(responses_NxR, response_mask_NxR, sample_index_N):
     num_rows = responses_NxR.shape[0]
     row = jax.ShapeDtypeStruct((num_rows,), jnp.float32)
-    result = (row, row, jax.ShapeDtypeStruct((len(component_keys), num_rows), jnp.float32))
+    result = (row, row, row, jax.ShapeDtypeStruct((len(component_keys), num_rows), jnp.float32))
     return jax.pure_callback(host_score, result, responses_NxR, response_mask_NxR, sample_index_N,
                              vmap_method="sequential")
 
@@ -130,36 +170,40 @@ def model_scores(reward_model_config, reward_model: Decoder | None, reward_param
 
 def sequence_scores(reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params,
                     prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR, sample_index_N):
-  """(scores_N, errors_N, components_KxN): the rule reward, the reward model's score, or
-  (combine_with_rule) their sum; the rule reward's components (GDPO), K = 0 without.
+  """(scores_N, errors_N, null_ground_truths_N, components_KxN): the rule reward, the reward model's score,
+  or (combine_with_rule) their sum; the rule reward's failed samples, rows with a null ground truth and
+  components (GDPO), K = 0 without.
 
   `reward_model_config`: the config's `reward_model` section; `reward_fn` as made by `make_reward_fn`.
   """
   zeros_N = jnp.zeros(responses_NxR.shape[:1], jnp.float32)
-  scores_N, errors_N, components_KxN = zeros_N, zeros_N, jnp.zeros((0,) + zeros_N.shape, jnp.float32)
+  scores_N, errors_N, null_ground_truths_N = zeros_N, zeros_N, zeros_N
+  components_KxN = jnp.zeros((0,) + zeros_N.shape, jnp.float32)
   if uses_rule_reward(reward_model_config):
-    scores_N, errors_N, components_KxN = reward_fn(responses_NxR, response_mask_NxR, sample_index_N)
+    scores_N, errors_N, null_ground_truths_N, components_KxN = reward_fn(responses_NxR, response_mask_NxR,
+                                                                         sample_index_N)
   scores_N = scores_N + model_scores(reward_model_config, reward_model, reward_params, prompts_NxP, prompt_mask_NxP,
                                      responses_NxR, response_mask_NxR)
-  return scores_N, errors_N, components_KxN
+  return scores_N, errors_N, null_ground_truths_N, components_KxN
 
 
 def score_rollout(reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params,
                   rollout: dict) -> dict:
   """The step's reward phase: sequence scores (+ DAPO overlong penalty) placed on the last valid token.
 
-  Returns `scores` [N], `reward_errors` [N], `token_level_scores` [N, R], for GDPO the rule reward's
-  `reward_components` [K, N], and for ReMax the greedy baseline's `reward_baselines` [N].
+  Returns `scores` [N], `reward_errors` [N], `null_ground_truths` [N], `token_level_scores` [N, R], for GDPO
+  the rule reward's `reward_components` [K, N], and for ReMax the greedy baseline's `reward_baselines` [N].
   """
   responses_NxR, response_mask_NxR = rollout["responses"], rollout["response_mask"]
   score = functools.partial(sequence_scores, reward_model_config, reward_fn, reward_model, reward_params,
                             rollout["prompts"], rollout["prompt_mask"])
-  scores_N, errors_N, components_KxN = score(responses_NxR, response_mask_NxR, rollout["sample_index"])
+  scores_N, errors_N, null_ground_truths_N, components_KxN = score(responses_NxR, response_mask_NxR,
+                                                                   rollout["sample_index"])
   overlong = reward_model_config.overlong_buffer
   if overlong.enable:
     scores_N = scores_N + algos.overlong_penalty(response_mask_NxR.sum(axis=1), responses_NxR.shape[1],
                                                  overlong.len, overlong.penalty_factor)
-  out = {"scores": scores_N, "reward_errors": errors_N,
+  out = {"scores": scores_N, "reward_errors": errors_N, "null_ground_truths": null_ground_truths_N,
          "token_level_scores": algos.place_scores_on_last_token(scores_N, response_mask_NxR)}
   if components_KxN.shape[0]:
     out["reward_components"] = components_KxN

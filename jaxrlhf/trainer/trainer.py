@@ -36,8 +36,8 @@ from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
 from jaxrlhf.trainer.program import build_program, model_configs
 from jaxrlhf.trainer.run_lock import RunLock
-from jaxrlhf.trainer.reward import (decode_responses, host_callback_errors, make_reward_fn, score_on_host,
-                                    uses_rule_reward)
+from jaxrlhf.trainer.reward import (decode_responses, host_callback_errors, make_reward_fn, reward_scorer,
+                                    score_on_host, uses_rule_reward)
 from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
 from jaxrlhf.trainer.state import TrainState
 from jaxrlhf.validate import check_data_sources_known, validate_run
@@ -93,7 +93,8 @@ class Trainer:
     pad_id = pad_token_id(self.tokenizer, eos_ids)
     # GDPO's reward components: entries of the dict the reward function returns, one advantage each.
     components = tuple(config.algorithm.gdpo_reward_keys or ()) if config.algorithm.adv_estimator == "gdpo" else ()
-    reward_fn = make_reward_fn(self.tokenizer, self.train_data, compute_score, config.reward_model.on_error,
+    self.reward_scorer = reward_scorer(config.reward_model, compute_score)  # in this process or in workers
+    reward_fn = make_reward_fn(self.tokenizer, self.train_data, self.reward_scorer, config.reward_model.on_error,
                                components)
     self.program = build_program(config, self.mesh, model_config=self.model_config,
                                  critic_model_config=self.critic_model_config,
@@ -403,7 +404,7 @@ class Trainer:
     variables = {}
     if uses_rule_reward(self.config.reward_model):
       # On the host, with every entry the reward function returns (verl's validation variables).
-      rule_scores, variables = score_on_host(self.tokenizer, data, self.compute_score,
+      rule_scores, variables = score_on_host(self.tokenizer, data, self.reward_scorer,
                                              self.config.reward_model.on_error, responses, masks,
                                              np.repeat(np.arange(len(data)), n))
       variables.pop(rewards.ERROR_KEY, None)
@@ -438,6 +439,7 @@ class Trainer:
       with StopSignal() as stop:
         return self._fit(config, stop)
     finally:
+      self.reward_scorer.close()  # stops its reward worker processes, if any (another fit() starts them again)
       if jax.process_index() == 0:
         self.run_lock.release()
 

@@ -98,7 +98,9 @@ def test_reward_callback_decodes_and_scores_by_sample_index(tmp_path, tokenizer)
   mask = np.ones_like(responses)
   assert decode_responses(tokenizer, responses, mask) == ["#### 7", "#### 5"]
   reward_fn = jax.jit(make_reward_fn(tokenizer, dataset))
-  scores, errors, components = reward_fn(jnp.asarray(responses), jnp.asarray(mask), jnp.asarray([0, 1], jnp.int32))
+  scores, errors, null_ground_truths, components = reward_fn(jnp.asarray(responses), jnp.asarray(mask),
+                                                             jnp.asarray([0, 1], jnp.int32))
+  np.testing.assert_array_equal(np.asarray(null_ground_truths), [0.0, 0.0])
   assert components.shape == (0, 2)  # no GDPO reward components asked for
   np.testing.assert_array_equal(np.asarray(errors), [0.0, 0.0])
   np.testing.assert_array_equal(np.asarray(scores), [1.0, 0.0])

@@ -1,0 +1,70 @@
+"""Scoring one sample: the reward function's call and the checks on what it returns.
+
+The same code runs in the trainer's process and in a reward worker process (`rewards.workers`), so a
+sample's score, extras and error text do not depend on where it was scored. A failure is data here
+(`SampleResult.error`, one line of text), not an exception: a worker sends it back through a pipe, and
+`score_batch` decides what it means (`reward_model.on_error`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Optional
+
+import numpy as np
+
+from jaxrlhf.rewards.registry import UnknownDataSourceError, normalize_result
+
+
+class SampleResult(NamedTuple):
+  """`score` and `extras` (numbers as float, text as str) when the function succeeded; else `error`, what
+  happened ("ValueError: ...", "timed out after 5.0 s", "exited with status 1"), and score 0.
+  `unknown_data_source`: the registry's message for a data_source nothing scores (a data error, never a
+  sample's: it always raises)."""
+  score: float = 0.0
+  extras: dict = {}
+  error: Optional[str] = None
+  unknown_data_source: Optional[str] = None
+
+
+def failed(what: str) -> SampleResult:
+  return SampleResult(error=what)
+
+
+def score_sample(fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any,
+                 extra_info: Optional[dict]) -> SampleResult:
+  """Calls `fn` as verl calls a reward function (keywords) and checks its result.
+
+  An exception, `sys.exit` or a result that is not a finite number (or a dict with one under "score")
+  gives `error`; KeyboardInterrupt propagates (Ctrl-C stops the run, it is not the sample's failure).
+  """
+  try:
+    result = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                extra_info=extra_info)
+    score, extras = _split_result(result, data_source)
+  except UnknownDataSourceError as error:
+    return SampleResult(unknown_data_source=str(error))
+  except SystemExit as error:
+    return failed(f"called sys.exit({error.code!r})" if error.code is not None else "called sys.exit()")
+  except Exception as error:
+    return failed(f"{type(error).__name__}: {error}")
+  return SampleResult(score, extras)
+
+
+def _split_result(result: Any, data_source: str) -> tuple[float, dict]:
+  result = normalize_result(result, data_source)
+  if isinstance(result, dict):
+    score = normalize_result(result["score"], data_source)
+    if isinstance(score, dict):
+      raise TypeError(f"reward function for data_source {data_source!r} returned a dict as its 'score'")
+    extras = {key: float(value) if _is_number(value) else value for key, value in result.items()
+              if key != "score" and (_is_number(value) or isinstance(value, str))}
+  else:
+    score, extras = result, {}
+  if not math.isfinite(score):
+    raise ValueError(f"reward function for data_source {data_source!r} returned a non-finite score {score}")
+  return score, extras
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
