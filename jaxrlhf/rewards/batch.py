@@ -9,6 +9,7 @@ sample, kept across batches.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -59,13 +60,15 @@ class RewardScorer:
       num_workers = 0
     self.num_workers, self.timeout_s = num_workers, timeout_s
     self._pool: Optional[WorkerPool] = None
+    self._lock = threading.Lock()  # one batch at a time through the pool, whichever thread calls
     self._said_in_process: set[str] = set()
 
   def close(self) -> None:
     """Stops the worker processes (if any)."""
-    if self._pool is not None:
-      self._pool.close()
-      self._pool = None
+    with self._lock:
+      if self._pool is not None:
+        self._pool.close()
+        self._pool = None
 
   def where(self) -> str:
     return f"{self.num_workers} worker processes" if self.num_workers else "in this process"
@@ -74,6 +77,10 @@ class RewardScorer:
     """One result per `(data_source, solution_str, ground_truth, extra_info)` sample. With
     `stop_at_error` scoring stops at the first failed sample (the samples not scored are None); an
     unknown data_source always stops it."""
+    with self._lock:
+      return self._score(samples, stop_at_error)
+
+  def _score(self, samples: Sequence[tuple], stop_at_error: bool) -> list[Optional[SampleResult]]:
     progress = _Progress(len(samples), self.where())
     results: list[Optional[SampleResult]] = [None] * len(samples)
     in_process = list(range(len(samples)))

@@ -121,7 +121,7 @@ class WorkerPool:
     self._fill()
     while not any(w.ready for w in self._workers):
       self._wait(_POLL_S)
-      self._receive_all({}, stop_at_error=False)
+      self._receive_all({})
       on_wait()
     return self._served
 
@@ -138,11 +138,11 @@ class WorkerPool:
       while len(results) < len(items):
         self._fill()
         now = time.monotonic()
-        for worker in self._workers:
+        for worker in list(self._workers):
           if worker.ready and not worker.chunk and pending:
-            self._send(worker, pending.popleft(), now)
+            self._send(worker, pending, now)
         self._wait(self._next_deadline(now) - now)
-        if self._receive_all(results, stop_at_error, pending):
+        if self._receive_all(results, pending):
           return results
         self._enforce_timeouts(results, pending)
         on_progress(results)
@@ -154,12 +154,16 @@ class WorkerPool:
         if worker.chunk:
           self._retire(worker)
 
-  def _send(self, worker: _Worker, chunk: collections.deque, now: float) -> None:
-    worker.chunk, worker.since = chunk, now
+  def _send(self, worker: _Worker, pending: collections.deque, now: float) -> None:
+    """Hands `worker` the next chunk; one that died while idle hands it back and is retired (not blamed)."""
+    chunk = pending.popleft()
     try:
       worker.conn.send((self._batch, list(chunk)))
-    except (BrokenPipeError, ConnectionResetError, EOFError):
-      pass  # it died: _receive_all finds out and hands the chunk on
+    except OSError:
+      pending.appendleft(chunk)
+      self._retire(worker)
+      return
+    worker.chunk, worker.since = chunk, now
 
   def _next_deadline(self, now: float) -> float:
     deadline = now + _POLL_S
@@ -173,7 +177,7 @@ class WorkerPool:
     handles = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
     multiprocessing.connection.wait(handles, timeout=max(0.0, seconds))
 
-  def _receive_all(self, results: dict, stop_at_error: bool, pending: Optional[collections.deque] = None) -> bool:
+  def _receive_all(self, results: dict, pending: Optional[collections.deque] = None) -> bool:
     """Reads every worker's messages into `results`; replaces the dead. True: stop (unknown data_source)."""
     stop = False
     for worker in list(self._workers):
@@ -240,7 +244,12 @@ class WorkerPool:
 # Closed before multiprocessing's own exit handler (atexit runs the last registered first), which would
 # otherwise wait for workers that nobody told to stop.
 _OPEN_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
-atexit.register(lambda: [pool.close() for pool in list(_OPEN_POOLS)])
+
+
+@atexit.register
+def _close_open_pools() -> None:
+  for pool in list(_OPEN_POOLS):
+    pool.close()
 
 
 def _kill(worker: _Worker) -> None:
