@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 SEQUENCE_AXIS = "sp"  # the mesh axis sequence parallelism splits sequences over (`parallel/mesh.py`)
 TENSOR_AXIS = "tensor"
+DATA_AXIS = "data"
 _TENSOR_SPLIT = ("heads", "kv_heads", "mlp", "vocab")  # logical axes of activations split over `tensor`
 
 
@@ -47,10 +48,15 @@ class ActivationLayout:
   mesh: Mesh
 
   @property
+  def fsdp_axes(self) -> tuple[str, ...]:
+    """The sub-axes of the user's fsdp axis, outer first: every axis but data and tensor (`fsdp` alone, or
+    refined by `sp` / `rollout_tp`: `parallel.mesh`)."""
+    return tuple(axis for axis in self.mesh.axis_names if axis not in (DATA_AXIS, TENSOR_AXIS))
+
+  @property
   def row_axes(self) -> tuple[str, ...]:
-    """The mesh axes rows are split over: the batch's (data, fsdp), fsdp meaning (fsdp, sp) on a mesh with
-    an `sp` axis (`parallel.mesh.fsdp_axes`)."""
-    return ("data", "fsdp") + ((SEQUENCE_AXIS,) if SEQUENCE_AXIS in self.mesh.axis_names else ())
+    """The mesh axes rows are split over: the batch's (data, fsdp), fsdp meaning all its sub-axes."""
+    return (DATA_AXIS,) + self.fsdp_axes
 
   def _rows(self, rows: int):
     """The largest prefix of `row_axes` that divides `rows` (the rest of the axes hold copies)."""

@@ -526,6 +526,30 @@ def init_cache(config: DecoderConfig, batch: int, max_length: int):
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
+def kv_heads_repeated(config: DecoderConfig, repeat: int) -> DecoderConfig:
+  """`config` with `repeat` copies of each key/value head: the model that reads `repeat_kv_heads`' weights."""
+  group = config.num_attention_heads // config.num_key_value_heads
+  if group % repeat:
+    raise ValueError(f"{repeat} copies of each key/value head must divide its {group} query heads")
+  return dataclasses.replace(config, num_key_value_heads=config.num_key_value_heads * repeat)
+
+
+def repeat_kv_heads(params, config: DecoderConfig, repeat: int):
+  """`params` of `config` (lm head) with each key/value head repeated `repeat` times: the same model as
+  `kv_heads_repeated(config, repeat)`, whose key/value heads then split over more devices.
+
+  Head k's copies are k * repeat .. k * repeat + repeat - 1, so query head q, which reads head q // G, reads
+  copy q // (G / repeat) of it: the same keys and values (as the Ulysses path repeats them,
+  `models/sequence_parallel.py`). `repeat` must divide G. Every weight with a `kv_heads` axis is repeated
+  (k/v projections and their biases); nothing else changes.
+  """
+  if repeat == 1:
+    return params
+  _, logical = abstract_params(Decoder(dataclasses.replace(config, lora_rank=0), head="lm"))
+  return jax.tree.map(lambda names, x: jnp.repeat(x, repeat, axis=names.index("kv_heads")) if "kv_heads" in names
+                      else x, logical, params, is_leaf=lambda x: isinstance(x, tuple))
+
+
 def params_for(config: DecoderConfig, params):
   """`params` in the layer layout of `config` (`scan_layers`), converting a tree in the other one
   (e.g. from a checkpoint written before the layer scan)."""

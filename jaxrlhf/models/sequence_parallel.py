@@ -19,7 +19,9 @@ The `sp` axis is a sub-axis of FSDP: the user's `mesh.fsdp` devices are laid out
 (`parallel.mesh.make_mesh`), parameters stay split over both (the layouts read `fsdp` as the pair), and
 only these activations tell the two apart. A sequence-parallel group is therefore `sp` neighbouring
 FSDP devices that work on the same rows; the rows of a micro-batch are split over the rest
-(`data` x `fsdp`), verl's data-parallel size world / sp.
+(`data` x `fsdp`), verl's data-parallel size world / sp. When generation's tensor parallelism also takes
+a sub-axis of fsdp smaller than sp (`rollout_tp`, innermost), the group is the pair (`sp`, `rollout_tp`):
+the sequence axes are the fsdp sub-axes from `sp` inward (`sequence_axes`), the rows' those before it.
 """
 
 from __future__ import annotations
@@ -47,12 +49,24 @@ class SequenceParallel(ActivationLayout):
       raise ValueError(f"sequence parallelism needs a mesh with an '{SEQUENCE_AXIS}' axis, got {self.mesh.axis_names}")
 
   @property
+  def sequence_axes(self) -> tuple[str, ...]:
+    """The fsdp sub-axes a sequence is split over: ("sp",), or ("sp", "rollout_tp") (`parallel.mesh`)."""
+    axes = self.fsdp_axes
+    return axes[axes.index(SEQUENCE_AXIS):]
+
+  @property
   def size(self) -> int:
-    return self.mesh.shape[SEQUENCE_AXIS]
+    return math.prod(self.mesh.shape[axis] for axis in self.sequence_axes)
 
   @property
   def row_axes(self) -> tuple[str, ...]:
-    return ("data", "fsdp")  # a sequence-parallel group's rows: the mesh's data-parallel part
+    """A sequence-parallel group's rows: the mesh's data-parallel part (data and fsdp's outer sub-axes)."""
+    return ("data",) + self.fsdp_axes[:self.fsdp_axes.index(SEQUENCE_AXIS)]
+
+  @property
+  def _sequence_spec(self):
+    """The sequence axes as one PartitionSpec entry."""
+    return self.sequence_axes[0] if len(self.sequence_axes) == 1 else self.sequence_axes
 
   def padded_length(self, length: int) -> int:
     """The length rounded up to a multiple of `size` (shard_map needs equal shards)."""
@@ -60,7 +74,7 @@ class SequenceParallel(ActivationLayout):
 
   def _axis(self, name, dim: int):
     if name == "length":
-      return SEQUENCE_AXIS if dim % self.size == 0 else None
+      return self._sequence_spec if dim % self.size == 0 else None
     return super()._axis(name, dim)
 
   def attention(self, core: Callable, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL,
@@ -81,11 +95,11 @@ class SequenceParallel(ActivationLayout):
 
     def local(q, k, v, kv_mask, segment_ids, window_on):
       # [b, L/sp, K/t, ...] -> [b, L, K/(t*sp), ...]: split the heads, gather the length.
-      to_heads = lambda x: jax.lax.all_to_all(x, SEQUENCE_AXIS, 2, 1, tiled=True)
+      to_heads = lambda x: jax.lax.all_to_all(x, self.sequence_axes, 2, 1, tiled=True)
       out = core(to_heads(q), to_heads(k), to_heads(v), kv_mask, segment_ids, window_on)
-      return jax.lax.all_to_all(out, SEQUENCE_AXIS, 1, 2, tiled=True)
+      return jax.lax.all_to_all(out, self.sequence_axes, 1, 2, tiled=True)
 
-    length_split = PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), SEQUENCE_AXIS, "tensor")
+    length_split = PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), self._sequence_spec, "tensor")
     return self._shard_attention(local, length_split, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL,
                                  segment_ids_BxL, window_on)
 

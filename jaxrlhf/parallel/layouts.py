@@ -2,13 +2,16 @@
 
 Train layout: parameters (and optimizer moments) split over `fsdp` on the embed dim and over
 `tensor` on heads / mlp / vocab; batch over `(data, fsdp)`.
-Generation layout: parameters gathered over `fsdp`, still split over `tensor`; batch over
-`(data, fsdp)`; KV cache split by batch and kv-heads. When the rollout asks for more tensor
-parallelism (`rollout.tensor_model_parallel_size = fsdp * tensor`), heads / mlp / vocab are split over
-`(fsdp, tensor)` and the batch over `data` only.
+Generation layout: parameters gathered over `fsdp`'s data-parallel part, split over `tensor` and the
+rollout TP part of `fsdp`; batch over `data` x the data-parallel part; KV cache split by batch and
+kv-heads. With `rollout.tensor_model_parallel_size` = k <= mesh.tensor the rollout TP part is empty
+(generation TP = training TP: parameters gathered over all of fsdp); with k > mesh.tensor (verl's
+inference-engine TP, wider than training's) it is a sub-axis of k / tensor fsdp devices (`mesh.py`), so
+heads / mlp / vocab are split k ways and the batch over the other data x fsdp / (k / tensor) devices.
 
-On a sequence-parallel mesh (`mesh.py`) the rules' `fsdp` means the axes (fsdp, sp) together: the
-helpers below expand it, so the tables are written once for both meshes.
+The rules name parts of the user's fsdp axis, which the mesh may refine into sub-axes (`mesh.py`), and
+the helpers below expand them: `fsdp` is all of it (the train layout is the same on every mesh),
+`fsdp:rollout_tp` its generation TP part, `fsdp:rollout_dp` the rest.
 
 A parameter dimension that its mesh axes do not divide is an error naming the parameter, the
 dimension and the sizes. Activations and batches are more forgiving: an axis that does not divide
@@ -17,12 +20,19 @@ a batch dimension is dropped for that array (small decode batches stay valid).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrlhf.errors import UserError
-from jaxrlhf.parallel.mesh import fsdp_axes, fsdp_size
+from jaxrlhf.parallel.mesh import (ROLLOUT_TP_KEY, fsdp_axes, rollout_dp_axes, rollout_tensor_parallel_size,
+                                   rollout_tp_axes)
+
+ROLLOUT_TP = "fsdp:rollout_tp"  # the fsdp devices generation splits heads / mlp / vocab over, with tensor
+ROLLOUT_DP = "fsdp:rollout_dp"  # the other fsdp devices: with data they split generation's batch
+_PARTS = {"fsdp": fsdp_axes, ROLLOUT_TP: rollout_tp_axes, ROLLOUT_DP: rollout_dp_axes}
 
 BATCH_AXES = ("data", "fsdp")
 
@@ -39,29 +49,32 @@ TRAIN_RULES = (
 )
 
 GENERATION_RULES = (
-    ("batch", BATCH_AXES),
+    ("batch", ("data", ROLLOUT_DP)),
     ("embed", None),
-    ("vocab", "tensor"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
+    ("vocab", (ROLLOUT_TP, "tensor")),
+    ("mlp", (ROLLOUT_TP, "tensor")),
+    ("heads", (ROLLOUT_TP, "tensor")),
+    ("kv_heads", (ROLLOUT_TP, "tensor")),
     ("head_dim", None),
     ("length", None),
     ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
 )
 
-# Generation with tensor parallelism over fsdp x tensor: every model-parallel dim uses both axes.
-GENERATION_WIDE_TP_RULES = (
-    ("batch", "data"),
-    ("embed", None),
-    ("vocab", ("fsdp", "tensor")),
-    ("mlp", ("fsdp", "tensor")),
-    ("heads", ("fsdp", "tensor")),
-    ("kv_heads", ("fsdp", "tensor")),
-    ("head_dim", None),
-    ("length", None),
-    ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
-)
+
+
+def with_rules(rules, **changes):
+  """`rules` with some logical axes mapped elsewhere."""
+  return tuple((name, changes.get(name, axes)) for name, axes in rules)
+
+
+# Train -> generation in steps XLA moves efficiently (from the train layout straight to the generation one,
+# its partitioner gathers each whole parameter on every device first, "involuntary full rematerialization"):
+# first the rollout TP part of fsdp moves from the embed dim to the heads / mlp / vocab dim (an all-to-all,
+# each device still holding 1 / fsdp of a weight), then the rest of fsdp is gathered (an all-gather).
+GENERATION_STAGING_RULES = with_rules(GENERATION_RULES, embed=ROLLOUT_DP)
+# Key/value weights whose heads generation repeats (`generation_kv_repeat`) are first gathered over the rollout
+# TP part of fsdp (their heads split only over tensor, as in training), then repeated.
+GENERATION_KV_STAGING_RULES = with_rules(GENERATION_RULES, embed=ROLLOUT_DP, kv_heads="tensor")
 
 
 class ShardingError(UserError, ValueError):
@@ -69,15 +82,27 @@ class ShardingError(UserError, ValueError):
 
 
 def generation_rules(mesh: Mesh, tensor_model_parallel_size: int):
-  """The generation layout for `rollout.tensor_model_parallel_size` on this mesh."""
-  tensor, fsdp = mesh.shape["tensor"], fsdp_size(mesh)
-  if tensor_model_parallel_size <= tensor:
-    return GENERATION_RULES
-  if tensor_model_parallel_size == tensor * fsdp:
-    return GENERATION_WIDE_TP_RULES
-  raise ShardingError(
-      f"actor_rollout_ref.rollout.tensor_model_parallel_size={tensor_model_parallel_size} must be <= "
-      f"mesh.tensor={tensor} (generation TP = training TP) or mesh.fsdp*mesh.tensor={fsdp * tensor}")
+  """The generation layout for `rollout.tensor_model_parallel_size` on this mesh, which must have been built
+  for it (`mesh.mesh_from_config` / `make_mesh(..., rollout_tensor_parallel=k)`)."""
+  k, tensor = int(tensor_model_parallel_size), mesh.shape["tensor"]
+  if rollout_tensor_parallel_size(mesh) != max(k, tensor):
+    raise ShardingError(
+        f"{ROLLOUT_TP_KEY}={k}: the mesh {dict(mesh.shape)} splits generation over "
+        f"{rollout_tensor_parallel_size(mesh)} devices; build it with make_mesh(..., rollout_tensor_parallel={k})")
+  return GENERATION_RULES
+
+
+def generation_kv_repeat(mesh: Mesh, num_attention_heads: int, num_key_value_heads: int) -> int:
+  """How many copies of each key/value head generation keeps so that its heads split over the rollout TP
+  devices (`parallel.mesh.rollout_tensor_parallel_size`, k): k / gcd(K, k). 1 when k divides K (the train
+  layout already needs `tensor` to divide K). Qwen2-72B's 8 at k = 16: 2 copies each, one per device. The
+  query heads must split k ways (then the copies divide each query group)."""
+  k = rollout_tensor_parallel_size(mesh)
+  if num_attention_heads % k:
+    raise ShardingError(f"{ROLLOUT_TP_KEY}: generation splits the model's num_attention_heads="
+                        f"{num_attention_heads} over {k} devices (mesh {dict(mesh.shape)}); choose a size that "
+                        "divides them")
+  return k // math.gcd(num_key_value_heads, k)
 
 
 def rule_table(rules) -> dict:
@@ -95,13 +120,13 @@ def _axis_size(mesh: Mesh, axes) -> int:
 
 
 def _on_mesh(axes, mesh: Mesh):
-  """`axes` of a rule with `fsdp` expanded to the mesh's fsdp axes (module docstring)."""
-  expanded = tuple(a for axis in _as_tuple(axes) for a in (fsdp_axes(mesh) if axis == "fsdp" else (axis,)))
+  """`axes` of a rule with the parts of fsdp expanded to the mesh's axes (module docstring)."""
+  expanded = tuple(a for axis in _as_tuple(axes) for a in (_PARTS[axis](mesh) if axis in _PARTS else (axis,)))
   return None if not expanded else (expanded[0] if len(expanded) == 1 else expanded)
 
 
 def mesh_spec(spec: PartitionSpec, mesh: Mesh) -> PartitionSpec:
-  """A spec written with the rules' axis names, on `mesh` (`fsdp` expanded on a sequence-parallel mesh)."""
+  """A spec written with the rules' axis names, on `mesh` (the parts of fsdp expanded)."""
   return PartitionSpec(*(_on_mesh(axes, mesh) for axes in spec))
 
 

@@ -3,9 +3,11 @@
 One step's round trip (DESIGN.md "Mesh and layouts"):
 
     train layout: params FSDP+TP (`actor_train`), batch over (data, fsdp)
-      -> rollout:  `to_generation(params)`        gathered over fsdp, split over tensor
+      -> rollout:  `to_generation(params)`        key/value heads repeated `generation_kv_repeat` times,
+                                                   gathered over fsdp's data-parallel part, split over
+                                                   the rollout TP devices (tensor x fsdp's rollout_tp)
                    `to_generation_batch(prompts)`  batch over the generation rules' batch axes
-                   `constrain_cache(cache)`        KV cache by batch and kv-heads
+                   `constrain_cache(cache)`        KV cache by batch and (repeated) kv-heads
       -> the rest: `to_train(responses, ...)`      back to the train batch layout; the gathered
                                                    generation copy dies with the rollout
 Offload (`memory_kind='pinned_host'`): `fetch(tree, layouts.ref_device)` brings the reference, the
@@ -22,17 +24,24 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, Decoder, abstract_adapters, abstract_params
+from jaxrlhf.models.decoder import (CACHE_LOGICAL_AXES, Decoder, abstract_adapters, abstract_params,
+                                    kv_heads_repeated, repeat_kv_heads)
 from jaxrlhf.models.lora import critic_trained, split_value_head
-from jaxrlhf.parallel.layouts import (TRAIN_RULES, activation_sharding, batch_sharding, generation_rules,
-                                      logical_to_shardings)
+from jaxrlhf.parallel.layouts import (GENERATION_KV_STAGING_RULES, GENERATION_STAGING_RULES, TRAIN_RULES,
+                                      ShardingError, activation_sharding, batch_sharding, generation_kv_repeat,
+                                      generation_rules, logical_to_shardings)
+from jaxrlhf.parallel.mesh import ROLLOUT_TP_KEY
 
 
 @dataclasses.dataclass(frozen=True)
 class StepLayouts:
   mesh: Mesh | None = None
   actor_train: Any = None  # trees of NamedSharding, one per parameter
-  actor_generation: Any = None
+  actor_generation: Any = None  # of the rollout model's parameters (key/value heads repeated)
+  # The steps from the train layout to `actor_generation` (`layouts.GENERATION_STAGING_RULES`): before the
+  # key/value heads are repeated (only with copies; the other weights as in training), and after.
+  actor_kv_staging: Any = None
+  actor_generation_staging: Any = None
   actor_adapters: Any = None  # LoRA adapters in the train layout (None without LoRA)
   critic_train: Any = None  # the critic's whole tree, value head included
   # Critic LoRA: {"lora": adapters, "head": value head} in the train layout (`TrainState.critic_adapters`);
@@ -40,6 +49,9 @@ class StepLayouts:
   critic_adapters: Any = None
   reward_train: Any = None
   generation_rules: tuple = ()
+  # Copies of each key/value head in the generation layout (1, or more where the rollout TP devices
+  # outnumber the heads: `layouts.generation_kv_repeat`); the rollout model has K x this many.
+  generation_kv_repeat: int = 1
   # Offload: device-memory shardings to fetch into, host ones to return to (None: nothing offloaded).
   ref_device: Any = None
   actor_device: Any = None
@@ -52,11 +64,16 @@ class StepLayouts:
       return tree
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding_of(x.shape)), tree)
 
-  def to_generation(self, params):
-    """The actor's parameters in the generation layout (XLA inserts the all-gathers)."""
+  def to_generation(self, params, model_config):
+    """The actor's parameters (of `model_config`) in the generation layout, key/value heads repeated
+    (`generation_kv_repeat`); XLA inserts the all-to-alls and all-gathers."""
+    constrain = jax.lax.with_sharding_constraint
+    if self.actor_kv_staging is not None:
+      params = constrain(params, self.actor_kv_staging)
+    params = repeat_kv_heads(params, model_config, self.generation_kv_repeat)
     if self.actor_generation is None:
       return params
-    return jax.lax.with_sharding_constraint(params, self.actor_generation)
+    return constrain(constrain(params, self.actor_generation_staging), self.actor_generation)
 
   def to_generation_batch(self, tree):
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape, dict(self.generation_rules)["batch"]))
@@ -141,7 +158,20 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
     return logical_to_shardings(logical, shapes, mesh, TRAIN_RULES)
 
   gen_rules = generation_rules(mesh, config.actor_rollout_ref.rollout.tensor_model_parallel_size)
+  kv_repeat = generation_kv_repeat(mesh, model_config.num_attention_heads, model_config.num_key_value_heads)
   actor_shapes, actor_logical = abstract_params(Decoder(model_config, head="lm"))
+  rollout_shapes, rollout_logical = abstract_params(Decoder(kv_heads_repeated(model_config, kv_repeat), head="lm"))
+  try:
+    actor_generation = logical_to_shardings(rollout_logical, rollout_shapes, mesh, gen_rules)
+  except ShardingError as e:
+    raise ShardingError(f"{e} (the generation layout of {ROLLOUT_TP_KEY}="
+                        f"{config.actor_rollout_ref.rollout.tensor_model_parallel_size})") from None
+  actor_train = logical_to_shardings(actor_logical, actor_shapes, mesh, TRAIN_RULES)
+  actor_kv_staging = None
+  if kv_repeat > 1:
+    kv_gathered = logical_to_shardings(actor_logical, actor_shapes, mesh, GENERATION_KV_STAGING_RULES)
+    actor_kv_staging = jax.tree.map(lambda names, gathered, train: gathered if "kv_heads" in names else train,
+                                    actor_logical, kv_gathered, actor_train, is_leaf=lambda x: isinstance(x, tuple))
   # Adapters follow their kernel's rules (A [D, r] over fsdp like the kernel's D); the rank is replicated.
   adapter_shapes, adapter_logical = abstract_adapters(Decoder(model_config, head="lm"))
   critic_train = train_shardings(critic_model_config, "value")
@@ -154,9 +184,12 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
       actor_adapters=(logical_to_shardings(adapter_logical, adapter_shapes, mesh, TRAIN_RULES)
                       if adapter_shapes is not None else None),
       mesh=mesh,
-      actor_train=logical_to_shardings(actor_logical, actor_shapes, mesh, TRAIN_RULES),
-      actor_generation=logical_to_shardings(actor_logical, actor_shapes, mesh, gen_rules),
+      actor_train=actor_train,
+      actor_generation=actor_generation,
+      actor_kv_staging=actor_kv_staging,
+      actor_generation_staging=logical_to_shardings(rollout_logical, rollout_shapes, mesh, GENERATION_STAGING_RULES),
       critic_train=critic_train,
       critic_adapters=critic_adapters,
       reward_train=train_shardings(reward_model_config, "reward") if reward_model_config is not None else None,
-      generation_rules=gen_rules)
+      generation_rules=gen_rules,
+      generation_kv_repeat=kv_repeat)

@@ -8,7 +8,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating
+from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating, kv_heads_repeated
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams, generate
@@ -20,7 +20,10 @@ class Generation:
   def __init__(self, config, model_config: DecoderConfig, sampling: SamplingParams, layouts: StepLayouts):
     self.config = config
     self.rollout_dtype = config.actor_rollout_ref.rollout.dtype or model_config.dtype
-    self.rollout_actor = Decoder(dataclasses.replace(model_config, dtype=self.rollout_dtype), head="lm")
+    self.model_config = model_config
+    # With more rollout TP devices than key/value heads, the rollout model has copies of them (`StepLayouts`).
+    self.rollout_actor = Decoder(dataclasses.replace(kv_heads_repeated(model_config, layouts.generation_kv_repeat),
+                                                     dtype=self.rollout_dtype), head="lm")
     self.sampling = sampling
     self.layouts = layouts
     self.lora_alpha = model_config.lora_alpha
@@ -34,7 +37,8 @@ class Generation:
     """
     actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
     actor_params = merge_adapters(actor_params, actor_adapters, self.lora_alpha)
-    return cast_floating(self.layouts.to_generation(actor_params), self.rollout_dtype)
+    # Cast before the reshard: the all-gathers move (and the gathered copy holds) the rollout dtype.
+    return self.layouts.to_generation(cast_floating(actor_params, self.rollout_dtype), self.model_config)
 
   def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
     """`generate` with the rollout model, the prompts in the generation layout and the cache pinned."""

@@ -78,7 +78,7 @@ class StepProgram:
     state = self.abstract_state
     counts = {
         "actor params": per_device_bytes(state.actor_params),
-        "actor params (generation copy)": per_device_bytes(state.actor_params, self.layouts.actor_generation),
+        "actor params (generation copy)": per_device_bytes(self._generation_copy(), self.layouts.actor_generation),
         "actor optimizer": per_device_bytes(state.actor_opt_state),
         **({"actor LoRA adapters": per_device_bytes(state.actor_adapters)} if state.actor_adapters is not None
            else {}),
@@ -94,12 +94,19 @@ class StepProgram:
     return layout_report(self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation},
                          counts)
 
+  def _generation_copy(self):
+    """The rollout model's parameters as generation holds them: in the rollout dtype, key/value heads repeated."""
+    dtype = jnp.dtype(self.ppo.generation.rollout_dtype)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating)
+                                                       else x.dtype), abstract_params(self.ppo.generation.rollout_actor)[0])
+
   def kv_cache_bytes_per_device(self) -> int:
     """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout."""
     data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
     sizes = dict(layers=self.model_config.num_hidden_layers, batch=data_cfg.train_batch_size * n,
                  length=data_cfg.max_prompt_length + data_cfg.max_response_length,
-                 kv_heads=self.model_config.num_key_value_heads, head_dim=self.model_config.resolved_head_dim)
+                 kv_heads=self.ppo.generation.rollout_actor.config.num_key_value_heads,  # copies included
+                 head_dim=self.model_config.resolved_head_dim)
     shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
     sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
     cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.generation.rollout_dtype))

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxrlhf.parallel import TRAIN_RULES
-from jaxrlhf.parallel.layouts import GENERATION_RULES, GENERATION_WIDE_TP_RULES, ShardingError
+from jaxrlhf.parallel.layouts import GENERATION_RULES, ShardingError, mesh_spec
 from jaxrlhf.parallel.report import per_device_bytes
 from jaxrlhf.trainer import Trainer
 from tests.helpers import small_config
@@ -20,9 +20,9 @@ def _mesh_config(tmp_path, mesh, **extra):
   return small_config(tmp_path, **{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor, **extra})
 
 
-def _expected_spec(logical_axes, rules):
+def _expected_spec(logical_axes, rules, mesh):
   table = dict(rules)
-  return P(*(table.get(name) if name is not None else None for name in logical_axes))
+  return mesh_spec(P(*(table.get(name) if name is not None else None for name in logical_axes)), mesh)
 
 
 def _logical_axes(trainer):
@@ -30,9 +30,8 @@ def _logical_axes(trainer):
   return abstract_params(Decoder(trainer.model_config))[1]
 
 
-@pytest.mark.parametrize("mesh,generation_tp,gen_rules", [
-    ((1, 8, 1), 1, GENERATION_RULES), ((2, 2, 2), 1, GENERATION_RULES), ((1, 2, 4), 8, GENERATION_WIDE_TP_RULES)])
-def test_every_parameter_follows_the_rules_table_in_both_layouts(tmp_path, mesh, generation_tp, gen_rules):
+@pytest.mark.parametrize("mesh,generation_tp", [((1, 8, 1), 1), ((2, 2, 2), 1), ((1, 2, 4), 8), ((1, 4, 2), 4)])
+def test_every_parameter_follows_the_rules_table_in_both_layouts(tmp_path, mesh, generation_tp):
   trainer = Trainer(_mesh_config(tmp_path, mesh, **{
       "actor_rollout_ref.rollout.tensor_model_parallel_size": generation_tp}))
   logical = _logical_axes(trainer)
@@ -42,11 +41,16 @@ def test_every_parameter_follows_the_rules_table_in_both_layouts(tmp_path, mesh,
   flat_mu = jax.tree.leaves(trainer.state.actor_opt_state[1].mu)
   assert len(flat_params) == len(flat_logical) == len(flat_gen) == len(flat_mu)
   for (path, param), names, gen, mu in zip(flat_params, flat_logical, flat_gen, flat_mu):
-    assert param.sharding.spec == _expected_spec(names, TRAIN_RULES), path
+    assert param.sharding.spec == _expected_spec(names, TRAIN_RULES, trainer.mesh), path
     assert mu.sharding.spec == param.sharding.spec, path  # Adam moments live with their parameter
-    assert gen.spec == _expected_spec(names, gen_rules), path
+    assert gen.spec == _expected_spec(names, GENERATION_RULES, trainer.mesh), path
   for ref, (path, param) in zip(jax.tree.leaves(trainer.state.ref_params), flat_params):
     assert ref.sharding.spec == param.sharding.spec, path  # the reference stays in the train layout
+  if generation_tp > mesh[2]:  # the start-up report: FSDP over every fsdp device in training, heads k ways after
+    report = trainer.layout_report()
+    q_proj = next(re.split(r"\s{2,}", line.strip()) for line in report.splitlines() if "q_proj/kernel" in line)
+    assert q_proj[1:] == ["(None, ('fsdp', 'rollout_tp'), 'tensor', None)",
+                          "(None, None, ('rollout_tp', 'tensor'), None)"], report
 
 
 def test_memory_per_device_scales_with_fsdp_and_tensor(tmp_path):

@@ -22,12 +22,13 @@ def _tiny(impl, kv_heads=4):
                        attention_block_size=4, rope_theta=100.0)
 
 
-@pytest.mark.parametrize("impl,packed,sp,kv_heads", [("xla", False, 2, 4), ("blockwise", True, 4, 4),
-                                                     ("blockwise", False, 4, 4), ("xla", False, 4, 2),
-                                                     ("blockwise", True, 8, 2)])
-def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp, kv_heads):
+@pytest.mark.parametrize("impl,packed,sp,kv_heads,rollout_tp", [
+    ("xla", False, 2, 4, 1), ("blockwise", True, 4, 4, 1), ("blockwise", False, 4, 4, 2), ("xla", False, 4, 2, 1),
+    ("blockwise", True, 8, 2, 1)])
+def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp, kv_heads, rollout_tp):
   """Length 14 (not a multiple of 4: padded inside), left padding or two packed segments per row. With
-  fewer key/value heads than sp (2 at sp 4 and 8) each is repeated and its query group split."""
+  fewer key/value heads than sp (2 at sp 4 and 8) each is repeated and its query group split. With a generation
+  TP of 2 inside the sp group of 4 the mesh is (fsdp 2, sp 2, rollout_tp 2): sequences split over the pair."""
   config = _tiny(impl, kv_heads)
   params, _ = init_params(Decoder(config), jax.random.key(0))
   rng = np.random.default_rng(0)
@@ -39,8 +40,9 @@ def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp, kv_heads):
     segments_BxL = jnp.asarray(np.repeat([[1] * 6 + [2] * 6 + [0] * 2], 4, axis=0), jnp.int32)
     positions_BxL = jnp.asarray(np.repeat([list(range(6)) * 2 + [0, 0]], 4, axis=0), jnp.int32)
     mask_BxL = (segments_BxL > 0).astype(jnp.int32)
-  mesh = make_mesh((1, 8, 1), sequence_parallel=sp)
+  mesh = make_mesh((1, 8, 1), sequence_parallel=sp, rollout_tensor_parallel=rollout_tp)
   split = SequenceParallel(mesh)
+  assert split.size == sp and split.sequence_axes == (("sp", "rollout_tp") if rollout_tp > 1 else ("sp",))
 
   def loss(params, model):
     logits_BxLxV, _ = model.apply({"params": params}, ids_BxL, positions_BxL, mask_BxL, segment_ids_BxL=segments_BxL)
