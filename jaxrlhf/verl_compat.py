@@ -175,6 +175,12 @@ def _max_resp_len(value, overrides, config) -> dict:
   return {}
 
 
+def _token_level_loss(value, overrides, config) -> dict:
+  # The DAPO recipe's switch before loss_agg_mode: token-mean, else each sequence's token mean averaged.
+  del overrides, config
+  return {"actor_rollout_ref.actor.loss_agg_mode": "token-mean" if value else "seq-mean-token-mean"}
+
+
 def _filter_metric(value, overrides, config) -> dict:
   del overrides, config
   return {"algorithm.filter_groups.metric": "score" if value in ("acc", "reward") else value}
@@ -304,6 +310,9 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "actor_rollout_ref.actor.optim.warmup_style": _rename("actor_rollout_ref.actor.optim.lr_scheduler_type",
                                                               "verl's old name"),
         "critic.optim.warmup_style": _rename("critic.optim.lr_scheduler_type", "verl's old name"),
+        "actor_rollout_ref.actor.use_token_level_loss": Translated(
+            _token_level_loss, "actor_rollout_ref.actor.loss_agg_mode: True -> token-mean, False -> "
+            "seq-mean-token-mean (the DAPO recipe's switch before loss_agg_mode)"),
         "actor_rollout_ref.actor.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
         "critic.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
     }),
@@ -437,6 +446,17 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
                        "data.tool_config_path", "data.function_tool_path")},
     }),
 ]
+# Every family a key can be refused in, and why (docs/verl_scripts.md's summary).
+FAMILIES = {
+    "Megatron-LM": _MEGATRON,
+    "vision-language": _VISION,
+    "multi-turn": _MULTI_TURN + " (tools, agent loops, interactions)",
+    "reward manager": "; ".join(f"{name}: {why}" for name, why in _REWARD_MANAGERS.items()) +
+                      "; any other manager but naive, dapo, batch and gdpo: jaxrlhf has no such manager",
+    "reward model tokenizer": _input_tokenizer("", "set", {}),
+    "custom reward loop": "a custom reward loop class: jaxrlhf's reward is custom_reward_function",
+    "Hydra base config": "a base config other than verl's ppo_trainer sets values jaxrlhf cannot read",
+}
 TABLE: dict[str, Translated | Ignored | Refused] = {key: entry for _, entries in SECTIONS for key, entry in entries.items()}
 _PATTERNS = sorted(((key, re.compile(".*".join(map(re.escape, key.split("*"))))) for key in TABLE if "*" in key),
                    key=lambda item: -len(item[0].replace("*", "")))
@@ -824,8 +844,8 @@ def _hydra_base(script: Script) -> dict[str, tuple[str, list[str]]]:
   for name in names:
     base = os.path.splitext(os.path.basename(name.strip("'\"")))[0]
     if base not in _HYDRA_BASES:
-      return {"Hydra base config": ("a base config other than verl's ppo_trainer sets values jaxrlhf cannot "
-                                    "read; pass its settings as key=value", [f"--config-name={name}"])}
+      return {"Hydra base config": (FAMILIES["Hydra base config"] + "; pass its settings as key=value",
+                                    [f"--config-name={name}"])}
     if _HYDRA_BASES[base]:
       family, reason = _HYDRA_BASES[base]
       return {family: (reason, [f"--config-name={name}"])}

@@ -427,8 +427,8 @@ class _Shell:
         i = end
       elif c == "\\":
         following = raw[i + 1:i + 2]
-        keep = in_dquote and following not in ('"', "\\", "$", "`")
-        fields[-1].append(_Seg(("\\" if keep else "") + following))
+        keep = in_dquote and following not in ('"', "\\", "$", "`", "\n")
+        fields[-1].append(_Seg(("\\" if keep else "") + (following if following != "\n" else "")))
         i += 2
       elif c == "$" or c == "`":
         end = _dollar_end(raw, i)

@@ -210,6 +210,17 @@ def test_accepted_reward_managers_and_loggers():
                                                              ("trainer.logger", "vemlp_wandb")}
 
 
+def test_the_dapo_recipes_older_spellings():
+  config = get_base_config()
+  verl_compat.apply_overrides(config, ["custom_reward_function.overlong_buffer.enable=True",
+                                       "custom_reward_function.overlong_buffer.len=512",
+                                       "actor_rollout_ref.actor.use_token_level_loss=False"])
+  assert config.reward_model.overlong_buffer.enable and config.reward_model.overlong_buffer.len == 512
+  assert config.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
+  verl_compat.apply_overrides(config, ["actor_rollout_ref.actor.use_token_level_loss=True"])
+  assert config.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
+
+
 def test_num_workers_is_mapped_once_the_tree_has_it():
   types = verl_compat._tree_types()
   assert isinstance(verl_compat.lookup("reward_model.num_workers", {k: v for k, v in types.items()

@@ -1,0 +1,102 @@
+"""Writes docs/verl_scripts.md: what a verl run script may contain, and what each verl key becomes.
+
+    python docs/gen_verl_scripts_md.py            # rewrite docs/verl_scripts.md
+    python docs/gen_verl_scripts_md.py --check    # exit 1 if docs/verl_scripts.md is out of date
+
+The grammar comes from `jaxrlhf.verl_shell.GRAMMAR`, the keys from `jaxrlhf.verl_compat.SECTIONS`: the
+table the translation reads, so the page cannot drift from it (tests/docs/test_verl_scripts_docs.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+from jaxrlhf import verl_compat  # noqa: E402
+from jaxrlhf.verl_shell import ENTRY_POINTS, GRAMMAR, OTHER_PROGRAMS  # noqa: E402
+
+OUTPUT = os.path.join(_ROOT, "docs", "verl_scripts.md")
+
+
+def _cell(text: str) -> str:
+  return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _row(key: str, entry, tree_types) -> str:
+  if isinstance(entry, verl_compat.Translated):
+    what, why = f"translated: {entry.target}", entry.note
+  elif isinstance(entry, verl_compat.Refused):
+    what, why = f"refused ({entry.family})", entry.reason
+  elif entry.until_in_tree and key in tree_types:
+    what, why = "mapped: jaxrlhf's tree has it (docs/config.md)", ""
+  elif entry.refuse is not None:
+    what, why = f"ignored; refused ({entry.family}) for {entry.refuses}", entry.reason
+  else:
+    what, why = "ignored", entry.reason
+  return f"| `{key}` | {_cell(what)} | {_cell(why)} |"
+
+
+def render() -> str:
+  tree_types = verl_compat._tree_types()
+  lines = [
+      "# verl run scripts",
+      "",
+      "`python -m jaxrlhf.verl_compat SCRIPT.sh` reads a verl run script (it runs nothing) and prints the",
+      "`python train.py --config configs/verl_defaults.py --config.key=value ...` command that trains the same",
+      "run, with a table of what each verl key became; `train.py key=value ...` takes verl's overrides as they",
+      "are. This page is generated from the tables the code reads (`python docs/gen_verl_scripts_md.py`).",
+      "",
+      f"The verl command is `{ENTRY_POINTS[0]}` (or DAPO's `{ENTRY_POINTS[1]}` / `{ENTRY_POINTS[2]}`), run as",
+      "`python3 -m ...`, through `ray job submit ... --` or as `verl/trainer/main_ppo.py`; other verl programs",
+      f"({', '.join(f'`{name}`' for name in OTHER_PROGRAMS)}) are refused by name.",
+      "",
+      "In the printed command, `key=null` stays a verl override after the `--config.` flags (no flag can set",
+      "None), and so does a value only your shell knows (`trainer.nnodes=\"$SLURM_JOB_NUM_NODES\"`) with every",
+      "key translated from it (the mesh, the per-GPU micro-batches): train.py translates them when it runs.",
+      "",
+      "## What a script may contain",
+      "",
+      "| construct | read as |",
+      "|---|---|",
+      *[f"| {_cell(construct)} | {_cell(meaning)} |" for construct, meaning in GRAMMAR],
+      "",
+      "## What each verl key becomes",
+      "",
+      "A key of jaxrlhf's tree (docs/config.md) is mapped as it is: same name, same meaning. The keys below",
+      "are verl's others. `*` matches any part of a key. *Ignored* keys have no meaning in jaxrlhf and are",
+      "listed with the reason when a run starts; *refused* keys name a feature jaxrlhf does not have, one",
+      "line per family; a key in neither list is an error that names it (with a suggestion when one is",
+      "close). Every problem of a command line is reported at once.",
+      "",
+      "Hydra's base config: `--config-name=ppo_trainer` is verl's defaults (jaxrlhf's "
+      "`configs/verl_defaults.py`); `ppo_megatron_trainer` is refused (Megatron-LM); any other name is refused",
+      "because its values cannot be read (pass them as key=value).",
+  ]
+  for title, entries in verl_compat.SECTIONS:
+    lines += ["", f"### {title}", "", "| verl key | becomes | why |", "|---|---|---|"]
+    lines += [_row(key, entry, tree_types) for key, entry in entries.items()]
+  lines += ["", "## Refused families", "", "| family | why |", "|---|---|"]
+  lines += [f"| {family} | {_cell(reason)} |" for family, reason in verl_compat.FAMILIES.items()]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv) -> int:
+  text = render()
+  if "--check" in argv:
+    with open(OUTPUT) as f:
+      if f.read() != text:
+        print(f"{OUTPUT} is out of date: run python docs/gen_verl_scripts_md.py", file=sys.stderr)
+        return 1
+    return 0
+  with open(OUTPUT, "w") as f:
+    f.write(text)
+  print(f"wrote {OUTPUT}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
