@@ -29,6 +29,7 @@ from jaxrlhf.models import (Decoder, copy_tokenizer_files, critic_config_from, i
                             model_config_from, save_hf_checkpoint)
 from jaxrlhf.models.hub import hub_id_of, resolve_model_path
 from jaxrlhf.models.lora import critic_params_with, merge_adapters, save_peft_adapter, split_value_head
+from jaxrlhf.validate import check_writable
 
 LORA_ADAPTER_DIR = "lora_adapter"  # under the export directory: a LoRA run's adapters in PEFT's layout
 
@@ -97,9 +98,10 @@ def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_
 
 
 def check_out_dir(flag: str, path: str, overwrite: bool) -> None:
-  """Refuses to write into a directory that holds files, unless `overwrite`."""
+  """Refuses to write into a directory that holds files, unless `overwrite`, or one that cannot be written."""
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{flag} {path!r} is a file, not a directory")
+  check_writable(f"{flag} {path!r}", path)
   if os.path.isdir(path) and os.listdir(path) and not overwrite:
     shown = sorted(os.listdir(path))
     raise UserError(f"{flag} {path!r} is not empty (it holds {', '.join(shown[:4])}"

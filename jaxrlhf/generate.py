@@ -34,6 +34,7 @@ import numpy as np
 
 from jaxrlhf import cli
 from jaxrlhf.checkpoint import read_checkpoint
+from jaxrlhf.data.dataset import read_lines
 from jaxrlhf.errors import UserError
 from jaxrlhf.export import checkpoint_actor
 from jaxrlhf.models import (Decoder, cast_floating, generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer,
@@ -42,6 +43,7 @@ from jaxrlhf.models.hub import resolve_model_path
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.rollout import (SamplingParams, generate, pad_prompts, repeat_interleave, request_key,
                              response_lengths_and_clip)
+from jaxrlhf.validate import check_writable
 
 
 def _parquet_prompts(path: str) -> list:
@@ -66,8 +68,7 @@ def read_prompts(path: str) -> list:
     if not prompts:
       raise UserError(f"--prompts {path!r} holds no prompt")
     return prompts
-  with open(path, encoding="utf-8") as f:
-    lines = [line.rstrip("\n") for line in f]
+  lines = [line.rstrip("\r\n") for _, line in read_lines(path, where=f"--prompts {path}")]
   if not path.endswith((".jsonl", ".json")):
     prompts = [line for line in lines if line.strip()]
   else:
@@ -165,7 +166,8 @@ def sample_responses(params, model_config, prompt_ids: list[list[int]], sampling
 
 
 def run(args) -> list[dict]:
-  texts = read_prompts(args.prompts)  # before the model: a bad prompts file fails at once
+  texts = read_prompts(args.prompts)  # before the model: a bad prompts file or output path fails at once
+  check_writable(f"--output {args.output!r}", args.output, is_file=True)
   params, model_config, tokenizer, eos_ids, pad_id = load_model(args.model)
   encoded = [encode_prompt(tokenizer, text, args.chat) for text in texts]
   for text, ids in zip(texts, encoded):

@@ -15,7 +15,11 @@ config points at, in the order a user would fix them:
   hold has a reward function (a file's first `DATA_SOURCE_SAMPLE_ROWS` rows; the trainer checks every
   row again once the dataset is built, still before compiling);
 - the custom reward file and function (imported once here; the trainer uses the function returned);
-- the checkpoint `trainer.resume_from_path` names.
+- the checkpoint `trainer.resume_from_path` names;
+- the run directory can be written (no part of its path is a file), and the run fits the model and the
+  machine: prompt + response no longer than the model's positions (without RoPE scaling), and the
+  memory a first estimate counts (prompts padded on the host, the rollout's KV cache) no more than the
+  machine has.
 
 Every failure is a `UserError` naming the config key and the file, column or tensor.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterable
 
 from jaxrlhf import rewards
@@ -32,7 +37,9 @@ from jaxrlhf.checkpoint import STEP_PREFIX, CheckpointError, split_step_dir
 from jaxrlhf.config import EMBED_TARGET, HEAD_TARGET, ConfigError, resolve_target_modules
 from jaxrlhf.data import DataError
 from jaxrlhf.data.builtin import builtin_rows
-from jaxrlhf.models import check_hf_checkpoint, load_hf_config, model_config_from
+from jaxrlhf.data.dataset import read_lines
+from jaxrlhf.errors import UserError
+from jaxrlhf.models import check_hf_checkpoint, critic_config_from, load_hf_config, model_config_from
 from jaxrlhf.models.hub import resolve_model_paths
 
 log = logging.getLogger(__name__)
@@ -51,11 +58,16 @@ def validate_run(config) -> Callable | None:
   compute_score = load_reward_function(config)
   uses_rule_reward = compute_score is None and (not config.reward_model.enable
                                                 or config.reward_model.combine_with_rule)
+  num_rows = 0
   for key in ("data.train_files", "data.val_files"):
     for path in _files(config.data[key.split(".")[1]]):
-      check_data_file(key, path, config.data.prompt_key, config.data.reward_fn_key,
-                      check_data_sources=uses_rule_reward)
+      num_rows += check_data_file(key, path, config.data.prompt_key, config.data.reward_fn_key,
+                                  check_data_sources=uses_rule_reward)
   check_resume(config)
+  trainer = config.trainer
+  check_writable(f"trainer.default_local_dir={trainer.default_local_dir!r}",
+                 os.path.join(trainer.default_local_dir, trainer.project_name, trainer.experiment_name))
+  check_lengths(config, num_rows)
   return compute_score
 
 
@@ -154,28 +166,28 @@ def _jsonl_columns(path: str, column: str, limit: int) -> tuple[set[str], list, 
   names: set[str] = set()
   values = []
   rows = 0
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      rows += 1
-      if rows > limit:
-        continue  # counted, not parsed
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{line_no}: not valid JSON ({e})") from None
-      if not isinstance(row, dict):
-        raise DataError(f"{path}:{line_no}: expected a JSON object per line, got {type(row).__name__}")
-      names |= set(row)
-      if column in row:
-        values.append(row[column])
+  for line_no, line in read_lines(path):  # every line: a byte that is not UTF-8 is refused wherever it is
+    if not line.strip():
+      continue
+    rows += 1
+    if rows > limit:
+      continue  # counted, not parsed
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataError(f"{path}:{line_no}: not valid JSON ({e})") from None
+    if not isinstance(row, dict):
+      raise DataError(f"{path}:{line_no}: expected a JSON object per line, got {type(row).__name__}")
+    names |= set(row)
+    if column in row:
+      values.append(row[column])
   return names, values, rows
 
 
 def check_data_file(key: str, path: str, prompt_key: str, reward_fn_key: str, *,
-                    check_data_sources: bool = True, limit: int = DATA_SOURCE_SAMPLE_ROWS) -> None:
-  """One data file of `key`: exists, has the prompt / data_source / reward_model columns, known data_sources."""
+                    check_data_sources: bool = True, limit: int = DATA_SOURCE_SAMPLE_ROWS) -> int:
+  """One data file of `key`: exists, has the prompt / data_source / reward_model columns, known data_sources.
+  Returns its number of rows."""
   if path.startswith("builtin:"):
     try:
       rows = builtin_rows(path)
@@ -198,11 +210,12 @@ def check_data_file(key: str, path: str, prompt_key: str, reward_fn_key: str, *,
     if column not in names:
       raise DataError(f"{key}: data file {path!r} has no column {column!r} ({what}); columns: {sorted(names)}")
   if not check_data_sources:
-    return
+    return num_rows
   check_data_sources_known(data_sources, f"{key}: data file {path!r}, column {reward_fn_key!r}")
   if num_rows > limit:
     log.info("%s: checked the %s of the first %d of %d rows in %s; the rest are checked when the dataset is built",
              key, reward_fn_key, limit, num_rows, path)
+  return num_rows
 
 
 def check_data_sources_known(data_sources: Iterable, where: str) -> None:
@@ -239,3 +252,99 @@ def check_resume(config) -> None:
     if not os.path.isdir(os.path.join(step_dir, item)):
       raise CheckpointError(f"trainer.resume_from_path={trainer.resume_from_path!r} is not a finished jaxrlhf "
                             f"checkpoint (it has no {item}/ folder)")
+
+
+# ----- output paths --------------------------------------------------------------------------------
+
+def check_writable(what: str, path: str, *, is_file: bool = False) -> None:
+  """`path`, a directory (or with `is_file` a file) to create or write into, can be written: no part of it is a
+  file, and the nearest part that exists takes new entries. Tried by making (and removing) an empty folder
+  there, which also catches what a permission check misses (a read-only mount, /proc or /sys, where even root
+  cannot write). `what` names the path in the message (`trainer.default_local_dir='runs'`, `--out 'x'`)."""
+  path = os.path.abspath(path)
+  if is_file and os.path.isdir(path):
+    raise UserError(f"{what}: {path} is a directory, not a file")
+  if is_file and os.path.isfile(path):
+    try:
+      open(path, "ab").close()  # opened as a write would open it, and left as it was
+    except OSError as e:
+      raise UserError(f"{what}: {path} is not writable ({e.strerror})") from None
+    return
+  existing = path
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise UserError(f"{what}: {existing} is a file, not a directory")
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".jaxrlhf-write-check-", dir=existing))
+  except OSError as e:
+    raise UserError(f"{what}: {existing} is not writable ({e.strerror})") from None
+
+
+# ----- lengths and memory --------------------------------------------------------------------------
+
+_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def _gib(num_bytes: float) -> str:
+  for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+    if num_bytes >= size:
+      return f"{num_bytes / size:,.1f} {unit}"
+  return f"{num_bytes / 2**20:.2f} MiB"
+
+
+def host_memory_bytes() -> int | None:
+  """This machine's physical memory (None where the OS does not say)."""
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def device_memory_bytes() -> int | None:
+  """The accelerators' memory, all devices together (None on CPU, whose devices are the host's memory)."""
+  import jax
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "bytes_limit" not in stats:
+    return None
+  return int(stats["bytes_limit"]) * jax.device_count()
+
+
+def check_lengths(config, num_rows: int) -> None:
+  """Prompt + response against the models' positions, and a first estimate of memory against the machine's,
+  before the prompts are padded (on the host) or anything is compiled.
+
+  The estimate is a lower bound: the prompts padded to `data.max_prompt_length` (input ids and mask, int32, every
+  row of the train and val files) and the rollout's KV cache for one generation batch. Weights, optimizer state
+  and activations come on top."""
+  data = config.data
+  length = data.max_prompt_length + data.max_response_length
+  actor = model_config_from(config.actor_rollout_ref.model)
+  models = [("actor_rollout_ref.model", actor)]
+  if config.critic.enable:
+    models.append(("critic.model", critic_config_from(config, actor)))
+  for key, model in models:
+    if model.rope_type == "default" and length > model.max_position_embeddings:
+      raise ConfigError(
+          f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "
+          f"{data.max_response_length} = {length} tokens is more than {key}'s max_position_embeddings="
+          f"{model.max_position_embeddings}", hint="shorten them, or use a model whose config.json sets rope_scaling")
+
+  rollout = config.actor_rollout_ref.rollout
+  sequences = (data.gen_batch_size or data.train_batch_size) * rollout.n
+  kv_cache = (2 * actor.num_hidden_layers * sequences * actor.num_key_value_heads * length * actor.resolved_head_dim
+              * _BYTES[rollout.dtype or actor.dtype])
+  prompts = num_rows * data.max_prompt_length * 2 * 4
+  padded = (f"the prompts padded to data.max_prompt_length={data.max_prompt_length} ({num_rows:,} rows): "
+            f"{_gib(prompts)}")
+  cache = f"the rollout's KV cache ({sequences:,} sequences of {length:,} tokens): {_gib(kv_cache)}"
+  device_memory, host_memory = device_memory_bytes(), host_memory_bytes()
+  on_host = [(prompts, padded)] + ([(kv_cache, cache)] if device_memory is None else [])
+  if host_memory is not None and sum(size for size, _ in on_host) > host_memory:
+    raise ConfigError(f"the run needs at least {_gib(sum(size for size, _ in on_host))} of host memory, more than "
+                      f"this machine's {_gib(host_memory)}: {'; '.join(text for _, text in on_host)}",
+                      hint="lower data.max_prompt_length / data.max_response_length")
+  if device_memory is not None and kv_cache > device_memory:
+    raise ConfigError(f"the run needs at least {_gib(kv_cache)} of device memory, more than the devices' "
+                      f"{_gib(device_memory)}: {cache}",
+                      hint="lower data.max_response_length / data.max_prompt_length or the batch size")

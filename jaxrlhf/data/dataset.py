@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import grain
 import numpy as np
@@ -26,6 +26,21 @@ class DataError(UserError, ValueError):
   """A data file, row or column is not what the trainer expects; the message names it."""
 
 
+def read_lines(path: str, where: str | None = None) -> Iterator[tuple[int, str]]:
+  """(line number, text) of each line of a UTF-8 text file. Bytes that are not UTF-8 are a DataError naming the
+  file (`where`, default its path) and their byte offset, not a UnicodeDecodeError from the middle of a read."""
+  offset = 0
+  with open(path, "rb") as f:
+    for line_no, raw in enumerate(f, 1):
+      try:
+        text = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise DataError(f"{where or path}: not UTF-8: byte {raw[e.start]:#04x} at byte offset {offset + e.start} "
+                        f"(line {line_no})", hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+      yield line_no, text
+      offset += len(raw)
+
+
 def _read_file(path: str) -> list[dict]:
   if path.startswith("builtin:"):
     return builtin_rows(path)
@@ -36,25 +51,35 @@ def _read_file(path: str) -> list[dict]:
     return pq.read_table(path).to_pylist()
   if path.endswith(".jsonl") or path.endswith(".json"):
     rows = []
-    with open(path) as f:
-      for line_no, line in enumerate(f, 1):
-        if line.strip():
-          try:
-            rows.append(json.loads(line))
-          except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{line_no}: not valid JSON ({e})") from e
+    for line_no, line in read_lines(path):
+      if line.strip():
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+          raise DataError(f"{path}:{line_no}: not valid JSON ({e})") from e
     return rows
   raise DataError(f"data file {path!r}: expected a .parquet, .jsonl or builtin:<task>:<split> path")
 
 
-def load_rows(files: str | Sequence[str]) -> list[dict]:
+def _file_list(files: str | Sequence[str]) -> list[str]:
   files = [files] if isinstance(files, str) else [f for f in files if f]
   if not files:
     raise DataError("no data files given (data.train_files / data.val_files are empty)")
-  rows = []
-  for path in files:
-    rows.extend(_read_file(path))
-  return rows
+  return files
+
+
+def _rows_and_places(files: str | Sequence[str]) -> tuple[list[dict], list[str]]:
+  """Every row of `files` in order, and where each one is ('train.parquet row 3') for messages."""
+  rows, places = [], []
+  for path in _file_list(files):
+    file_rows = _read_file(path)
+    rows.extend(file_rows)
+    places.extend(f"{path} row {i}" for i in range(len(file_rows)))
+  return rows, places
+
+
+def load_rows(files: str | Sequence[str]) -> list[dict]:
+  return _rows_and_places(files)[0]
 
 
 def _messages(row: dict, prompt_key: str, where: str):
@@ -108,22 +133,28 @@ class PromptDataset:
   data_sources: list[str]
   ground_truths: list
   extra_infos: list
-  num_filtered: int = 0
+  num_filtered: int = 0  # rows dropped by `filter_overlong_prompts`
 
   def __len__(self) -> int:
     return len(self.data_sources)
+
+  def filtering_note(self, key: str) -> str | None:
+    """What `data.filter_overlong_prompts` did to the rows of `key` (None: nothing dropped)."""
+    if not self.num_filtered:
+      return None
+    return (f"{key}: data.filter_overlong_prompts dropped {self.num_filtered} of {len(self) + self.num_filtered} "
+            f"rows (longer than data.max_prompt_length={self.input_ids.shape[1]}); {len(self)} left")
 
 
 def build_dataset(files, tokenizer, *, max_prompt_length: int, prompt_key: str = "prompt",
                   reward_fn_key: str = "data_source", truncation: str = "error",
                   filter_overlong_prompts: bool = False) -> PromptDataset:
-  rows = load_rows(files)
+  rows, places = _rows_and_places(files)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
   ids_list, sources, truths, extras = [], [], [], []
   filtered = 0
-  encoded = encode_prompts(tokenizer, [_messages(row, prompt_key, f"{files} row {i}") for i, row in enumerate(rows)])
-  for i, (row, ids) in enumerate(zip(rows, encoded)):
-    where = f"{files} row {i}"
+  encoded = encode_prompts(tokenizer, [_messages(row, prompt_key, where) for row, where in zip(rows, places)])
+  for row, ids, where in zip(rows, encoded, places):
     if len(ids) > max_prompt_length and filter_overlong_prompts:
       filtered += 1
       continue
@@ -137,8 +168,8 @@ def build_dataset(files, tokenizer, *, max_prompt_length: int, prompt_key: str =
     truths.append(reward_model["ground_truth"])
     extras.append(row.get("extra_info") or {})
   if not ids_list:
-    raise DataError(f"{files}: no rows left (read {len(rows)}, dropped {filtered} longer than "
-                    f"data.max_prompt_length={max_prompt_length})")
+    raise DataError(f"{', '.join(_file_list(files))}: no rows left (read {len(rows)}, data.filter_overlong_prompts "
+                    f"dropped {filtered} longer than data.max_prompt_length={max_prompt_length})")
   input_ids = np.full((len(ids_list), max_prompt_length), pad_id, np.int32)
   attention_mask = np.zeros((len(ids_list), max_prompt_length), np.int32)
   for i, ids in enumerate(ids_list):
@@ -151,9 +182,13 @@ def build_dataset(files, tokenizer, *, max_prompt_length: int, prompt_key: str =
 class BatchSchedule:
   """Batch k of the run = rows order[k*B:(k+1)*B] of epoch k // batches_per_epoch (drop_last)."""
 
-  def __init__(self, num_rows: int, batch_size: int, *, seed: int, shuffle: bool = True):
+  def __init__(self, num_rows: int, batch_size: int, *, seed: int, shuffle: bool = True,
+               key: str = "data.train_batch_size", num_dropped: int = 0):
+    """`key` names the batch size in errors; `num_dropped`: rows `data.filter_overlong_prompts` removed."""
     if batch_size > num_rows:
-      raise DataError(f"data.train_batch_size={batch_size} is larger than the dataset ({num_rows} rows)")
+      read = f"; {num_rows + num_dropped} read, {num_dropped} dropped by data.filter_overlong_prompts" \
+          if num_dropped else ""
+      raise DataError(f"{key}={batch_size} is larger than the dataset ({num_rows} rows{read})")
     self.num_rows, self.batch_size = num_rows, batch_size
     self.batches_per_epoch = num_rows // batch_size
     source = grain.MapDataset.range(num_rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 
@@ -22,6 +23,7 @@ from jaxrlhf import rewards
 from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
+from jaxrlhf.errors import UserError
 from jaxrlhf.export import actor_base_params, critic_base_params, init_keys, write_hf
 from jaxrlhf.models import Decoder, generation_eos_ids, load_hf_params, load_tokenizer, pad_token_id
 from jaxrlhf.models.decoder import init_adapters
@@ -54,6 +56,14 @@ def tokenizer_from_config(config, save_dir: str):
   return load_tokenizer(name)
 
 
+def _outermost_missing(path: str) -> str | None:
+  """The outermost folder of `path` that does not exist yet (None: all of it exists)."""
+  path, missing = os.path.abspath(path), None
+  while not os.path.lexists(path):
+    path, missing = os.path.dirname(path), path
+  return missing
+
+
 _VALIDATION_STREAM = 1 << 30  # fold_in tag of validation keys (training folds in step numbers < 2**30)
 
 
@@ -64,29 +74,20 @@ class Trainer:
     self.compute_score = compute_score = validate_run(config)  # paths, data, reward fns: before anything heavy
     trainer_cfg = config.trainer
     self.run_dir = os.path.join(trainer_cfg.default_local_dir, trainer_cfg.project_name, trainer_cfg.experiment_name)
+    new_dir = _outermost_missing(self.run_dir)
     os.makedirs(self.run_dir, exist_ok=True)
     self.run_lock = RunLock(self.run_dir)
     if jax.process_index() == 0:  # refused before anything heavy; held again (same process) while fit() runs
       self.run_lock.acquire()
-    self.mesh = mesh_from_config(config, devices)
+    try:
+      self.mesh = mesh_from_config(config, devices)
+      self._load_data(config, compute_score)
+    except UserError:
+      if new_dir and jax.process_index() == 0:  # a refused run leaves no run directory (nor its lock) behind
+        shutil.rmtree(new_dir, ignore_errors=True)
+      raise
     self.num_batch_shards = self.mesh.shape["data"] * fsdp_size(self.mesh)
-
-    self.tokenizer = tokenizer_from_config(config, os.path.join(self.run_dir, "tokenizer"))
     data_cfg = config.data
-    dataset_kwargs = dict(max_prompt_length=data_cfg.max_prompt_length, prompt_key=data_cfg.prompt_key,
-                          reward_fn_key=data_cfg.reward_fn_key, truncation=data_cfg.truncation,
-                          filter_overlong_prompts=data_cfg.filter_overlong_prompts)
-    self.train_data = build_dataset(data_cfg.train_files, self.tokenizer, **dataset_kwargs)
-    self.val_data = build_dataset(data_cfg.val_files, self.tokenizer, **dataset_kwargs) \
-        if any(data_cfg.val_files) else None
-    if compute_score is None and (not config.reward_model.enable or config.reward_model.combine_with_rule):
-      # validate_run saw a sample of each file; every row is here now, still before anything compiles.
-      check_data_sources_known(self.train_data.data_sources, "data.train_files")
-      if self.val_data is not None:
-        check_data_sources_known(self.val_data.data_sources, "data.val_files")
-    self.schedule = BatchSchedule(len(self.train_data), data_cfg.train_batch_size, seed=data_cfg.seed,
-                                  shuffle=data_cfg.shuffle)
-    self.total_steps = trainer_cfg.total_training_steps or self.schedule.batches_per_epoch * trainer_cfg.total_epochs
 
     self.model_config, self.critic_model_config, self.reward_model_config = model_configs(config, self.tokenizer)
     eos_ids = generation_eos_ids(config.actor_rollout_ref.model.path or None, self.tokenizer)
@@ -113,14 +114,38 @@ class Trainer:
                                  out_shardings=replicated(self.mesh))
     self.phased = PhasedStep(self.ppo, state_shardings, replicated(self.mesh))
     self.filter_groups = config.algorithm.filter_groups.enable
-    self.gen_schedule = BatchSchedule(len(self.train_data), data_cfg.gen_batch_size or data_cfg.train_batch_size,
-                                      seed=data_cfg.seed, shuffle=data_cfg.shuffle)
     self.gen_cursor = 0  # generation rounds drawn so far (dynamic sampling); saved in checkpoints
     self.actor_num_params = count_params(self.state.actor_params)
     self.peak_flops = device_peak_flops(self.mesh.devices.flat[0], trainer_cfg.peak_flops_per_device)
     self.rng = jax.random.key(trainer_cfg.seed)
 
   # ----- set-up ----------------------------------------------------------------------------------
+
+  def _load_data(self, config, compute_score) -> None:
+    """Tokenizer, datasets and batch schedules: every data error before anything is built or compiled."""
+    data_cfg, trainer_cfg = config.data, config.trainer
+    self.tokenizer = tokenizer_from_config(config, os.path.join(self.run_dir, "tokenizer"))
+    dataset_kwargs = dict(max_prompt_length=data_cfg.max_prompt_length, prompt_key=data_cfg.prompt_key,
+                          reward_fn_key=data_cfg.reward_fn_key, truncation=data_cfg.truncation,
+                          filter_overlong_prompts=data_cfg.filter_overlong_prompts)
+    self.train_data = build_dataset(data_cfg.train_files, self.tokenizer, **dataset_kwargs)
+    self.val_data = build_dataset(data_cfg.val_files, self.tokenizer, **dataset_kwargs) \
+        if any(data_cfg.val_files) else None
+    for key, dataset in (("data.train_files", self.train_data), ("data.val_files", self.val_data)):
+      if dataset is not None and dataset.filtering_note(key):
+        print(dataset.filtering_note(key), flush=True)
+    if compute_score is None and (not config.reward_model.enable or config.reward_model.combine_with_rule):
+      # validate_run saw a sample of each file; every row is here now, still before anything compiles.
+      check_data_sources_known(self.train_data.data_sources, "data.train_files")
+      if self.val_data is not None:
+        check_data_sources_known(self.val_data.data_sources, "data.val_files")
+    schedule = lambda key, batch_size: BatchSchedule(len(self.train_data), batch_size, seed=data_cfg.seed,
+                                                     shuffle=data_cfg.shuffle, key=key,
+                                                     num_dropped=self.train_data.num_filtered)
+    self.schedule = schedule("data.train_batch_size", data_cfg.train_batch_size)
+    self.gen_schedule = schedule("data.gen_batch_size" if data_cfg.gen_batch_size else "data.train_batch_size",
+                                 data_cfg.gen_batch_size or data_cfg.train_batch_size)
+    self.total_steps = trainer_cfg.total_training_steps or self.schedule.batches_per_epoch * trainer_cfg.total_epochs
 
   def layout_report(self) -> str:
     """Mesh, per-layout sharding of each parameter group, per-device bytes (printed at start-up)."""
@@ -358,7 +383,8 @@ class Trainer:
         logging.warning("%s; kept it as %s and resuming from step %d, the newest checkpoint that reads back",
                         error, kept, step)
     self.gen_cursor = int(meta.get("gen_cursor", 0))
-    logging.info("resumed from %s step %d", self.run_dir, step)
+    step_dir = config.resume_from_path if config.resume_mode == "resume_path" else checkpointer.step_dir(step)
+    print(f"resumed from step {step}: {step_dir}", flush=True)
     return int(step)
 
   def rollback(self, checkpointer: Checkpointer, guard: Guard, reason: str, metrics: dict, tracking) -> int:
