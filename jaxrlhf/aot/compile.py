@@ -130,7 +130,7 @@ def _rule_reward_on_device(responses_NxR, response_mask_NxR, sample_index_N):
   """
   del responses_NxR, sample_index_N
   scores_N = response_mask_NxR.sum(axis=1).astype(np.float32) * 0.0
-  return scores_N, scores_N, scores_N[None, :][:0]  # no GDPO components: [0, N]
+  return scores_N, scores_N, scores_N, scores_N[None, :][:0]  # scores, errors, null ground truths; no GDPO: [0, N]
 
 
 def build_abstract_program(config, devices) -> StepProgram:
