@@ -188,8 +188,12 @@ _DOCS = {
     "actor_rollout_ref.rollout.top_p": ("nucleus sampling; 1.0 = off", SAME),
     "actor_rollout_ref.rollout.n": ("samples per prompt (a GRPO group)", SAME),
     "actor_rollout_ref.rollout.do_sample": ("sample; False = greedy", SAME),
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": ("tensor-parallel degree of the generation layout "
-                                                             "(parameters are resharded for generation)", SAME),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": (
+        "tensor-parallel degree k of the generation layout (the weights are resharded for generation inside the "
+        "step): k <= `mesh.tensor` generates over `tensor` as training does; larger, a multiple of `mesh.tensor` "
+        "dividing `mesh.fsdp` x `mesh.tensor`, splits heads / mlp / vocab over `tensor` and k / tensor of the fsdp "
+        "devices and the batch over the rest (training stays FSDP); key/value heads that k does not divide are "
+        "repeated for generation", SAME),
     "actor_rollout_ref.rollout.dtype": ("compute dtype of generation (`float32` | `bfloat16`); the actor's weights "
                                         "are cast once per rollout, matmuls accumulate in fp32. None = the actor's "
                                         "`model.dtype`", "same key (verl's default: `bfloat16`)"),
