@@ -48,9 +48,10 @@ GRAMMAR = [
     ("`$(basename ...)`, `$(dirname ...)`, `$(echo ...)` of known values", "computed"),
     ("a variable neither the script nor the environment sets (`$SLURM_JOB_NUM_NODES`), other `$(command)`",
      "left to your shell: the printed command holds it, and train.py translates what depends on it when it runs"),
-    ("`if` / `elif` / `else` on `[ ]`, `[[ ]]`, `test`, `(( ))` of known values (`=`, `==`, `!=`, `-z`, `-n`, "
-     "`-eq` ... `-ge`, `!`, `&&`, `||`)", "the branch bash would take"),
-    ("`if` on anything else (`[ -f file ]`, a command), `for` / `while` / `case` bodies, functions",
+    ("`if` / `elif` / `else` and `test && command` / `||` on `[ ]`, `[[ ]]`, `test`, `(( ))` of known values "
+     "(`=`, `==`, `!=`, `-z`, `-n`, `-eq` ... `-ge`, `!`, `&&`, `||`); `exit`", "the branch bash would take; other "
+     "commands are taken to succeed (`cd dir && python3 -m verl...`); reading stops at `exit`"),
+    ("a test on anything else (`[ -f file ]`, a command's status), `for` / `while` / `case` bodies, functions",
      "an error naming the line, if the verl command is inside one or uses a variable set there"),
     ("`\"$@\"` / `$*` after the verl command", "reported: the script's own arguments are added by hand"),
     ("`${!NAME}`, an unclosed quote or bracket, two verl commands", "an error naming the line"),
@@ -338,11 +339,14 @@ def _raw_words(text: str) -> list[str]:
 
 @dataclasses.dataclass
 class _Frame:
-  kind: str  # if | loop | case | function | group
+  kind: str  # if | loop | case | function | group | and-or (`test && command`)
   line: int
   state: str  # run | skip | unknown
   decided: bool | None = False  # if: a branch was taken (True), none yet (False), cannot tell (None)
-  parent_state: str = "run"
+
+
+class _Exit(Exception):
+  """`exit` outside any branch: bash stops reading the script there."""
 
 
 @dataclasses.dataclass
@@ -373,6 +377,10 @@ class _Shell:
     self.missing: set[str] = set()
     self.script_args = False
     self.line = 0
+    # `a && b`, `a || b`: the last command's exit status (tests are computed, set-up commands such as cd or
+    # mkdir are taken to succeed, as `set -e` scripts assume; None: only the shell knows) and what followed it.
+    self.status: bool | None = True
+    self.after = "\n"
 
   # --- errors ---
   def error(self, message: str, line: int | None = None) -> ScriptError:
@@ -643,7 +651,25 @@ class _Shell:
 
   # --- execution ---
   def run(self, command: _Command) -> None:
+    after, self.after = self.after, command.op
+    if after in ("&&", "||") and self.pending is None:
+      runs = self.status if after == "&&" else (None if self.status is None else not self.status)
+      if runs is False:
+        return  # skipped; the status stays, so `a && b || c` runs c when a fails
+      if runs is None:
+        self.frames.append(_Frame("and-or", command.line, "unknown"))
+        try:
+          self.run_command(command)
+        finally:
+          self.frames.pop()
+        self.status = None
+        return
+    self.run_command(command)
+
+  def run_command(self, command: _Command) -> None:
     self.line = command.line
+    self.status = True if not command.words or command.words[0] in _SUCCEEDS or _ASSIGN.fullmatch(
+        command.words[0]) else None
     words = list(command.words)
     if self.pending is not None:
       kind, parts = self.pending
@@ -665,8 +691,6 @@ class _Shell:
       keyword = words[0]
       if keyword in ("if", "elif", "while", "until"):
         self.pending = (keyword, [_Command(words[1:], command.line, command.op)])
-        if command.op in ("&&", "||"):
-          return
         return
       if keyword == "else":
         frame = self.frame("if", "else")
@@ -681,7 +705,7 @@ class _Shell:
         self.pending = ("for", [])
         if self.state() == "run":
           name = words[1] if len(words) > 1 else ""
-          self.vars[name] = _Poison(command.line, f"the loop at line {command.line}")
+          self.vars[name] = _Poison(command.line, f"a loop (line {command.line})")
         return
       if keyword == "case":
         self.frames.append(_Frame("case", command.line, "unknown"))
@@ -724,7 +748,8 @@ class _Shell:
   def unknown_frame(self) -> str:
     frame = next(f for f in reversed(self.frames) if f.state == "unknown")
     return {"if": "an `if` whose test only the shell can decide", "loop": "a loop", "case": "a `case`",
-            "function": "a function"}[frame.kind] + f" (line {frame.line})"
+            "function": "a function", "and-or": "a `&&` / `||` whose test only the shell can decide"}[
+                frame.kind] + f" (line {frame.line})"
 
   def frame(self, kind: str, keyword: str) -> _Frame:
     if not self.frames or self.frames[-1].kind != kind:
@@ -813,9 +838,17 @@ class _Shell:
     state = self.state()
     if state == "skip":
       return
+    if words[0] in ("[", "[[", "test", "true", "false", ":") or words[0].startswith("(("):
+      try:
+        self.status = self.simple_test(words) if state == "run" else None
+      except (_PoisonUsed, *_EVALUATION_ERRORS):
+        self.status = None
+      return
+    if words[0] == "exit" and state == "run":
+      raise _Exit()
     program = _program(words)
     if program:
-      if state == "unknown":
+      if state == "unknown" and any(f.state == "unknown" and f.kind != "and-or" for f in self.frames):
         raise self.error(f"the verl command is inside {self.unknown_frame()}: the reader cannot tell whether "
                          "or how often it runs", line)
       expanded = []
@@ -890,6 +923,12 @@ class _Shell:
       self.vars[name] = [value] + list(self.vars[name])[1:]
       return
     self.vars[name] = value
+
+
+# Commands whose success a script takes for granted (`cd "$DIR" && python3 -m verl...`).
+_SUCCEEDS = {"cd", "pushd", "popd", "mkdir", "export", "declare", "typeset", "local", "readonly", "unset", "set",
+             "echo", "printf", "source", ".", "ulimit", "eval", "shift", "sleep", "touch", "cp", "mv", "ln", "rm",
+             "wait", "module", "conda", "pip", "ray", "nvidia-smi", "trap", "umask", "hostname", "date"}
 
 
 def _state_of(result: bool | None) -> str:
@@ -998,6 +1037,8 @@ def read_script(path: str, env: dict[str, str] | None = None) -> Script:
   try:
     for command in _Lexer(text).commands():
       shell.run(command)
+  except _Exit:
+    shell.frames = []
   except _Unsupported as unsupported:
     raise shell.error(str(unsupported), unsupported.line) from None
   if shell.pending is not None or shell.frames:

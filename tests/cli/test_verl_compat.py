@@ -91,7 +91,8 @@ def _via_overrides(script):
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 20480,  # $(( (a + b) * 2 ))
         "actor_rollout_ref.model.path": "Qwen/Qwen2.5-3B-Instruct", "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
         "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.rollout.temperature": 1.0,  # the elif; $SAMPLING split
-        "trainer.experiment_name": "gspo-Qwen2.5-3B-Instruct-n8", "mesh.fsdp": 16}),
+        "trainer.experiment_name": "gspo-Qwen2.5-3B-Instruct-n8", "mesh.fsdp": 16,
+        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"}),  # `[ -z "$X" ] && X=...`
     ("deprecated_micro_batch.sh", {  # 2 x 8 GPUs: verl divides by GPUs / Ulysses SP
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 64 // (16 // 2),
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 128 // (16 // 2),
@@ -249,6 +250,7 @@ def test_did_you_mean_only_when_close():
     ("two_runs.sh", 2, r"runs verl 2 times \(lines 1, 2\)"),
     ("array_slice.sh", 2, r"an operation on a whole array"),
     ("other_program.sh", 1, r"runs verl.trainer.main_generation \(verl's offline generation"),
+    ("test_and_assign.sh", 3, r"uses \$LR, which is set inside a `&&` / `\|\|` whose test only the shell can decide"),
 ])
 def test_a_script_the_reader_cannot_read_fails_naming_the_line(script, line, message):
   path = _script(os.path.join("unreadable", script))

@@ -31,6 +31,10 @@ DATA=(
 DATA+=( data.return_raw_chat=${return_raw_chat} )
 ACTOR=( actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct actor_rollout_ref.actor.ppo_mini_batch_size=32 )
 SAMPLING="actor_rollout_ref.rollout.n=${n_resp} actor_rollout_ref.rollout.temperature=1.0"
+LOSS_AGG=${LOSS_AGG:-}
+[ -z "$LOSS_AGG" ] && LOSS_AGG=seq-mean-token-mean
+[ -n "$LOSS_AGG" ] || LOSS_AGG=token-mean
+cd "$HOME" || exit 1
 
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
@@ -38,6 +42,7 @@ python3 -m verl.trainer.main_ppo \
     ${ACTOR[*]} \
     $SAMPLING \
     actor_rollout_ref.actor.policy_loss.loss_mode=gspo \
+    actor_rollout_ref.actor.loss_agg_mode=${LOSS_AGG} \
     actor_rollout_ref.actor.use_dynamic_bsz=True \
     actor_rollout_ref.actor.ppo_max_token_len_per_gpu=${actor_ppo_max_token_len} \
     actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=${infer_ppo_max_token_len} \
@@ -46,3 +51,5 @@ python3 -m verl.trainer.main_ppo \
     trainer.experiment_name="${exp_name}-n${n_resp}" \
     trainer.n_gpus_per_node=8 \
     trainer.nnodes="${NNODES}" "$@" 2>&1 | tee "${exp_name}.log"
+exit 0
+python3 -m verl.trainer.main_ppo trainer.total_epochs=1  # never reached
