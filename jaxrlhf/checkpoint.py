@@ -153,11 +153,13 @@ class Checkpointer:
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, f"{STEP_PREFIX}_{step}")
 
-  def restore(self, step: int, target_state):
+  def restore(self, step: int, target_state, config: ml_collections.ConfigDict | None = None):
     """Restores onto the shardings of `target_state` (arrays or ShapeDtypeStructs); keeps its ref params.
 
     A checkpoint in the other layer layout (one written before the layer scan, `layers_<i>`, restored
     into scanned layers, or the reverse) is read in its own layout and converted to the target's.
+    One whose arrays do not fit `target_state` raises a CheckpointError listing every setting of `config`
+    (the run's) that differs from the checkpoint's.
     """
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state))
@@ -169,8 +171,14 @@ class Checkpointer:
       if convert:
         abstract = (unstack_layers(abstract, _abstract_layer) if saved == "unstacked"
                     else stack_layers(abstract, _abstract_stack))
-      restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+      except Exception as e:  # noqa: BLE001  (a state that does not fit is told apart from a damaged file)
+        mismatch = self._mismatch(step, saved_tree, abstract, config)
+        if mismatch is not None:
+          raise mismatch from e
+        raise
     state = restored.state
     if convert:
       logging.info("checkpoint step %d has %s layers: converting to %s", step, saved, wanted)
@@ -183,6 +191,31 @@ class Checkpointer:
     if target_state.critic_adapters is not None:
       state = state.replace(critic_params=target_state.critic_params)
     return state, restored.meta
+
+  def _mismatch(self, step: int, saved_tree, abstract, config) -> CheckpointError | None:
+    """Why checkpoint `step`'s arrays do not fit `abstract`: the settings that differ, else the arrays (None:
+    they fit, so the checkpoint itself is damaged)."""
+    shapes = lambda tree: {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+                           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    saved, wanted = shapes(saved_tree), shapes(abstract)
+    arrays = sorted(path for path in saved.keys() | wanted.keys() if saved.get(path) != wanted.get(path))
+    if not arrays:
+      return None
+    settings = []
+    if config is not None:
+      try:
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        settings = config_differences(json.loads(meta["config"]), json.loads(config.to_json()))
+      except Exception:  # noqa: BLE001  (no readable config: the arrays say it)
+        settings = []
+    where = f"checkpoint {self.step_dir(step)} does not fit this run's state"
+    hint = "resume with the checkpoint's settings, or start a new trainer.experiment_name"
+    if settings:
+      return CheckpointError(f"{where}: {len(settings)} setting(s) differ from the checkpoint's: "
+                             + "; ".join(settings), hint=hint)
+    shown = [f"{path} {saved.get(path, 'absent')} saved, {wanted.get(path, 'absent')} now" for path in arrays[:5]]
+    return CheckpointError(f"{where}: {len(arrays)} array(s) differ: " + "; ".join(shown)
+                           + ("; ..." if len(arrays) > 5 else ""), hint=hint)
 
   def set_aside(self, step: int) -> str:
     """Renames an unreadable step folder to `unreadable_global_step_N[.K]` (kept, no longer a step); returns it."""
@@ -232,6 +265,24 @@ def _unreadable_as_checkpoint_error(step_dir: str):
     detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     raise CheckpointError(f"checkpoint {step_dir} cannot be read (a truncated or damaged file?): "
                           f"{type(e).__name__}: {detail}") from e
+
+
+_ABSENT = object()
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+  """'key: <saved> in the checkpoint, <current> now' for every setting of two config dicts (as the checkpoint's
+  JSON holds them) that differs; the resume keys aside, which say how to resume rather than what was trained."""
+  def flat(tree, prefix=""):
+    if not isinstance(tree, dict):
+      return {prefix[:-1]: tree}
+    return {k: v for key, value in tree.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+  old, new = flat(saved), flat(current)
+  keys = sorted(key for key in old.keys() | new.keys()
+                if old.get(key, _ABSENT) != new.get(key, _ABSENT) and not key.startswith("trainer.resume_"))
+  show = lambda value: "absent" if value is _ABSENT else repr(value)
+  return [f"{key}: {show(old.get(key, _ABSENT))} in the checkpoint, {show(new.get(key, _ABSENT))} now"
+          for key in keys]
 
 
 def _named(key: str, path: str) -> str:

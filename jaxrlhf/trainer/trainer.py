@@ -360,14 +360,14 @@ class Trainer:
       directory, step = split_step_dir(config.resume_from_path)
       source = Checkpointer(directory)
       try:
-        self.state, meta = source.restore(step, self.state)
+        self.state, meta = source.restore(step, self.state, config=self.config)
       finally:
         source.close()
     else:
       unreadable: list[tuple[int, CheckpointError]] = []
       for step in sorted(checkpointer.all_steps(), reverse=True):
         try:
-          self.state, meta = checkpointer.restore(step, self.state)
+          self.state, meta = checkpointer.restore(step, self.state, config=self.config)
           break
         except CheckpointError as e:
           unreadable.append((step, e))
