@@ -826,8 +826,9 @@ def translate_script(path: str, config_path: str | None = None, env: dict[str, s
                             if word.shell is not None},
                 refusals=_hydra_base(script))
   for word in script.hydra_args:
-    if word.startswith("--config-"):
-      report.ignored.append((word, "", "verl's Hydra base config: jaxrlhf's base is --config FILE"))
+    if word.startswith("-"):
+      flag, _, value = word.partition("=")
+      report.ignored.append((flag, value, "verl's Hydra base config: jaxrlhf's base is --config FILE"))
   passthrough = [word.shell if word.unquoted else f'"{word.shell}"' for word in script.passthrough]
   for word in passthrough:
     report.notes.append(f"{word} is left to your shell: train.py reads the key=value overrides it holds")
