@@ -38,10 +38,11 @@ _callback_errors_lock = threading.Lock()
 
 
 class _UserErrorsReachTheUser(logging.Filter):
-  """JAX logs every callback exception with its traceback; a UserError is reported once, by the caller."""
+  """JAX logs every callback exception with its traceback; a UserError is reported once, by the caller, and
+  Ctrl-C during scoring is just Ctrl-C."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not (record.exc_info and isinstance(record.exc_info[1], UserError))
+    return not (record.exc_info and isinstance(record.exc_info[1], (UserError, KeyboardInterrupt)))
 
 
 logging.getLogger("jax._src.callback").addFilter(_UserErrorsReachTheUser())
