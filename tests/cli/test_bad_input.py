@@ -87,6 +87,14 @@ def files(tmp_path_factory):
                                  "reward_model": r["reward_model"]} for r in rows])
   pq.write_table(table, root / "no_prompt.parquet")
   pq.write_table(pa.Table.from_pylist(rows), root / "prompts.parquet")
+  # 10 rows, 6 of them longer than 8 tokens (the chat template makes a 4-digit prompt 8 tokens).
+  with open(root / "mixed_lengths.jsonl", "w") as f:
+    for i, row in enumerate(rows + recall_rows("test")[8:10]):
+      longer = [{"role": "user", "content": row["prompt"][0]["content"] + " 1 2 3"}]
+      f.write(json.dumps({**row, "prompt": longer} if i < 6 else row) + "\n")
+  # A Latin-1 byte (0xe9) in the second line.
+  (root / "latin1.jsonl").write_bytes(json.dumps(rows[0]).encode() + b"\n" + b'{"prompt": "caf\xe9"}\n')
+  (root / "latin1.txt").write_bytes(b"first : 1 2\ncaf\xe9 : 1 2\n")
 
   good = _write_hf_model(root / "hf_model", 2)
   pq.write_table(pa.Table.from_pylist(rows), root / "hf_model" / "train.parquet")  # not part of a model
@@ -173,6 +181,16 @@ TRAIN_CASES = {
                              "--config.trainer.resume_from_path={tmp}/run/global_step_3"],
                             ["trainer.resume_from_path", "global_step_3", "does not exist"]),
     "resume_path_unset": (["--config.trainer.resume_mode=resume_path"], ["trainer.resume_from_path"]),
+    "run_dir_under_a_file": (["--config.trainer.default_local_dir={files}/prompts.parquet/runs"],
+                             ["trainer.default_local_dir", "prompts.parquet is a file, not a directory"]),
+    "lengths_beyond_the_model": (["--config.data.max_response_length=100000000"],
+                                 ["data.max_prompt_length + data.max_response_length = 12 + 100000000",
+                                  "max_position_embeddings=64"]),
+    # Within the positions of a model that claims 10**12: the rollout's KV cache, estimated before compiling.
+    "kv_cache_beyond_memory": (["--config.data.max_response_length=10000000000",
+                                "--config.actor_rollout_ref.model.override_config.max_position_embeddings="
+                                "1000000000000"],
+                               ["host memory", "KV cache (256 sequences of 10,000,000,012 tokens)", "PiB"]),
 }
 
 
@@ -221,7 +239,32 @@ def test_a_reward_function_that_raises_reaches_the_user_as_its_own_message(files
   assert "JaxRuntimeError" not in result.stderr
 
 
+def test_train_names_the_file_and_byte_offset_of_bytes_that_are_not_utf8(files, tmp_path):
+  offset = (files / "latin1.jsonl").read_bytes().index(b"\xe9")
+  result = run_cli("train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}",
+                   f"--config.data.train_files=('{files}/latin1.jsonl',)")
+  assert_user_error(result, "train.py", f"{files}/latin1.jsonl", "not UTF-8", f"byte offset {offset} (line 2)")
+
+
+def test_filtered_rows_are_counted_and_a_dataset_too_small_after_filtering_leaves_no_run_directory(files, tmp_path):
+  result = run_cli("train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}",
+                   f"--config.data.train_files=('{files}/mixed_lengths.jsonl',)", "--config.data.max_prompt_length=8",
+                   "--config.data.filter_overlong_prompts=True")
+  assert_user_error(result, "train.py", "data.train_batch_size=64 is larger than the dataset (4 rows; 10 read, 6 "
+                    "dropped by data.filter_overlong_prompts)")
+  assert "data.train_files: data.filter_overlong_prompts dropped 6 of 10 rows (longer than " \
+         "data.max_prompt_length=8); 4 left" in result.stdout
+  assert not os.path.exists(tmp_path / "quickstart")  # made for the tokenizer, removed with the refusal
+
+
 # ----- generate ------------------------------------------------------------------------------------
+
+def test_generate_names_the_byte_offset_of_bytes_that_are_not_utf8_in_the_prompts(files, tmp_path):
+  result = run_cli("-m", "jaxrlhf.generate", "--model", files / "hf_model", "--prompts", files / "latin1.txt",
+                   "--output", tmp_path / "out.jsonl")
+  assert_user_error(result, "python -m jaxrlhf.generate", f"--prompts {files}/latin1.txt", "not UTF-8",
+                    "byte 0xe9 at byte offset 15 (line 2)")
+
 
 def test_generate_checks_the_prompts_file_before_loading_the_model(tmp_path):
   result = run_cli("-m", "jaxrlhf.generate", "--model", tmp_path / "no_model", "--prompts", tmp_path / "prompts.txt",
@@ -322,7 +365,7 @@ def test_resuming_at_or_past_the_last_step_says_the_run_is_complete(trained_run,
 
 
 def test_auto_resume_sets_an_unreadable_latest_checkpoint_aside_and_takes_the_one_before(trained_run, tmp_path,
-                                                                                        caplog):
+                                                                                        caplog, capsys):
   config, step_dir = trained_run
   config = config.copy_and_resolve_references()
   config.trainer.default_local_dir = str(tmp_path)
@@ -340,6 +383,7 @@ def test_auto_resume_sets_an_unreadable_latest_checkpoint_aside_and_takes_the_on
   message = " ".join(r.getMessage() for r in caplog.records)
   assert f"checkpoint {run_dir}/global_step_2 cannot be read" in message and "resuming from step 1" in message
   assert os.listdir(run_dir / "unreadable_global_step_2")  # kept as it was
+  assert f"resumed from step 1: {run_dir}/global_step_1" in capsys.readouterr().out
 
 
 def _train_flags(run_root, steps):

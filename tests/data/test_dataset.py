@@ -55,6 +55,35 @@ def test_overlong_prompts_truncate_filter_or_error(tmp_path, tokenizer):
   assert tokenizer.convert_ids_to_tokens(left.input_ids[0].tolist())[-1] == "<|assistant|>"
 
 
+def test_filtering_is_counted_and_a_too_small_dataset_counts_rows_before_and_after(tmp_path, tokenizer):
+  path = tmp_path / "rows.jsonl"
+  path.write_text("".join(json.dumps(_row(text)) + "\n" for text in ["last : 1 2 3 4 5 6"] * 3 + ["first : 1"]))
+  filtered = build_dataset(str(path), tokenizer, max_prompt_length=6, filter_overlong_prompts=True)
+  assert filtered.filtering_note("data.train_files") == (
+      "data.train_files: data.filter_overlong_prompts dropped 3 of 4 rows (longer than data.max_prompt_length=6); "
+      "1 left")
+  assert build_dataset(str(path), tokenizer, max_prompt_length=20).filtering_note("data.train_files") is None
+  with pytest.raises(DataError, match=r"^data.gen_batch_size=2 is larger than the dataset \(1 rows; 4 read, 3 "
+                                      r"dropped by data.filter_overlong_prompts\)$"):
+    BatchSchedule(len(filtered), 2, seed=0, key="data.gen_batch_size", num_dropped=filtered.num_filtered)
+
+
+def test_row_errors_name_the_file_of_the_row_not_the_list_of_files(tmp_path, tokenizer):
+  good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+  good.write_text(json.dumps(_row("first : 1")) + "\n")
+  bad.write_text(json.dumps(_row("first : 1")) + "\n" + json.dumps({"prompt": "first : 2"}) + "\n")
+  with pytest.raises(DataError, match=f"^{bad} row 1: missing column 'data_source'"):
+    build_dataset((str(good), str(bad)), tokenizer, max_prompt_length=8)
+
+
+def test_bytes_that_are_not_utf8_are_named_by_file_and_byte_offset(tmp_path, tokenizer):
+  path = tmp_path / "latin1.jsonl"
+  path.write_bytes(json.dumps(_row("first : 1")).encode() + b"\n" + b'{"prompt": "caf\xe9"}\n')
+  offset = path.read_bytes().index(b"\xe9")
+  with pytest.raises(DataError, match=f"^{path}: not UTF-8: byte 0xe9 at byte offset {offset} \\(line 2\\)$"):
+    build_dataset(str(path), tokenizer, max_prompt_length=8)
+
+
 def test_bad_inputs_name_file_and_column(tmp_path, tokenizer):
   with pytest.raises(DataError, match="missing.parquet"):
     load_rows(str(tmp_path / "missing.parquet"))
