@@ -194,6 +194,16 @@ def _profile_steps(value, overrides, config) -> dict:
 
 # ----- refusals that depend on the value ----------------------------------------------------------
 
+class _LeftToShell:
+  """The parsed value of an override whose value only the user's shell knows."""
+
+  def __repr__(self):
+    return "<left to the shell>"
+
+
+LEFT_TO_SHELL = _LeftToShell()
+NEEDS_VALUE = "jaxrlhf needs this value to decide whether it can be ignored: set its variable where you run verl_compat"
+
 _MULTI_TURN = "multi-turn rollouts: not yet (issue 35)"
 _MULTI_TURN_INERT = {"actor_rollout_ref.rollout.multi_turn.enable": False,
                      "actor_rollout_ref.rollout.multi_turn.format": None,  # any value: tool-call parsing only
@@ -203,14 +213,18 @@ _MULTI_TURN_INERT = {"actor_rollout_ref.rollout.multi_turn.enable": False,
 
 def _multi_turn(key, value, overrides) -> str | None:
   del overrides
-  if key in _MULTI_TURN_INERT and _MULTI_TURN_INERT[key] in (None, value):
+  if key not in _MULTI_TURN_INERT:
+    return _MULTI_TURN  # whatever the value
+  if _MULTI_TURN_INERT[key] is None:
     return None
-  return _MULTI_TURN
+  if value is LEFT_TO_SHELL:
+    return NEEDS_VALUE
+  return None if value == _MULTI_TURN_INERT[key] else _MULTI_TURN
 
 
 def _strategy(key, value, overrides) -> str | None:
   del key, overrides
-  return _MEGATRON if value == "megatron" else None
+  return NEEDS_VALUE if value is LEFT_TO_SHELL else _MEGATRON if value == "megatron" else None
 
 
 _REWARD_MANAGERS = {"prime": "PRIME's reward manager (the PRIME recipe's verification with timeouts and implicit "
@@ -220,6 +234,8 @@ _REWARD_MANAGERS = {"prime": "PRIME's reward manager (the PRIME recipe's verific
 
 def _reward_manager(key, value, overrides) -> str | None:
   del key, overrides
+  if value is LEFT_TO_SHELL:
+    return NEEDS_VALUE
   if value in (None, "naive", "dapo", "batch", "gdpo"):
     return None
   return _REWARD_MANAGERS.get(value, f"reward manager {value!r}: jaxrlhf's rewards are the rule by data_source or "
@@ -228,7 +244,7 @@ def _reward_manager(key, value, overrides) -> str | None:
 
 def _input_tokenizer(key, value, overrides) -> str | None:
   del key, overrides
-  return None if value is None else (
+  return NEEDS_VALUE if value is LEFT_TO_SHELL else None if value is None else (
       "a reward model with its own tokenizer or chat template: jaxrlhf's reward model reads the actor's tokens "
       "(set it to null when the two share tokenizer and chat template)")
 
@@ -600,14 +616,6 @@ def unknown_key_error(key: str, arg: str, tree_types) -> UserError:
   return UserError(unknown_key_line(key, arg, tree_types), hint=HINT)
 
 
-class _LeftToShell:
-  """The parsed value of an override whose value only the user's shell knows."""
-
-  def __repr__(self):
-    return "<left to the shell>"
-
-
-LEFT_TO_SHELL = _LeftToShell()
 
 
 @dataclasses.dataclass
@@ -692,12 +700,10 @@ def plan(args: Sequence[str], config: ml_collections.ConfigDict, *,
     if isinstance(entry, Refused):
       refusals.setdefault(entry.family, (entry.reason, []))[1].append(key)
     elif isinstance(entry, Ignored):
-      if entry.refuse is not None and value is LEFT_TO_SHELL:
-        problems.append(f"config key '{key}'={override.raw}: jaxrlhf needs its value to decide whether it can be "
-                        "ignored; set the variable where you run verl_compat")
-        continue
       reason = entry.refuse(key, value, parsed) if entry.refuse is not None else None
-      if reason:
+      if reason == NEEDS_VALUE:
+        problems.append(f"config key '{key}'={override.raw}: {NEEDS_VALUE}")
+      elif reason:
         refusals.setdefault(entry.family, (reason, []))[1].append(f"{key}={override.raw}")
       else:
         report.ignored.append((key, override.raw, entry.reason))

@@ -202,6 +202,15 @@ def test_refusals_and_bad_values_name_the_key(overrides, message):
     verl_compat.apply_overrides(get_base_config(), overrides)
 
 
+def test_a_refusal_that_depends_on_a_value_only_the_shell_knows():
+  def plan(arg):
+    return verl_compat.plan([arg], get_base_config(), shell_text={arg: arg.split("=", 1)[1]})
+  with pytest.raises(UserError, match=r"refused \(multi-turn\)"):  # refused whatever the path
+    plan("actor_rollout_ref.rollout.multi_turn.tool_config_path=$(pwd)/tools.yaml")
+  with pytest.raises(UserError, match=r"'reward_model.reward_manager'=\$RM: jaxrlhf needs this value"):
+    plan("reward_model.reward_manager=$RM")
+
+
 def test_accepted_reward_managers_and_loggers():
   config = get_base_config()
   report = verl_compat.apply_overrides(config, ["reward_model.reward_manager=batch", "trainer.logger=['file','vemlp_wandb']",
