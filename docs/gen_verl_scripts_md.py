@@ -41,7 +41,7 @@ def _row(key: str, entry, tree_types) -> str:
 
 
 def render() -> str:
-  tree_types = verl_compat._tree_types()
+  tree_types = verl_compat.base_tree_types()
   lines = [
       "# verl run scripts",
       "",

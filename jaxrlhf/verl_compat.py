@@ -571,8 +571,9 @@ def coerce(key: str, value: Any, expected: type, arg: str) -> Any:
 
 # ----- classification ----------------------------------------------------------------------------
 
-def _tree_types() -> dict[str, type]:
-  from jaxrlhf.config import _field_types, get_base_config  # the tree's declared types, placeholders too
+def base_tree_types() -> dict[str, type]:
+  """{key: declared type} of every leaf of jaxrlhf's config tree (placeholders too)."""
+  from jaxrlhf.config import _field_types, get_base_config
   return _field_types(get_base_config())
 
 
@@ -586,7 +587,7 @@ def lookup(key: str, tree_types: dict[str, type]) -> Translated | Ignored | Refu
   return next((TABLE[pattern] for pattern, regex in _PATTERNS if regex.fullmatch(key)), None)
 
 
-def _did_you_mean(key: str, candidates: Sequence[str]) -> str | None:
+def did_you_mean(key: str, candidates: Sequence[str]) -> str | None:
   """A close key: a small typo of the last part under the same section, or the same last part in a section
   spelled almost alike. Never a different setting that merely shares words."""
   parent, _, leaf = key.rpartition(".")
@@ -607,7 +608,7 @@ def _did_you_mean(key: str, candidates: Sequence[str]) -> str | None:
 
 
 def unknown_key_line(key: str, arg: str, tree_types) -> str:
-  close = _did_you_mean(key, list(tree_types) + [k for k in TABLE if "*" not in k])
+  close = did_you_mean(key, list(tree_types) + [k for k in TABLE if "*" not in k])
   suggestion = f"; did you mean '{close}'?" if close else "; docs/config.md lists every key"
   return f"unknown config key '{key}' (from {arg}){suggestion}"
 
@@ -660,7 +661,7 @@ def plan(args: Sequence[str], config: ml_collections.ConfigDict, *,
   passed on as verl overrides for train.py to translate when it runs. A repeated key: the last wins.
   Every problem (unknown key, bad value, refused family; `refusals` found before) is raised at once.
   """
-  tree_types = _tree_types()
+  tree_types = base_tree_types()
   shell_text = shell_text or {}
   report = Report()
   problems: list[str] = []
@@ -773,7 +774,7 @@ def _set_all(config, assignments: dict[str, Any], tree_types) -> None:
 def apply_overrides(config: ml_collections.ConfigDict, args: Sequence[str]) -> Report:
   """Sets verl overrides on `config` (a locked tree keeps its types: only existing keys are set)."""
   report = plan(args, config)
-  _set_all(config, report.assignments, _tree_types())
+  _set_all(config, report.assignments, base_tree_types())
   return report
 
 

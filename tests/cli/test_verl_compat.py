@@ -232,7 +232,7 @@ def test_the_dapo_recipes_older_spellings():
 
 
 def test_num_workers_is_mapped_once_the_tree_has_it():
-  types = verl_compat._tree_types()
+  types = verl_compat.base_tree_types()
   assert isinstance(verl_compat.lookup("reward_model.num_workers", {k: v for k, v in types.items()
                                                                     if k != "reward_model.num_workers"}),
                     verl_compat.Ignored)
@@ -240,15 +240,15 @@ def test_num_workers_is_mapped_once_the_tree_has_it():
 
 
 def test_did_you_mean_only_when_close():
-  candidates = list(verl_compat._tree_types()) + [k for k in verl_compat.TABLE if "*" not in k]
-  assert verl_compat._did_you_mean("trainer.total_trainig_steps", candidates) == "trainer.total_training_steps"
-  assert verl_compat._did_you_mean("actor_rollout_ref.rollout.tensor_model_paralel_size", candidates) == (
+  candidates = list(verl_compat.base_tree_types()) + [k for k in verl_compat.TABLE if "*" not in k]
+  assert verl_compat.did_you_mean("trainer.total_trainig_steps", candidates) == "trainer.total_training_steps"
+  assert verl_compat.did_you_mean("actor_rollout_ref.rollout.tensor_model_paralel_size", candidates) == (
       "actor_rollout_ref.rollout.tensor_model_parallel_size")
-  assert verl_compat._did_you_mean("actor_rollout_ref.rollout.kl_loss_coef", candidates) == (
+  assert verl_compat.did_you_mean("actor_rollout_ref.rollout.kl_loss_coef", candidates) == (
       "actor_rollout_ref.actor.kl_loss_coef")
   for far in ("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", "critic.pipeline_model_parallel_size",
               "actor_rollout_ref.model.use_rmpad", "trainer.bench_steps"):
-    assert verl_compat._did_you_mean(far, candidates) is None, far
+    assert verl_compat.did_you_mean(far, candidates) is None, far
 
 
 @pytest.mark.parametrize("script, line, message", [
