@@ -473,7 +473,8 @@ FAMILIES = {
     "custom reward loop": "a custom reward loop class: jaxrlhf's reward is custom_reward_function",
     "Hydra base config": "a base config other than verl's ppo_trainer sets values jaxrlhf cannot read",
 }
-TABLE: dict[str, Translated | Ignored | Refused] = {key: entry for _, entries in SECTIONS for key, entry in entries.items()}
+TABLE: dict[str, Translated | Ignored | Refused] = {
+    key: entry for _, entries in SECTIONS for key, entry in entries.items()}
 _PATTERNS = sorted(((key, re.compile(".*".join(map(re.escape, key.split("*"))))) for key in TABLE if "*" in key),
                    key=lambda item: -len(item[0].replace("*", "")))
 

@@ -120,7 +120,8 @@ def test_reader_reports_what_it_did_not_translate():
   assert script.script_args and not script.passthrough  # "$@"; `2>&1 | tee` is not part of the command
   assert any("$@" in note for note in report.notes)
   ignored = {key: raw for key, raw, _ in report.ignored}
-  assert ignored == {"data.return_raw_chat": "True", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "30720"}
+  assert ignored == {"data.return_raw_chat": "True",
+                     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "30720"}
 
 
 def test_generation_tp_keeps_training_fsdp():
@@ -177,7 +178,8 @@ def test_refused_families_and_unknown_keys_in_one_message():
   assert "refused (vision-language)" in body and "[data.image_key]" in body
   assert "refused (multi-turn): multi-turn rollouts: not yet (issue 35)" in body
   assert "refused (reward manager): PRIME's reward manager" in body
-  assert "unknown config key 'trainer.total_trainig_steps'" in body and "did you mean 'trainer.total_training_steps'" in body
+  assert "unknown config key 'trainer.total_trainig_steps'" in body
+  assert "did you mean 'trainer.total_training_steps'" in body
   unknown_pipeline = next(line for line in lines if "'critic.pipeline_model_parallel_size'" in line)
   assert "did you mean" not in unknown_pipeline
 
@@ -213,7 +215,8 @@ def test_a_refusal_that_depends_on_a_value_only_the_shell_knows():
 
 def test_accepted_reward_managers_and_loggers():
   config = get_base_config()
-  report = verl_compat.apply_overrides(config, ["reward_model.reward_manager=batch", "trainer.logger=['file','vemlp_wandb']",
+  report = verl_compat.apply_overrides(config, ["reward_model.reward_manager=batch",
+                                                "trainer.logger=['file','vemlp_wandb']",
                                                 "trainer.profile_steps=[2]"])
   assert config.trainer.logger == ("jsonl",) and config.trainer.profile_steps == (2,)
   assert {(key, raw) for key, raw, _ in report.ignored} == {("reward_model.reward_manager", "batch"),
@@ -358,7 +361,8 @@ def test_printed_command_and_verl_args_both_train(tmp_path):
   assert printed.returncode == 0, printed.stderr[-2000:]
   command = printed.stdout.split("\n\n")[0]
   assert command.startswith("python train.py \\\n    --config configs/verl_defaults.py")
-  assert "--config.mesh.fsdp=2" in command and "--config.actor_rollout_ref.rollout.tensor_model_parallel_size=2" in command
+  assert "--config.mesh.fsdp=2" in command
+  assert "--config.actor_rollout_ref.rollout.tensor_model_parallel_size=2" in command
   assert "--config.mesh.tensor" not in command  # generation TP 2 over the fsdp devices; training is FSDP
   assert "actor_rollout_ref.rollout.name=vllm  ->  vLLM" in printed.stdout
   translated = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -20,7 +20,8 @@ def _generator():
 
 def test_the_checked_in_page_is_the_generator_output():
   with open(DOC) as f:
-    assert f.read() == _generator().render(), "docs/verl_scripts.md is out of date: run python docs/gen_verl_scripts_md.py"
+    assert f.read() == _generator().render(), (
+        "docs/verl_scripts.md is out of date: run python docs/gen_verl_scripts_md.py")
 
 
 def test_every_table_key_and_grammar_row_is_on_the_page():
