@@ -103,7 +103,10 @@ class StepProgram:
   def kv_cache_bytes_per_device(self) -> int:
     """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout."""
     data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
-    sizes = dict(layers=self.model_config.num_hidden_layers, batch=data_cfg.train_batch_size * n,
+    # DAPO's dynamic sampling generates gen_batch_size prompts a round.
+    prompts = (data_cfg.gen_batch_size or data_cfg.train_batch_size) if self.config.algorithm.filter_groups.enable \
+        else data_cfg.train_batch_size
+    sizes = dict(layers=self.model_config.num_hidden_layers, batch=prompts * n,
                  length=data_cfg.max_prompt_length + data_cfg.max_response_length,
                  kv_heads=self.ppo.generation.rollout_actor.config.num_key_value_heads,  # copies included
                  head_dim=self.model_config.resolved_head_dim)
