@@ -132,7 +132,7 @@ class _Progress:
       return
     self.next_report = now + PROGRESS_EVERY_S
     scored = [r for r in results if r is not None] + list((more or {}).values())
-    timed_out = sum(1 for r in scored if r.error and r.error.startswith("timed out"))
+    timed_out = sum(1 for r in scored if r.timed_out)
     failed = sum(1 for r in scored if r.error) - timed_out
     _log.warning("reward: scored %d/%d samples in %.0f s (%s; %d timed out, %d failed)", len(scored), self.total,
                  now - self.start, self.where, timed_out, failed)
@@ -200,7 +200,7 @@ def score_batch(
     if result.error is not None:
       if on_error == "raise":
         hint = "reward_model.on_error=zero scores such a sample 0 and counts it (metric reward/num_errors)"
-        if result.error.startswith("timed out"):
+        if result.timed_out:
           hint = "raise reward_model.timeout_s, or " + hint
         raise RewardFunctionError(
             f"reward function {function_name(scorer.fn)!r} failed on sample {index} "

@@ -26,9 +26,20 @@ class SampleResult(NamedTuple):
   error: Optional[str] = None
   unknown_data_source: Optional[str] = None
 
+  @property
+  def timed_out(self) -> bool:
+    return self.error is not None and self.error.startswith(_TIMED_OUT)
+
+
+_TIMED_OUT = "timed out"
+
 
 def failed(what: str) -> SampleResult:
   return SampleResult(error=what)
+
+
+def timed_out(seconds: float) -> SampleResult:
+  return failed(f"{_TIMED_OUT} after {seconds:g} s (reward_model.timeout_s)")
 
 
 def score_sample(fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any,

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 from jaxrlhf.errors import UserError
 from jaxrlhf.rewards.custom import RewardSource
 from jaxrlhf.rewards.registry import registered_functions
-from jaxrlhf.rewards.sample import SampleResult, failed, score_sample
+from jaxrlhf.rewards.sample import SampleResult, failed, score_sample, timed_out
 
 Sample = tuple  # (data_source, solution_str, ground_truth, extra_info)
 
@@ -189,7 +189,7 @@ class WorkerPool:
         exited = True
       if exited:
         worker.process.join(1.0)
-        self._fail_head(worker, _exit_text(worker.process.exitcode), results, pending)
+        self._fail_head(worker, failed(_exit_text(worker.process.exitcode)), results, pending)
         if not worker.ready:
           raise RewardWorkerError(
               f"a reward worker process {_exit_text(worker.process.exitcode)} while loading the reward function "
@@ -221,12 +221,13 @@ class WorkerPool:
     results[index] = result
     return result.unknown_data_source is not None
 
-  def _fail_head(self, worker: _Worker, what: str, results: dict, pending: Optional[collections.deque]) -> None:
-    """The running sample of `worker` failed with `what`; the rest of its chunk goes back to the queue."""
+  def _fail_head(self, worker: _Worker, result: SampleResult, results: dict,
+                 pending: Optional[collections.deque]) -> None:
+    """The running sample of `worker` failed (`result`); the rest of its chunk goes back to the queue."""
     if not worker.chunk:
       return
     index, _ = worker.chunk.popleft()
-    results[index] = failed(what)
+    results[index] = result
     if worker.chunk and pending is not None:
       pending.appendleft(collections.deque(worker.chunk))
     worker.chunk = collections.deque()
@@ -237,7 +238,7 @@ class WorkerPool:
     now = time.monotonic()
     for worker in list(self._workers):
       if worker.chunk and now - worker.since > self.timeout_s:
-        self._fail_head(worker, f"timed out after {self.timeout_s:g} s (reward_model.timeout_s)", results, pending)
+        self._fail_head(worker, timed_out(self.timeout_s), results, pending)
         self._retire(worker)
 
 
