@@ -319,10 +319,15 @@ def check_lengths(config, num_rows: int) -> None:
   and activations come on top."""
   data = config.data
   length = data.max_prompt_length + data.max_response_length
-  actor = model_config_from(config.actor_rollout_ref.model)
-  models = [("actor_rollout_ref.model", actor)]
-  if config.critic.enable:
-    models.append(("critic.model", critic_config_from(config, actor)))
+  try:
+    actor = model_config_from(config.actor_rollout_ref.model)
+    models = [("actor_rollout_ref.model", actor)]
+    if config.critic.enable:
+      models.append(("critic.model", critic_config_from(config, actor)))
+  except UserError:
+    raise
+  except ValueError as e:  # DecoderConfig's own checks: a from-scratch model without its sizes, heads, ...
+    raise ConfigError(f"actor_rollout_ref.model: {e}") from None
   for key, model in models:
     if model.rope_type == "default" and length > model.max_position_embeddings:
       raise ConfigError(

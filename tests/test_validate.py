@@ -104,3 +104,10 @@ def test_prompts_padded_beyond_the_machines_memory_are_refused_before_padding():
   assert message.startswith("the run needs at least ")
   assert "the prompts padded to data.max_prompt_length=1000000000 (20,000 rows): 145.5 TiB" in message
   assert "more than this machine's" in message
+
+
+def test_a_from_scratch_model_without_its_sizes_is_a_config_error():
+  config = resolve_config(load_config_file(QUICKSTART))
+  config.actor_rollout_ref.model.override_config.hidden_size = None
+  with pytest.raises(ConfigError, match=r"actor_rollout_ref.model: model config is missing \['hidden_size'\]"):
+    check_lengths(config, num_rows=100)
