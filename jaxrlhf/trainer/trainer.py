@@ -64,6 +64,19 @@ def _outermost_missing(path: str) -> str | None:
   return missing
 
 
+def _remove_new_run_dir(run_dir: str, outermost: str) -> None:
+  """Removes a run directory this run made (only it wrote there: it held the lock), then its parents up to
+  `outermost` while they are empty (another run may have made its own directory beside it meanwhile)."""
+  shutil.rmtree(run_dir, ignore_errors=True)
+  folder = os.path.dirname(os.path.abspath(run_dir))
+  while len(folder) >= len(outermost):
+    try:
+      os.rmdir(folder)
+    except OSError:
+      return
+    folder = os.path.dirname(folder)
+
+
 _VALIDATION_STREAM = 1 << 30  # fold_in tag of validation keys (training folds in step numbers < 2**30)
 
 
@@ -84,7 +97,7 @@ class Trainer:
       self._load_data(config, compute_score)
     except UserError:
       if new_dir and jax.process_index() == 0:  # a refused run leaves no run directory (nor its lock) behind
-        shutil.rmtree(new_dir, ignore_errors=True)
+        _remove_new_run_dir(self.run_dir, new_dir)
       raise
     self.num_batch_shards = self.mesh.shape["data"] * fsdp_size(self.mesh)
     data_cfg = config.data
