@@ -26,13 +26,11 @@ def _cell(text: str) -> str:
   return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _row(key: str, entry, tree_types) -> str:
+def _row(key: str, entry) -> str:
   if isinstance(entry, verl_compat.Translated):
     what, why = f"translated: {entry.target}", entry.note
   elif isinstance(entry, verl_compat.Refused):
     what, why = f"refused ({entry.family})", entry.reason
-  elif entry.until_in_tree and key in tree_types:
-    what, why = "mapped: jaxrlhf's tree has it (docs/config.md)", ""
   elif entry.refuse is not None:
     what, why = f"ignored; refused ({entry.family}) for {entry.refuses}", entry.reason
   else:
@@ -41,7 +39,6 @@ def _row(key: str, entry, tree_types) -> str:
 
 
 def render() -> str:
-  tree_types = verl_compat.base_tree_types()
   lines = [
       "# verl run scripts",
       "",
@@ -78,7 +75,7 @@ def render() -> str:
   ]
   for title, entries in verl_compat.SECTIONS:
     lines += ["", f"### {title}", "", "| verl key | becomes | why |", "|---|---|---|"]
-    lines += [_row(key, entry, tree_types) for key, entry in entries.items()]
+    lines += [_row(key, entry) for key, entry in entries.items()]
   lines += ["", "## Refused families", "", "| family | why |", "|---|---|"]
   lines += [f"| {family} | {_cell(reason)} |" for family, reason in verl_compat.FAMILIES.items()]
   return "\n".join(lines) + "\n"

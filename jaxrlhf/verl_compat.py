@@ -68,7 +68,6 @@ class Ignored:
   refuse: Callable[[str, Any, dict], str | None] | None = None
   refuses: str = ""
   family: str = ""
-  until_in_tree: bool = False  # ignored only until jaxrlhf's tree has the key (then mapped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,7 +393,6 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "reward_model.reward_kwargs.max_resp_len": Translated(
             _max_resp_len, "nothing: checked to equal data.max_response_length, where jaxrlhf's overlong buffer ends"),
         "reward_model.use_reward_loop": Ignored("verl's asynchronous reward loop: jaxrlhf scores inside the step"),
-        "reward_model.num_workers": Ignored("parallel scoring: reliability issue", until_in_tree=True),
         "reward_model.rollout.*": Ignored(_REWARD_ENGINE),
         "reward_model.enable_resource_pool": Ignored(_REWARD_ENGINE),
         "reward_model.n_gpus_per_node": Ignored(_REWARD_ENGINE),
@@ -581,10 +579,10 @@ def base_tree_types() -> dict[str, type]:
 def lookup(key: str, tree_types: dict[str, type]) -> Translated | Ignored | Refused | str | None:
   """The table's entry for `key`; "mapped" for a key of the tree; None for an unknown key."""
   entry = TABLE.get(key)
-  if key in tree_types and (entry is None or (isinstance(entry, Ignored) and entry.until_in_tree)):
-    return "mapped"
   if entry is not None:
     return entry
+  if key in tree_types:
+    return "mapped"
   return next((TABLE[pattern] for pattern, regex in _PATTERNS if regex.fullmatch(key)), None)
 
 
