@@ -234,12 +234,9 @@ def test_the_dapo_recipes_older_spellings():
   assert config.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
 
 
-def test_num_workers_is_mapped_once_the_tree_has_it():
-  types = verl_compat.base_tree_types()
-  assert isinstance(verl_compat.lookup("reward_model.num_workers", {k: v for k, v in types.items()
-                                                                    if k != "reward_model.num_workers"}),
-                    verl_compat.Ignored)
-  assert verl_compat.lookup("reward_model.num_workers", {**types, "reward_model.num_workers": int}) == "mapped"
+def test_reward_workers_key_is_mapped_as_verl_names_it():
+  report = verl_compat.plan(["reward_model.num_workers=4"], get_base_config())
+  assert report.assignments == {"reward_model.num_workers": 4} and not report.ignored
 
 
 def test_did_you_mean_only_when_close():
