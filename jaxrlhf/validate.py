@@ -286,7 +286,7 @@ def check_writable(what: str, path: str, *, is_file: bool = False) -> None:
 _BYTES = {"float32": 4, "bfloat16": 2}
 
 
-def _gib(num_bytes: float) -> str:
+def _bytes_text(num_bytes: float) -> str:
   for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
     if num_bytes >= size:
       return f"{num_bytes / size:,.1f} {unit}"
@@ -341,15 +341,16 @@ def check_lengths(config, num_rows: int) -> None:
               * _BYTES[rollout.dtype or actor.dtype])
   prompts = num_rows * data.max_prompt_length * 2 * 4
   padded = (f"the prompts padded to data.max_prompt_length={data.max_prompt_length} ({num_rows:,} rows): "
-            f"{_gib(prompts)}")
-  cache = f"the rollout's KV cache ({sequences:,} sequences of {length:,} tokens): {_gib(kv_cache)}"
+            f"{_bytes_text(prompts)}")
+  cache = f"the rollout's KV cache ({sequences:,} sequences of {length:,} tokens): {_bytes_text(kv_cache)}"
   device_memory, host_memory = device_memory_bytes(), host_memory_bytes()
   on_host = [(prompts, padded)] + ([(kv_cache, cache)] if device_memory is None else [])
-  if host_memory is not None and sum(size for size, _ in on_host) > host_memory:
-    raise ConfigError(f"the run needs at least {_gib(sum(size for size, _ in on_host))} of host memory, more than "
-                      f"this machine's {_gib(host_memory)}: {'; '.join(text for _, text in on_host)}",
+  host_needs = sum(size for size, _ in on_host)
+  if host_memory is not None and host_needs > host_memory:
+    raise ConfigError(f"the run needs at least {_bytes_text(host_needs)} of host memory, more than this machine's "
+                      f"{_bytes_text(host_memory)}: {'; '.join(text for _, text in on_host)}",
                       hint="lower data.max_prompt_length / data.max_response_length")
   if device_memory is not None and kv_cache > device_memory:
-    raise ConfigError(f"the run needs at least {_gib(kv_cache)} of device memory, more than the devices' "
-                      f"{_gib(device_memory)}: {cache}",
+    raise ConfigError(f"the run needs at least {_bytes_text(kv_cache)} of device memory, more than the devices' "
+                      f"{_bytes_text(device_memory)}: {cache}",
                       hint="lower data.max_response_length / data.max_prompt_length or the batch size")
