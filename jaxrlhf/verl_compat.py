@@ -20,7 +20,8 @@ Two users of the table:
     translation depends on it: train.py translates them when it runs, with the shell's values.
 
 Values follow Hydra's grammar as verl's scripts use it: `null`, `True/False` (any case), numbers,
-`[a,b]` / `['a','b']` lists, quoted strings; `+key=value` (Hydra's append) is accepted like `key=value`.
+`[a,b]` / `['a','b']` lists, quoted strings, nothing (`key=`: the empty string); `+key=value` (Hydra's
+append) is accepted like `key=value`.
 """
 
 from __future__ import annotations
@@ -529,12 +530,13 @@ def _split_list(text: str, raw: str) -> list[str]:
 def parse_value(raw: str) -> Any:
   """A Hydra value: null, bools, ints, floats, [lists], quoted strings; anything else is a string.
 
-  An unclosed bracket or quote (`["console","wandb"`) is an error, as in Hydra, not a string.
+  An unclosed bracket or quote (`["console","wandb"`) is an error, as in Hydra, not a string. An empty
+  value (`key=`, e.g. from an empty shell variable) is the empty string, as in Hydra.
   """
   text = raw.strip()
   if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
     return text[1:-1]
-  if text[:1] in "'\"":
+  if text.startswith(("'", '"')):
     raise UserError(f"cannot read {raw!r}: an unclosed {text[0]} quote")
   if text in ("null", "None", "~"):
     return None

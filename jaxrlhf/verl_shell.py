@@ -43,7 +43,8 @@ GRAMMAR = [
      "`${NAME%pat}` `${NAME%%pat}`, `${NAME^^}` `${NAME,,}`", "computed as bash computes them"),
     ("`$((arithmetic))` with inner parentheses, `+ - * / % **`, comparisons", "computed (integers, as bash)"),
     ("arrays `NAME=( a=1 b=2 )` over several lines, `NAME+=( ... )`, `NAME[i]=v`, `\"${NAME[@]}\"`, "
-     "`${NAME[*]}`, `${NAME[i]}`, `${#NAME[@]}`", "expanded as bash expands them, one word per element"),
+     "`\"${NAME[@]:offset:length}\"`, `${NAME[*]}`, `${NAME[i]}`, `${#NAME[@]}`",
+     "expanded as bash expands them, one word per element"),
     ("unquoted `$NAME` holding several `key=value` words", "split into words, as bash splits them"),
     ("`$(basename ...)`, `$(dirname ...)`, `$(echo ...)` of known values", "computed"),
     ("a variable neither the script nor the environment sets (`$SLURM_JOB_NUM_NODES`), other `$(command)`",
@@ -53,7 +54,10 @@ GRAMMAR = [
      "commands are taken to succeed (`cd dir && python3 -m verl...`); reading stops at `exit`"),
     ("a test on anything else (`[ -f file ]`, a command's status), `for` / `while` / `case` bodies, functions",
      "an error naming the line, if the verl command is inside one or uses a variable set there"),
-    ("`\"$@\"` / `$*` after the verl command", "reported: the script's own arguments are added by hand"),
+    ("`\"$@\"`, `\"${@:2}\"`, `$*` after the verl command; `${1:-default}`",
+     "reported: the script's own arguments are added by hand (the reader reads none: `$1` is its default)"),
+    ("`\\ ` before a space rather than the line's end (`key=v \\  # comment`)", "an error naming the line: bash "
+     "ends the command there and passes ' ' to verl, which refuses it"),
     ("`${!NAME}`, an unclosed quote or bracket, two verl commands", "an error naming the line"),
 ]
 
@@ -428,7 +432,7 @@ class _Shell:
         end = _Lexer(raw).dquote_end(i)
         inner_raw = raw[i + 1:end - 1]
         inner = self.fields(inner_raw, in_dquote=True)
-        if not re.fullmatch(rf"\$@|\$\{{@\}}|\$\{{{_NAME}\[@\]\}}", inner_raw):
+        if not _ALL_ELEMENTS.fullmatch(inner_raw):
           fields[-1].append(_Seg(""))  # "" is a word even when empty ("${A[@]}" of no elements is none)
         fields[-1].extend(inner[0])
         fields.extend(inner[1:])
@@ -583,13 +587,21 @@ class _Shell:
       raise _Unsupported(f"cannot read {piece}")
     name, index, rest = match.groups()
     if name in ("@", "*"):
-      self.script_args = True
+      if rest and not _SLICE.fullmatch(rest):
+        raise _Unsupported(f"cannot read {piece}: an operation on the script's arguments")
+      self.script_args = True  # "${@:2}": some of them; the reader knows none
       return [[]]
     if index is not None:
       value = self.lookup(name)
       elements = (value if name in self.arrays else [value]) if value is not None else []
       if index in ("@", "*"):
-        if rest:
+        if rest and _SLICE.fullmatch(rest):
+          offset, _, length = rest[1:].partition(":")
+          start = _evaluate(self.text(offset))
+          start = max(len(elements) + start, 0) if start < 0 else start
+          stop = len(elements) if not length else start + _evaluate(self.text(length))
+          elements = elements[start:stop]
+        elif rest:
           raise _Unsupported(f"cannot read {piece}: an operation on a whole array")
         if index == "@" and quoted:
           return [list(element) for element in elements] or [[]]
@@ -852,7 +864,13 @@ class _Shell:
         raise self.error(f"the verl command is inside {self.unknown_frame()}: the reader cannot tell whether "
                          "or how often it runs", line)
       expanded = []
-      for raw, word_line in zip(words, lines):
+      for k, (raw, word_line) in enumerate(zip(words, lines)):
+        if re.fullmatch(r"(\\[ \t])+", raw):
+          ends = (", and the command ends there: bash runs the lines after it as commands of their own (verl never "
+                  "sees their keys)") if k == len(words) - 1 else ""
+          raise self.error(f"`\\ ` (a backslash before a space, not before the end of the line) passes {raw[1::2]!r} "
+                           f"to verl as a word of its own, which verl refuses (no key=value){ends}; delete what "
+                           "follows the backslash on that line", word_line)
         try:
           expanded += self.words(raw)
         except _PoisonUsed as used:
@@ -937,6 +955,11 @@ def _state_of(result: bool | None) -> str:
 
 def _quoted(raw: str) -> bool:
   return raw[:1] in ("'", '"')
+
+
+# `"$@"`, `"${@:2}"`, `"${A[@]}"`, `"${A[@]:1:2}"`: quoted, yet no word at all when there is no element.
+_SLICE = re.compile(r":(?![-=+?])[^:}]+(:[^:}]+)?")  # ${@:offset}, ${A[@]:offset:length} (not ${A:-default})
+_ALL_ELEMENTS = re.compile(rf"\$@|\$\{{(@|{_NAME}\[@\])({_SLICE.pattern})?\}}")
 
 
 def _glob(pattern: str) -> str:

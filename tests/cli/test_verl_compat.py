@@ -104,6 +104,11 @@ def _via_overrides(script):
         "reward_model.overlong_buffer.penalty_factor": 1.0, "algorithm.filter_groups.metric": "score",
         "actor_rollout_ref.actor.grad_clip": 1.0, "trainer.profile_steps": (1, 3),
         "trainer.logger": ("console", "jsonl")}),
+    ("script_arguments.sh", {  # ${1:-4}; "${@:2}" and "${A[@]:1}" give what bash gives; `key=` is ''
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+        "trainer.experiment_name": "trtllm-qwen2-7b-tp4-8gpus", "trainer.resume_from_path": "",
+        "data.train_files": ("/home/user/data/gsm8k/train.parquet", "/home/user/data/math/train.parquet"),
+        "trainer.save_freq": 20, "trainer.test_freq": 5, "trainer.total_epochs": 15}),
 ])
 def test_verl_script_resolves_like_its_printed_command(script, expected):
   command, report, parsed = verl_compat.translate_script(_script(script), env=ENV)
@@ -257,7 +262,9 @@ def test_did_you_mean_only_when_close():
     ("indirect.sh", 4, r"indirect expansion"),
     ("unclosed_quote.sh", 3, r'unclosed " quote'),
     ("two_runs.sh", 2, r"runs verl 2 times \(lines 1, 2\)"),
-    ("array_slice.sh", 2, r"an operation on a whole array"),
+    ("array_operation.sh", 2, r"an operation on a whole array"),
+    ("backslash_space.sh", 5, r"`\\ ` \(a backslash before a space, not before the end of the line\) passes ' ' to verl "
+                              r".*the command ends there"),
     ("other_program.sh", 1, r"runs verl.trainer.main_generation \(verl's offline generation"),
     ("test_and_assign.sh", 3, r"uses \$LR, which is set inside a `&&` / `\|\|` whose test only the shell can decide"),
 ])
@@ -274,6 +281,7 @@ def test_values_follow_hydra():
   assert verl_compat.parse_value("-1") == -1
   assert verl_compat.parse_value("['a', \"b\",c]") == ["a", "b", "c"]
   assert verl_compat.parse_value("'error'") == "error"
+  assert verl_compat.parse_value("") == "" and verl_compat.parse_value("''") == ""  # `key=$EMPTY`
   config = get_base_config()
   verl_compat.apply_overrides(config, ["+data.val_batch_size=null", "data.train_files=/d/train.parquet",
                                        "actor_rollout_ref.actor.optim.lr=1", "trainer.experiment_name=123",

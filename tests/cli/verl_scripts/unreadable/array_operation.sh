@@ -1,2 +1,2 @@
 ARGS=( data.train_files=$HOME/data/gsm8k/train.parquet trainer.total_epochs=1 )
-python3 -m verl.trainer.main_ppo "${ARGS[@]:1}"
+python3 -m verl.trainer.main_ppo "${ARGS[@]/#/+}"
