@@ -37,6 +37,7 @@ from typing import Any
 
 import ml_collections
 
+from jaxrlhf.config import SEQUENCE_PARALLEL_KEYS, get
 from jaxrlhf.errors import UserError
 from jaxrlhf.verl_shell import Script, read_script
 
@@ -82,6 +83,7 @@ class Refused:
 
 GPUS, NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
 ROLLOUT_TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+FSDP_SIZE = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
 
 
 def _devices(overrides) -> int:
@@ -93,18 +95,46 @@ def _devices(overrides) -> int:
                     f"{overrides.get(NODES, 1)!r}") from None
 
 
-def _mesh_from_gpus(value, overrides, config) -> dict:
+def _mesh_from_gpus(value, overrides, config):
   # Training is FSDP, as verl's: the GPUs go to the fsdp axis (a job started on a different device
   # count fails at start-up, naming the mesh). Generation's own TP is rollout.tensor_model_parallel_size.
   del value
+  if GPUS not in overrides and NODES not in overrides and FSDP_SIZE in overrides:
+    return {}  # only fsdp_size=-1: the mesh still fills the devices train.py finds
   devices = _devices(overrides)
   mesh = config.mesh
-  data = mesh.data if mesh.data != -1 else 1
   tensor = mesh.tensor if mesh.tensor != -1 else 1
+  hybrid, dropped = _hybrid_shard(devices, tensor, overrides, config)
+  if hybrid:
+    return hybrid, dropped
+  data = mesh.data if mesh.data != -1 else 1
   if devices % (data * tensor):
     raise UserError(f"{GPUS} x {NODES} = {devices} devices are not divisible by mesh.data*mesh.tensor = "
                     f"{data * tensor}")
-  return {**({"mesh.data": 1} if mesh.data == -1 else {}), "mesh.fsdp": devices // (data * tensor)}
+  return {**({"mesh.data": 1} if mesh.data == -1 else {}), "mesh.fsdp": devices // (data * tensor)}, dropped
+
+
+def _hybrid_shard(devices: int, tensor: int, overrides, config) -> tuple[dict, list]:
+  """verl's hybrid sharding (actor fsdp_config.fsdp_size = k below the GPU count: parameters sharded within
+  groups of k GPUs, replicated over the GPUs / k groups) as the mesh: fsdp = k / tensor, data = GPUs / k.
+  ({} and the reason) where Ulysses SP or generation TP would not fit in a group of k: full sharding is kept."""
+  size = overrides.get(FSDP_SIZE)
+  if size is None or int(size) < 0 or int(size) >= devices:
+    return {}, []  # verl's default -1: one FSDP group over every GPU
+  size = int(size)
+  if size == 0 or devices % size:
+    raise UserError(f"{FSDP_SIZE}={size} must be -1 or divide the {devices} GPUs ({GPUS} x {NODES}), as in verl")
+  from jaxrlhf.parallel.mesh import MeshError, mesh_axes  # here: loading the table must not start JAX
+  sequence_parallel = max(get(config, key) or 1 for key in SEQUENCE_PARALLEL_KEYS.values())
+  rollout_tp = overrides.get(ROLLOUT_TP) or config.actor_rollout_ref.rollout.tensor_model_parallel_size
+  try:
+    if size % tensor:
+      raise MeshError(f"mesh.tensor={tensor} does not divide it")
+    mesh_axes((devices // size, size // tensor, tensor), sequence_parallel, rollout_tp)
+  except MeshError as error:
+    return {}, [(FSDP_SIZE, str(size), f"full sharding over the {devices} GPUs kept: a group of {size} cannot "
+                                       f"hold the mesh's other axes ({error})")]
+  return {"mesh.data": devices // size, "mesh.fsdp": size // tensor}, []
 
 
 def _rollout_tp(value, overrides, config) -> dict:
@@ -126,7 +156,6 @@ def _per_gpu(target: str, sequence_parallel: tuple[str, ...]):
                       "supported, the other is deprecated); remove one")
     if value is None:
       return {target: None}
-    from jaxrlhf.config import get
     sp = next((get(config, key) for key in sequence_parallel if get(config, key)), 1)
     devices = _devices(overrides)
     ranks = max(devices // sp, 1)
@@ -208,7 +237,8 @@ _MULTI_TURN = "multi-turn rollouts: not yet (issue 35)"
 _MULTI_TURN_INERT = {"actor_rollout_ref.rollout.multi_turn.enable": False,
                      "actor_rollout_ref.rollout.multi_turn.format": None,  # any value: tool-call parsing only
                      "actor_rollout_ref.rollout.agent.num_workers": None,
-                     "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent"}
+                     "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent",
+                     "actor_rollout_ref.rollout.over_sample_rate": 0}  # SGLang's early stop of multi-turn rollouts
 
 
 def _multi_turn(key, value, overrides) -> str | None:
@@ -242,11 +272,49 @@ def _reward_manager(key, value, overrides) -> str | None:
                                      "custom_reward_function (naive, dapo, batch and gdpo alike)")
 
 
-def _input_tokenizer(key, value, overrides) -> str | None:
-  del key, overrides
-  return NEEDS_VALUE if value is LEFT_TO_SHELL else None if value is None else (
-      "a reward model with its own tokenizer or chat template: jaxrlhf's reward model reads the actor's tokens "
-      "(set it to null when the two share tokenizer and chat template)")
+def _refused_unless(*inert, reason: str):
+  """A refusal (`reason`) for every value but the `inert` ones (verl's defaults, which change nothing)."""
+  def refuse(key, value, overrides) -> str | None:
+    del key, overrides
+    return NEEDS_VALUE if value is LEFT_TO_SHELL else None if value in inert else reason
+  return refuse
+
+
+_INPUT_TOKENIZER = ("a reward model with its own tokenizer or chat template: jaxrlhf's reward model reads the actor's "
+                    "tokens (set it to null when the two share tokenizer and chat template)")
+_LORA = {"lora_adapter_path": "continuing from a saved PEFT adapter: jaxrlhf's LoRA starts fresh adapters "
+                              "(model.lora_rank, lora_alpha, target_modules); it writes PEFT's layout "
+                              "(trainer.save_hf, jaxrlhf.export) but does not read one",
+         "exclude_modules": "modules excluded from LoRA by name: jaxrlhf adapts exactly model.target_modules "
+                            "(list the modules to adapt there instead)"}
+_CUSTOM_DATASET = ("a custom dataset class: jaxrlhf reads verl's parquet/jsonl rows itself (data.prompt_key, "
+                   "data.reward_fn_key, reward_model.ground_truth)")
+_MTP = ("multi-token prediction (MiMo's and DeepSeek-V3's MTP layers, trained or used as a speculative draft): "
+        "jaxrlhf's decoders predict the next token only")
+_MTP_ENABLE = "actor_rollout_ref.model.mtp.enable"
+
+
+def _mtp(key, value, overrides) -> str | None:
+  # Every mtp.* setting is inert while mtp.enable is off (verl's default).
+  del value
+  enable = overrides.get(_MTP_ENABLE, False)
+  if enable is LEFT_TO_SHELL:
+    return NEEDS_VALUE if key == _MTP_ENABLE else None
+  return _MTP if enable else None
+
+
+_CHAT_TEMPLATE_KWARGS = ("arguments for the tokenizer's apply_chat_template (reasoning_effort, enable_thinking): "
+                         "jaxrlhf renders the chat template with the template's own defaults")
+
+
+def _critic_ckpt_to_keep(value, overrides, config) -> dict:
+  # A jaxrlhf checkpoint holds actor and critic together: keep as many as the larger of verl's two counts
+  # (None: all), so no checkpoint verl would keep is deleted.
+  del overrides
+  actor = config.trainer.max_actor_ckpt_to_keep
+  if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+    raise UserError(f"expects an int or null, got {value!r}")
+  return {"trainer.max_actor_ckpt_to_keep": None if value is None or actor is None else max(int(value), actor)}
 
 
 # ----- the table ---------------------------------------------------------------------------------
@@ -274,8 +342,13 @@ _CHECKPOINT = "checkpoints always hold model, optimizer and data state (Orbax)"
 SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
     ("The cluster and the mesh", {
         GPUS: Translated(_mesh_from_gpus, "mesh.fsdp = GPUs per node x nodes / (mesh.data x mesh.tensor): "
-                         "training is FSDP, as verl's", inputs=(NODES,)),
-        NODES: Translated(_mesh_from_gpus, "mesh.fsdp (with trainer.n_gpus_per_node)", inputs=(GPUS,)),
+                         "training is FSDP, as verl's", inputs=(NODES, FSDP_SIZE)),
+        NODES: Translated(_mesh_from_gpus, "mesh.fsdp (with trainer.n_gpus_per_node)", inputs=(GPUS, FSDP_SIZE)),
+        FSDP_SIZE: Translated(
+            _mesh_from_gpus, "verl's hybrid sharding: k < GPUs -> mesh.fsdp = k, mesh.data = GPUs / k (parameters "
+            "sharded within each group of k devices, replicated over the groups; where Ulysses SP or generation TP "
+            "do not fit in a group of k, one group, reported); -1 or k >= GPUs: one group",
+            inputs=(GPUS, NODES, ROLLOUT_TP, *SEQUENCE_PARALLEL_KEYS.values())),
         ROLLOUT_TP: Translated(_rollout_tp, "the same key: generation's tensor parallelism, k ways over the fsdp "
                                "devices (training stays FSDP: mesh.tensor is not touched)", inputs=(GPUS, NODES)),
         "actor_rollout_ref.hybrid_engine": Ignored("actor and rollout always share one set of weights in one program"),
@@ -283,9 +356,13 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
             "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"),
         "critic.strategy": Ignored("one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`",
                                    "Megatron-LM"),
+        "actor_rollout_ref.ref.strategy": Ignored("one strategy: XLA SPMD over the mesh (mesh.*)", _strategy,
+                                                  "`megatron`", "Megatron-LM"),
         "actor_rollout_ref.actor.fsdp_config.*": Ignored(_FSDP),
         "actor_rollout_ref.ref.fsdp_config.*": Ignored(_FSDP),
         "critic.model.fsdp_config.*": Ignored(_FSDP + "; the critic's state stays on the device"),
+        "critic.model.fsdp_config.fsdp_size": Ignored("one mesh for every model: the actor's fsdp_config.fsdp_size "
+                                                      "sets it"),
         "actor_rollout_ref.nccl_timeout": Ignored("the timeout of verl's NCCL process groups: XLA's collectives "
                                                   "run inside the compiled step"),
         "trainer.use_legacy_worker_impl": Ignored("verl's choice between its worker implementations: jaxrlhf has one"),
@@ -358,6 +435,14 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "actor_rollout_ref.rollout.layered_summon": Ignored(_FSDP),
         "actor_rollout_ref.rollout.calculate_log_probs": Ignored("the old log-probs are recomputed by the actor"),
         "actor_rollout_ref.rollout.engine_kwargs.*": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.multi_stage_wake_up": Ignored(
+            "vLLM/SGLang wake weights and KV cache up in stages to save memory: jaxrlhf's weights and KV cache are "
+            "buffers of the one compiled program"),
+        "actor_rollout_ref.rollout.prometheus.*": Ignored("the inference server's Prometheus metrics: jaxrlhf serves "
+                                                          "its own at trainer.prometheus_port"),
+        "actor_rollout_ref.rollout.trace.*": Ignored(
+            "verl's rollout traces (weave, mlflow): jaxrlhf writes validation generations to "
+            "<run dir>/val_generations.jsonl (trainer.log_val_generations)"),
         "actor_rollout_ref.rollout.checkpoint_engine.*": Ignored("verl's weight transfer to the rollout engine: the "
                                                                  "sampler reads the actor's weights in place"),
     }),
@@ -369,6 +454,23 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "actor_rollout_ref.model.use_liger": Ignored(_TORCH),
         "actor_rollout_ref.actor.entropy_checkpointing": Ignored(_CHUNKED_HEAD),
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking": Ignored(_CHUNKED_HEAD),
+        "actor_rollout_ref.ref.entropy_checkpointing": Ignored(_CHUNKED_HEAD),
+        "actor_rollout_ref.ref.entropy_from_logits_with_chunking": Ignored(_CHUNKED_HEAD),
+        "actor_rollout_ref.actor.use_prefix_grouper": Ignored(
+            "PrefixGrouper computes a group's shared prompt once (the same log-probs, less compute): jaxrlhf runs "
+            "each sequence's forward whole"),
+        "actor_rollout_ref.actor.calculate_sum_pi_squared": Ignored(
+            "jaxrlhf's old-log-prob forward computes sum(pi^2) exactly when algorithm.adv_estimator is "
+            "optimal_token_baseline or tir_optimal_token_baseline (where verl needs it True)"),
+        **{f"{model}.enable_activation_offload": Ignored(
+            "PyTorch's activation offload to CPU: jaxrlhf saves activation memory by recomputing them "
+            "(model.enable_gradient_checkpointing)") for model in ("actor_rollout_ref.model", "critic.model")},
+        **{f"{model}.{name}": Ignored(inert, _refused_unless(None, "", [], reason=_LORA[name]), refuses, "LoRA")
+           for model in ("actor_rollout_ref.model", "critic.model")
+           for name, inert, refuses in (("lora_adapter_path", "null: fresh adapters", "a path"),
+                                        ("exclude_modules", "null or []: no module excluded", "a module list"))},
+        "actor_rollout_ref.model.mtp.*": Ignored("off (mtp.enable=False, verl's default)", _mtp, "`mtp.enable=True`",
+                                                 "multi-token prediction"),
         "actor_rollout_ref.model.use_shm": Ignored("the model is read from its directory once"),
         "actor_rollout_ref.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
         "actor_rollout_ref.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
@@ -409,8 +511,8 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "reward_model.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
         "reward_model.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
         "reward_model.model.input_tokenizer": Ignored(
-            "null: the reward model reads the actor's tokens", _input_tokenizer, "any tokenizer (not null)",
-            "reward model tokenizer"),
+            "null: the reward model reads the actor's tokens", _refused_unless(None, reason=_INPUT_TOKENIZER),
+            "any tokenizer (not null)", "reward model tokenizer"),
         "reward_model.reward_loop_source": Refused("custom reward loop", "a custom reward loop class: jaxrlhf's "
                                                    "reward is custom_reward_function"),
         "reward_model.reward_loop_module_path": Refused("custom reward loop", "a custom reward loop class: "
@@ -436,6 +538,9 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "*.profiler.*": Ignored(_PROFILER),
         "actor_rollout_ref.actor.checkpoint.*": Ignored(_CHECKPOINT),
         "critic.checkpoint.*": Ignored(_CHECKPOINT),
+        "trainer.max_critic_ckpt_to_keep": Translated(
+            _critic_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep = the larger of the two (None: all): a jaxrlhf "
+            "checkpoint holds actor and critic together", inputs=("trainer.max_actor_ckpt_to_keep",)),
         "trainer.default_hdfs_dir": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
         "trainer.del_local_ckpt_after_load": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
         "hydra.*": Ignored("Hydra's own settings (its output directory): train.py writes to the run directory"),
@@ -448,16 +553,22 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "data.filter_overlong_prompts_workers": Ignored("the whole data set is tokenized up front"),
         "data.use_shm": Ignored("the data files are read once"),
         "data.trust_remote_code": Ignored("never remote code"),
+        "data.custom_cls.*": Ignored("null: verl's own dataset", _refused_unless(None, reason=_CUSTOM_DATASET),
+                                     "a class (not null)", "custom dataset class"),
+        "data.apply_chat_template_kwargs.*": Refused("chat template arguments", _CHAT_TEMPLATE_KWARGS),
     }),
     ("Features jaxrlhf does not have", {
         "*.megatron.*": Refused("Megatron-LM", _MEGATRON),
         **{key: Refused("vision-language", _VISION) for key in (
             "data.image_key", "data.video_key", "data.audio_key", "data.image_patch_size",
-            "data.return_multi_modal_inputs", "data.mm_processor_kwargs.*", "actor_rollout_ref.rollout.limit_images")},
+            "data.return_multi_modal_inputs", "data.mm_processor_kwargs.*", "actor_rollout_ref.rollout.limit_images",
+            "actor_rollout_ref.actor.freeze_vision_tower")},
         **{key: Ignored("single-turn rollouts, as jaxrlhf's (verl's default)", _multi_turn,
                         "anything but single-turn settings (`multi_turn.enable=False`, `multi_turn.format`, "
-                        "`agent.num_workers`, `agent.default_agent_loop=single_turn_agent`)", "multi-turn")
+                        "`agent.num_workers`, `agent.default_agent_loop=single_turn_agent`, `over_sample_rate=0`)",
+                        "multi-turn")
            for key in ("actor_rollout_ref.rollout.multi_turn.*", "actor_rollout_ref.rollout.agent.*",
+                       "actor_rollout_ref.rollout.over_sample_rate",
                        "data.tool_config_path", "data.function_tool_path")},
     }),
 ]
@@ -468,7 +579,11 @@ FAMILIES = {
     "multi-turn": _MULTI_TURN + " (tools, agent loops, interactions)",
     "reward manager": "; ".join(f"{name}: {why}" for name, why in _REWARD_MANAGERS.items()) +
                       "; any other manager but naive, dapo, batch and gdpo: jaxrlhf has no such manager",
-    "reward model tokenizer": _input_tokenizer("", "set", {}),
+    "reward model tokenizer": _INPUT_TOKENIZER,
+    "LoRA": "; ".join(_LORA.values()),
+    "custom dataset class": _CUSTOM_DATASET,
+    "multi-token prediction": _MTP,
+    "chat template arguments": _CHAT_TEMPLATE_KWARGS + " (not yet a config key)",
     "custom reward loop": "a custom reward loop class: jaxrlhf's reward is custom_reward_function",
     "Hydra base config": "a base config other than verl's ppo_trainer sets values jaxrlhf cannot read",
 }

@@ -109,6 +109,12 @@ def _via_overrides(script):
         "trainer.experiment_name": "trtllm-qwen2-7b-tp4-8gpus", "trainer.resume_from_path": "",
         "data.train_files": ("/home/user/data/gsm8k/train.parquet", "/home/user/data/math/train.parquet"),
         "trainer.save_freq": 20, "trainer.test_freq": 5, "trainer.total_epochs": 15}),
+    ("hybrid_shard.sh", {  # fsdp_size=32 of 64 GPUs: groups of 32 (SP 4, rollout TP 4 inside), 2 replicas
+        "mesh.data": 2, "mesh.fsdp": 32, "mesh.tensor": 1,
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 4,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4}),
+    ("ppo_otb_keys.sh", {"algorithm.adv_estimator": "optimal_token_baseline", "mesh.data": 1, "mesh.fsdp": 8,
+                         "trainer.max_actor_ckpt_to_keep": 2}),  # one checkpoint holds actor and critic
 ])
 def test_verl_script_resolves_like_its_printed_command(script, expected):
   command, report, parsed = verl_compat.translate_script(_script(script), env=ENV)
@@ -127,6 +133,52 @@ def test_reader_reports_what_it_did_not_translate():
   ignored = {key: raw for key, raw, _ in report.ignored}
   assert ignored == {"data.return_raw_chat": "True",
                      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "30720"}
+
+
+def test_verls_engine_switches_are_ignored_with_their_reasons():
+  _, report, _ = verl_compat.translate_script(_script("ppo_otb_keys.sh"), env=ENV)
+  ignored = {key: reason for key, _, reason in report.ignored}
+  assert "optimal_token_baseline" in ignored["actor_rollout_ref.actor.calculate_sum_pi_squared"]
+  assert "PrefixGrouper" in ignored["actor_rollout_ref.actor.use_prefix_grouper"]
+  assert {"actor_rollout_ref.model.mtp.enable", "actor_rollout_ref.model.mtp.enable_train",  # inert: mtp off
+          "actor_rollout_ref.model.lora_adapter_path", "data.custom_cls.path",
+          "actor_rollout_ref.rollout.over_sample_rate", "critic.model.fsdp_config.fsdp_size"} <= set(ignored)
+  _, report, _ = verl_compat.translate_script(_script("hybrid_shard.sh"), env=ENV)
+  ignored = {key for key, _, _ in report.ignored}
+  assert {"actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
+          "actor_rollout_ref.rollout.multi_stage_wake_up"} <= ignored
+
+
+@pytest.mark.parametrize("overrides, mesh, reported", [
+    # verl's hybrid sharding: groups of k GPUs -> mesh.fsdp = k, mesh.data = GPUs / k
+    (["trainer.n_gpus_per_node=8", "trainer.nnodes=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=8"],
+     {"mesh.data": 2, "mesh.fsdp": 8}, None),
+    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"],  # verl's default
+     {"mesh.data": 1, "mesh.fsdp": 8}, None),
+    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=16"],  # k >= GPUs: one group
+     {"mesh.data": 1, "mesh.fsdp": 8}, None),
+    # Ulysses SP 8 does not fit in a group of 4: full sharding, reported
+    (["trainer.n_gpus_per_node=8", "trainer.nnodes=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
+      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8"], {"mesh.data": 1, "mesh.fsdp": 16},
+     "full sharding over the 16 GPUs kept"),
+    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+      "actor_rollout_ref.actor.fsdp_config.fsdp_size=2"], {"mesh.data": 1, "mesh.fsdp": 8},
+     "full sharding over the 8 GPUs kept"),
+])
+def test_hybrid_sharding_becomes_the_data_axis(overrides, mesh, reported):
+  config = get_base_config()
+  report = verl_compat.apply_overrides(config, overrides)
+  assert {key: get(config, key) for key in mesh} == mesh
+  dropped = [reason for key, _, reason in report.ignored if key.endswith("fsdp_size")]
+  assert len(dropped) == (reported is not None) and all(reported in reason for reason in dropped)
+
+
+def test_checkpoints_to_keep_count_actor_and_critic_together():
+  def kept(*overrides):
+    return verl_compat.plan(list(overrides), get_base_config()).assignments["trainer.max_actor_ckpt_to_keep"]
+  assert kept("trainer.max_actor_ckpt_to_keep=3", "trainer.max_critic_ckpt_to_keep=1") == 3
+  assert kept("trainer.max_critic_ckpt_to_keep=2", "trainer.max_actor_ckpt_to_keep=1") == 2
+  assert kept("trainer.max_critic_ckpt_to_keep=2") is None  # verl keeps every actor checkpoint then
 
 
 def test_generation_tp_keeps_training_fsdp():
@@ -203,6 +255,18 @@ def test_refused_families_and_unknown_keys_in_one_message():
      r"both actor_rollout_ref.actor.ppo_micro_batch_size and .*_per_gpu are set"),
     (["data.max_response_length=1024", "reward_model.reward_kwargs.max_resp_len=2048"],
      r"max_resp_len=2048 differs from data.max_response_length=1024"),
+    (["actor_rollout_ref.model.lora_adapter_path=/ckpt/lora_adapter"], r"refused \(LoRA\): continuing from a saved "
+                                                                      r"PEFT adapter"),
+    (["actor_rollout_ref.model.exclude_modules=['o_proj']"], r"refused \(LoRA\): modules excluded"),
+    (["actor_rollout_ref.model.mtp.enable=True", "actor_rollout_ref.model.mtp.enable_train=True"],
+     r"refused \(multi-token prediction\).*\[actor_rollout_ref.model.mtp.enable=True and 1 more\]"),
+    (["data.custom_cls.path=my_dataset.py", "data.custom_cls.name=MyDataset"], r"refused \(custom dataset class\)"),
+    (["+data.apply_chat_template_kwargs.enable_thinking=False"], r"refused \(chat template arguments\)"),
+    (["actor_rollout_ref.actor.freeze_vision_tower=True"], r"refused \(vision-language\)"),
+    (["actor_rollout_ref.rollout.over_sample_rate=0.1"], r"refused \(multi-turn\)"),
+    (["actor_rollout_ref.ref.strategy=megatron"], r"refused \(Megatron-LM\)"),
+    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"],
+     r"fsdp_size=3 must be -1 or divide the 8 GPUs"),
 ])
 def test_refusals_and_bad_values_name_the_key(overrides, message):
   with pytest.raises(UserError, match=message):
