@@ -6,6 +6,12 @@ number in the response), so a policy is rewarded for the right number with or wi
 marker. A constant guess scores 0.1; attention to the right position solves it for every list, so a
 tiny model trained from scratch with PPO generalises to the held-out validation lists.
 
+`arith`: one addition or subtraction of two numbers below 20 for a pretrained chat model (the recipe
+configs/grpo_smollm2_arith.py), as chat messages its own template renders: two worked examples as earlier
+turns ("What is 3 + 4?" -> "3 + 4 = 7\n#### 7"), then the question. Scored by the strict GSM8K rule, so
+the reward needs the `#### N` line as well as the right number: SmolLM2-135M-Instruct gets some right
+from the start, which gives GRPO its signal.
+
 Rows follow verl's format (SPEC §8), so the same trainer code reads them and parquet files.
 """
 
@@ -17,6 +23,7 @@ import os
 import numpy as np
 
 from jaxrlhf.rewards.registry import RECALL_DATA_SOURCE  # its rule is registered with the built-in rules
+from jaxrlhf.rewards import gsm8k, register_reward
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>")
 WORDS = ("####", ":", "first", "last", "+", "=", "?")
@@ -68,7 +75,48 @@ def recall_rows(split: str) -> list[dict]:
   return [_recall_row(*combos[i], split, n) for n, i in enumerate(chosen)]
 
 
-TASKS = {"recall": recall_rows}
+ARITH_DATA_SOURCE = "jaxrlhf/arith"
+_ARITH_MAX = 20  # operands in [0, 20): 610 problems, 128 of them held out
+_ARITH_VAL_SIZE = 128
+# Earlier turns of every arith prompt: the answer format, shown rather than described.
+ARITH_EXAMPLES = (("What is 3 + 4?", "3 + 4 = 7\n#### 7"), ("What is 15 - 6?", "15 - 6 = 9\n#### 9"))
+ARITH_SYSTEM = "Solve the arithmetic problem. End with #### and the answer."
+
+
+# Registered here, as a user's rule would be: reward worker processes import the module of every registered rule.
+@register_reward(ARITH_DATA_SOURCE)
+def arith_score(data_source, solution_str, ground_truth, extra_info=None):
+  return gsm8k.compute_score(solution_str, ground_truth, method="strict")
+
+
+def arith_messages(question: str) -> list[dict]:
+  """The chat of one arith prompt: a short system line, the worked examples, then `question`."""
+  messages = [{"role": "system", "content": ARITH_SYSTEM}]
+  for example_question, example_answer in ARITH_EXAMPLES:
+    messages += [{"role": "user", "content": example_question}, {"role": "assistant", "content": example_answer}]
+  return messages + [{"role": "user", "content": question}]
+
+
+def arith_rows(split: str) -> list[dict]:
+  """Every `a + b` and `a - b` (a >= b) with operands below 20; a fixed, seeded subset is held out as `test`."""
+  problems = [(a, op, b) for a in range(_ARITH_MAX) for b in range(_ARITH_MAX) for op in ("+", "-")
+              if op == "+" or a >= b]
+  order = np.random.default_rng(4321).permutation(len(problems))
+  chosen = order[:_ARITH_VAL_SIZE] if split == "test" else order[_ARITH_VAL_SIZE:]
+  rows = []
+  for n, i in enumerate(chosen):
+    a, op, b = problems[i]
+    rows.append({
+        "data_source": ARITH_DATA_SOURCE,
+        "prompt": arith_messages(f"What is {a} {op} {b}?"),
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": str(a + b if op == "+" else a - b)},
+        "extra_info": {"split": split, "index": n},
+    })
+  return rows
+
+
+TASKS = {"recall": recall_rows, "arith": arith_rows}
 
 
 def builtin_rows(spec: str) -> list[dict]:
