@@ -291,16 +291,20 @@ _CUSTOM_DATASET = ("a custom dataset class: jaxrlhf reads verl's parquet/jsonl r
                    "data.reward_fn_key, reward_model.ground_truth)")
 _MTP = ("multi-token prediction (MiMo's and DeepSeek-V3's MTP layers, trained or used as a speculative draft): "
         "jaxrlhf's decoders predict the next token only")
-_MTP_ENABLE = "actor_rollout_ref.model.mtp.enable"
+_MEGATRON_LORA = ("Megatron-Bridge's LoRA (model.lora.*, on Megatron's module names): jaxrlhf's LoRA is "
+                  "model.lora_rank, lora_alpha and target_modules, on Hugging Face's names")
 
 
-def _mtp(key, value, overrides) -> str | None:
-  # Every mtp.* setting is inert while mtp.enable is off (verl's default).
-  del value
-  enable = overrides.get(_MTP_ENABLE, False)
-  if enable is LEFT_TO_SHELL:
-    return NEEDS_VALUE if key == _MTP_ENABLE else None
-  return _MTP if enable else None
+def _refused_when_on(switch: str, reason: str):
+  """A refusal (`reason`) for every key of a section once its `switch` key is on; while it is off (verl's
+  default) none of them changes anything."""
+  def refuse(key, value, overrides) -> str | None:
+    del value
+    on = overrides.get(switch, False)
+    if on is LEFT_TO_SHELL:
+      return NEEDS_VALUE if key == switch else None
+    return reason if on else None
+  return refuse
 
 
 _CHAT_TEMPLATE_KWARGS = ("arguments for the tokenizer's apply_chat_template (reasoning_effort, enable_thinking): "
@@ -435,6 +439,7 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "actor_rollout_ref.rollout.layered_summon": Ignored(_FSDP),
         "actor_rollout_ref.rollout.calculate_log_probs": Ignored("the old log-probs are recomputed by the actor"),
         "actor_rollout_ref.rollout.engine_kwargs.*": Ignored(_VLLM),
+        "actor_rollout_ref.rollout.skip_tokenizer_init": Ignored(_VLLM),
         "actor_rollout_ref.rollout.multi_stage_wake_up": Ignored(
             "vLLM/SGLang wake weights and KV cache up in stages to save memory: jaxrlhf's weights and KV cache are "
             "buffers of the one compiled program"),
@@ -469,8 +474,12 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
            for model in ("actor_rollout_ref.model", "critic.model")
            for name, inert, refuses in (("lora_adapter_path", "null: fresh adapters", "a path"),
                                         ("exclude_modules", "null or []: no module excluded", "a module list"))},
-        "actor_rollout_ref.model.mtp.*": Ignored("off (mtp.enable=False, verl's default)", _mtp, "`mtp.enable=True`",
-                                                 "multi-token prediction"),
+        "actor_rollout_ref.model.mtp.*": Ignored(
+            "off (mtp.enable=False, verl's default)", _refused_when_on("actor_rollout_ref.model.mtp.enable", _MTP),
+            "`mtp.enable=True`", "multi-token prediction"),
+        **{f"{model}.lora.*": Ignored("off (lora.rank=0, verl's default)",
+                                      _refused_when_on(f"{model}.lora.rank", _MEGATRON_LORA), "`lora.rank` > 0",
+                                      "Megatron-LM") for model in ("actor_rollout_ref.model", "critic.model")},
         "actor_rollout_ref.model.use_shm": Ignored("the model is read from its directory once"),
         "actor_rollout_ref.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
         "actor_rollout_ref.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),

@@ -141,7 +141,7 @@ def test_verls_engine_switches_are_ignored_with_their_reasons():
   assert "optimal_token_baseline" in ignored["actor_rollout_ref.actor.calculate_sum_pi_squared"]
   assert "PrefixGrouper" in ignored["actor_rollout_ref.actor.use_prefix_grouper"]
   assert {"actor_rollout_ref.model.mtp.enable", "actor_rollout_ref.model.mtp.enable_train",  # inert: mtp off
-          "actor_rollout_ref.model.lora_adapter_path", "data.custom_cls.path",
+          "actor_rollout_ref.model.lora_adapter_path", "data.custom_cls.path", "actor_rollout_ref.model.lora.merge",
           "actor_rollout_ref.rollout.over_sample_rate", "critic.model.fsdp_config.fsdp_size"} <= set(ignored)
   _, report, _ = verl_compat.translate_script(_script("hybrid_shard.sh"), env=ENV)
   ignored = {key for key, _, _ in report.ignored}
@@ -265,6 +265,8 @@ def test_refused_families_and_unknown_keys_in_one_message():
     (["actor_rollout_ref.actor.freeze_vision_tower=True"], r"refused \(vision-language\)"),
     (["actor_rollout_ref.rollout.over_sample_rate=0.1"], r"refused \(multi-turn\)"),
     (["actor_rollout_ref.ref.strategy=megatron"], r"refused \(Megatron-LM\)"),
+    (["actor_rollout_ref.model.lora.rank=64", "actor_rollout_ref.model.lora.alpha=64"],
+     r"refused \(Megatron-LM\): Megatron-Bridge's LoRA.*\[actor_rollout_ref.model.lora.rank=64 and 1 more\]"),
     (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"],
      r"fsdp_size=3 must be -1 or divide the 8 GPUs"),
 ])

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # In the shape of verl's examples/ppo_trainer/run_qwen3-8b_npu.sh, otb_trainer/run_qwen2_5-7b.sh and
 # prefix_grouper/run_qwen3_prefix_grouper.sh: the optimal token baseline with verl's sum(pi^2) switch,
-# PrefixGrouper, activation offload, and the critic's own checkpoint count.
+# PrefixGrouper, activation offload, the critic's own checkpoint count, and sections that change nothing
+# while their switch is off (mtp.enable, Megatron's lora.rank).
 set -x
 
 python3 -m verl.trainer.main_ppo \
@@ -15,6 +16,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.model.lora_adapter_path=null \
     actor_rollout_ref.model.mtp.enable=False \
     actor_rollout_ref.model.mtp.enable_train=True \
+    actor_rollout_ref.model.lora.merge=True \
     actor_rollout_ref.actor.ppo_mini_batch_size=64 \
     actor_rollout_ref.actor.calculate_sum_pi_squared=True \
     actor_rollout_ref.actor.use_prefix_grouper=True \
