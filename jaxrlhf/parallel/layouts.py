@@ -61,7 +61,6 @@ GENERATION_RULES = (
 )
 
 
-
 def with_rules(rules, **changes):
   """`rules` with some logical axes mapped elsewhere."""
   return tuple((name, changes.get(name, axes)) for name, axes in rules)

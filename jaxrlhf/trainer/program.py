@@ -97,8 +97,8 @@ class StepProgram:
   def _generation_copy(self):
     """The rollout model's parameters as generation holds them: in the rollout dtype, key/value heads repeated."""
     dtype = jnp.dtype(self.ppo.generation.rollout_dtype)
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating)
-                                                       else x.dtype), abstract_params(self.ppo.generation.rollout_actor)[0])
+    cast = lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype)
+    return jax.tree.map(cast, abstract_params(self.ppo.generation.rollout_actor)[0])
 
   def kv_cache_bytes_per_device(self) -> int:
     """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout."""
