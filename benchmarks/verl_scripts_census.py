@@ -81,7 +81,7 @@ def families(stderr: str, verl_keys: set[str] | None) -> list[str]:
         out.append("unknown key (verl 0.9.1 has it)")
       else:
         out.append("unknown key (verl 0.9.1 lacks it too)")
-    elif "needs its value" in line:
+    elif "needs this value" in line:
       out.append("a value only the shell knows decides")
     elif " expects " in line or "must be" in line or "cannot read " in line or re.match(r"[\w.]+=", line):
       out.append("bad value")
