@@ -119,9 +119,10 @@ def _hybrid_shard(devices: int, tensor: int, overrides, config) -> tuple[dict, l
   groups of k GPUs, replicated over the GPUs / k groups) as the mesh: fsdp = k / tensor, data = GPUs / k.
   ({} and the reason) where Ulysses SP or generation TP would not fit in a group of k: full sharding is kept."""
   size = overrides.get(FSDP_SIZE)
-  if size is None or int(size) < 0 or int(size) >= devices:
+  if size is not None and (not isinstance(size, int) or isinstance(size, bool)):
+    raise UserError(f"{FSDP_SIZE} expects an int (-1: every GPU), got {size!r}")
+  if size is None or size < 0 or size >= devices:
     return {}, []  # verl's default -1: one FSDP group over every GPU
-  size = int(size)
   if size == 0 or devices % size:
     raise UserError(f"{FSDP_SIZE}={size} must be -1 or divide the {devices} GPUs ({GPUS} x {NODES}), as in verl")
   from jaxrlhf.parallel.mesh import MeshError, mesh_axes  # here: loading the table must not start JAX

@@ -269,6 +269,7 @@ def test_refused_families_and_unknown_keys_in_one_message():
      r"refused \(Megatron-LM\): Megatron-Bridge's LoRA.*\[actor_rollout_ref.model.lora.rank=64 and 1 more\]"),
     (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"],
      r"fsdp_size=3 must be -1 or divide the 8 GPUs"),
+    (["actor_rollout_ref.actor.fsdp_config.fsdp_size=auto"], r"fsdp_size expects an int \(-1: every GPU\), got 'auto'"),
 ])
 def test_refusals_and_bad_values_name_the_key(overrides, message):
   with pytest.raises(UserError, match=message):
