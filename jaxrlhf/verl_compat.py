@@ -99,13 +99,15 @@ def _mesh_from_gpus(value, overrides, config):
   # Training is FSDP, as verl's: the GPUs go to the fsdp axis (a job started on a different device
   # count fails at start-up, naming the mesh). Generation's own TP is rollout.tensor_model_parallel_size.
   del value
-  if GPUS not in overrides and NODES not in overrides and FSDP_SIZE in overrides:
-    return {}  # only fsdp_size=-1: the mesh still fills the devices train.py finds
-  devices = _devices(overrides)
+  size = overrides.get(FSDP_SIZE)
+  if size is not None and (not isinstance(size, int) or isinstance(size, bool)):
+    raise UserError(f"{FSDP_SIZE} expects an int (-1: every GPU), got {size!r}")
+  # Without the GPU count (fsdp_size alone) the data axis fills whatever devices train.py finds.
+  devices = _devices(overrides) if GPUS in overrides or NODES in overrides else None
   mesh = config.mesh
   tensor = mesh.tensor if mesh.tensor != -1 else 1
-  hybrid, dropped = _hybrid_shard(devices, tensor, overrides, config)
-  if hybrid:
+  hybrid, dropped = _hybrid_shard(size, devices, tensor, overrides, config)
+  if hybrid or devices is None:
     return hybrid, dropped
   data = mesh.data if mesh.data != -1 else 1
   if devices % (data * tensor):
@@ -114,28 +116,27 @@ def _mesh_from_gpus(value, overrides, config):
   return {**({"mesh.data": 1} if mesh.data == -1 else {}), "mesh.fsdp": devices // (data * tensor)}, dropped
 
 
-def _hybrid_shard(devices: int, tensor: int, overrides, config) -> tuple[dict, list]:
+def _hybrid_shard(size: int | None, devices: int | None, tensor: int, overrides, config) -> tuple[dict, list]:
   """verl's hybrid sharding (actor fsdp_config.fsdp_size = k below the GPU count: parameters sharded within
-  groups of k GPUs, replicated over the GPUs / k groups) as the mesh: fsdp = k / tensor, data = GPUs / k.
-  ({} and the reason) where Ulysses SP or generation TP would not fit in a group of k: full sharding is kept."""
-  size = overrides.get(FSDP_SIZE)
-  if size is not None and (not isinstance(size, int) or isinstance(size, bool)):
-    raise UserError(f"{FSDP_SIZE} expects an int (-1: every GPU), got {size!r}")
-  if size is None or size < 0 or size >= devices:
+  groups of k GPUs, replicated over the GPUs / k groups) as the mesh: fsdp = k / tensor, data = GPUs / k
+  (-1, filled, when the GPU count is not given). ({} and the reason) where Ulysses SP or generation TP would
+  not fit in a group of k: full sharding is kept."""
+  if size is None or size < 0 or (devices is not None and size >= devices):
     return {}, []  # verl's default -1: one FSDP group over every GPU
-  if size == 0 or devices % size:
+  if size == 0 or (devices is not None and devices % size):
     raise UserError(f"{FSDP_SIZE}={size} must be -1 or divide the {devices} GPUs ({GPUS} x {NODES}), as in verl")
   from jaxrlhf.parallel.mesh import MeshError, mesh_axes  # here: loading the table must not start JAX
   sequence_parallel = max(get(config, key) or 1 for key in SEQUENCE_PARALLEL_KEYS.values())
   rollout_tp = overrides.get(ROLLOUT_TP) or config.actor_rollout_ref.rollout.tensor_model_parallel_size
+  data = devices // size if devices is not None else -1
   try:
     if size % tensor:
       raise MeshError(f"mesh.tensor={tensor} does not divide it")
-    mesh_axes((devices // size, size // tensor, tensor), sequence_parallel, rollout_tp)
+    mesh_axes((max(data, 1), size // tensor, tensor), sequence_parallel, rollout_tp)
   except MeshError as error:
-    return {}, [(FSDP_SIZE, str(size), f"full sharding over the {devices} GPUs kept: a group of {size} cannot "
-                                       f"hold the mesh's other axes ({error})")]
-  return {"mesh.data": devices // size, "mesh.fsdp": size // tensor}, []
+    return {}, [(FSDP_SIZE, str(size), f"full sharding over {devices or 'all'} GPUs kept: a group of {size} "
+                                       f"cannot hold the mesh's other axes ({error})")]
+  return {"mesh.data": data, "mesh.fsdp": size // tensor}, []
 
 
 def _rollout_tp(value, overrides, config) -> dict:
@@ -350,7 +351,8 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
                          "training is FSDP, as verl's", inputs=(NODES, FSDP_SIZE)),
         NODES: Translated(_mesh_from_gpus, "mesh.fsdp (with trainer.n_gpus_per_node)", inputs=(GPUS, FSDP_SIZE)),
         FSDP_SIZE: Translated(
-            _mesh_from_gpus, "verl's hybrid sharding: k < GPUs -> mesh.fsdp = k, mesh.data = GPUs / k (parameters "
+            _mesh_from_gpus, "verl's hybrid sharding: k < GPUs -> mesh.fsdp = k, mesh.data = GPUs / k (-1, filled, "
+            "without trainer.n_gpus_per_node / nnodes; parameters "
             "sharded within each group of k devices, replicated over the groups; where Ulysses SP or generation TP "
             "do not fit in a group of k, one group, reported); -1 or k >= GPUs: one group",
             inputs=(GPUS, NODES, ROLLOUT_TP, *SEQUENCE_PARALLEL_KEYS.values())),

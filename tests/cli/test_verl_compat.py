@@ -157,13 +157,15 @@ def test_verls_engine_switches_are_ignored_with_their_reasons():
      {"mesh.data": 1, "mesh.fsdp": 8}, None),
     (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=16"],  # k >= GPUs: one group
      {"mesh.data": 1, "mesh.fsdp": 8}, None),
+    (["actor_rollout_ref.actor.fsdp_config.fsdp_size=8"], {"mesh.data": -1, "mesh.fsdp": 8}, None),  # data fills
+    (["actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"], {"mesh.data": 1, "mesh.fsdp": -1}, None),  # untouched
     # Ulysses SP 8 does not fit in a group of 4: full sharding, reported
     (["trainer.n_gpus_per_node=8", "trainer.nnodes=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8"], {"mesh.data": 1, "mesh.fsdp": 16},
-     "full sharding over the 16 GPUs kept"),
+     "full sharding over 16 GPUs kept"),
     (["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
       "actor_rollout_ref.actor.fsdp_config.fsdp_size=2"], {"mesh.data": 1, "mesh.fsdp": 8},
-     "full sharding over the 8 GPUs kept"),
+     "full sharding over 8 GPUs kept"),
 ])
 def test_hybrid_sharding_becomes_the_data_axis(overrides, mesh, reported):
   config = get_base_config()
