@@ -484,18 +484,23 @@ def render(config: ml_collections.ConfigDict | None = None) -> str:
   return "\n".join(lines + _PARITY) + "\n"
 
 
-def main(argv) -> int:
-  text = render()
+def write_or_check(output: str, text: str, argv, generator: str) -> int:
+  """A generated page's command line (this one's and docs/gen_verl_scripts_md.py's): `--check` exits 1 when
+  `output` differs from `text`; otherwise `output` is rewritten."""
   if "--check" in argv:
-    with open(OUTPUT) as f:
+    with open(output) as f:
       if f.read() != text:
-        print(f"{OUTPUT} is out of date: run python docs/gen_config_md.py", file=sys.stderr)
+        print(f"{output} is out of date: run python {generator}", file=sys.stderr)
         return 1
     return 0
-  with open(OUTPUT, "w") as f:
+  with open(output, "w") as f:
     f.write(text)
-  print(f"wrote {OUTPUT}")
+  print(f"wrote {output}")
   return 0
+
+
+def main(argv) -> int:
+  return write_or_check(OUTPUT, render(), argv, "docs/gen_config_md.py")
 
 
 if __name__ == "__main__":

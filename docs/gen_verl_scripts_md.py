@@ -16,6 +16,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
+from docs.gen_config_md import write_or_check  # noqa: E402
 from jaxrlhf import verl_compat  # noqa: E402
 from jaxrlhf.verl_shell import ENTRY_POINTS, GRAMMAR, OTHER_PROGRAMS  # noqa: E402
 
@@ -82,17 +83,7 @@ def render() -> str:
 
 
 def main(argv) -> int:
-  text = render()
-  if "--check" in argv:
-    with open(OUTPUT) as f:
-      if f.read() != text:
-        print(f"{OUTPUT} is out of date: run python docs/gen_verl_scripts_md.py", file=sys.stderr)
-        return 1
-    return 0
-  with open(OUTPUT, "w") as f:
-    f.write(text)
-  print(f"wrote {OUTPUT}")
-  return 0
+  return write_or_check(OUTPUT, render(), argv, "docs/gen_verl_scripts_md.py")
 
 
 if __name__ == "__main__":
