@@ -1,7 +1,9 @@
 """CPU quickstart: PPO with a critic teaches a tiny from-scratch decoder the built-in `recall` task.
 
 The task asks for the first or last digit of a list ("last : 5 8 2 7" -> "#### 7"), scored by the
-GSM8K rule. Validation is greedy on 256 held-out lists; its reward rises from ~0.1 to ~1.
+GSM8K rule. Validation is greedy on 256 held-out lists every 25 steps: 0 before training, ~0.2-0.3 at
+step 25, >= 0.95 by step 75-100 and 1.0 at step 150 across the seeds and CPU numerics swept in
+benchmarks/quickstart_robustness.py.
 
     python train.py --config configs/quickstart.py
     python train.py --config configs/quickstart.py --config.actor_rollout_ref.actor.optim.lr=3e-4
@@ -18,7 +20,10 @@ def get_config():
   config.data.tokenizer = "builtin:recall"
   config.data.max_prompt_length = 12
   config.data.max_response_length = 4
-  config.data.train_batch_size = 64
+  # Twice the prompts of the earlier 64 x 300 steps for half the steps: the same samples and time, but each
+  # update averages over twice the prompts. With 64 the run crossed 0.95 anywhere from step 225 to never (0.79
+  # at seed 3; 0.711 on an AVX2 CPU, issue 36); benchmarks/quickstart_robustness.py has the sweep.
+  config.data.train_batch_size = 128
   config.data.val_batch_size = 256
 
   model = config.actor_rollout_ref.model
@@ -32,7 +37,7 @@ def get_config():
   model.override_config.max_position_embeddings = 64
 
   actor = config.actor_rollout_ref.actor
-  actor.ppo_mini_batch_size = 32
+  actor.ppo_mini_batch_size = 64
   actor.ppo_epochs = 2
   actor.shuffle = True
   actor.use_kl_loss = True
@@ -40,6 +45,9 @@ def get_config():
   actor.kl_loss_type = "low_var_kl"
   actor.entropy_coeff = 0.01
   actor.optim.lr = 1e-3
+  # Cosine down to 1e-4 by the last step: at a constant lr a solved policy drifted (a seed fell back to 0.949).
+  actor.optim.lr_scheduler_type = "cosine"
+  actor.optim.min_lr_ratio = 0.1
   actor.optim.weight_decay = 0.0
 
   config.actor_rollout_ref.rollout.n = 4
@@ -53,7 +61,7 @@ def get_config():
   config.algorithm.gamma = 1.0
   config.algorithm.lam = 0.95
 
-  config.trainer.total_training_steps = 300
+  config.trainer.total_training_steps = 150
   config.trainer.test_freq = 25
   config.trainer.log_val_generations = 8
   config.trainer.project_name = "quickstart"

@@ -1,60 +1,86 @@
-"""The README's main job, run the way a user runs it: `python train.py --config configs/quickstart.py`."""
+"""The README's main job, run the way a user runs it: `python train.py --config configs/quickstart.py`.
+
+The full quickstart must learn on any CPU, not only on the one it was tuned on (issue 36: with the earlier
+settings one AVX2 machine stopped at 0.711). Floating-point differences between CPUs move the trajectory as a
+different seed does; benchmarks/quickstart_robustness.py sweeps seeds and XLA numerics, and here two runs stand
+for two CPUs: the default one, and seed 3, which stopped at 0.789 with the earlier settings. Both must reach TARGET.
+"""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from jaxrlhf.config import load_config_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VAL_KEY = "val-core/jaxrlhf/recall/reward/mean@1"
+TARGET = 0.95
+FULL_RUNS = {"default": (), "seed3": ("--config.trainer.seed=3", "--config.data.seed=3")}
 
 
-def _run_quickstart(tmp_path, *flags, config="quickstart.py", experiment="recall_ppo"):
+def _run_quickstart(tmp_path, *flags, config="quickstart.py"):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as `make train`
   result = subprocess.run(
       [sys.executable, "train.py", "--config", f"configs/{config}",
        f"--config.trainer.default_local_dir={tmp_path}", *flags],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
-  run_dir = tmp_path / "quickstart" / experiment
+  return result
+
+
+def _records(run_dir):
   with open(run_dir / "metrics.jsonl") as f:
-    records = [json.loads(line) for line in f]
-  return run_dir, records, result
+    return [json.loads(line) for line in f]
 
 
-def test_short_quickstart_improves_validation_reward(tmp_path):
-  run_dir, records, _ = _run_quickstart(tmp_path, "--config.trainer.total_training_steps=60",
-                                        "--config.trainer.test_freq=60", "--config.trainer.logger=('jsonl',)")
-  val = [r[VAL_KEY] for r in records if VAL_KEY in r]
-  assert len(val) == 2
-  assert val[1] >= val[0] + 0.15, val
+def test_short_quickstart_improves_validation_reward_and_names_only_files_it_wrote(tmp_path):
+  """Run with verl's trainer.logger='["console"]': no metrics.jsonl, so the last line names none; it still
+  gives the validation reward before and after, and the validation samples are written."""
+  result = _run_quickstart(tmp_path, "--config.trainer.total_training_steps=30", "--config.trainer.test_freq=30",
+                           'trainer.logger=["console"]')
+  run_dir = tmp_path / "quickstart" / "recall_ppo"
+  last_line = result.stdout.strip().splitlines()[-1]
+  assert last_line.startswith("done: 31 records, none written to a file"), last_line
+  assert not (run_dir / "metrics.jsonl").exists()
+  before, after = map(float, re.search(re.escape(VAL_KEY) + r": ([0-9.]+) -> ([0-9.]+)", last_line).groups())
+  assert after >= before + 0.15, last_line
   with open(run_dir / "val_generations.jsonl") as f:
     samples = [json.loads(line) for line in f]
-  assert [s["step"] for s in samples] == [0] * 8 + [60] * 8
+  assert [s["step"] for s in samples] == [0] * 8 + [30] * 8
   assert samples[0]["prompt"].startswith("<|user|>") and set(samples[0]) >= {"response", "ground_truth", "score"}
 
 
 @pytest.mark.slow
-def test_full_quickstart_learns_and_writes_metrics_and_plot(tmp_path):
-  run_dir, records, result = _run_quickstart(tmp_path)
+@pytest.mark.parametrize("name", FULL_RUNS)
+def test_full_quickstart_reaches_target_on_two_cpus(name, tmp_path):
+  result = _run_quickstart(tmp_path, *FULL_RUNS[name])
+  run_dir = tmp_path / "quickstart" / "recall_ppo"
+  records = _records(run_dir)
   val = [r[VAL_KEY] for r in records if VAL_KEY in r]
-  assert val[0] <= 0.2 and val[-1] >= val[0] + 0.5, val
+  assert val[0] <= 0.2 and val[-1] >= TARGET, (name, val)
+  if name != "default":
+    return
+  # The default run is also the user's: every step's metrics, the plot and the console.
+  steps = load_config_file(os.path.join(ROOT, "configs", "quickstart.py")).trainer.total_training_steps
   train = [r for r in records if "training/global_step" in r]
-  assert len(train) == 300 and [r["step"] for r in train] == list(range(1, 301))
+  assert [r["step"] for r in train] == list(range(1, steps + 1))
   for record in train:
     for key in ("critic/score/mean", "actor/kl_loss", "actor/pg_loss", "critic/vf_loss", "perf/throughput"):
       assert key in record and record[key] == record[key] and abs(record[key]) < 1e6, (key, record.get(key))
   assert (run_dir / "metrics.png").stat().st_size > 10_000
-  assert "step 300/300" in result.stdout and "reward" in result.stdout  # a concise console line per step
+  assert f"step {steps}/{steps}" in result.stdout and "reward" in result.stdout  # a concise console line per step
+  assert result.stdout.strip().splitlines()[-1].startswith(f"done: {steps + 1} records in {run_dir}/metrics.jsonl")
 
 
 @pytest.mark.slow
 def test_full_lora_quickstart_learns(tmp_path):
   """docs/lora.md's claim: adapters on the layers and the LM head of a frozen random base learn the task
   (0.07 -> 0.81 with the default seed; about three minutes on two cores)."""
-  _, records, _ = _run_quickstart(tmp_path, "--config.trainer.logger=('jsonl',)", config="quickstart_lora.py",
-                                  experiment="recall_ppo_lora")
+  _run_quickstart(tmp_path, "--config.trainer.logger=('jsonl',)", config="quickstart_lora.py")
+  records = _records(tmp_path / "quickstart" / "recall_ppo_lora")
   val = [r[VAL_KEY] for r in records if VAL_KEY in r]
   assert val[0] <= 0.2 and val[-1] >= val[0] + 0.5, val
