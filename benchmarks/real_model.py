@@ -13,6 +13,10 @@ alternating, `--rounds` times; a side's step time is the median over its steps a
 
     python benchmarks/real_model.py --quick          # 1 round, 3 steps, 16 new tokens
     python benchmarks/real_model.py [--rounds 3] [--steps 5] [--response_length 32] [--phases]
+    python benchmarks/real_model.py --aot [--remat]  # the recipe's step compiled for this CPU: jaxrlhf.aot's report
+
+`--aot` compiles configs/grpo_smollm2_arith.py's fused step (nothing runs) with `jaxrlhf.aot`'s own code on this
+machine's CPU device, the one backend where its memory report can be set against a measured peak RSS.
 
 Writes benchmarks/results/real_model.json (or real_model_quick.json) and prints a markdown table. Measure on a
 quiet machine: the load average before and after every run is recorded with it.
@@ -99,6 +103,33 @@ def run_side(side: str, inputs: dict, steps: int, response_length: int, run_dir:
   return {**result, "peak_rss_gib": round(memory.last_kib / 2**20, 2)}
 
 
+def aot_cpu(model_dir: str, remat: bool) -> None:
+  """Prints `jaxrlhf.aot`'s report of the recipe's step compiled for one CPU device (the host's memory)."""
+  import dataclasses
+
+  import jax
+
+  from jaxrlhf.aot.compile import compile_step, format_report
+  from jaxrlhf.aot.targets import Target
+  from jaxrlhf.config import load_config_file
+
+  @dataclasses.dataclass(frozen=True)
+  class HostCpu(Target):
+    def devices(self):
+      return jax.devices("cpu")[:1]
+
+  config = load_config_file(os.path.join(ROOT, "configs", "grpo_smollm2_arith.py"))
+  config.actor_rollout_ref.model.path = model_dir
+  config.actor_rollout_ref.model.enable_gradient_checkpointing = remat
+  memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  target = HostCpu("cpu", "cpu", 1, memory, 1e11, "host CPU", "1")  # nominal FLOP/s: only the memory is read here
+  report = compile_step(config, target)
+  print(format_report(report))
+  print("largest buffers of the step (per device):")
+  for size, shape, op in report.peak_program.largest_buffers:
+    print(f"  {size / 2**20:9.1f} MiB  {shape}  {op}", flush=True)
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--quick", action="store_true", help="1 round, 3 steps, 16 new tokens")
@@ -107,7 +138,12 @@ def main():
   parser.add_argument("--response_length", type=int, default=32)
   parser.add_argument("--phases", action="store_true", help="also one phased jaxrlhf run (per-phase times)")
   parser.add_argument("--work_dir", default=os.path.join(vs_trl.VENVS, "work_real_model"))
+  parser.add_argument("--aot", action="store_true", help="only compile the recipe's step and print the AOT report")
+  parser.add_argument("--remat", action="store_true", help="with --aot: gradient checkpointing on")
   args = parser.parse_args()
+  if args.aot:
+    aot_cpu(prepare(args.work_dir)["model_dir"], args.remat)
+    return
   if args.quick:
     args.rounds, args.steps, args.response_length = 1, 3, 16
   inputs = prepare(args.work_dir)
