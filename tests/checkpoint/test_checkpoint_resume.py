@@ -120,7 +120,7 @@ def test_non_finite_gradients_skip_the_update(tmp_path):
   trainer = Trainer(small_config(tmp_path), devices=jax.devices()[:1])
   # A poisoned batch: every reward is NaN, so advantages, losses and gradients are NaN.
   nan = lambda responses, mask, index: jax.numpy.full(responses.shape[:1], jax.numpy.nan)
-  trainer.ppo.reward_fn = lambda *args: (nan(*args), nan(*args) * 0, nan(*args)[None][:0])
+  trainer.ppo.reward_fn = lambda *args: (nan(*args), nan(*args) * 0, nan(*args) * 0, nan(*args)[None][:0])
   before = jax.device_get(trainer.state.actor_params)
   metrics = trainer.train_step(0)
   assert metrics["actor/update_skipped"] == 1.0 and metrics["critic/update_skipped"] == 1.0

@@ -67,7 +67,7 @@ def test_overlong_penalty_is_linear_over_the_buffer(tmp_path):
                                             "reward_model.overlong_buffer.penalty_factor": 1.0})
   trainer = Trainer(config, devices=jax.devices()[:1])
   trainer.ppo.reward_fn = lambda responses, mask, index: (jnp.ones(responses.shape[0]), jnp.zeros(responses.shape[0]),
-                                                         jnp.zeros((0, responses.shape[0])))
+                                                         jnp.zeros(responses.shape[0]), jnp.zeros((0, responses.shape[0])))
   mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], jnp.int32)  # lengths 1, 2, 3 of max 3, buffer 2
   rollout = {"prompts": jnp.ones((3, 2), jnp.int32), "prompt_mask": jnp.ones((3, 2), jnp.int32),
              "responses": jnp.zeros((3, 3), jnp.int32), "response_mask": mask, "sample_index": jnp.arange(3)}
