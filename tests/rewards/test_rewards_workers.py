@@ -89,8 +89,9 @@ def test_the_pool_is_kept_across_batches_and_closed(tmp_path):
   path.write_text(textwrap.dedent(MISBEHAVING))
   scorer = RewardScorer(rewards.load_custom_reward_function(str(path)), num_workers=2, timeout_s=TIMEOUT_S)
   pids = lambda: set(score_batch(scorer, ["d"] * 8, ["pid"] * 8, ["a"] * 8)[1]["pid"].astype(int).tolist())
-  first = pids()
-  assert first == pids() and os.getpid() not in first and 1 <= len(first) <= 2
+  # Which of the two workers takes a sample is up to scheduling: the same two serve both batches.
+  first = pids() | pids()
+  assert os.getpid() not in first and 1 <= len(first) <= 2
   processes = [worker.process for worker in scorer._pool._workers]
   scorer.close()
   assert not any(process.is_alive() for process in processes)
