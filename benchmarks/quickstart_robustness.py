@@ -1,17 +1,19 @@
 """Quickstart robustness (issue 36): does `configs/quickstart.py` reach >= 0.95 greedy validation reward
 on every CPU, not only on the one it was tuned on?
 
-Floating-point reduction order differs between CPUs and moves a 300-step trajectory; here "another CPU"
-is emulated by other seeds (model init, sampling, data order) and by XLA flags that change the numerics
-on this one (fast math; two host devices with the batch split over an fsdp axis, which changes every
-reduction's order). Each candidate is a set of quickstart settings run under every variant:
+Floating-point differences between CPUs move a run's trajectory; here "another CPU" is emulated by other
+seeds (model init, sampling, data order) and by XLA flags that change this CPU's numerics: fast math, code
+for SSE4.2 only (`--xla_cpu_max_isa`; AVX2 gives this machine's default numbers bit for bit), and two host
+devices with the batch split over an fsdp axis (every reduction in another order). A candidate is
+configs/quickstart.py with the keys it lists overridden, run under every variant:
 
     python benchmarks/quickstart_robustness.py                        # every candidate x every variant
-    python benchmarks/quickstart_robustness.py --candidates chosen --variants seed1,fast_math
+    python benchmarks/quickstart_robustness.py --candidates batch128_cosine_entropy0.05 --variants seed1,fsdp2
 
-One `python train.py` per run, one at a time (each uses both cores). Prints a table and writes
-benchmarks/results/quickstart_robustness.json: per run the validation curve, the first step at which it
-reaches 0.9 and 0.95, the last value, the final KL and the wall time.
+One `python train.py` per run, one after another (each uses both cores). Prints a markdown table (per
+candidate and variant: the first validated step at >= 0.95 / the last value) and writes
+benchmarks/results/quickstart_robustness.json: per run the validation curve (every 25 steps), the first step
+at >= 0.9 and >= 0.95, the last value, the final KL, the entropy every 50 steps, wall and CPU seconds.
 """
 
 import argparse
@@ -31,26 +33,25 @@ TARGET = 0.95
 _ACTOR = "actor_rollout_ref.actor"
 # The settings the sweep varies, written in full per candidate so a candidate means the same run whatever
 # configs/quickstart.py says today. "before" is the quickstart of issue 36 (0.711 on an AVX2 EPYC).
-BEFORE = {f"{_ACTOR}.optim.lr": 1e-3, "critic.optim.lr": 2e-3, f"{_ACTOR}.kl_loss_coef": 0.001,
+BEFORE = {f"{_ACTOR}.optim.lr": 1e-3, f"{_ACTOR}.optim.lr_scheduler_type": "constant",
+          f"{_ACTOR}.optim.min_lr_ratio": 0.0, "critic.optim.lr": 2e-3, f"{_ACTOR}.kl_loss_coef": 0.001,
           f"{_ACTOR}.entropy_coeff": 0.01, f"{_ACTOR}.ppo_epochs": 2, "data.train_batch_size": 64,
           f"{_ACTOR}.ppo_mini_batch_size": 32, "actor_rollout_ref.rollout.n": 4, "algorithm.lam": 0.95,
           "trainer.total_training_steps": 300}
+# Twice the prompts per step for half the steps: the same samples, so the same time.
+_BATCH128 = {**BEFORE, "data.train_batch_size": 128, f"{_ACTOR}.ppo_mini_batch_size": 64,
+             "trainer.total_training_steps": 150}
+_COSINE = {f"{_ACTOR}.optim.lr_scheduler_type": "cosine", f"{_ACTOR}.optim.min_lr_ratio": 0.1}
 CANDIDATES = {
     "before": BEFORE,
     "lr2x": {**BEFORE, f"{_ACTOR}.optim.lr": 2e-3, "critic.optim.lr": 4e-3},
     "lam1": {**BEFORE, "algorithm.lam": 1.0},
-    "epochs4": {**BEFORE, f"{_ACTOR}.ppo_epochs": 4, "trainer.total_training_steps": 200},
     "n8": {**BEFORE, "actor_rollout_ref.rollout.n": 8, "trainer.total_training_steps": 200},
-    "batch128": {**BEFORE, "data.train_batch_size": 128, f"{_ACTOR}.ppo_mini_batch_size": 64,
-                 "trainer.total_training_steps": 200},
-    "entropy0.03": {**BEFORE, f"{_ACTOR}.entropy_coeff": 0.03},
-    "batch128_150": {**BEFORE, "data.train_batch_size": 128, f"{_ACTOR}.ppo_mini_batch_size": 64,
-                     "trainer.total_training_steps": 150},
-    "batch128_150_cosine": {**BEFORE, "data.train_batch_size": 128, f"{_ACTOR}.ppo_mini_batch_size": 64,
-                            "trainer.total_training_steps": 150, f"{_ACTOR}.optim.lr_scheduler_type": "cosine",
-                            f"{_ACTOR}.optim.min_lr_ratio": 0.1},
-    "batch128_150_entropy0": {**BEFORE, "data.train_batch_size": 128, f"{_ACTOR}.ppo_mini_batch_size": 64,
-                              "trainer.total_training_steps": 150, f"{_ACTOR}.entropy_coeff": 0.0},
+    "batch128_200steps": {**_BATCH128, "trainer.total_training_steps": 200},
+    "batch128_entropy0": {**_BATCH128, f"{_ACTOR}.entropy_coeff": 0.0},
+    "batch128_cosine": {**_BATCH128, **_COSINE},
+    "batch128_cosine_entropy0.03": {**_BATCH128, **_COSINE, f"{_ACTOR}.entropy_coeff": 0.03},
+    "batch128_cosine_entropy0.05": {**_BATCH128, **_COSINE, f"{_ACTOR}.entropy_coeff": 0.05},  # the quickstart
 }
 
 # name -> (extra config flags, XLA_FLAGS)
@@ -60,6 +61,8 @@ VARIANTS = {
     "seed3": (("--config.trainer.seed=3", "--config.data.seed=3"), ""),
     "seed4": (("--config.trainer.seed=4", "--config.data.seed=4"), ""),
     "seed5": (("--config.trainer.seed=5", "--config.data.seed=5"), ""),
+    "seed6": (("--config.trainer.seed=6", "--config.data.seed=6"), ""),
+    "seed7": (("--config.trainer.seed=7", "--config.data.seed=7"), ""),
     "fast_math": ((), "--xla_cpu_enable_fast_math=true"),
     "sse4_2": ((), "--xla_cpu_max_isa=SSE4_2"),  # AVX2 gives this machine's default numbers bit for bit
     "fsdp2": (("--config.mesh.fsdp=2",), "--xla_force_host_platform_device_count=2"),
@@ -95,6 +98,22 @@ def run_one(settings, variant):
           "cpu_s": round(end_cpu.ru_utime + end_cpu.ru_stime - start_cpu.ru_utime - start_cpu.ru_stime, 1)}
 
 
+def _machine():
+  names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")] \
+      if os.path.exists("/proc/cpuinfo") else []
+  return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cpus"
+
+
+def table(results):
+  """Markdown: a row per candidate, a column per variant; a cell is 'first step >= TARGET / last value'."""
+  variants = [v for v in VARIANTS if any(v in runs for runs in results.values())]
+  lines = [f"| candidate | {' | '.join(variants)} |", "|---" * (len(variants) + 1) + "|"]
+  for candidate, runs in results.items():
+    cells = [f"{runs[v]['first_0.95'] or 'never'} / {runs[v]['final']:.3f}" if v in runs else "" for v in variants]
+    lines.append(f"| {candidate} | {' | '.join(cells)} |")
+  return "\n".join(lines)
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--candidates", default=",".join(CANDIDATES))
@@ -109,13 +128,13 @@ def main():
     for variant in args.variants.split(","):
       row = run_one(CANDIDATES[candidate], variant)
       results.setdefault(candidate, {})[variant] = row
-      print(f"{candidate:>10} {variant:>10}: 0.9 at {row['first_0.9']}, {TARGET} at {row['first_0.95']}, "
-            f"final {row['final']:.3f}, kl {row['final_kl']:.3f}, {row['wall_s']:.0f} s ({row['cpu_s']:.0f} s cpu)", flush=True)
+      print(f"{candidate} {variant}: 0.9 at step {row['first_0.9']}, {TARGET} at {row['first_0.95']}, "
+            f"last {row['final']:.3f}, {row['wall_s']:.0f} s ({row['cpu_s']:.0f} s cpu)", flush=True)
       with open(args.out, "w") as f:
-        json.dump({"machine": f"{platform.processor() or platform.machine()} {os.cpu_count()} cpus",
-                   "candidates": CANDIDATES, "variants": {k: {"flags": list(v[0]), "XLA_FLAGS": v[1]}
-                                                          for k, v in VARIANTS.items()},
+        json.dump({"machine": _machine(), "candidates": CANDIDATES,
+                   "variants": {k: {"flags": list(v[0]), "XLA_FLAGS": v[1]} for k, v in VARIANTS.items()},
                    "runs": results}, f, indent=2)
+  print(table(results))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """CPU quickstart: PPO with a critic teaches a tiny from-scratch decoder the built-in `recall` task.
 
 The task asks for the first or last digit of a list ("last : 5 8 2 7" -> "#### 7"), scored by the
-GSM8K rule. Validation is greedy on 256 held-out lists every 25 steps: 0 before training, ~0.2-0.3 at
-step 25, >= 0.95 by step 75-100 and 1.0 at step 150 across the seeds and CPU numerics swept in
-benchmarks/quickstart_robustness.py.
+GSM8K rule. Validation is greedy on 256 held-out lists every 25 steps: 0 before training, 0.2-0.3 at
+step 25, >= 0.95 by step 75 (100 for one seed) and 1.0 at step 150 across the seeds and CPU numerics
+swept by benchmarks/quickstart_robustness.py.
 
     python train.py --config configs/quickstart.py
     python train.py --config configs/quickstart.py --config.actor_rollout_ref.actor.optim.lr=3e-4
@@ -43,7 +43,10 @@ def get_config():
   actor.use_kl_loss = True
   actor.kl_loss_coef = 0.001
   actor.kl_loss_type = "low_var_kl"
-  actor.entropy_coeff = 0.01
+  # The policy learns to answer digit by digit; with a small bonus (0.01) a digit it has stopped sampling can
+  # stay unlearned for 100+ steps (seed 5 ended at 0.91: every prompt whose answer is 7 wrong). 0.05 keeps each digit
+  # sampled (the mean entropy per token ends near 2; greedy validation and the sampled reward reach ~1).
+  actor.entropy_coeff = 0.05
   actor.optim.lr = 1e-3
   # Cosine down to 1e-4 by the last step: at a constant lr a solved policy drifted (a seed fell back to 0.949).
   actor.optim.lr_scheduler_type = "cosine"

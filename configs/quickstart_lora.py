@@ -28,8 +28,9 @@ def get_config():
   model.lora_alpha = 128
   model.target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
   config.actor_rollout_ref.actor.optim.lr = 5e-4
-  # The PPO quickstart's batch and schedule before issue 36, as the numbers above were measured with.
+  # The PPO quickstart's batch, schedule and entropy bonus before issue 36, as the numbers above were measured.
   config.actor_rollout_ref.actor.optim.lr_scheduler_type = "constant"
+  config.actor_rollout_ref.actor.entropy_coeff = 0.01
   config.data.train_batch_size = 64
   config.actor_rollout_ref.actor.ppo_mini_batch_size = 32
   config.trainer.total_training_steps = 300
