@@ -250,7 +250,7 @@ def test_filtered_rows_are_counted_and_a_dataset_too_small_after_filtering_leave
   result = run_cli("train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}",
                    f"--config.data.train_files=('{files}/mixed_lengths.jsonl',)", "--config.data.max_prompt_length=8",
                    "--config.data.filter_overlong_prompts=True")
-  assert_user_error(result, "train.py", "data.train_batch_size=64 is larger than the dataset (4 rows; 10 read, 6 "
+  assert_user_error(result, "train.py", "data.train_batch_size=128 is larger than the dataset (4 rows; 10 read, 6 "
                     "dropped by data.filter_overlong_prompts)")
   assert "data.train_files: data.filter_overlong_prompts dropped 6 of 10 rows (longer than " \
          "data.max_prompt_length=8); 4 left" in result.stdout
