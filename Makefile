@@ -28,7 +28,7 @@ train: $(STAMP)
 
 # pytest exit code 5 means "no tests collected": a failure here, not a success.
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -190,7 +190,7 @@ TRAIN_CASES = {
     "kv_cache_beyond_memory": (["--config.data.max_response_length=10000000000",
                                 "--config.actor_rollout_ref.model.override_config.max_position_embeddings="
                                 "1000000000000"],
-                               ["host memory", "KV cache (256 sequences of 10,000,000,012 tokens)", "PiB"]),
+                               ["host memory", "KV cache (512 sequences of 10,000,000,012 tokens)", "PiB"]),
 }
 
 

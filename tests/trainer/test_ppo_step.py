@@ -78,8 +78,12 @@ def test_old_log_probs_from_the_first_epoch_equal_the_old_forward(tmp_path, fuse
       if not key.startswith(TIMING_DEPENDENT):
         np.testing.assert_allclose(a[key], value, **tolerance, err_msg=f"step {step} {key}")
   close = lambda x, y: np.testing.assert_allclose(x, y, **tolerance)
-  jax.tree.map(close, jax.device_get(reused.state.actor_params), jax.device_get(forward.state.actor_params))
   jax.tree.map(close, jax.device_get(reused.state.actor_opt_state), jax.device_get(forward.state.actor_opt_state))
+  # Adam moves every element by up to ~lr whatever its gradient's size, so an element whose gradient is near zero
+  # turns fp32 rounding into a visible step: parameters agree to a small fraction of one step (lr).
+  lr = reused.config.actor_rollout_ref.actor.optim.lr
+  step_fraction = lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=(0.01 if mesh is None else 0.05) * lr)
+  jax.tree.map(step_fraction, jax.device_get(reused.state.actor_params), jax.device_get(forward.state.actor_params))
 
 
 @pytest.mark.parametrize("overrides", [
