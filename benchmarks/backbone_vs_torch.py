@@ -9,7 +9,8 @@ alternate, and one GEMM of the update's most common shape ([tokens, hidden] x [h
 - `jaxrlhf` variants: the layer scan with and without gradient checkpointing (`vs_trl.py` checkpoints),
   a Python loop of layers (`scan_layers=False`), and XLA:CPU's YNNPACK dot fusions turned off (XLA_FLAGS).
 
-    python benchmarks/backbone_vs_torch.py [--model 21.7M] [--rounds 3] [--reps 8] [--rows 8] [--tokens 128]
+    python benchmarks/backbone_vs_torch.py [--model 21.7M | --model_dir HF_DIR] [--rounds 3] [--reps 8] [--rows 8]
+        [--tokens 128] [--results NAME]
 
 GFLOP/s are model FLOPs (`jaxrlhf.trainer.flops.update_flops`, checkpointing's recomputed forward not
 counted) over the median time. Writes benchmarks/results/backbone_vs_torch.json and prints a table.
@@ -123,7 +124,8 @@ def main():
   parser.add_argument("--tokens", type=int, default=128)
   parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
   parser.add_argument("--worker", choices=list(VARIANTS))
-  parser.add_argument("--model_dir")
+  parser.add_argument("--model_dir", help="a local HF checkpoint instead of a vs_trl.py model")
+  parser.add_argument("--results", default="backbone_vs_torch", help="results file name (benchmarks/results)")
   args = parser.parse_args()
   if args.worker == "torch":
     print(json.dumps(torch_worker(args.model_dir, args.rows, args.tokens, args.reps)))
@@ -134,9 +136,12 @@ def main():
 
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import vs_trl
-  work_dir = os.path.join(vs_trl.VENVS, "work")
-  vs_trl.prepare(work_dir, [args.model])
-  args.model_dir = os.path.join(work_dir, f"model_{args.model}")
+  if args.model_dir:  # a local HF checkpoint, e.g. SmolLM2 as benchmarks/real_model.py fetches it
+    args.model = os.path.basename(os.path.normpath(args.model_dir))
+  else:
+    work_dir = os.path.join(vs_trl.VENVS, "work")
+    vs_trl.prepare(work_dir, [args.model])
+    args.model_dir = os.path.join(work_dir, f"model_{args.model}")
   runs = []
   for round_index in range(args.rounds):
     order = args.variants if round_index % 2 == 0 else args.variants[::-1]  # alternate who goes first
@@ -157,7 +162,7 @@ def main():
                   "gemm_gflops": round(flops["gemm_flops"] / gemm / 1e9, 1),
                   "rounds_s": [round(statistics.median(r["fwd_bwd_s"]), 3) for r in mine]})
   settings = {k: getattr(args, k) for k in ("model", "rounds", "reps", "rows", "tokens", "variants")}
-  vs_trl.write_results("backbone_vs_torch", settings, table=table, runs=runs)
+  vs_trl.write_results(args.results, settings, table=table, runs=runs)
   print("| side | fwd+bwd s (rounds) | model GFLOP/s | GEMM GFLOP/s (best) |")
   print("|---|---|---|---|")
   for r in table:
