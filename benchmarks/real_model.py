@@ -40,8 +40,10 @@ from benchmarks import vs_trl  # noqa: E402  (the harness: runners, TRL venv, re
 ROOT = vs_trl.ROOT
 MODEL = "smollm2-135m-instruct"
 ALGO = "grpo"
-# jaxrlhf's layer settings: the layer scan (one compiled layer for 30) without gradient checkpointing, as TRL.
-LAYER_SETTINGS = "scan=1,remat=0"
+# jaxrlhf's settings: the layer scan (one compiled layer for 30) without gradient checkpointing, as TRL; prompts
+# padded to the recipe's max_prompt_length (104: the longest arith prompt is 99 tokens), not vs_trl's 128, as TRL
+# pads a batch to its longest prompt (at 128 the update read 160 positions a row against TRL's ~131).
+LAYER_SETTINGS = "scan=1,remat=0,prompt_length=104"
 
 
 def prepare(work_dir: str) -> dict:

@@ -164,6 +164,7 @@ def get_config(spec: str):
   """`train.py --config benchmarks/vs_trl.py:algo=ppo,model=DIR,data=PARQUET,steps=5,response_length=64,run_dir=DIR`.
 
   Optional: `fuse=0` (phased mode: per-phase times and MFU), `bucket=0` (prompts padded to max_prompt_length),
+  `prompt_length=104` (max_prompt_length, 128 by default: the last length bucket),
   `bypass=0` (PPO: an old-log-prob forward pass, as verl's default, instead of the sampler's log-probs),
   `remat=0` (no gradient checkpointing), `scan=0` (a Python loop of layers, not one scan over stacked weights),
   `attention=xla` (the whole score matrix, not 64-token blocks).
@@ -174,7 +175,7 @@ def get_config(spec: str):
   prompts, n = ALGOS[args["algo"]]
   config = get_base_config()
   config.data.train_files = (args["data"],)
-  config.data.max_prompt_length = 128
+  config.data.max_prompt_length = int(args.get("prompt_length", 128))
   config.data.max_response_length = int(args["response_length"])
   config.data.train_batch_size = prompts
   config.data.seed = 0
