@@ -27,6 +27,8 @@ import json
 import logging
 import os
 import re
+import sys
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -86,6 +88,32 @@ class _OrbaxSaveErrors(logging.Filter):
 _ORBAX_SAVE_ERRORS = _OrbaxSaveErrors()
 
 
+def _is_abandoned_write_callback(unraisable) -> bool:
+  """After a failed write Orbax stops its save and closes the event loop it ran on; TensorStore then completes
+  the writes it had in flight and each completion calls `loop.call_soon_threadsafe` on that closed loop from C++,
+  which Python reports as an unraisable RuntimeError ("Event loop is closed") with a bare traceback. That failure
+  is the save's, already raised once as a CheckpointError."""
+  frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(unraisable.exc_traceback)]
+  return (unraisable.object is None and unraisable.exc_type is RuntimeError
+          and str(unraisable.exc_value) == "Event loop is closed" and "call_soon_threadsafe" in frames)
+
+
+def _drop_abandoned_write_callbacks(previous_hook):
+  def hook(unraisable):
+    if _is_abandoned_write_callback(unraisable) and not os.environ.get("JAXRLHF_DEBUG"):
+      return
+    previous_hook(unraisable)
+
+  hook.drops_abandoned_write_callbacks = True
+  return hook
+
+
+def _install_unraisable_filter() -> None:
+  """Once per process, around whatever hook is in place (JAXRLHF_DEBUG=1 or `-v` keeps these reports)."""
+  if not getattr(sys.unraisablehook, "drops_abandoned_write_callbacks", False):
+    sys.unraisablehook = _drop_abandoned_write_callbacks(sys.unraisablehook)
+
+
 def _failure_text(error: BaseException) -> str:
   """The operating system's words for a failed write ("No space left on device"), else the error's first line."""
   for cause in _chain(error):
@@ -114,6 +142,7 @@ class Checkpointer:
     self._pending: int | None = None  # the step of a save that has not been seen through yet
     self._failed = False
     absl_logging.get_absl_logger().addFilter(_ORBAX_SAVE_ERRORS)  # once: a filter is kept in a set
+    _install_unraisable_filter()
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, step_prefix=STEP_PREFIX,

@@ -1,12 +1,14 @@
 """Nothing lost (README "Bad input"): one run per run directory, a failed checkpoint save stops the run in one
 line, and SIGTERM saves the last finished step so that a resume continues exactly."""
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import pytest
 
@@ -100,6 +102,38 @@ def test_a_failed_save_is_one_line_naming_it_and_the_last_good_checkpoint(tmp_pa
   checkpointer = Checkpointer(str(tmp_path))
   assert checkpointer.all_steps() == [1]  # the half-written step is never taken as the latest
   checkpointer.close()
+
+
+def _unraisable(raise_it, obj=None):
+  try:
+    raise_it()
+  except Exception as error:  # noqa: BLE001
+    return types.SimpleNamespace(exc_type=type(error), exc_value=error, exc_traceback=error.__traceback__,
+                                 err_msg=None, object=obj)
+
+
+def test_writes_abandoned_by_a_failed_save_report_nothing_more_and_other_unraisables_pass(monkeypatch):
+  """TensorStore completes the writes Orbax abandoned after the first failure on Orbax's closed event loop (seen
+  on CI, about one run in three): those reports are dropped; any other unraisable reaches the previous hook."""
+  from jaxrlhf.checkpoint import _drop_abandoned_write_callbacks
+
+  loop = asyncio.new_event_loop()
+  loop.close()
+  seen = []
+  hook = _drop_abandoned_write_callbacks(seen.append)
+  monkeypatch.delenv("JAXRLHF_DEBUG", raising=False)
+  abandoned = _unraisable(lambda: loop.call_soon_threadsafe(print))
+  hook(abandoned)
+  assert seen == []
+  other = [_unraisable(lambda: (_ for _ in ()).throw(RuntimeError("Event loop is closed"))),  # not from a loop
+           _unraisable(lambda: loop.call_soon_threadsafe(print), obj=object()),  # an object's __del__
+           _unraisable(lambda: 1 / 0)]
+  for unraisable in other:
+    hook(unraisable)
+  assert seen == other
+  monkeypatch.setenv("JAXRLHF_DEBUG", "1")
+  hook(abandoned)
+  assert seen[-1] is abandoned
 
 
 _COMPARED = ("actor/", "critic/", "response_length/", "training/")
