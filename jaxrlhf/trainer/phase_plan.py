@@ -51,6 +51,10 @@ class PhasePlan:
   # many steps (0-based), and its learning rate schedule starts at its own step 0 after them.
   actor_warmup_steps: int
 
+  def actor_updates_at(self, step: int) -> bool:
+    """Whether the actor updates at 0-based trainer step `step` (the one place the warm-up is read on the host)."""
+    return step >= self.actor_warmup_steps
+
   @classmethod
   def from_config(cls, config, model_config, critic_model_config) -> PhasePlan:
     """`model_config` / `critic_model_config`: the actor's and critic's `DecoderConfig` (LoRA by rank)."""

@@ -253,7 +253,8 @@ class Trainer:
           rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
           self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
       metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-    if self.ppo.plan.use_critic and step + 1 < self.config.trainer.critic_warmup:  # verl: the actor did not update
+    actor_updated = self.ppo.plan.actor_updates_at(step)
+    if not actor_updated:  # verl reports no actor metrics for a step whose actor did not update
       for key in self.ppo.actor_update_metric_names:
         metrics.pop(key, None)
     elapsed = time.perf_counter() - start
@@ -267,8 +268,7 @@ class Trainer:
     metrics["timing_s/step"] = elapsed
     metrics["perf/time_per_step"] = elapsed
     metrics["perf/throughput"] = tokens / elapsed / self.mesh.size
-    metrics.update(self._mfu(metrics, timings, elapsed, actor_updated=not (
-        self.ppo.plan.use_critic and step < self.config.trainer.critic_warmup)))
+    metrics.update(self._mfu(metrics, timings, elapsed, actor_updated))
     metrics["training/global_step"] = step + 1
     metrics["training/epoch"] = self.schedule.epoch_of(step)
     return metrics
