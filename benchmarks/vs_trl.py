@@ -42,7 +42,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENVS = os.path.join(ROOT, "benchmarks", ".venvs")
-TORCH = "torch==2.13.0"  # the CPU build (see DESIGN.md)
+TORCH = "torch==2.13.0"  # the CPU build (see docs/architecture.md "Environment")
 TRL_VERSIONS = {"ppo": "1.12.0", "grpo": "1.16.0"}
 MODELS = {  # vocab, hidden, intermediate, layers, heads, kv heads
     "155K": (64, 64, 128, 4, 4, 2),

@@ -103,7 +103,7 @@ _OPTIM = {
 
 _DOCS = {
     # ----- data
-    "data.train_files": ("training parquet files (verl row format, SPEC §8) or `builtin:<task>:train`",
+    "data.train_files": ("training parquet files (verl row format, docs/algorithms.md §8) or `builtin:<task>:train`",
                          "same (a string or a list)"),
     "data.val_files": ("validation files; `(\"\",)` = no validation", "same"),
     "data.tokenizer": ("tokenizer directory or Hub model id; `\"\"` = the actor's `model.path`; `builtin:<task>` = "
@@ -134,7 +134,7 @@ _DOCS = {
     "actor_rollout_ref.actor.use_dynamic_bsz": ("form micro-batches by a token budget instead of a row count", SAME),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("token budget of one micro-batch with "
                                                           "`use_dynamic_bsz`", SAME),
-    "actor_rollout_ref.actor.clip_ratio": ("PPO clip epsilon (SPEC §4)", SAME),
+    "actor_rollout_ref.actor.clip_ratio": ("PPO clip epsilon (docs/algorithms.md §4)", SAME),
     "actor_rollout_ref.actor.clip_ratio_low": ("lower clip epsilon; None = `clip_ratio`",
                                                "same (verl's default is 0.2)"),
     "actor_rollout_ref.actor.clip_ratio_high": ("upper clip epsilon (DAPO clip-higher: 0.28); None = `clip_ratio`",
@@ -155,8 +155,9 @@ _DOCS = {
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": ("`kl_cov`: fraction of tokens with the KL penalty", SAME),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": ("`kl_cov`: coefficient of that penalty", SAME),
     "actor_rollout_ref.actor.loss_agg_mode": ("`token-mean`, `token-sum`, `seq-mean-token-sum`, "
-                                              "`seq-mean-token-mean`, `seq-mean-token-sum-norm` (SPEC §4; the "
-                                              "normalisers count the whole mini-batch, as verl 0.9.1)", SAME),
+                                              "`seq-mean-token-mean`, `seq-mean-token-sum-norm` "
+                                              "(docs/algorithms.md §4; the normalisers count the whole "
+                                              "mini-batch, as verl 0.9.1)", SAME),
     "actor_rollout_ref.actor.entropy_coeff": ("weight of the entropy bonus", SAME),
     "actor_rollout_ref.actor.use_kl_loss": ("add `kl_loss_coef * KL(pi, ref)` to the actor loss", SAME),
     "actor_rollout_ref.actor.kl_loss_coef": ("KL loss weight", SAME),
@@ -219,7 +220,7 @@ _DOCS = {
     "critic.ulysses_sequence_parallel_size": ("the critic's sequence parallelism: 1 or the actor's size (one `sp` "
                                               "mesh axis)", SAME),
     "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
-    "critic.cliprange_value": ("value clip range `c` (SPEC §4; the seeds use 0.2)", SAME),
+    "critic.cliprange_value": ("value clip range `c` (docs/algorithms.md §4; the seeds use 0.2)", SAME),
     "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),
     "critic.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor of the value loss; None = the actor's "
                                  "(as verl)", SAME),
@@ -259,7 +260,8 @@ _DOCS = {
     "algorithm.lam": ("GAE lambda; the seeds recommend 0.95", SAME),
     "algorithm.adv_estimator": ("`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, "
                                 "`remax`, `opo`, `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, "
-                                "`tir_optimal_token_baseline`, `grpo_vectorized`, `rloo_vectorized` (SPEC §3)", SAME),
+                                "`tir_optimal_token_baseline`, `grpo_vectorized`, `rloo_vectorized` "
+                                "(docs/algorithms.md §3)", SAME),
     "algorithm.gdpo_reward_keys": ("`gdpo`: reward components (keys of the dict the reward function returns), "
                                    "each group-normalised on its own", SAME),
     "algorithm.gdpo_reward_weights": ("`gdpo`: weight of each component in the sum; None = 1 each", SAME),
@@ -286,7 +288,7 @@ _DOCS = {
     "algorithm.kl_penalty": ("KL estimator for the in-reward penalty (as `kl_loss_type`; `full` runs the "
                              "reference in the old-log-prob phase, which then replaces the ref phase)",
                              "same, and `full` works here (verl 0.9.1 raises on it)"),
-    "algorithm.kl_ctrl.type": ("`fixed` or `adaptive` coefficient (SPEC §2; checkpointed)", SAME),
+    "algorithm.kl_ctrl.type": ("`fixed` or `adaptive` coefficient (docs/algorithms.md §2; checkpointed)", SAME),
     "algorithm.kl_ctrl.kl_coef": ("initial in-reward KL coefficient `beta`", SAME),
     "algorithm.kl_ctrl.horizon": ("adaptive controller horizon", SAME),
     "algorithm.kl_ctrl.target_kl": ("adaptive controller target", SAME),
@@ -355,7 +357,8 @@ _SECTION_TITLES = {
 
 
 def walk(config: ml_collections.ConfigDict, prefix: str = ""):
-  """(key, default, type name) for every leaf; top-level sections in SPEC §6 order, keys sorted below."""
+  """(key, default, type name) for every leaf; top-level sections in docs/algorithms.md §6 order, keys sorted
+  below."""
   names = config.keys()
   if not prefix:
     names = sorted(names, key=lambda n: (list(_SECTION_TITLES).index(n) if n in _SECTION_TITLES else 99, n))
@@ -458,8 +461,8 @@ def render(config: ml_collections.ConfigDict | None = None) -> str:
   lines = [
       "# Configuration reference",
       "",
-      "Every key of the config tree (`jaxrlhf.config.get_base_config()`, SPEC §6), its default, what it",
-      "does, and its name in verl. \"same\" means verl has exactly this key, so a verl command line's",
+      "Every key of the config tree (`jaxrlhf.config.get_base_config()`, docs/algorithms.md §6), its default,",
+      "what it does, and its name in verl. \"same\" means verl has exactly this key, so a verl command line's",
       "overrides carry over as `--config.<key>=<value>`; \"— (ours)\" marks keys verl does not have.",
       "It names the key only: where the *behaviour* is tested to equal verl 0.9.1's, and where it",
       "deliberately differs, is listed at the end (\"Parity with verl 0.9.1\").",

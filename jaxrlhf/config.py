@@ -1,4 +1,4 @@
-"""The base config tree (verl's key names, SPEC §6) and its validation.
+"""The base config tree (verl's key names, docs/algorithms.md §6) and its validation.
 
 Every config file does `config = jaxrlhf.config.get_base_config()` and assigns existing keys; the
 tree is locked, so a misspelt key fails at assignment with its name. `validate_config` re-checks a

@@ -1,4 +1,4 @@
-"""Convert a local copy of GSM8K into verl's parquet row format (SPEC §8); no network access.
+"""Convert a local copy of GSM8K into verl's parquet row format (docs/algorithms.md §8); no network access.
 
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
 
@@ -112,7 +112,7 @@ def read_records(path: str, required_columns: Sequence[str]) -> list[dict[str, A
 def make_row(
     data_source: str, split: str, index: int, question: str, answer: str, ground_truth: str, instruction: str
 ) -> dict[str, Any]:
-  """One row in verl's format (SPEC §8)."""
+  """One row in verl's format (docs/algorithms.md §8)."""
   return {
       "data_source": data_source,
       "prompt": [{"role": "user", "content": question + " " + instruction}],

@@ -1,4 +1,4 @@
-"""Convert a local copy of MATH into verl's parquet row format (SPEC §8); no network access.
+"""Convert a local copy of MATH into verl's parquet row format (docs/algorithms.md §8); no network access.
 
     python examples/data_preprocess/math.py --local_dir ~/raw/MATH-lighteval/data --output_dir ~/data/math
 

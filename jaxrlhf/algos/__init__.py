@@ -1,4 +1,4 @@
-"""PPO algorithm library (SPEC §1-4): KL estimators and controllers, advantage estimators,
+"""PPO algorithm library (docs/algorithms.md §1-4): KL estimators and controllers, advantage estimators,
 policy/value losses and loss aggregation, as pure, jittable JAX functions on [N, R] arrays.
 
 Names follow verl's `core_algos`, and the registries are keyed by verl's config strings. This

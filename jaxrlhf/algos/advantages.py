@@ -1,4 +1,4 @@
-"""Advantage estimators keyed by verl's `algorithm.adv_estimator` (SPEC §3).
+"""Advantage estimators keyed by verl's `algorithm.adv_estimator` (docs/algorithms.md §3).
 
 All return (advantages, returns), both [N, R] fp32. Conventions shared by every estimator:
 - R_b = sum_t token_level_rewards * m (the outcome score; rewards on padding are ignored).

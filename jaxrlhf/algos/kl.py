@@ -1,4 +1,4 @@
-"""KL estimators, KL coefficient controllers and entropy (SPEC §2, SPEC §4 "Entropy").
+"""KL estimators, KL coefficient controllers and entropy (docs/algorithms.md §2, §4 "Entropy").
 
 Per-token estimators of KL(pi || ref) from the log-probs of the sampled token (J. Schulman,
 "Approximating KL divergence", 2020), the exact KL over the vocabulary from both logits, and the
@@ -33,7 +33,7 @@ def _base_kl(logprob, ref_logprob, name):
 
 
 def kl_penalty(logprob, ref_logprob, kl_penalty: str):
-  """Per-token KL estimate (SPEC §2 table), same shape as the inputs.
+  """Per-token KL estimate (docs/algorithms.md §2 table), same shape as the inputs.
 
   `<name>+` is the straight-through variant: the value of `<name>`, the gradient of k2
   (k2's gradient is the unbiased KL gradient, whatever estimator is reported).
@@ -63,7 +63,7 @@ def full_kl(logits, ref_logits):
 def entropy_from_logits(logits):
   """Per-token entropy H = logsumexp(z) - sum(softmax(z) * z) in fp32; [..., V] -> [...].
 
-  Callers divide logits by the rollout temperature first (SPEC §4), as for the log-probs.
+  Callers divide logits by the rollout temperature first (docs/algorithms.md §4), as for the log-probs.
   """
   z = as_f32(logits)
   return jax.nn.logsumexp(z, axis=-1) - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
@@ -83,7 +83,7 @@ def fixed_kl_update(coef, current_kl=None, n_steps=None):
 
 
 def adaptive_kl_update(coef, current_kl, n_steps, target_kl, horizon):
-  """Adaptive controller of Ziegler et al. 2019 (SPEC §2):
+  """Adaptive controller of Ziegler et al. 2019 (docs/algorithms.md §2):
   e = clip(current_kl/target_kl - 1, -0.2, 0.2); coef * (1 + e * n_steps / horizon).
   `n_steps` is the number of sequences in the batch."""
   error = jnp.clip(as_f32(current_kl) / target_kl - 1.0, -0.2, 0.2)

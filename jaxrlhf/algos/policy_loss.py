@@ -1,4 +1,4 @@
-"""Policy-gradient losses keyed by verl's `actor.policy_loss.loss_mode` (SPEC §4 "Policy").
+"""Policy-gradient losses keyed by verl's `actor.policy_loss.loss_mode` (docs/algorithms.md §4 "Policy").
 
 Every registered loss has the signature
 
@@ -435,7 +435,7 @@ def compute_policy_loss(
     rollout_is_weights=None,
     **agg_and_mode_kwargs,
 ):
-  """Policy loss of `loss_mode` -> (loss, metrics) (SPEC §1, §4).
+  """Policy loss of `loss_mode` -> (loss, metrics) (docs/algorithms.md §1, §4).
 
   clip_ratio_low/high default to clip_ratio. `agg_and_mode_kwargs` holds the `agg_loss`
   normalisers (global_token_count, global_seq_count, loss_scale_factor; see

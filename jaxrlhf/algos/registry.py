@@ -1,4 +1,4 @@
-"""Name -> function registries for advantage estimators and policy losses (SPEC §1).
+"""Name -> function registries for advantage estimators and policy losses (docs/algorithms.md §1).
 
 Keys are verl's config strings (`algorithm.adv_estimator`, `actor.policy_loss.loss_mode`), so a
 verl recipe selects the same function by the same name; users add their own with the decorator.

@@ -1,4 +1,4 @@
-"""From sequence scores to the token-level rewards the advantage estimators read (SPEC §2, §3).
+"""From sequence scores to the token-level rewards the advantage estimators read (docs/algorithms.md §2, §3).
 
 The step composes these in order: `overlong_penalty` (DAPO's soft length penalty, added to each
 sequence's score), `place_scores_on_last_token` (verl's `token_level_scores`: the score sits on the
@@ -35,7 +35,8 @@ def place_scores_on_last_token(scores_N, response_mask_NxR):
 def apply_kl_penalty(token_level_scores_NxR, old_log_prob_NxR, ref_log_prob_NxR, response_mask_NxR, kl_coef, *,
                      kl_penalty_type: str, kl_ctrl_type: str = "fixed", target_kl: float = 0.0,
                      horizon: float = 1.0, kl_gate=1.0, full_kl_NxR=None):
-  """token_level_rewards = token_level_scores - kl_gate * beta * KL per token (SPEC §2), and the controller.
+  """token_level_rewards = token_level_scores - kl_gate * beta * KL per token, and the controller
+  (docs/algorithms.md §2).
 
   `kl_gate` gates the penalty (1, or 0 during a KL warm-up). `kl_penalty_type="full"` reads the exact
   per-token KL over the vocabulary from `full_kl_NxR` (`full_kl` of both policies' logits) instead of

@@ -1,5 +1,5 @@
 """Rollout correction (verl 0.9.1 `rollout_corr_helper`): importance weights and rejection between
-the rollout's log-probs and the training forward's (SPEC §4 `bypass_mode`).
+the rollout's log-probs and the training forward's (docs/algorithms.md §4 `bypass_mode`).
 
 The sampler and the trainer compute log-probs of the same tokens with different numerics (e.g.
 `rollout.dtype=bfloat16` against fp32 training), so pi_rollout != pi_train. With

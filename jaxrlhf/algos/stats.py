@@ -1,10 +1,10 @@
-"""Masked statistics and loss aggregation (SPEC §1 masked_*, SPEC §4 `loss_agg_mode`).
+"""Masked statistics and loss aggregation (docs/algorithms.md §1 masked_*, §4 `loss_agg_mode`).
 
 Everything here is computed in fp32 whatever the input dtype, and is masked: a position whose
 mask is 0 never influences a result, even if it holds inf/NaN (padding may hold garbage log-probs).
 An empty mask yields 0, never NaN, so all-padding micro-batches are harmless.
 
-Exact global normalisation (SPEC §4, as verl 0.9.1's `global_batch_info`): a mini-batch is split
+Exact global normalisation (docs/algorithms.md §4, as verl 0.9.1's `global_batch_info`): a mini-batch is split
 into micro-batches for gradient accumulation. `loss_normalizers` computes the denominators once on
 the whole mini-batch (verl: `batch_num_tokens`, `global_batch_size`, `loss_scale_factor`); passing
 them to `agg_loss` on every micro-batch makes the micro-batch losses (and their gradients) *sum* to
@@ -23,7 +23,7 @@ LOSS_AGG_MODES = (
 
 
 def as_f32(x):
-  """Casts to fp32: bf16 inputs are accepted but all math runs in fp32 (DESIGN "Numerics")."""
+  """Casts to fp32: bf16 inputs are accepted but all math runs in fp32 (docs/architecture.md "Numerics")."""
   return jnp.asarray(x).astype(jnp.float32)
 
 
@@ -132,7 +132,7 @@ def agg_loss(
     global_seq_count=None,
     loss_scale_factor: Optional[float] = None,
 ):
-  """Aggregates a [N, R] per-token loss into a scalar (SPEC §4, verl 0.9.1's `agg_loss`).
+  """Aggregates a [N, R] per-token loss into a scalar (docs/algorithms.md §4, verl 0.9.1's `agg_loss`).
 
   With S = global_seq_count or the number of rows with a valid token:
   - token-mean: sum(L*m) / (global_token_count or sum(m))

@@ -1,4 +1,4 @@
-"""Clipped value-function loss of the PPO critic (SPEC §4 "Value")."""
+"""Clipped value-function loss of the PPO critic (docs/algorithms.md §4 "Value")."""
 
 import jax.numpy as jnp
 
@@ -18,8 +18,8 @@ def compute_value_loss(
   vclip = clip(vpreds, values - c, values + c);
   vf_loss = 0.5 * agg(max((vpreds-ret)^2, (vclip-ret)^2)); vf_clipfrac = mean_m[(vclip-ret)^2 > (vpreds-ret)^2].
 
-  Argument order is SPEC §1's (vpreds, values, returns); verl's function takes (vpreds, returns,
-  values): call by keyword when porting. `agg_kwargs` (global_token_count, global_seq_count,
+  Argument order is (vpreds, values, returns), as in docs/algorithms.md §1; verl's function takes
+  (vpreds, returns, values): call by keyword when porting. `agg_kwargs` (global_token_count, global_seq_count,
   loss_scale_factor) go to `agg_loss`; `global_token_count` also normalises vf_clipfrac so that it
   is additive over micro-batches like the loss.
   """

@@ -12,7 +12,7 @@ turns ("What is 3 + 4?" -> "3 + 4 = 7\n#### 7"), then the question. Scored by th
 the reward needs the `#### N` line as well as the right number: SmolLM2-135M-Instruct gets some right
 from the start, which gives GRPO its signal.
 
-Rows follow verl's format (SPEC §8), so the same trainer code reads them and parquet files.
+Rows follow verl's format (docs/algorithms.md §8), so the same trainer code reads them and parquet files.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Device mesh `(data, fsdp, tensor)` and the actor's train/generation layouts (DESIGN.md)."""
+"""Device mesh `(data, fsdp, tensor)` and the actor's train/generation layouts (docs/architecture.md)."""
 
 from jaxrlhf.parallel.mesh import MESH_AXES, make_mesh
 from jaxrlhf.parallel.layouts import (

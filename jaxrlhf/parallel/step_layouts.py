@@ -1,6 +1,6 @@
 """The step's layouts end to end: built from the config and the mesh, applied inside the compiled step.
 
-One step's round trip (DESIGN.md "Mesh and layouts"):
+One step's round trip (docs/architecture.md "Mesh and layouts"):
 
     train layout: params FSDP+TP (`actor_train`), batch over (data, fsdp)
       -> rollout:  `to_generation(params)`        key/value heads repeated `generation_kv_repeat` times,

@@ -1,4 +1,4 @@
-"""GSM8K rule reward (SPEC §8), behaviour-compatible with verl's reward_score/gsm8k.py.
+"""GSM8K rule reward (docs/algorithms.md §8), behaviour-compatible with verl's reward_score/gsm8k.py.
 
 Only the last 300 characters of a response are examined: the answer is expected at the end, and
 regexes over long generations are slow.

@@ -1,4 +1,4 @@
-"""Rule rewards selected by a row's ``data_source`` (SPEC §8), as verl's ``default_compute_score``.
+"""Rule rewards selected by a row's ``data_source`` (docs/algorithms.md §8), as verl's ``default_compute_score``.
 
 Every registered function has the custom-reward signature
 ``fn(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``, so a user's

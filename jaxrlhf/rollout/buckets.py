@@ -76,7 +76,7 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_token_id: int,
 
 
 def repeat_interleave(items: Sequence, n: int) -> list:
-  """[a, b] -> [a, a, b, b] for n=2: the `n` samples of a prompt sit next to each other (SPEC §5)."""
+  """[a, b] -> [a, a, b, b] for n=2: the `n` samples of a prompt sit next to each other (docs/algorithms.md §5)."""
   if n < 1:
     raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
   return [item for item in items for _ in range(n)]

@@ -8,7 +8,7 @@ growing prefix of the cache (`SamplingParams.segment_ends`), so early steps atte
 the cache itself is allocated once at its final length (growing a stacked [layers, ...] cache would
 copy all of it). Sampled
 tokens' log-probs come from the temperature-scaled full distribution (the same `z = logits /
-temperature` the training forward uses, SPEC §4), so the rollout's log-probs equal the actor's
+temperature` the training forward uses, docs/algorithms.md §4), so the rollout's log-probs equal the actor's
 recomputed `old_log_prob` for the same weights (in the same dtype; a bf16 rollout differs slightly).
 top-k / top-p only restrict what is sampled. The response mask covers tokens up to and including the
 first EOS.

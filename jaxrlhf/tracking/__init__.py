@@ -1,6 +1,6 @@
 """Metric sinks chosen by `trainer.logger`, the Prometheus endpoint, plots and the step profiler.
 
-`Tracking` is the one object the trainer talks to: it turns a step's metrics (SPEC.md §7 names,
+`Tracking` is the one object the trainer talks to: it turns a step's metrics (docs/algorithms.md §7 names,
 JAX or NumPy scalars) into plain Python numbers once and hands them to each backend, one module
 per backend. Only process 0 writes; on other processes every call is a no-op.
 """

@@ -1,4 +1,4 @@
-"""Phase `adv` (SPEC §5): the KL penalty in the reward (+ controller update), verl's rollout
+"""Phase `adv` (docs/algorithms.md §5): the KL penalty in the reward (+ controller update), verl's rollout
 correction (decoupled mode), then the configured advantage estimator. The math is `jaxrlhf.algos`'s;
 this composes it in verl's order.
 """

@@ -1,4 +1,4 @@
-"""The batch statistics of one step (SPEC §7): scores, rewards, advantages, returns, values, lengths."""
+"""The batch statistics of one step (docs/algorithms.md §7): scores, rewards, advantages, returns, values, lengths."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The step's generation phase: the actor's weights in the generation layout and the rollout dtype,
-prompts x n sampled with the KV cache pinned, responses returned in the train layout (SPEC §5 `gen`).
+prompts x n sampled with the KV cache pinned, responses returned in the train layout (docs/algorithms.md §5 `gen`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The actor's and the critic's loss on one micro-batch (SPEC §3-§4), composed from `algos`.
+"""The actor's and the critic's loss on one micro-batch (docs/algorithms.md §3-4), composed from `algos`.
 
 Both have the update loop's signature `loss(params, aux, micro, normalizers, rng) -> (loss, metrics)`;
 `normalizers` are the mini-batch's (`algos.loss_normalizers`), so micro-batch losses add up.

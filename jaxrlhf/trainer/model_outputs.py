@@ -1,7 +1,7 @@
 """What the step reads from its models: response log-probs (+ entropy) from the actor or the reference,
 values from the critic. Every phase and every loss calls these two, for padded rows or a packed slot.
 
-A response token's log-prob and value are read at the position *before* it (SPEC §4): the logits or
+A response token's log-prob and value are read at the position *before* it (docs/algorithms.md §4): the logits or
 value at position t score token t + 1. Padded rows hold prompt (left-padded) + response in one
 sequence of length S = P + R; a packed slot (`use_remove_padding`, see `packing`) holds several
 sequences per row and is read back into the [N, R] layout (rows outside the slot hold garbage: the

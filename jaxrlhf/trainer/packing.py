@@ -13,7 +13,7 @@ the rows ordered slot by slot and, inside a slot, round-robin over the shards: s
 another and a slot's sequences spread evenly over the devices (the balance that matters when every
 slot costs the same). The slot count is static and sized for the worst case (one sequence per row,
 the padded path's count); a slot left empty is skipped at run time (`lax.cond`), so the tokens
-processed follow the tokens present. Losses stay exactly globally normalised (SPEC §4): each slot's
+processed follow the tokens present. Losses stay exactly globally normalised (docs/algorithms.md §4): each slot's
 loss is computed on the mini-batch's [rows, R] response layout with the response mask restricted
 to the slot's sequences and the mini-batch's normalisers, so slot losses add up to the full loss.
 

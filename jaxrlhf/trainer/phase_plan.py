@@ -1,4 +1,4 @@
-"""Which phases the PPO step runs, and how: every switch read once from the config (SPEC §5).
+"""Which phases the PPO step runs, and how: every switch read once from the config (docs/algorithms.md §5).
 
 `PPOStep` composes the phases; this says which of them run for a config, so the choices are in one
 place and the step reads as the composition alone.

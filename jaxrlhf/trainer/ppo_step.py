@@ -1,8 +1,8 @@
-"""The PPO step (SPEC §5) as a composition of phases: `PPOStep(state, batch, rng) -> (state, metrics)`.
+"""The PPO step (docs/algorithms.md §5) as a composition of phases: `PPOStep(state, batch, rng) -> (state, metrics)`.
 
 Phases: gen (prompts x n -> responses, generation layout) -> reward (rule via host callback, or a
 reward model; DAPO overlong shaping) -> old/ref log-probs and values (train layout) -> adv (KL in
-reward, estimator) -> update_critic -> update_actor (after `critic_warmup`) -> metrics (SPEC §7).
+reward, estimator) -> update_critic -> update_actor (after `critic_warmup`) -> metrics (docs/algorithms.md §7).
 The fused step (`__call__`) runs them all in one program; phased mode (`phased.PhasedStep`) jits
 them one by one. What each phase computes lives elsewhere, one place each:
 - generation: `generation`; the reward phase: `reward`;

@@ -44,7 +44,7 @@ def make_optimizer(optim, grad_clip: float) -> optax.GradientTransformation:
 
 
 def make_lr_schedule(optim, total_steps: int):
-  """lr as a jittable function of the 0-based scheduler step, as verl's schedulers (SPEC §7).
+  """lr as a jittable function of the 0-based scheduler step, as verl's schedulers (docs/algorithms.md §7).
 
   Warm-up: lr * step / warmup_steps, so step 0 has lr 0; `lr_warmup_steps <= 0` falls back to
   int(lr_warmup_steps_ratio * total_steps) warm-up steps. Then constant, or cosine (verl's form):

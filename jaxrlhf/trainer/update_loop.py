@@ -1,4 +1,4 @@
-"""Micro-batch plans and the loops that run over them (SPEC §5): forward-only phases and PPO updates.
+"""Micro-batch plans and the loops that run over them (docs/algorithms.md §5): forward-only phases and PPO updates.
 
 An update is `epochs` x mini-batches (one optimizer step each) x micro-batches (gradients summed),
 as nested `lax.scan`s. A micro-batch is padded rows or, with `use_remove_padding`, a packed slot

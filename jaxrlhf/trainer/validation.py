@@ -1,5 +1,5 @@
 """Validation: the compiled sample program, the rule reward on the host, and verl's validation metrics
-(SPEC §7 `val-core`, `val-aux`).
+(docs/algorithms.md §7 `val-core`, `val-aux`).
 
 The trainer's host loop (`Trainer.validate`) runs `make_validation_fn`'s program over fixed-shape
 batches of the validation set, scores the responses with the rule reward on the host (where every

@@ -1,5 +1,5 @@
-"""Independent NumPy (float64, plain loops) implementations of the SPEC §2-4 formulas, written
-from the SPEC text (and verl's loops), sharing no code with jaxrlhf.algos. Conventions that are
+"""Independent NumPy (float64, plain loops) implementations of the docs/algorithms.md §2-4
+formulas, written from that text (and verl's loops), sharing no code with jaxrlhf.algos. Conventions that are
 ours (see jaxrlhf/algos/advantages.py): rewards are masked, rows without a valid token are padding
 (outside every group, outputs 0), outputs are 0 outside the mask."""
 
@@ -271,7 +271,7 @@ def rloo_vectorized(r, m, index):
 
 
 def optimal_token_baseline(r, m, index, old, sum_pi_sq, rollout_w=None, tail=True, eps=1e-8, tir=False):
-  """SPEC §3 optimal_token_baseline / tir_optimal_token_baseline with our padding convention."""
+  """docs/algorithms.md §3 optimal_token_baseline / tir_optimal_token_baseline with our padding convention."""
   r, m = f64(r) * f64(m), f64(m)
   B, T = r.shape
   G = np.array([[r[b, t:].sum() * m[b, t] for t in range(T)] for b in range(B)])

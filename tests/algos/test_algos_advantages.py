@@ -1,4 +1,4 @@
-"""Advantage estimators, their registry and `compute_advantage` (SPEC §3)."""
+"""Advantage estimators, their registry and `compute_advantage` (docs/algorithms.md §3)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""KL estimators, full KL, entropy and the KL controllers (SPEC §2, §4)."""
+"""KL estimators, full KL, entropy and the KL controllers (docs/algorithms.md §2, §4)."""
 
 import jax
 import jax.numpy as jnp

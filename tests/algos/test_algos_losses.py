@@ -1,4 +1,4 @@
-"""Policy losses, value loss and their registry (SPEC §4)."""
+"""Policy losses, value loss and their registry (docs/algorithms.md §4)."""
 
 import jax
 import jax.numpy as jnp

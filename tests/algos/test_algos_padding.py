@@ -1,5 +1,5 @@
-"""Property: appending masked tokens / masked rows (holding garbage) never changes a result (SPEC
-preamble: "padding never changes a result"), for every estimator, loss, metric and statistic."""
+"""Property: appending masked tokens / masked rows (holding garbage) never changes a result
+(docs/algorithms.md, preamble: "padding never changes a result"), for every estimator, loss, metric and statistic."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,5 @@
-"""Sequence scores -> token-level rewards: DAPO's overlong penalty, score placement, KL in the reward (SPEC §2-3)."""
+"""Sequence scores -> token-level rewards: DAPO's overlong penalty, score placement, KL in the reward
+(docs/algorithms.md §2-3)."""
 
 import numpy as np
 import pytest

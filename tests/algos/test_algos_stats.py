@@ -1,4 +1,4 @@
-"""masked_* statistics, agg_loss and the micro-batch global-normalisation contract (SPEC §1, §4)."""
+"""masked_* statistics, agg_loss and the micro-batch global-normalisation contract (docs/algorithms.md §1, §4)."""
 
 import jax
 import jax.numpy as jnp

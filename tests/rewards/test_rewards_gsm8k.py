@@ -1,4 +1,4 @@
-"""GSM8K rule (SPEC §8): a table of hand-written responses scored in strict and flexible mode."""
+"""GSM8K rule (docs/algorithms.md §8): a table of hand-written responses scored in strict and flexible mode."""
 
 import pytest
 from hypothesis import given, settings
