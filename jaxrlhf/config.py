@@ -284,9 +284,11 @@ SEQUENCE_PARALLEL_KEYS = {"actor": "actor_rollout_ref.actor.ulysses_sequence_par
                           "ref": "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
                           "critic": "critic.ulysses_sequence_parallel_size"}
 
-# jaxrlhf.models.attention.ATTENTION_IMPLS (this module imports no JAX: `python -m jaxrlhf.aot` loads a config
-# before it chooses JAX's platform; tests/models/test_attention.py checks that the two agree).
+# The names of the attention kernels and of the gradient-checkpointing policies. They live here, not in
+# `jaxrlhf.models`, because this module imports no JAX (`python -m jaxrlhf.aot` loads a config before it chooses
+# JAX's platform); the models import them, so the dependency runs one way (models -> config).
 ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
+REMAT_POLICY_NAMES = ("none", "full", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 _CHOICES = {
     "data.truncation": ("error", "left", "right", "middle"),
@@ -301,6 +303,8 @@ _CHOICES = {
     "critic.model.param_dtype": ("float32", "bfloat16"),
     "actor_rollout_ref.model.attention_impl": ATTENTION_IMPLS,
     "critic.model.attention_impl": ATTENTION_IMPLS,
+    "actor_rollout_ref.model.remat_policy": REMAT_POLICY_NAMES,
+    "critic.model.remat_policy": REMAT_POLICY_NAMES,
     "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
     "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
     "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
@@ -312,9 +316,7 @@ def _registry_choices() -> dict[str, list[str]]:
   # Imported here, not at the top: loading a config file must not load JAX, because `python -m jaxrlhf.aot`
   # reads the config before it sets up the target's environment (JAX reads it when it starts).
   from jaxrlhf import algos
-  from jaxrlhf.models.decoder import REMAT_POLICIES
   kl_types = list(algos.KL_PENALTY_TYPES)
-  remat = sorted(REMAT_POLICIES)
   return {
       "algorithm.adv_estimator": algos.ADV_ESTIMATORS.names(),
       "actor_rollout_ref.actor.policy_loss.loss_mode": algos.POLICY_LOSSES.names(),
@@ -323,8 +325,6 @@ def _registry_choices() -> dict[str, list[str]]:
       "actor_rollout_ref.actor.kl_loss_type": kl_types,
       "algorithm.kl_penalty": kl_types,
       "algorithm.kl_ctrl.type": list(algos.KL_CONTROLLERS),
-      "actor_rollout_ref.model.remat_policy": remat,
-      "critic.model.remat_policy": remat,
   }
 
 

@@ -34,12 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrlhf.config import ATTENTION_IMPLS  # noqa: F401  (re-exported: the kernels' names)
+
 log = logging.getLogger(__name__)
 
 # Added to the score of a masked key (and to a filtered-out logit when sampling): finite, so a query
 # with no valid key (a left pad) gives no NaN, and exp() of it underflows to exactly 0.
 MASK_VALUE = -1e9
-ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 
 
 def auto_attention_impl(platform: str) -> str:

@@ -75,7 +75,7 @@ ROPE_TYPES = ("default", "linear", "llama3")
 # dots: those policies also keep them, by their checkpoint name.
 _AND_PROJECTIONS = lambda policy: jax.checkpoint_policies.save_from_both_policies(
     policy, jax.checkpoint_policies.save_only_these_names(PROJECTION))
-REMAT_POLICIES = {
+REMAT_POLICIES = {  # keyed by config.REMAT_POLICY_NAMES, the names a config may give
     "none": None,  # no rematerialisation
     "full": jax.checkpoint_policies.nothing_saveable,
     "nothing_saveable": jax.checkpoint_policies.nothing_saveable,

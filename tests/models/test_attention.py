@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrlhf import config as config_lib
 from jaxrlhf.models import Decoder, init_params, positions_from_mask
-from jaxrlhf.models.attention import (ATTENTION_IMPLS, auto_attention_impl, blockwise_attention, choose_kernel,
-                                      decode_attention, xla_attention)
+from jaxrlhf.models.attention import (auto_attention_impl, blockwise_attention, choose_kernel, decode_attention,
+                                      xla_attention)
 
 B, L, K, G, H = 2, 13, 2, 2, 8
 
@@ -123,7 +122,6 @@ def test_decoder_blockwise_matches_xla_logits_and_gradients(tiny_model_config):
 
 
 def test_kernel_choice_and_fallbacks():
-  assert config_lib.ATTENTION_IMPLS == ATTENTION_IMPLS
   assert [auto_attention_impl(p) for p in ("cpu", "gpu", "cuda", "tpu")] == ["xla", "cudnn", "cudnn", "splash"]
   bf16 = dict(dtype=jnp.bfloat16, cached=False, packed=False, traced_window=False)
   assert choose_kernel("cudnn", **bf16) == "cudnn" and choose_kernel("splash", **bf16) == "splash"
