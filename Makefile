@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: train test install install-test clean
+.PHONY: train test lint install install-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ train: $(STAMP)
 # pytest exit code 5 means "no tests collected": a failure here, not a success.
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# ruff's lint rules and formatter, configured in pyproject.toml (`ruff format .` fixes what format reports).
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

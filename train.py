@@ -16,18 +16,20 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
+from jaxrlhf import verl_compat
 from jaxrlhf.cli import absl_main
 from jaxrlhf.errors import UserError
-from jaxrlhf import verl_compat
 
 # The base of a command line without --config: verl's defaults, as verl's main_ppo starts from.
 VERL_DEFAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), verl_compat.DEFAULT_CONFIG)
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().", lock_config=True)
 _DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "one process per host joining one mesh: jax.distributed.initialize() finds the "
-    "coordinator under SLURM, Open MPI, Kubernetes and Cloud TPU; elsewhere set JAX_COORDINATOR_ADDRESS=host:port "
-    "and pass --num_processes and --process_id")
+  "distributed",
+  False,
+  "one process per host joining one mesh: jax.distributed.initialize() finds the "
+  "coordinator under SLURM, Open MPI, Kubernetes and Cloud TPU; elsewhere set JAX_COORDINATOR_ADDRESS=host:port "
+  "and pass --num_processes and --process_id",
+)
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "with --distributed: processes in all")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "with --distributed: this process's index")
 
@@ -37,9 +39,12 @@ def _config_with_overrides(verl_args: list[str]):
   config = _CONFIG.value
   if config is None:
     if not verl_args:
-      raise UserError("--config is required, e.g. --config configs/quickstart.py (or verl-style key=value "
-                      "overrides on configs/verl_defaults.py)")
+      raise UserError(
+        "--config is required, e.g. --config configs/quickstart.py (or verl-style key=value "
+        "overrides on configs/verl_defaults.py)"
+      )
     from jaxrlhf.config import load_config_file
+
     config = load_config_file(VERL_DEFAULTS)
     config.lock()
   if verl_args:
@@ -56,6 +61,7 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # library INFO chatter (XLA, Orbax) off unless -v N is given
   import jax
+
   from jaxrlhf.trainer import Trainer
   from jaxrlhf.trainer.guards import GuardError
   from jaxrlhf.trainer.preemption import EXIT_PREEMPTED, Preempted
@@ -82,8 +88,11 @@ def main(argv):
     return  # already complete: fit() said so
   val_keys = [k for k in history[-1] if k.startswith("val-core/")]
   summary = ", ".join(f"{k}: {history[0].get(k, float('nan')):.3f} -> {history[-1][k]:.3f}" for k in val_keys)
-  written = (f" in {trainer.run_dir}/metrics.jsonl" if "jsonl" in trainer.config.trainer.logger
-             else ", none written to a file (trainer.logger has no 'jsonl')")
+  written = (
+    f" in {trainer.run_dir}/metrics.jsonl"
+    if "jsonl" in trainer.config.trainer.logger
+    else ", none written to a file (trainer.logger has no 'jsonl')"
+  )
   print(f"done: {len(history)} records{written}; {summary}")
 
 

@@ -30,13 +30,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name -> (jaxrlhf model overrides, XLA_FLAGS); "torch" is the other side.
 VARIANTS = {
-    "torch": None,
-    "jaxrlhf scan": ({"scan_layers": True, "remat_policy": "none"}, ""),
-    "jaxrlhf scan + checkpointing": ({"scan_layers": True, "remat_policy": "full"}, ""),
-    "jaxrlhf loop": ({"scan_layers": False, "remat_policy": "none"}, ""),
-    "jaxrlhf loop + checkpointing": ({"scan_layers": False, "remat_policy": "full"}, ""),
-    "jaxrlhf scan + checkpointing, no YNN dots": ({"scan_layers": True, "remat_policy": "full"},
-                                                  "--xla_cpu_experimental_ynn_fusion_type="),
+  "torch": None,
+  "jaxrlhf scan": ({"scan_layers": True, "remat_policy": "none"}, ""),
+  "jaxrlhf scan + checkpointing": ({"scan_layers": True, "remat_policy": "full"}, ""),
+  "jaxrlhf loop": ({"scan_layers": False, "remat_policy": "none"}, ""),
+  "jaxrlhf loop + checkpointing": ({"scan_layers": False, "remat_policy": "full"}, ""),
+  "jaxrlhf scan + checkpointing, no YNN dots": (
+    {"scan_layers": True, "remat_policy": "full"},
+    "--xla_cpu_experimental_ynn_fusion_type=",
+  ),
 }
 
 
@@ -74,11 +76,15 @@ def jax_worker(model_dir: str, overrides: dict, rows: int, tokens: int, reps: in
   a = jnp.ones((rows * tokens, config.hidden_size), jnp.float32)
   b = jnp.ones((config.hidden_size, config.intermediate_size), jnp.float32)
   gemm = jax.jit(lambda a, b: a @ b)
-  flops = update_flops(config, prompt_tokens=rows * tokens, response_tokens=0, num_sequences=rows, epochs=1,
-                       head="value")
-  return {"fwd_bwd_s": _time(lambda: jax.block_until_ready(grad(params)), reps),
-          "gemm_s": _time(lambda: jax.block_until_ready(gemm(a, b)), reps * 4),
-          "model_flops": flops, "gemm_flops": 2.0 * a.shape[0] * a.shape[1] * b.shape[1]}
+  flops = update_flops(
+    config, prompt_tokens=rows * tokens, response_tokens=0, num_sequences=rows, epochs=1, head="value"
+  )
+  return {
+    "fwd_bwd_s": _time(lambda: jax.block_until_ready(grad(params)), reps),
+    "gemm_s": _time(lambda: jax.block_until_ready(gemm(a, b)), reps * 4),
+    "model_flops": flops,
+    "gemm_flops": 2.0 * a.shape[0] * a.shape[1] * b.shape[1],
+  }
 
 
 def torch_worker(model_dir: str, rows: int, tokens: int, reps: int) -> dict:
@@ -100,18 +106,30 @@ def torch_worker(model_dir: str, rows: int, tokens: int, reps: int) -> dict:
 
 
 def run_variant(name: str, args) -> dict:
-  worker_args = ["--worker", name, "--model_dir", args.model_dir, "--rows", str(args.rows),
-                 "--tokens", str(args.tokens), "--reps", str(args.reps)]
+  worker_args = [
+    "--worker",
+    name,
+    "--model_dir",
+    args.model_dir,
+    "--rows",
+    str(args.rows),
+    "--tokens",
+    str(args.tokens),
+    "--reps",
+    str(args.reps),
+  ]
   env = dict(os.environ, PYTHONPATH=ROOT)
   if name == "torch":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import vs_trl
+
     python = vs_trl.trl_python(vs_trl.TRL_VERSIONS["grpo"])
   else:
     python = sys.executable
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=VARIANTS[name][1])
-  out = subprocess.run([python, os.path.abspath(__file__), *worker_args], env=env, check=True,
-                       capture_output=True, text=True).stdout
+  out = subprocess.run(
+    [python, os.path.abspath(__file__), *worker_args], env=env, check=True, capture_output=True, text=True
+  ).stdout
   return json.loads(out.strip().splitlines()[-1])
 
 
@@ -136,6 +154,7 @@ def main():
 
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import vs_trl
+
   if args.model_dir:  # a local HF checkpoint, e.g. SmolLM2 as benchmarks/real_model.py fetches it
     args.model = os.path.basename(os.path.normpath(args.model_dir))
   else:
@@ -149,25 +168,34 @@ def main():
       result = run_variant(name, args)
       result.update(variant=name, round=round_index, load=vs_trl.load_average())
       runs.append(result)
-      print(json.dumps({k: (round(statistics.median(v), 4) if isinstance(v, list) else v)
-                        for k, v in result.items()}), flush=True)
+      print(
+        json.dumps({k: (round(statistics.median(v), 4) if isinstance(v, list) else v) for k, v in result.items()}),
+        flush=True,
+      )
   flops = next(r for r in runs if "model_flops" in r)
   table = []
   for name in args.variants:
     mine = [r for r in runs if r["variant"] == name]
     fwd_bwd = statistics.median(statistics.median(r["fwd_bwd_s"]) for r in mine)
     gemm = statistics.median(min(r["gemm_s"]) for r in mine)
-    table.append({"variant": name, "fwd_bwd_s": round(fwd_bwd, 4),
-                  "fwd_bwd_gflops": round(flops["model_flops"] / fwd_bwd / 1e9, 1),
-                  "gemm_gflops": round(flops["gemm_flops"] / gemm / 1e9, 1),
-                  "rounds_s": [round(statistics.median(r["fwd_bwd_s"]), 3) for r in mine]})
+    table.append(
+      {
+        "variant": name,
+        "fwd_bwd_s": round(fwd_bwd, 4),
+        "fwd_bwd_gflops": round(flops["model_flops"] / fwd_bwd / 1e9, 1),
+        "gemm_gflops": round(flops["gemm_flops"] / gemm / 1e9, 1),
+        "rounds_s": [round(statistics.median(r["fwd_bwd_s"]), 3) for r in mine],
+      }
+    )
   settings = {k: getattr(args, k) for k in ("model", "rounds", "reps", "rows", "tokens", "variants")}
   vs_trl.write_results(args.results, settings, table=table, runs=runs)
   print("| side | fwd+bwd s (rounds) | model GFLOP/s | GEMM GFLOP/s (best) |")
   print("|---|---|---|---|")
   for r in table:
-    print(f"| {r['variant']} | {r['fwd_bwd_s']} ({', '.join(map(str, r['rounds_s']))}) | {r['fwd_bwd_gflops']} | "
-          f"{r['gemm_gflops']} |")
+    print(
+      f"| {r['variant']} | {r['fwd_bwd_s']} ({', '.join(map(str, r['rounds_s']))}) | {r['fwd_bwd_gflops']} | "
+      f"{r['gemm_gflops']} |"
+    )
 
 
 if __name__ == "__main__":

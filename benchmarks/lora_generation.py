@@ -40,10 +40,12 @@ def measure(config: DecoderConfig, batch: int, prompt_len: int, new_tokens: int,
     def run(params, adapters, rng):
       if merged:
         apply = lambda p, *inputs: model.apply({"params": p}, *inputs)
-        return generate(apply, merge_adapters(params, adapters, config.lora_alpha), config, prompts, mask, rng,
-                        sampling)["responses"]
+        return generate(
+          apply, merge_adapters(params, adapters, config.lora_alpha), config, prompts, mask, rng, sampling
+        )["responses"]
       apply = lambda p, *inputs: model.apply(model_variables(p, adapters), *inputs)
       return generate(apply, params, config, prompts, mask, rng, sampling)["responses"]
+
     return jax.jit(run)
 
   results = {}
@@ -63,15 +65,32 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
-  base = DecoderConfig(vocab_size=1024, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                       num_attention_heads=8, num_key_value_heads=4, lora_alpha=16.0)
+  base = DecoderConfig(
+    vocab_size=1024,
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    lora_alpha=16.0,
+  )
   rows = []
   for rank in (8, 32):
     config = dataclasses.replace(base, lora_rank=rank)
     seconds = measure(config, batch=32, prompt_len=32, new_tokens=64)
-    rows.append({"device": jax.devices()[0].device_kind, "hidden": base.hidden_size, "layers": base.num_hidden_layers,
-                 "rank": rank, "batch": 32, "prompt": 32, "new_tokens": 64, **seconds,
-                 "unmerged_over_merged": seconds["unmerged"] / seconds["merged"]})
+    rows.append(
+      {
+        "device": jax.devices()[0].device_kind,
+        "hidden": base.hidden_size,
+        "layers": base.num_hidden_layers,
+        "rank": rank,
+        "batch": 32,
+        "prompt": 32,
+        "new_tokens": 64,
+        **seconds,
+        "unmerged_over_merged": seconds["unmerged"] / seconds["merged"],
+      }
+    )
     print(json.dumps(rows[-1]))
   if args.json:
     with open(args.json, "w") as f:

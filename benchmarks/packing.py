@@ -33,8 +33,15 @@ from jaxrlhf.trainer.state import TrainState, make_optimizer  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT_LEN = RESPONSE_LEN = 64
 ROWS = 16
-MODEL = DecoderConfig(vocab_size=32000, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
-                      num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=True)
+MODEL = DecoderConfig(
+  vocab_size=32000,
+  hidden_size=384,
+  intermediate_size=1024,
+  num_hidden_layers=6,
+  num_attention_heads=6,
+  num_key_value_heads=2,
+  tie_word_embeddings=True,
+)
 
 
 def make_step(packed: bool, dynamic_bsz: bool) -> PPOStep:
@@ -49,11 +56,21 @@ def make_step(packed: bool, dynamic_bsz: bool) -> PPOStep:
   config.critic.enable = False
   config.algorithm.adv_estimator = "grpo"
   config = resolve_config(config)
-  optimizers = {"actor": make_optimizer(config.actor_rollout_ref.actor.optim, 1.0),
-                "critic": make_optimizer(config.critic.optim, 1.0)}
+  optimizers = {
+    "actor": make_optimizer(config.actor_rollout_ref.actor.optim, 1.0),
+    "critic": make_optimizer(config.critic.optim, 1.0),
+  }
   constant = lambda step: jnp.float32(1e-6)
-  return PPOStep(config, MODEL, reward_fn=None, eos_token_ids=(1,), pad_token_id=0,
-                 lr_schedules={"actor": constant, "critic": constant}, optimizers=optimizers, layouts=StepLayouts())
+  return PPOStep(
+    config,
+    MODEL,
+    reward_fn=None,
+    eos_token_ids=(1,),
+    pad_token_id=0,
+    lr_schedules={"actor": constant, "critic": constant},
+    optimizers=optimizers,
+    layouts=StepLayouts(),
+  )
 
 
 def make_rollout(uniform: bool, seed: int = 0) -> dict:
@@ -66,8 +83,12 @@ def make_rollout(uniform: bool, seed: int = 0) -> dict:
   prompts = rng.integers(2, MODEL.vocab_size, (ROWS, PROMPT_LEN)) * prompt_mask
   responses = rng.integers(2, MODEL.vocab_size, (ROWS, RESPONSE_LEN)) * response_mask
   as_jax = lambda x: jnp.asarray(x, jnp.int32)
-  return {"prompts": as_jax(prompts), "prompt_mask": as_jax(prompt_mask), "responses": as_jax(responses),
-          "response_mask": as_jax(response_mask)}
+  return {
+    "prompts": as_jax(prompts),
+    "prompt_mask": as_jax(prompt_mask),
+    "responses": as_jax(responses),
+    "response_mask": as_jax(response_mask),
+  }
 
 
 def programs(step: PPOStep, params, rollout):
@@ -75,15 +96,25 @@ def programs(step: PPOStep, params, rollout):
   old_log_prob = jax.jit(step.old_log_prob)
   update = jax.jit(step.update_actor)
   log_probs = old_log_prob(params, rollout)[0]
-  state = TrainState(step=jnp.int32(0), actor_params=params, actor_adapters=None,
-                     actor_opt_state=step.optimizers["actor"].init(params),
-                     critic_params=None, critic_opt_state=None, critic_adapters=None, ref_params=None,
-                     reward_params=None,
-                     kl_coef=jnp.float32(0.0), lr_scale=jnp.float32(1.0))
+  state = TrainState(
+    step=jnp.int32(0),
+    actor_params=params,
+    actor_adapters=None,
+    actor_opt_state=step.optimizers["actor"].init(params),
+    critic_params=None,
+    critic_opt_state=None,
+    critic_adapters=None,
+    ref_params=None,
+    reward_params=None,
+    kl_coef=jnp.float32(0.0),
+    lr_scale=jnp.float32(1.0),
+  )
   advantages = jax.random.normal(jax.random.key(1), rollout["responses"].shape) * rollout["response_mask"]
   data = dict(rollout, old_log_probs=log_probs, advantages=advantages)
-  return {"old_log_prob": lambda: old_log_prob(params, rollout), "update_actor": lambda: update(state, data,
-                                                                                               jax.random.key(2))}
+  return {
+    "old_log_prob": lambda: old_log_prob(params, rollout),
+    "update_actor": lambda: update(state, data, jax.random.key(2)),
+  }
 
 
 def timed(thunk) -> float:
@@ -102,8 +133,9 @@ def main():
   for uniform in (True, False):
     rollout = make_rollout(uniform)
     tokens = int(rollout["prompt_mask"].sum() + rollout["response_mask"].sum())
-    runs = {mode: programs(make_step(mode == "packed", args.dynamic_bsz), params, rollout)
-            for mode in ("padded", "packed")}
+    runs = {
+      mode: programs(make_step(mode == "packed", args.dynamic_bsz), params, rollout) for mode in ("padded", "packed")
+    }
     for thunks in runs.values():
       for thunk in thunks.values():
         timed(thunk)  # compile
@@ -123,8 +155,9 @@ def main():
   for lengths in ("uniform", "varied"):
     for phase in ("old_log_prob", "update_actor"):
       padded, packed = results[f"{lengths}/{phase}/padded"], results[f"{lengths}/{phase}/packed"]
-      print(f"| {lengths} ({results[f'{lengths}/tokens']} tokens) | {phase} | {padded} | {packed} | "
-            f"{packed / padded:.2f} |")
+      print(
+        f"| {lengths} ({results[f'{lengths}/tokens']} tokens) | {phase} | {padded} | {packed} | {packed / padded:.2f} |"
+      )
   os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
   with open(os.path.join(ROOT, "benchmarks", "results", "packing.json"), "w") as f:
     json.dump({"dynamic_bsz": args.dynamic_bsz, "load_average": os.getloadavg(), "results": results}, f, indent=2)

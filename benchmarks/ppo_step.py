@@ -21,8 +21,8 @@ from jaxrlhf.config import load_config_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = {  # hidden, intermediate, layers, heads, kv heads
-    "25M": (384, 1024, 6, 6, 2),
-    "100M": (768, 2048, 8, 12, 4),
+  "25M": (384, 1024, 6, 6, 2),
+  "100M": (768, 2048, 8, 12, 4),
 }
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 
@@ -50,18 +50,18 @@ def run(size: str, fused: bool, steps: int, response_length: int, run_dir: str) 
   records = [trainer.train_step(step) for step in range(steps)]
   steady = records[1:]
   result = {
-      "size": size, "mode": "fused" if fused else "phased",
-      "params": trainer.actor_num_params,
-      "first_step_s (compile)": round(records[0]["timing_s/step"], 2),
-      "step_s": round(statistics.median(r["timing_s/step"] for r in steady), 3),
-      "tokens_per_s_per_device": round(statistics.median(r["perf/throughput"] for r in steady), 1),
-      # fused: the whole step's MFU (no update-phase time); phased: the actor update's, as verl
-      "mfu": round(statistics.median(r["perf/mfu/step" if fused else "perf/mfu/actor"] for r in steady), 4),
-      "peak_flops_per_device": trainer.peak_flops,
+    "size": size,
+    "mode": "fused" if fused else "phased",
+    "params": trainer.actor_num_params,
+    "first_step_s (compile)": round(records[0]["timing_s/step"], 2),
+    "step_s": round(statistics.median(r["timing_s/step"] for r in steady), 3),
+    "tokens_per_s_per_device": round(statistics.median(r["perf/throughput"] for r in steady), 1),
+    # fused: the whole step's MFU (no update-phase time); phased: the actor update's, as verl
+    "mfu": round(statistics.median(r["perf/mfu/step" if fused else "perf/mfu/actor"] for r in steady), 4),
+    "peak_flops_per_device": trainer.peak_flops,
   }
   if not fused:
-    result["phases_s"] = {p: round(statistics.median(r.get(f"timing_s/{p}", 0.0) for r in steady), 3)
-                          for p in PHASES}
+    result["phases_s"] = {p: round(statistics.median(r.get(f"timing_s/{p}", 0.0) for r in steady), 3) for p in PHASES}
   return result
 
 
@@ -86,12 +86,16 @@ def main():
   print("| model | mode | step s | tokens/s/device | MFU | compile s |")
   print("|---|---|---|---|---|---|")
   for r in results:
-    print(f"| {r['size']} ({r['params'] / 1e6:.0f}M) | {r['mode']} | {r['step_s']} | {r['tokens_per_s_per_device']} "
-          f"| {r['mfu']:.2%} | {r['first_step_s (compile)']} |")
+    print(
+      f"| {r['size']} ({r['params'] / 1e6:.0f}M) | {r['mode']} | {r['step_s']} | {r['tokens_per_s_per_device']} "
+      f"| {r['mfu']:.2%} | {r['first_step_s (compile)']} |"
+    )
   by = {(r["size"], r["mode"]): r for r in results}
   for size in args.sizes:
     ratio = by[(size, "fused")]["tokens_per_s_per_device"] / by[(size, "phased")]["tokens_per_s_per_device"]
-    print(f"\n{size}: fused / phased throughput = {ratio:.2f}x; phased breakdown (s): {by[(size, 'phased')]['phases_s']}")
+    print(
+      f"\n{size}: fused / phased throughput = {ratio:.2f}x; phased breakdown (s): {by[(size, 'phased')]['phases_s']}"
+    )
 
 
 if __name__ == "__main__":

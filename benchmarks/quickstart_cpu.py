@@ -32,6 +32,7 @@ def main():
   config.trainer.plot = False
 
   from jaxrlhf.trainer import Trainer
+
   with tempfile.TemporaryDirectory() as run_dir:
     config.trainer.default_local_dir = run_dir
     start = time.perf_counter()
@@ -52,18 +53,18 @@ def main():
   key = next(k for k in val0 if k.startswith("val-core/"))
   steady = step_times[1:]
   result = {
-      "machine": f"{platform.machine()} {os.cpu_count()} cpus, jax {jax.__version__}, {jax.devices()[0].platform}",
-      "steps": args.steps,
-      "setup_s": round(setup_s, 2),
-      "first_validation_s (compile)": round(first_val_s, 2),
-      "first_step_s (compile)": round(step_times[0], 2),
-      "median_step_s": round(statistics.median(steady), 4),
-      "tokens_per_s": round(sum(tokens[1:]) / sum(steady), 1),
-      "validation_s": round(val_s, 3),
-      "total_s": round(total_s, 1),
-      "target_total_s": 300,
-      "val_reward_start": val0[key],
-      "val_reward_end": val1[key],
+    "machine": f"{platform.machine()} {os.cpu_count()} cpus, jax {jax.__version__}, {jax.devices()[0].platform}",
+    "steps": args.steps,
+    "setup_s": round(setup_s, 2),
+    "first_validation_s (compile)": round(first_val_s, 2),
+    "first_step_s (compile)": round(step_times[0], 2),
+    "median_step_s": round(statistics.median(steady), 4),
+    "tokens_per_s": round(sum(tokens[1:]) / sum(steady), 1),
+    "validation_s": round(val_s, 3),
+    "total_s": round(total_s, 1),
+    "target_total_s": 300,
+    "val_reward_start": val0[key],
+    "val_reward_end": val1[key],
   }
   print(json.dumps(result, indent=2))
   os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)

@@ -33,39 +33,52 @@ TARGET = 0.95
 _ACTOR = "actor_rollout_ref.actor"
 # The settings the sweep varies, written in full per candidate so a candidate means the same run whatever
 # configs/quickstart.py says today. "before" is the quickstart of issue 36 (0.711 on an AVX2 EPYC).
-BEFORE = {f"{_ACTOR}.optim.lr": 1e-3, f"{_ACTOR}.optim.lr_scheduler_type": "constant",
-          f"{_ACTOR}.optim.min_lr_ratio": 0.0, "critic.optim.lr": 2e-3, f"{_ACTOR}.kl_loss_coef": 0.001,
-          f"{_ACTOR}.entropy_coeff": 0.01, f"{_ACTOR}.ppo_epochs": 2, "data.train_batch_size": 64,
-          f"{_ACTOR}.ppo_mini_batch_size": 32, "actor_rollout_ref.rollout.n": 4, "algorithm.lam": 0.95,
-          "trainer.total_training_steps": 300}
+BEFORE = {
+  f"{_ACTOR}.optim.lr": 1e-3,
+  f"{_ACTOR}.optim.lr_scheduler_type": "constant",
+  f"{_ACTOR}.optim.min_lr_ratio": 0.0,
+  "critic.optim.lr": 2e-3,
+  f"{_ACTOR}.kl_loss_coef": 0.001,
+  f"{_ACTOR}.entropy_coeff": 0.01,
+  f"{_ACTOR}.ppo_epochs": 2,
+  "data.train_batch_size": 64,
+  f"{_ACTOR}.ppo_mini_batch_size": 32,
+  "actor_rollout_ref.rollout.n": 4,
+  "algorithm.lam": 0.95,
+  "trainer.total_training_steps": 300,
+}
 # Twice the prompts per step for half the steps: the same samples, so the same time.
-_BATCH128 = {**BEFORE, "data.train_batch_size": 128, f"{_ACTOR}.ppo_mini_batch_size": 64,
-             "trainer.total_training_steps": 150}
+_BATCH128 = {
+  **BEFORE,
+  "data.train_batch_size": 128,
+  f"{_ACTOR}.ppo_mini_batch_size": 64,
+  "trainer.total_training_steps": 150,
+}
 _COSINE = {f"{_ACTOR}.optim.lr_scheduler_type": "cosine", f"{_ACTOR}.optim.min_lr_ratio": 0.1}
 CANDIDATES = {
-    "before": BEFORE,
-    "lr2x": {**BEFORE, f"{_ACTOR}.optim.lr": 2e-3, "critic.optim.lr": 4e-3},
-    "lam1": {**BEFORE, "algorithm.lam": 1.0},
-    "n8": {**BEFORE, "actor_rollout_ref.rollout.n": 8, "trainer.total_training_steps": 200},
-    "batch128_200steps": {**_BATCH128, "trainer.total_training_steps": 200},
-    "batch128_entropy0": {**_BATCH128, f"{_ACTOR}.entropy_coeff": 0.0},
-    "batch128_cosine": {**_BATCH128, **_COSINE},
-    "batch128_cosine_entropy0.03": {**_BATCH128, **_COSINE, f"{_ACTOR}.entropy_coeff": 0.03},
-    "batch128_cosine_entropy0.05": {**_BATCH128, **_COSINE, f"{_ACTOR}.entropy_coeff": 0.05},  # the quickstart
+  "before": BEFORE,
+  "lr2x": {**BEFORE, f"{_ACTOR}.optim.lr": 2e-3, "critic.optim.lr": 4e-3},
+  "lam1": {**BEFORE, "algorithm.lam": 1.0},
+  "n8": {**BEFORE, "actor_rollout_ref.rollout.n": 8, "trainer.total_training_steps": 200},
+  "batch128_200steps": {**_BATCH128, "trainer.total_training_steps": 200},
+  "batch128_entropy0": {**_BATCH128, f"{_ACTOR}.entropy_coeff": 0.0},
+  "batch128_cosine": {**_BATCH128, **_COSINE},
+  "batch128_cosine_entropy0.03": {**_BATCH128, **_COSINE, f"{_ACTOR}.entropy_coeff": 0.03},
+  "batch128_cosine_entropy0.05": {**_BATCH128, **_COSINE, f"{_ACTOR}.entropy_coeff": 0.05},  # the quickstart
 }
 
 # name -> (extra config flags, XLA_FLAGS)
 VARIANTS = {
-    "seed1": ((), ""),
-    "seed2": (("--config.trainer.seed=2", "--config.data.seed=2"), ""),
-    "seed3": (("--config.trainer.seed=3", "--config.data.seed=3"), ""),
-    "seed4": (("--config.trainer.seed=4", "--config.data.seed=4"), ""),
-    "seed5": (("--config.trainer.seed=5", "--config.data.seed=5"), ""),
-    "seed6": (("--config.trainer.seed=6", "--config.data.seed=6"), ""),
-    "seed7": (("--config.trainer.seed=7", "--config.data.seed=7"), ""),
-    "fast_math": ((), "--xla_cpu_enable_fast_math=true"),
-    "sse4_2": ((), "--xla_cpu_max_isa=SSE4_2"),  # AVX2 gives this machine's default numbers bit for bit
-    "fsdp2": (("--config.mesh.fsdp=2",), "--xla_force_host_platform_device_count=2"),
+  "seed1": ((), ""),
+  "seed2": (("--config.trainer.seed=2", "--config.data.seed=2"), ""),
+  "seed3": (("--config.trainer.seed=3", "--config.data.seed=3"), ""),
+  "seed4": (("--config.trainer.seed=4", "--config.data.seed=4"), ""),
+  "seed5": (("--config.trainer.seed=5", "--config.data.seed=5"), ""),
+  "seed6": (("--config.trainer.seed=6", "--config.data.seed=6"), ""),
+  "seed7": (("--config.trainer.seed=7", "--config.data.seed=7"), ""),
+  "fast_math": ((), "--xla_cpu_enable_fast_math=true"),
+  "sse4_2": ((), "--xla_cpu_max_isa=SSE4_2"),  # AVX2 gives this machine's default numbers bit for bit
+  "fsdp2": (("--config.mesh.fsdp=2",), "--xla_force_host_platform_device_count=2"),
 }
 
 
@@ -75,9 +88,17 @@ def run_one(settings, variant):
   if xla_flags:
     env["XLA_FLAGS"] = xla_flags
   with tempfile.TemporaryDirectory() as run_dir:
-    command = [sys.executable, "train.py", "--config", "configs/quickstart.py",
-               f"--config.trainer.default_local_dir={run_dir}", "--config.trainer.logger=('jsonl',)",
-               "--config.trainer.plot=False", *(f"--config.{k}={v}" for k, v in settings.items()), *flags]
+    command = [
+      sys.executable,
+      "train.py",
+      "--config",
+      "configs/quickstart.py",
+      f"--config.trainer.default_local_dir={run_dir}",
+      "--config.trainer.logger=('jsonl',)",
+      "--config.trainer.plot=False",
+      *(f"--config.{k}={v}" for k, v in settings.items()),
+      *flags,
+    ]
     start, start_cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     wall_s, end_cpu = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -91,16 +112,24 @@ def run_one(settings, variant):
   def first_at(level):
     return next((step for step, value in curve.items() if value >= level), None)
 
-  return {"curve": curve, "first_0.9": first_at(0.9), "first_0.95": first_at(TARGET),
-          "final": curve[max(curve)], "final_kl": round(train[-1]["actor/kl_loss"], 4),
-          "entropy": {r["step"]: round(r["actor/entropy"], 3) for r in train if r["step"] % 50 == 0},
-          "wall_s": round(wall_s, 1),  # inflated when other work shares the cores; cpu_s less so
-          "cpu_s": round(end_cpu.ru_utime + end_cpu.ru_stime - start_cpu.ru_utime - start_cpu.ru_stime, 1)}
+  return {
+    "curve": curve,
+    "first_0.9": first_at(0.9),
+    "first_0.95": first_at(TARGET),
+    "final": curve[max(curve)],
+    "final_kl": round(train[-1]["actor/kl_loss"], 4),
+    "entropy": {r["step"]: round(r["actor/entropy"], 3) for r in train if r["step"] % 50 == 0},
+    "wall_s": round(wall_s, 1),  # inflated when other work shares the cores; cpu_s less so
+    "cpu_s": round(end_cpu.ru_utime + end_cpu.ru_stime - start_cpu.ru_utime - start_cpu.ru_stime, 1),
+  }
 
 
 def _machine():
-  names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")] \
-      if os.path.exists("/proc/cpuinfo") else []
+  names = (
+    [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+    if os.path.exists("/proc/cpuinfo")
+    else []
+  )
   return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cpus"
 
 
@@ -128,12 +157,22 @@ def main():
     for variant in args.variants.split(","):
       row = run_one(CANDIDATES[candidate], variant)
       results.setdefault(candidate, {})[variant] = row
-      print(f"{candidate} {variant}: 0.9 at step {row['first_0.9']}, {TARGET} at {row['first_0.95']}, "
-            f"last {row['final']:.3f}, {row['wall_s']:.0f} s ({row['cpu_s']:.0f} s cpu)", flush=True)
+      print(
+        f"{candidate} {variant}: 0.9 at step {row['first_0.9']}, {TARGET} at {row['first_0.95']}, "
+        f"last {row['final']:.3f}, {row['wall_s']:.0f} s ({row['cpu_s']:.0f} s cpu)",
+        flush=True,
+      )
       with open(args.out, "w") as f:
-        json.dump({"machine": _machine(), "candidates": CANDIDATES,
-                   "variants": {k: {"flags": list(v[0]), "XLA_FLAGS": v[1]} for k, v in VARIANTS.items()},
-                   "runs": results}, f, indent=2)
+        json.dump(
+          {
+            "machine": _machine(),
+            "candidates": CANDIDATES,
+            "variants": {k: {"flags": list(v[0]), "XLA_FLAGS": v[1]} for k, v in VARIANTS.items()},
+            "runs": results,
+          },
+          f,
+          indent=2,
+        )
   print(table(results))
 
 

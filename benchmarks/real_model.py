@@ -98,8 +98,16 @@ def run_side(side: str, inputs: dict, steps: int, response_length: int, run_dir:
     if side == "trl":
       result = vs_trl.run_trl(ALGO, inputs["model_dir"], inputs["parquet"], steps, response_length, run_dir)
     else:
-      result = vs_trl.run_jaxrlhf(ALGO, inputs["model_dir"], inputs["parquet"], steps, response_length, run_dir,
-                                  fused=fused, settings=LAYER_SETTINGS)
+      result = vs_trl.run_jaxrlhf(
+        ALGO,
+        inputs["model_dir"],
+        inputs["parquet"],
+        steps,
+        response_length,
+        run_dir,
+        fused=fused,
+        settings=LAYER_SETTINGS,
+      )
   finally:
     subprocess.run = original
   return {**result, "peak_rss_gib": round(memory.last_kib / 2**20, 2)}
@@ -151,40 +159,64 @@ def main():
   inputs = prepare(args.work_dir)
   runs = []
   for round_index in range(args.rounds):
-    for side in (("trl", "jaxrlhf") if round_index % 2 == 0 else ("jaxrlhf", "trl")):
+    for side in ("trl", "jaxrlhf") if round_index % 2 == 0 else ("jaxrlhf", "trl"):
       run_dir = os.path.join(args.work_dir, "runs", f"{side}_{round_index}")
       shutil.rmtree(run_dir, ignore_errors=True)
       load_before, start = vs_trl.load_average(), time.perf_counter()
       result = run_side(side, inputs, args.steps, args.response_length, run_dir)
-      result.update(side=side, round=round_index, load_before=load_before, load_after=vs_trl.load_average(),
-                    wall_s=round(time.perf_counter() - start, 1), median_step_s=statistics.median(result["step_s"][1:]))
+      result.update(
+        side=side,
+        round=round_index,
+        load_before=load_before,
+        load_after=vs_trl.load_average(),
+        wall_s=round(time.perf_counter() - start, 1),
+        median_step_s=statistics.median(result["step_s"][1:]),
+      )
       print(json.dumps({k: v for k, v in result.items() if k != "phases"}), flush=True)
       runs.append(result)
   phased = []
   if args.phases:
     run_dir = os.path.join(args.work_dir, "runs", "phased")
     shutil.rmtree(run_dir, ignore_errors=True)
-    phased.append({"load": vs_trl.load_average(),
-                   **run_side("jaxrlhf", inputs, args.steps, args.response_length, run_dir, fused=False)})
+    phased.append(
+      {
+        "load": vs_trl.load_average(),
+        **run_side("jaxrlhf", inputs, args.steps, args.response_length, run_dir, fused=False),
+      }
+    )
     print(json.dumps(phased[-1]), flush=True)
   median = lambda side, key: statistics.median(r[key] for r in runs if r["side"] == side)
   loads = [r[k] for r in runs for k in ("load_before", "load_after")]
-  table = {"model": MODEL, "algo": ALGO, "trl": vs_trl.TRL_VERSIONS[ALGO],
-           "trl_step_s": round(median("trl", "median_step_s"), 2),
-           "jaxrlhf_step_s": round(median("jaxrlhf", "median_step_s"), 2),
-           "ratio": round(median("trl", "median_step_s") / median("jaxrlhf", "median_step_s"), 2),
-           "trl_peak_rss_gib": median("trl", "peak_rss_gib"), "jaxrlhf_peak_rss_gib": median("jaxrlhf", "peak_rss_gib"),
-           "load_min": round(min(loads), 2), "load_max": round(max(loads), 2)}
+  table = {
+    "model": MODEL,
+    "algo": ALGO,
+    "trl": vs_trl.TRL_VERSIONS[ALGO],
+    "trl_step_s": round(median("trl", "median_step_s"), 2),
+    "jaxrlhf_step_s": round(median("jaxrlhf", "median_step_s"), 2),
+    "ratio": round(median("trl", "median_step_s") / median("jaxrlhf", "median_step_s"), 2),
+    "trl_peak_rss_gib": median("trl", "peak_rss_gib"),
+    "jaxrlhf_peak_rss_gib": median("jaxrlhf", "peak_rss_gib"),
+    "load_min": round(min(loads), 2),
+    "load_max": round(max(loads), 2),
+  }
   settings = {k: getattr(args, k) for k in ("quick", "rounds", "steps", "response_length")}
-  settings.update(jaxrlhf_layers=LAYER_SETTINGS, prompts=vs_trl.ALGOS[ALGO][0], samples=vs_trl.ALGOS[ALGO][1],
-                  micro_rows=vs_trl.MICRO_ROWS, epochs=vs_trl.EPOCHS)
-  vs_trl.write_results("real_model_quick" if args.quick else "real_model", settings, table=table, runs=runs,
-                       phased=phased)
+  settings.update(
+    jaxrlhf_layers=LAYER_SETTINGS,
+    prompts=vs_trl.ALGOS[ALGO][0],
+    samples=vs_trl.ALGOS[ALGO][1],
+    micro_rows=vs_trl.MICRO_ROWS,
+    epochs=vs_trl.EPOCHS,
+  )
+  vs_trl.write_results(
+    "real_model_quick" if args.quick else "real_model", settings, table=table, runs=runs, phased=phased
+  )
   print("| model | algo | TRL | TRL step s | jaxrlhf step s | TRL / jaxrlhf | peak RSS TRL / jaxrlhf | load average |")
   print("|---|---|---|---|---|---|---|---|")
   t = table
-  print(f"| SmolLM2-135M-Instruct | grpo | {t['trl']} | {t['trl_step_s']} | {t['jaxrlhf_step_s']} | {t['ratio']}x | "
-        f"{t['trl_peak_rss_gib']} / {t['jaxrlhf_peak_rss_gib']} GiB | {t['load_min']}-{t['load_max']} |")
+  print(
+    f"| SmolLM2-135M-Instruct | grpo | {t['trl']} | {t['trl_step_s']} | {t['jaxrlhf_step_s']} | {t['ratio']}x | "
+    f"{t['trl_peak_rss_gib']} / {t['jaxrlhf_peak_rss_gib']} GiB | {t['load_min']}-{t['load_max']} |"
+  )
 
 
 if __name__ == "__main__":

@@ -33,9 +33,21 @@ import numpy as np
 
 REPEATS = 2  # each side: the best of this many timed runs, after a warm-up run
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = dict(vocab_size=32000, hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
-             num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True, rope_theta=1e6,
-             rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+MODEL = dict(
+  vocab_size=32000,
+  hidden_size=384,
+  intermediate_size=1024,
+  num_hidden_layers=8,
+  num_attention_heads=6,
+  num_key_value_heads=2,
+  max_position_embeddings=1024,
+  tie_word_embeddings=True,
+  rope_theta=1e6,
+  rms_norm_eps=1e-6,
+  bos_token_id=None,
+  eos_token_id=None,
+  pad_token_id=0,
+)
 
 
 def measure_roofline(dtype: str, seconds: float = 1.0):
@@ -48,7 +60,7 @@ def measure_roofline(dtype: str, seconds: float = 1.0):
   while time.perf_counter() - start < seconds:
     matmul(a).block_until_ready()
     count += 1
-  flops = 2 * n ** 3 * count / (time.perf_counter() - start)
+  flops = 2 * n**3 * count / (time.perf_counter() - start)
   big = jnp.ones((64 * 2**20,), jnp.float32)  # 256 MiB: far beyond the caches
   reduce = jax.jit(lambda x: jnp.sum(x))
   reduce(big).block_until_ready()
@@ -63,6 +75,7 @@ def measure_roofline(dtype: str, seconds: float = 1.0):
 def build_checkpoint(path: str):
   import torch
   import transformers
+
   torch.manual_seed(0)
   model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**MODEL)).eval()
   model.save_pretrained(path)
@@ -72,29 +85,33 @@ def build_checkpoint(path: str):
 def run_hf(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> tuple[float, np.ndarray]:
   import torch
   import transformers
+
   model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
   ids = torch.tensor(prompts_BxP, dtype=torch.long)
   kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=1)
   with torch.no_grad():
-    model.generate(ids[:, :8], max_new_tokens=2, min_new_tokens=2, **{**kwargs,
-                                                                     "attention_mask": torch.ones_like(ids[:, :8])})
+    model.generate(
+      ids[:, :8], max_new_tokens=2, min_new_tokens=2, **{**kwargs, "attention_mask": torch.ones_like(ids[:, :8])}
+    )
     seconds = []
     for _ in range(REPEATS):
       start = time.perf_counter()
       out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
       seconds.append(time.perf_counter() - start)
-  return min(seconds), out[:, prompts_BxP.shape[1]:].numpy()
+  return min(seconds), out[:, prompts_BxP.shape[1] :].numpy()
 
 
 def run_jax(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> tuple[float, float, np.ndarray]:
   from jaxrlhf.models import Decoder, cast_floating, load_hf_config, load_hf_params
   from jaxrlhf.rollout import SamplingParams, generate
+
   config = dataclasses.replace(load_hf_config(path), dtype=dtype)
   params = cast_floating(load_hf_params(path, config), dtype)
   model = Decoder(config)
   apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
-  sampling = SamplingParams(max_new_tokens=new_tokens, eos_token_ids=(config.vocab_size,), pad_token_id=0,
-                            do_sample=False)
+  sampling = SamplingParams(
+    max_new_tokens=new_tokens, eos_token_ids=(config.vocab_size,), pad_token_id=0, do_sample=False
+  )
   fn = jax.jit(functools.partial(generate, apply_fn, model_config=config, sampling=sampling))
   ids = jnp.asarray(prompts_BxP)
   mask = jnp.ones_like(ids)
@@ -111,8 +128,9 @@ def run_jax(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> 
   return min(seconds), compile_s, responses
 
 
-def roofline_tokens_per_s(num_params: int, batch: int, prompt_len: int, new_tokens: int, flops: float,
-                          bandwidth: float, dtype: str) -> float:
+def roofline_tokens_per_s(
+  num_params: int, batch: int, prompt_len: int, new_tokens: int, flops: float, bandwidth: float, dtype: str
+) -> float:
   """Best possible new tokens/s of a decode step bounded by compute or by reading weights + mean KV cache."""
   cfg = MODEL
   head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -134,13 +152,16 @@ def main():
   args = parser.parse_args()
 
   import torch
+
   torch.set_num_threads(os.cpu_count() or 1)
   machine = {}
   for dtype in args.dtypes:
     flops, bandwidth = measure_roofline(dtype)
     machine[dtype] = dict(matmul_flops=flops, bandwidth_bytes_per_s=bandwidth)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"matmul {flops / 1e9:.1f} GFLOP/s {dtype}, memory {bandwidth / 1e9:.1f} GB/s")
+    print(
+      f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+      f"matmul {flops / 1e9:.1f} GFLOP/s {dtype}, memory {bandwidth / 1e9:.1f} GB/s"
+    )
   rows = []
   with tempfile.TemporaryDirectory() as path:
     num_params = build_checkpoint(path)
@@ -150,31 +171,59 @@ def main():
         prompts_BxP = np.random.RandomState(batch).randint(2, MODEL["vocab_size"], (batch, args.prompt_len))
         jax_s, compile_s, jax_tokens = run_jax(path, prompts_BxP, args.new_tokens, dtype)
         new = batch * args.new_tokens
-        row = dict(dtype=dtype, batch=batch, jax_tokens_per_s=new / jax_s, jax_seconds=jax_s,
-                   compile_seconds=compile_s,
-                   roofline_tokens_per_s=roofline_tokens_per_s(num_params, batch, args.prompt_len, args.new_tokens,
-                                                               machine[dtype]["matmul_flops"],
-                                                               machine[dtype]["bandwidth_bytes_per_s"], dtype))
+        row = dict(
+          dtype=dtype,
+          batch=batch,
+          jax_tokens_per_s=new / jax_s,
+          jax_seconds=jax_s,
+          compile_seconds=compile_s,
+          roofline_tokens_per_s=roofline_tokens_per_s(
+            num_params,
+            batch,
+            args.prompt_len,
+            args.new_tokens,
+            machine[dtype]["matmul_flops"],
+            machine[dtype]["bandwidth_bytes_per_s"],
+            dtype,
+          ),
+        )
         row["roofline_fraction"] = row["jax_tokens_per_s"] / row["roofline_tokens_per_s"]
         if not args.skip_hf:
           hf_s, hf_tokens = run_hf(path, prompts_BxP, args.new_tokens, dtype)
-          row.update(hf_tokens_per_s=new / hf_s, hf_seconds=hf_s, speedup=hf_s / jax_s,
-                     greedy_tokens_match=float(np.mean(hf_tokens == jax_tokens)))
+          row.update(
+            hf_tokens_per_s=new / hf_s,
+            hf_seconds=hf_s,
+            speedup=hf_s / jax_s,
+            greedy_tokens_match=float(np.mean(hf_tokens == jax_tokens)),
+          )
         rows.append(row)
         print(json.dumps(row))
 
-  print(f"\n| dtype | batch | jaxrlhf tok/s | HF tok/s | speed-up | compile s | roofline tok/s | of roofline | "
-        f"same greedy tokens |")
+  print(
+    "\n| dtype | batch | jaxrlhf tok/s | HF tok/s | speed-up | compile s | roofline tok/s | of roofline | "
+    "same greedy tokens |"
+  )
   print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['dtype']} | {r['batch']} | {r['jax_tokens_per_s']:.0f} | "
-          f"{r.get('hf_tokens_per_s', float('nan')):.0f} | "
-          f"{r.get('speedup', float('nan')):.1f}x | {r['compile_seconds']:.1f} | {r['roofline_tokens_per_s']:.0f} | "
-          f"{100 * r['roofline_fraction']:.0f}% | {100 * r.get('greedy_tokens_match', float('nan')):.0f}% |")
+    print(
+      f"| {r['dtype']} | {r['batch']} | {r['jax_tokens_per_s']:.0f} | "
+      f"{r.get('hf_tokens_per_s', float('nan')):.0f} | "
+      f"{r.get('speedup', float('nan')):.1f}x | {r['compile_seconds']:.1f} | {r['roofline_tokens_per_s']:.0f} | "
+      f"{100 * r['roofline_fraction']:.0f}% | {100 * r.get('greedy_tokens_match', float('nan')):.0f}% |"
+    )
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
-    json.dump(dict(machine=dict(cores=os.cpu_count(), **machine), model=dict(MODEL, num_params=num_params),
-                   prompt_len=args.prompt_len, new_tokens=args.new_tokens, rows=rows), f, indent=1)
+    json.dump(
+      dict(
+        machine=dict(cores=os.cpu_count(), **machine),
+        model=dict(MODEL, num_params=num_params),
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+        rows=rows,
+      ),
+      f,
+      indent=1,
+    )
 
 
 if __name__ == "__main__":

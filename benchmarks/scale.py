@@ -27,13 +27,18 @@ MODELS = os.path.join(ROOT, "configs", "models")
 
 # (row label, recipe, model directory under configs/models, target, extra overrides)
 RECIPES = [
-    ("Qwen2.5-0.5B PPO", "ppo_gsm8k_qwen2_5_0_5b.py", "qwen2.5-0.5b-instruct", "h100x8", ()),
-    ("Qwen2.5-7B PPO", "ppo_gsm8k_qwen2_5_7b.py", "qwen2.5-7b-instruct", "h100x8", ()),
-    ("Qwen2.5-7B GRPO, response 4096", "grpo_gsm8k_qwen2_5_7b.py", "qwen2.5-7b-instruct", "h100x8",
-     ("--config.data.max_response_length=4096",)),
-    ("Qwen2.5-32B GRPO", "grpo_gsm8k_qwen2_5_32b.py", "qwen2.5-32b-instruct", "h100:4x8", ()),
-    ("Qwen2.5-72B GRPO", "grpo_gsm8k_qwen2_5_72b.py", "qwen2.5-72b-instruct", "h200:8x8", ()),
-    ("Llama-3.1-8B PPO", "ppo_gsm8k_llama3_1_8b.py", "llama-3.1-8b-instruct", "v5p-64", ()),
+  ("Qwen2.5-0.5B PPO", "ppo_gsm8k_qwen2_5_0_5b.py", "qwen2.5-0.5b-instruct", "h100x8", ()),
+  ("Qwen2.5-7B PPO", "ppo_gsm8k_qwen2_5_7b.py", "qwen2.5-7b-instruct", "h100x8", ()),
+  (
+    "Qwen2.5-7B GRPO, response 4096",
+    "grpo_gsm8k_qwen2_5_7b.py",
+    "qwen2.5-7b-instruct",
+    "h100x8",
+    ("--config.data.max_response_length=4096",),
+  ),
+  ("Qwen2.5-32B GRPO", "grpo_gsm8k_qwen2_5_32b.py", "qwen2.5-32b-instruct", "h100:4x8", ()),
+  ("Qwen2.5-72B GRPO", "grpo_gsm8k_qwen2_5_72b.py", "qwen2.5-72b-instruct", "h200:8x8", ()),
+  ("Llama-3.1-8B PPO", "ppo_gsm8k_llama3_1_8b.py", "llama-3.1-8b-instruct", "v5p-64", ()),
 ]
 LAYER_COUNTS = (4, 32, 80)
 FSDP_SIZES = (1, 8, 64)
@@ -43,9 +48,19 @@ def aot(recipe: str, model: str, target: str, extra=(), timeout: float = 1800) -
   """Runs the CLI as a user would; returns its JSON report (+ exit status), or why there is none."""
   with tempfile.TemporaryDirectory() as tmp:
     json_path = os.path.join(tmp, "report.json")
-    command = [sys.executable, "-m", "jaxrlhf.aot", "--config", os.path.join(ROOT, "configs", recipe),
-               f"--config.actor_rollout_ref.model.path={os.path.join(MODELS, model)}", "--target", target,
-               "--json", json_path, *extra]
+    command = [
+      sys.executable,
+      "-m",
+      "jaxrlhf.aot",
+      "--config",
+      os.path.join(ROOT, "configs", recipe),
+      f"--config.actor_rollout_ref.model.path={os.path.join(MODELS, model)}",
+      "--target",
+      target,
+      "--json",
+      json_path,
+      *extra,
+    ]
     try:
       result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -88,17 +103,21 @@ def gib(n) -> str:
 
 
 def recipe_table(rows: list[dict]) -> str:
-  lines = ["| recipe | target | per-device GiB (peak program) | device GiB | fits | step FLOPs (analytic) | "
-           "compile s |", "|---|---|---|---|---|---|---|"]
+  lines = [
+    "| recipe | target | per-device GiB (peak program) | device GiB | fits | step FLOPs (analytic) | compile s |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for row in rows:
     report = row["report"]
     if "error" in report:
       lines.append(f"| {row['label']} | {row['target']} | - | - | error: {report['error']} | - | - |")
       continue
     peak = max(report["programs"], key=lambda p: p["total_bytes"])
-    lines.append(f"| {row['label']} | {row['target']} | {gib(report['peak_bytes_per_device'])} ({peak['name']}) | "
-                 f"{gib(report['target']['device_memory_bytes'])} | {'yes' if report['fits'] else 'no'} | "
-                 f"{report['analytic_flops']['total']:.3g} | {report['compile_seconds']:.0f} |")
+    lines.append(
+      f"| {row['label']} | {row['target']} | {gib(report['peak_bytes_per_device'])} ({peak['name']}) | "
+      f"{gib(report['target']['device_memory_bytes'])} | {'yes' if report['fits'] else 'no'} | "
+      f"{report['analytic_flops']['total']:.3g} | {report['compile_seconds']:.0f} |"
+    )
   return "\n".join(lines)
 
 
@@ -115,11 +134,14 @@ def main():
     rows = []
     for label, recipe, model, target, extra in RECIPES:
       report = aot(recipe, model, target, (*extra, *args.extra), args.timeout)
-      print(f"{label} on {target}: " + (report.get("error") or
-                                        f"{gib(report['peak_bytes_per_device'])} GiB, fits={report['fits']}"),
-            flush=True)
-      rows.append({"label": label, "recipe": recipe, "target": target, "overrides": [*extra, *args.extra],
-                   "report": report})
+      print(
+        f"{label} on {target}: "
+        + (report.get("error") or f"{gib(report['peak_bytes_per_device'])} GiB, fits={report['fits']}"),
+        flush=True,
+      )
+      rows.append(
+        {"label": label, "recipe": recipe, "target": target, "overrides": [*extra, *args.extra], "report": report}
+      )
     results["recipes"] = rows
     print(recipe_table(rows))
   if args.only in (None, "fsdp"):
@@ -135,11 +157,18 @@ def main():
   if args.only in (None, "layers"):
     sweep = {}
     for layers in LAYER_COUNTS:
-      report = aot("grpo_gsm8k_qwen2_5_0_5b.py", "qwen2.5-0.5b-instruct", "h100x8",
-                   (f"--config.actor_rollout_ref.model.override_config.num_hidden_layers={layers}", *args.extra),
-                   args.timeout)
-      sweep[layers] = {"compile_seconds": report.get("compile_seconds"), "error": report.get("error"),
-                       "peak_bytes_per_device": report.get("peak_bytes_per_device")}
+      report = aot(
+        "grpo_gsm8k_qwen2_5_0_5b.py",
+        "qwen2.5-0.5b-instruct",
+        "h100x8",
+        (f"--config.actor_rollout_ref.model.override_config.num_hidden_layers={layers}", *args.extra),
+        args.timeout,
+      )
+      sweep[layers] = {
+        "compile_seconds": report.get("compile_seconds"),
+        "error": report.get("error"),
+        "peak_bytes_per_device": report.get("peak_bytes_per_device"),
+      }
       print(f"{layers} layers: {sweep[layers]}", flush=True)
     results["layers"] = sweep
   with open(results_path, "w") as f:

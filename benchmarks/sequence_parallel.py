@@ -59,15 +59,23 @@ def measure(sp: int, response: int, packed: bool, target) -> dict:
   data = jax.eval_shape(update_loop.update_data, rollout, old[0], ref, adv)
   data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, x.shape)), data)
   rng = jax.ShapeDtypeStruct((), rng.dtype, sharding=replicated(mesh))
-  report, _ = compile_program("update_actor", jax.jit(ppo.update_actor), (state, data, rng),
-                              resident_bytes=0)
-  return {"sp": sp, "response_length": response, "prompt_length": config.data.max_prompt_length,
-          "packed": packed, "mesh": dict(mesh.shape), "target": target.name,
-          "rows_per_micro_batch": ppo.batcher.update_plan(actor, "actor_rollout_ref.actor", 0, packed).rows,
-          "temp_bytes": report.temp_bytes, "argument_bytes": report.argument_bytes,
-          "output_bytes": report.output_bytes, "alias_bytes": report.alias_bytes,
-          "train_state_bytes": _device_bytes(state), "compile_s": round(report.compile_seconds, 1),
-          "largest_buffers": [[size, shape, label] for size, shape, label in report.largest_buffers[:4]]}
+  report, _ = compile_program("update_actor", jax.jit(ppo.update_actor), (state, data, rng), resident_bytes=0)
+  return {
+    "sp": sp,
+    "response_length": response,
+    "prompt_length": config.data.max_prompt_length,
+    "packed": packed,
+    "mesh": dict(mesh.shape),
+    "target": target.name,
+    "rows_per_micro_batch": ppo.batcher.update_plan(actor, "actor_rollout_ref.actor", 0, packed).rows,
+    "temp_bytes": report.temp_bytes,
+    "argument_bytes": report.argument_bytes,
+    "output_bytes": report.output_bytes,
+    "alias_bytes": report.alias_bytes,
+    "train_state_bytes": _device_bytes(state),
+    "compile_s": round(report.compile_seconds, 1),
+    "largest_buffers": [[size, shape, label] for size, shape, label in report.largest_buffers[:4]],
+  }
 
 
 def main():
@@ -89,12 +97,16 @@ def main():
   path = os.path.join(ROOT, "benchmarks", "results", f"{args.results}.json")
   with open(path, "w") as f:
     json.dump(rows, f, indent=1)
-  print("\n| sp | rows per micro-batch | tokens per GPU per micro-batch | temp GiB/device | args GiB/device "
-        "| compile s |\n|---|---|---|---|---|---|")
+  print(
+    "\n| sp | rows per micro-batch | tokens per GPU per micro-batch | temp GiB/device | args GiB/device "
+    "| compile s |\n|---|---|---|---|---|---|"
+  )
   for row in rows:
     tokens = row["rows_per_micro_batch"] * (row["prompt_length"] + row["response_length"]) // 8
-    print(f"| {row['sp']} | {row['rows_per_micro_batch']} | {tokens} | {row['temp_bytes'] / GIB:.2f} "
-          f"| {row['argument_bytes'] / GIB:.2f} | {row['compile_s']} |")
+    print(
+      f"| {row['sp']} | {row['rows_per_micro_batch']} | {tokens} | {row['temp_bytes'] / GIB:.2f} "
+      f"| {row['argument_bytes'] / GIB:.2f} | {row['compile_s']} |"
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests", "algos")]
 
 import numpy as np  # noqa: E402
-
 import verl_parity_cases as parity  # noqa: E402
 
 
@@ -50,8 +49,11 @@ def main(argv=None) -> int:
   os.makedirs(os.path.join(_ROOT, "benchmarks", "results"), exist_ok=True)
   with open(os.path.join(_ROOT, "benchmarks", "results", "verl_parity.json"), "w") as f:
     json.dump(dict(seeds=args.seeds, tolerance=parity.TOL, functions=rows, failures=failures), f, indent=1)
-  print("\n".join(failures) if failures else f"all {sum(r['comparisons'] for r in rows.values())} comparisons "
-        f"agree to {parity.TOL}")
+  print(
+    "\n".join(failures)
+    if failures
+    else f"all {sum(r['comparisons'] for r in rows.values())} comparisons agree to {parity.TOL}"
+  )
   return 1 if failures else 0
 
 

@@ -22,8 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def translated_flags(script: str) -> list[str]:
   """The `--config...` flags of the `python train.py` command verl_compat prints for `script`."""
-  out = subprocess.run([sys.executable, "-m", "jaxrlhf.verl_compat", script], cwd=ROOT, capture_output=True,
-                       text=True)
+  out = subprocess.run([sys.executable, "-m", "jaxrlhf.verl_compat", script], cwd=ROOT, capture_output=True, text=True)
   if out.returncode:
     sys.exit(f"verl_compat refused {script}:\n{out.stderr.strip()}")
   lines, command = out.stdout.splitlines(), []
@@ -44,9 +43,20 @@ def main():
   parser.add_argument("--json")
   args, extra = parser.parse_known_args()
   flags = [f for f in translated_flags(args.script) if not f.startswith("--config.actor_rollout_ref.model.path=")]
-  command = [sys.executable, "-m", "jaxrlhf.aot", *flags, f"--config.actor_rollout_ref.model.path={args.model}",
-             *extra, "--target", args.target] + (["--phases"] if args.phases else []) + (
-                 ["--json", args.json] if args.json else [])
+  command = (
+    [
+      sys.executable,
+      "-m",
+      "jaxrlhf.aot",
+      *flags,
+      f"--config.actor_rollout_ref.model.path={args.model}",
+      *extra,
+      "--target",
+      args.target,
+    ]
+    + (["--phases"] if args.phases else [])
+    + (["--json", args.json] if args.json else [])
+  )
   print(shlex.join(["python"] + command[1:]), flush=True)
   sys.exit(subprocess.run(command, cwd=ROOT).returncode)
 

@@ -44,6 +44,7 @@ def verl_scripts(folder: str) -> list[str]:
 
 def _yaml_keys(path: str) -> set[str]:
   import yaml
+
   with open(path) as f:
     tree = yaml.safe_load(f)
   keys = set()
@@ -53,6 +54,7 @@ def _yaml_keys(path: str) -> set[str]:
       keys.add(prefix + str(name))
       if isinstance(value, dict):
         walk(value, f"{prefix}{name}.")
+
   walk(tree, "")
   return keys
 
@@ -62,7 +64,9 @@ def families(stderr: str, verl_keys: set[str] | None) -> list[str]:
   out = []
   lines = stderr.splitlines()
   start = next((k for k, line in enumerate(lines) if ": error: " in line), len(lines))
-  message = [lines[start]] + [line for line in lines[start + 1:] if line.startswith("  ")] if start < len(lines) else []
+  message = (
+    [lines[start]] + [line for line in lines[start + 1 :] if line.startswith("  ")] if start < len(lines) else []
+  )
   for line in message:  # the error line and its indented list (JAX's start-up logging is not part of it)
     line = re.sub(r"^\S+: (error|hint): ", "", line).strip()
     if not line or line.startswith(("docs/", "looked for", "jaxrlhf.verl_compat.TABLE")) or "problems with" in line:
@@ -93,36 +97,64 @@ def families(stderr: str, verl_keys: set[str] | None) -> list[str]:
 
 
 # verl keys whose values are free dicts (any key under them is verl's).
-_OPEN_DICTS = {"actor_rollout_ref.model.override_config", "actor_rollout_ref.rollout.engine_kwargs",
-               "critic.model.override_config", "ray_kwargs.ray_init", "data.apply_chat_template_kwargs",
-               "data.mm_processor_kwargs", "actor_rollout_ref.actor.megatron.override_transformer_config",
-               "actor_rollout_ref.actor.megatron.override_ddp_config"}
+_OPEN_DICTS = {
+  "actor_rollout_ref.model.override_config",
+  "actor_rollout_ref.rollout.engine_kwargs",
+  "critic.model.override_config",
+  "ray_kwargs.ray_init",
+  "data.apply_chat_template_kwargs",
+  "data.mm_processor_kwargs",
+  "actor_rollout_ref.actor.megatron.override_transformer_config",
+  "actor_rollout_ref.actor.megatron.override_ddp_config",
+}
 
 
 def census(folder: str, module: str, verl_yaml: str | None, pythonpath: str | None) -> dict:
   verl_keys = _yaml_keys(verl_yaml) if verl_yaml else None
-  env = {"HOME": "/home/user", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "JAX_PLATFORMS": "cpu",
-         "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, ROOT) if p)}
+  env = {
+    "HOME": "/home/user",
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    "JAX_PLATFORMS": "cpu",
+    "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, ROOT) if p),
+  }
   rows = []
   for path in verl_scripts(folder):
-    result = subprocess.run([sys.executable, "-m", module, path], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+      [sys.executable, "-m", module, path], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     if result.returncode == 0:
-      outcome = ("exit 0 but empty" if "# mapped:" not in result.stdout and "# translated:" not in result.stdout
-                 else "translated, some keys ignored" if "# ignored:" in result.stdout
-                 else "translated, no key ignored")
+      outcome = (
+        "exit 0 but empty"
+        if "# mapped:" not in result.stdout and "# translated:" not in result.stdout
+        else "translated, some keys ignored"
+        if "# ignored:" in result.stdout
+        else "translated, no key ignored"
+      )
       reasons = []
     elif result.returncode == 2:
       outcome, reasons = "refused", families(result.stderr, verl_keys)
     else:
       outcome, reasons = "crashed", [result.stderr.strip().splitlines()[-1][:100] if result.stderr.strip() else "?"]
-    rows.append({"script": os.path.relpath(path, folder), "outcome": outcome, "reasons": reasons,
-                 "stderr": result.stderr[-2000:] if result.returncode else ""})
+    rows.append(
+      {
+        "script": os.path.relpath(path, folder),
+        "outcome": outcome,
+        "reasons": reasons,
+        "stderr": result.stderr[-2000:] if result.returncode else "",
+      }
+    )
   outcomes = collections.Counter(row["outcome"] for row in rows)
   reasons = collections.Counter(reason for row in rows for reason in row["reasons"])
   only = collections.Counter(row["reasons"][0] for row in rows if len(row["reasons"]) == 1)
-  return {"folder": folder, "module": module, "scripts": len(rows), "outcomes": dict(outcomes),
-          "refusal_families": dict(reasons), "sole_refusal_family": dict(only), "rows": rows}
+  return {
+    "folder": folder,
+    "module": module,
+    "scripts": len(rows),
+    "outcomes": dict(outcomes),
+    "refusal_families": dict(reasons),
+    "sole_refusal_family": dict(only),
+    "rows": rows,
+  }
 
 
 def main(argv) -> int:

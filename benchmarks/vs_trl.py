@@ -45,12 +45,12 @@ VENVS = os.path.join(ROOT, "benchmarks", ".venvs")
 TORCH = "torch==2.13.0"  # the CPU build (see docs/architecture.md "Environment")
 TRL_VERSIONS = {"ppo": "1.12.0", "grpo": "1.16.0"}
 MODELS = {  # vocab, hidden, intermediate, layers, heads, kv heads
-    "155K": (64, 64, 128, 4, 4, 2),
-    "21.7M": (32000, 384, 1024, 6, 6, 2),
+  "155K": (64, 64, 128, 4, 4, 2),
+  "21.7M": (32000, 384, 1024, 6, 6, 2),
 }
 ALGOS = {  # prompts per step, samples per prompt; both: 16 rows, micro-batches of 8, 2 epochs, one mini-batch
-    "ppo": (16, 1),
-    "grpo": (4, 4),
+  "ppo": (16, 1),
+  "grpo": (4, 4),
 }
 # jaxrlhf's layer settings per model, the faster on CPU: at 155K the layer scan with checkpointing (a loop of
 # layers: GRPO fused step 0.34 against 0.31 s); at 21.7M a Python loop of layers without checkpointing (PPO
@@ -68,13 +68,49 @@ THREADS = 2
 # ----- the shared inputs: tokenizer, models, parquet -------------------------------------------------
 
 SPECIAL = ("<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>")
-WORDS = ("####", ".", "?", ",", "tom", "ana", "sam", "lee", "has", "have", "does", "he", "she", "buys", "eats",
-         "gives", "finds", "loses", "more", "apples", "pens", "cards", "coins", "and", "then", "how", "many", "now",
-         "think", "step", "by", "give", "the", "answer", "after", "away")
+WORDS = (
+  "####",
+  ".",
+  "?",
+  ",",
+  "tom",
+  "ana",
+  "sam",
+  "lee",
+  "has",
+  "have",
+  "does",
+  "he",
+  "she",
+  "buys",
+  "eats",
+  "gives",
+  "finds",
+  "loses",
+  "more",
+  "apples",
+  "pens",
+  "cards",
+  "coins",
+  "and",
+  "then",
+  "how",
+  "many",
+  "now",
+  "think",
+  "step",
+  "by",
+  "give",
+  "the",
+  "answer",
+  "after",
+  "away",
+)
 DIGITS = tuple(str(d) for d in range(10))
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+  "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
+  "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def build_tokenizer(vocab_size: int, save_dir: str):
@@ -86,9 +122,14 @@ def build_tokenizer(vocab_size: int, save_dir: str):
   words += tuple(f"<w{i}>" for i in range(len(words), vocab_size))
   backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
   backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
-                                      unk_token="<unk>", additional_special_tokens=["<|user|>", "<|assistant|>"],
-                                      padding_side="left")
+  tokenizer = PreTrainedTokenizerFast(
+    tokenizer_object=backend,
+    pad_token="<pad>",
+    eos_token="<eos>",
+    unk_token="<unk>",
+    additional_special_tokens=["<|user|>", "<|assistant|>"],
+    padding_side="left",
+  )
   tokenizer.chat_template = CHAT_TEMPLATE
   tokenizer.save_pretrained(save_dir)
 
@@ -99,10 +140,19 @@ def build_model(name: str, save_dir: str) -> int:
   from transformers import Qwen2Config, Qwen2ForCausalLM
 
   vocab, hidden, intermediate, layers, heads, kv_heads = MODELS[name]
-  config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                       max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=None, eos_token_id=1,
-                       pad_token_id=0)
+  config = Qwen2Config(
+    vocab_size=vocab,
+    hidden_size=hidden,
+    intermediate_size=intermediate,
+    num_hidden_layers=layers,
+    num_attention_heads=heads,
+    num_key_value_heads=kv_heads,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    bos_token_id=None,
+    eos_token_id=1,
+    pad_token_id=0,
+  )
   torch.manual_seed(0)
   model = Qwen2ForCausalLM(config).to(torch.float32)
   model.generation_config.eos_token_id, model.generation_config.pad_token_id = 1, 0
@@ -115,6 +165,7 @@ def build_model(name: str, save_dir: str) -> int:
 def problem_rows(count: int, seed: int = 0) -> list[dict]:
   """GSM8K-style word problems in verl's row format; 1-6 clauses, so prompts are 20-70 tokens."""
   import random
+
   rng = random.Random(seed)
   rows = []
   for index in range(count):
@@ -130,11 +181,18 @@ def problem_rows(count: int, seed: int = 0) -> list[dict]:
         change = rng.randint(1, total)
         clauses.append(f"then {rng.choice(('he', 'she'))} {rng.choice(('eats', 'loses'))} {change} {item} .")
         total -= change
-    question = " ".join(clauses) + f" how many {item} does {name} have now ? think step by step and give the " \
-                                   "answer after ####"
-    rows.append({"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": question}],
-                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(total)},
-                 "extra_info": {"split": "train", "index": index}})
+    question = (
+      " ".join(clauses) + f" how many {item} does {name} have now ? think step by step and give the answer after ####"
+    )
+    rows.append(
+      {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(total)},
+        "extra_info": {"split": "train", "index": index},
+      }
+    )
   return rows
 
 
@@ -159,6 +217,7 @@ def prepare(work_dir: str, models: list[str]) -> dict:
 
 
 # ----- jaxrlhf: train.py with this file as its config ------------------------------------------------
+
 
 def get_config(spec: str):
   """`train.py --config benchmarks/vs_trl.py:algo=ppo,model=DIR,data=PARQUET,steps=5,response_length=64,run_dir=DIR`.
@@ -225,25 +284,43 @@ def get_config(spec: str):
   return config
 
 
-def run_jaxrlhf(algo: str, model_dir: str, parquet: str, steps: int, response_length: int, run_dir: str,
-                fused: bool = True, settings: str = "", cores: int | None = None) -> dict:
+def run_jaxrlhf(
+  algo: str,
+  model_dir: str,
+  parquet: str,
+  steps: int,
+  response_length: int,
+  run_dir: str,
+  fused: bool = True,
+  settings: str = "",
+  cores: int | None = None,
+) -> dict:
   """`cores`: run on the first this many of this process's cores (None: all of them)."""
-  spec = (f"algo={algo},model={model_dir},data={parquet},steps={steps},response_length={response_length},"
-          f"run_dir={run_dir},fuse={int(fused)}" + (f",{settings}" if settings else ""))
+  spec = (
+    f"algo={algo},model={model_dir},data={parquet},steps={steps},response_length={response_length},"
+    f"run_dir={run_dir},fuse={int(fused)}" + (f",{settings}" if settings else "")
+  )
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   allowed = sorted(os.sched_getaffinity(0))[:cores]
-  subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), f"--config={os.path.abspath(__file__)}:{spec}"],
-                 cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL,
-                 preexec_fn=lambda: os.sched_setaffinity(0, allowed))
+  subprocess.run(
+    [sys.executable, os.path.join(ROOT, "train.py"), f"--config={os.path.abspath(__file__)}:{spec}"],
+    cwd=ROOT,
+    env=env,
+    check=True,
+    stdout=subprocess.DEVNULL,
+    preexec_fn=lambda: os.sched_setaffinity(0, allowed),
+  )
   with open(os.path.join(run_dir, "vs_trl", algo, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f if line.strip()]
   steps_s = [r["timing_s/step"] for r in records if "timing_s/step" in r]
-  phases = {k: statistics.median(r[k] for r in records[1:]) for k in records[-1]
-            if k.startswith(("timing_s/", "perf/mfu/"))}
+  phases = {
+    k: statistics.median(r[k] for r in records[1:]) for k in records[-1] if k.startswith(("timing_s/", "perf/mfu/"))
+  }
   return {"step_s": steps_s, "phases": phases}
 
 
 # ----- TRL: a worker run by the TRL venv's python ---------------------------------------------------
+
 
 def trl_python(version: str) -> str:
   """The python of a venv with trl==version and the CPU torch, made on first use."""
@@ -251,8 +328,9 @@ def trl_python(version: str) -> str:
   python = os.path.join(venv, "bin", "python")
   if not os.path.exists(python):
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-  check = subprocess.run([python, "-c", f"import trl, torch; assert trl.__version__ == '{version}'"],
-                         capture_output=True)
+  check = subprocess.run(
+    [python, "-c", f"import trl, torch; assert trl.__version__ == '{version}'"], capture_output=True
+  )
   if check.returncode:
     print(f"installing trl=={version} into {venv}", flush=True)
     subprocess.run([python, "-m", "pip", "install", "-q", TORCH, f"trl=={version}", "pyarrow"], check=True)
@@ -262,12 +340,38 @@ def trl_python(version: str) -> str:
 def run_trl(algo: str, model_dir: str, parquet: str, steps: int, response_length: int, out_dir: str) -> dict:
   os.makedirs(out_dir, exist_ok=True)
   out = os.path.join(out_dir, "trl_steps.json")
-  env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS), TOKENIZERS_PARALLELISM="false",
-             HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled")
+  env = dict(
+    os.environ,
+    OMP_NUM_THREADS=str(THREADS),
+    MKL_NUM_THREADS=str(THREADS),
+    TOKENIZERS_PARALLELISM="false",
+    HF_HUB_OFFLINE="1",
+    HF_DATASETS_OFFLINE="1",
+    WANDB_MODE="disabled",
+  )
   env.pop("PYTHONPATH", None)
-  subprocess.run([trl_python(TRL_VERSIONS[algo]), os.path.abspath(__file__), "--trl_worker", algo, "--model_dir",
-                  model_dir, "--data", parquet, "--steps", str(steps), "--response_length", str(response_length),
-                  "--out", out], cwd=out_dir, env=env, check=True, stdout=subprocess.DEVNULL)
+  subprocess.run(
+    [
+      trl_python(TRL_VERSIONS[algo]),
+      os.path.abspath(__file__),
+      "--trl_worker",
+      algo,
+      "--model_dir",
+      model_dir,
+      "--data",
+      parquet,
+      "--steps",
+      str(steps),
+      "--response_length",
+      str(response_length),
+      "--out",
+      out,
+    ],
+    cwd=out_dir,
+    env=env,
+    check=True,
+    stdout=subprocess.DEVNULL,
+  )
   with open(out) as f:
     ends = json.load(f)["step_ends"]
   return {"step_s": [b - a for a, b in zip(ends, ends[1:])]}
@@ -297,32 +401,57 @@ def trl_worker(algo: str, model_dir: str, parquet: str, steps: int, response_len
       if state.global_step % updates_per_step == 0:
         step_ends.append(time.perf_counter())
 
-  common = dict(output_dir=os.path.dirname(out), per_device_train_batch_size=MICRO_ROWS,
-                gradient_accumulation_steps=prompts * n // MICRO_ROWS, learning_rate=1e-6, report_to="none",
-                save_strategy="no", logging_steps=1, bf16=False, fp16=False, use_cpu=True, seed=0,
-                dataloader_num_workers=0)
+  common = dict(
+    output_dir=os.path.dirname(out),
+    per_device_train_batch_size=MICRO_ROWS,
+    gradient_accumulation_steps=prompts * n // MICRO_ROWS,
+    learning_rate=1e-6,
+    report_to="none",
+    save_strategy="no",
+    logging_steps=1,
+    bf16=False,
+    fp16=False,
+    use_cpu=True,
+    seed=0,
+    dataloader_num_workers=0,
+  )
   if algo == "grpo":
     from trl import GRPOConfig, GRPOTrainer
 
     def score(completions, reward_model, **kwargs):
       return [gsm8k.compute_score(c, truth["ground_truth"]) for c, truth in zip(completions, reward_model)]
 
-    text_rows = rows.map(lambda row: {"prompt": tokenizer.apply_chat_template(
-        row["prompt"], add_generation_prompt=True, tokenize=False)})
-    config = GRPOConfig(**common, num_generations=n, max_completion_length=response_length,
-                        num_iterations=EPOCHS, beta=0.0, temperature=1.0, max_steps=steps * EPOCHS,
-                        shuffle_dataset=False)
+    text_rows = rows.map(
+      lambda row: {"prompt": tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)}
+    )
+    config = GRPOConfig(
+      **common,
+      num_generations=n,
+      max_completion_length=response_length,
+      num_iterations=EPOCHS,
+      beta=0.0,
+      temperature=1.0,
+      max_steps=steps * EPOCHS,
+      shuffle_dataset=False,
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=score, args=config, train_dataset=text_rows,
-                          processing_class=tokenizer, callbacks=[StepClock()])
+    trainer = GRPOTrainer(
+      model=model,
+      reward_funcs=score,
+      args=config,
+      train_dataset=text_rows,
+      processing_class=tokenizer,
+      callbacks=[StepClock()],
+    )
   else:
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
-    from trl.experimental.ppo import ppo_trainer
+    from trl.experimental.ppo import PPOConfig, PPOTrainer, ppo_trainer
 
     truths, prompt_ids = {}, []
     for row in rows:
-      ids = tokenizer(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
-                      add_special_tokens=False)["input_ids"]
+      ids = tokenizer(
+        tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+      )["input_ids"]
       truths[tuple(ids)] = row["reward_model"]["ground_truth"]
       prompt_ids.append(ids)
     token_rows = datasets.Dataset.from_dict({"input_ids": prompt_ids})
@@ -342,21 +471,40 @@ def trl_worker(algo: str, model_dir: str, parquet: str, steps: int, response_len
       return None, torch.tensor([gsm8k.compute_score(t, truths[k]) for t, k in zip(texts, keys)]), None
 
     ppo_trainer.get_reward = get_reward
-    config = PPOConfig(**common, num_mini_batches=1, num_ppo_epochs=EPOCHS, response_length=response_length,
-                       local_rollout_forward_batch_size=prompts * n, total_episodes=steps * prompts * n,
-                       num_sample_generations=0, stop_token="eos", kl_coef=0.05, kl_estimator="k1",
-                       temperature=1.0, gamma=1.0, lam=0.95)
+    config = PPOConfig(
+      **common,
+      num_mini_batches=1,
+      num_ppo_epochs=EPOCHS,
+      response_length=response_length,
+      local_rollout_forward_batch_size=prompts * n,
+      total_episodes=steps * prompts * n,
+      num_sample_generations=0,
+      stop_token="eos",
+      kl_coef=0.05,
+      kl_estimator="k1",
+      temperature=1.0,
+      gamma=1.0,
+      lam=0.95,
+    )
     load = lambda cls, **kw: cls.from_pretrained(model_dir, dtype=torch.float32, **kw)
     value_model = load(AutoModelForSequenceClassification, num_labels=1)
-    trainer = PPOTrainer(args=config, processing_class=tokenizer, model=load(AutoModelForCausalLM),
-                         ref_model=load(AutoModelForCausalLM), reward_model=rule, value_model=value_model,
-                         train_dataset=token_rows, callbacks=[StepClock()])
+    trainer = PPOTrainer(
+      args=config,
+      processing_class=tokenizer,
+      model=load(AutoModelForCausalLM),
+      ref_model=load(AutoModelForCausalLM),
+      reward_model=rule,
+      value_model=value_model,
+      train_dataset=token_rows,
+      callbacks=[StepClock()],
+    )
   trainer.train()
   with open(out, "w") as f:
     json.dump({"step_ends": step_ends}, f)
 
 
 # ----- the side by side ------------------------------------------------------------------------------
+
 
 def machine() -> str:
   """The CPU the times belong to: its model and widest vector extension (two 2-core machines here differed
@@ -380,8 +528,16 @@ def write_results(name: str, settings: dict, **payload) -> None:
   description = machine()
   os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
   with open(os.path.join(ROOT, "benchmarks", "results", name.removesuffix(".json") + ".json"), "w") as f:
-    json.dump({"machine": description, "settings": settings,
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **payload}, f, indent=2)
+    json.dump(
+      {
+        "machine": description,
+        "settings": settings,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **payload,
+      },
+      f,
+      indent=2,
+    )
   print(f"\n{description}; {settings}\n")
 
 
@@ -399,8 +555,9 @@ def main():
   parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
   parser.add_argument("--phases", action="store_true", help="also one phased jaxrlhf run per case (breakdown, MFU)")
   parser.add_argument("--work_dir", default=os.path.join(VENVS, "work"))
-  parser.add_argument("--results", help="results file name under benchmarks/results (default: vs_trl, "
-                      "or vs_trl_quick with --quick)")
+  parser.add_argument(
+    "--results", help="results file name under benchmarks/results (default: vs_trl, or vs_trl_quick with --quick)"
+  )
   parser.add_argument("--trl_worker", choices=list(ALGOS))
   parser.add_argument("--model_dir")
   parser.add_argument("--data")
@@ -423,12 +580,22 @@ def main():
           subprocess.run(["rm", "-rf", run_dir], check=True)
           load_before = load_average()
           start = time.perf_counter()
-          runner = run_trl if side == "trl" else functools.partial(run_jaxrlhf, settings=LAYER_SETTINGS[name],
-                                                                   cores=JAXRLHF_CORES[name])
+          runner = (
+            run_trl
+            if side == "trl"
+            else functools.partial(run_jaxrlhf, settings=LAYER_SETTINGS[name], cores=JAXRLHF_CORES[name])
+          )
           result = runner(algo, model_dir, inputs["parquet"], args.steps, args.response_length, run_dir)
-          result.update(side=side, model=name, algo=algo, round=round_index, load_before=load_before,
-                        load_after=load_average(), wall_s=round(time.perf_counter() - start, 1),
-                        median_step_s=statistics.median(result["step_s"][1:]))
+          result.update(
+            side=side,
+            model=name,
+            algo=algo,
+            round=round_index,
+            load_before=load_before,
+            load_after=load_average(),
+            wall_s=round(time.perf_counter() - start, 1),
+            median_step_s=statistics.median(result["step_s"][1:]),
+          )
           print(json.dumps({k: v for k, v in result.items() if k != "phases"}), flush=True)
           runs.append(result)
   breakdowns = []
@@ -437,30 +604,51 @@ def main():
       for algo in args.algos:
         run_dir = os.path.join(args.work_dir, "runs", f"phased_{name}_{algo}")
         subprocess.run(["rm", "-rf", run_dir], check=True)
-        result = run_jaxrlhf(algo, os.path.join(args.work_dir, f"model_{name}"), inputs["parquet"], args.steps,
-                             args.response_length, run_dir, fused=False, settings=LAYER_SETTINGS[name],
-                             cores=JAXRLHF_CORES[name])
+        result = run_jaxrlhf(
+          algo,
+          os.path.join(args.work_dir, f"model_{name}"),
+          inputs["parquet"],
+          args.steps,
+          args.response_length,
+          run_dir,
+          fused=False,
+          settings=LAYER_SETTINGS[name],
+          cores=JAXRLHF_CORES[name],
+        )
         breakdowns.append({"model": name, "algo": algo, "load": load_average(), **result})
         print(json.dumps(breakdowns[-1]), flush=True)
   table = []
   for name in args.models:
     for algo in args.algos:
-      median = lambda side: statistics.median(r["median_step_s"] for r in runs
-                                              if (r["side"], r["model"], r["algo"]) == (side, name, algo))
+      median = lambda side: statistics.median(
+        r["median_step_s"] for r in runs if (r["side"], r["model"], r["algo"]) == (side, name, algo)
+      )
       loads = [r[k] for r in runs if (r["model"], r["algo"]) == (name, algo) for k in ("load_before", "load_after")]
-      table.append({"model": name, "params": inputs["params"][name], "algo": algo, "trl": TRL_VERSIONS[algo],
-                    "trl_step_s": round(median("trl"), 3), "jaxrlhf_step_s": round(median("jaxrlhf"), 3),
-                    "ratio": round(median("trl") / median("jaxrlhf"), 2),
-                    "load_min": round(min(loads), 2), "load_max": round(max(loads), 2)})
+      table.append(
+        {
+          "model": name,
+          "params": inputs["params"][name],
+          "algo": algo,
+          "trl": TRL_VERSIONS[algo],
+          "trl_step_s": round(median("trl"), 3),
+          "jaxrlhf_step_s": round(median("jaxrlhf"), 3),
+          "ratio": round(median("trl") / median("jaxrlhf"), 2),
+          "load_min": round(min(loads), 2),
+          "load_max": round(max(loads), 2),
+        }
+      )
   settings = {k: getattr(args, k) for k in ("quick", "rounds", "steps", "response_length", "models", "algos")}
   settings.update(jaxrlhf_layers=LAYER_SETTINGS, jaxrlhf_cores=JAXRLHF_CORES)
-  write_results(args.results or ("vs_trl_quick" if args.quick else "vs_trl"), settings, table=table, runs=runs,
-                phased=breakdowns)
+  write_results(
+    args.results or ("vs_trl_quick" if args.quick else "vs_trl"), settings, table=table, runs=runs, phased=breakdowns
+  )
   print("| model | algo | TRL | TRL step s | jaxrlhf step s | TRL / jaxrlhf | load average |")
   print("|---|---|---|---|---|---|---|")
   for r in table:
-    print(f"| {r['model']} ({r['params'] / 1e6:.3g}M) | {r['algo']} | {r['trl']} | {r['trl_step_s']} | "
-          f"{r['jaxrlhf_step_s']} | {r['ratio']}x | {r['load_min']}-{r['load_max']} |")
+    print(
+      f"| {r['model']} ({r['params'] / 1e6:.3g}M) | {r['algo']} | {r['trl']} | {r['trl_step_s']} | "
+      f"{r['jaxrlhf_step_s']} | {r['ratio']}x | {r['load_min']}-{r['load_max']} |"
+    )
 
 
 if __name__ == "__main__":

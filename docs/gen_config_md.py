@@ -26,333 +26,481 @@ SAME = "same"  # verl has exactly this key
 
 # Sections that occur twice in the tree (actor and critic model / optimizer): documented once by suffix.
 _MODEL = {
-    "path": ("Hugging Face checkpoint directory (config.json + safetensors), or a Hub model id `org/name[@revision]` "
-             "(from the hub cache, else downloaded; a path that exists wins); `\"\"` = initialise from scratch "
-             "from `override_config`", SAME),
-    "override_config.vocab_size": ("HF config field; with `path` it overrides config.json, without `path` it "
-                                   "defines the from-scratch model (as do the other `override_config.*`)",
-                                   "`override_config` (a free dict in verl, applied to a loaded HF config only)"),
-    "override_config.hidden_size": ("HF config field: model width", "`override_config` (free dict)"),
-    "override_config.intermediate_size": ("HF config field: MLP width", "`override_config` (free dict)"),
-    "override_config.num_hidden_layers": ("HF config field: decoder layers", "`override_config` (free dict)"),
-    "override_config.num_attention_heads": ("HF config field: query heads", "`override_config` (free dict)"),
-    "override_config.num_key_value_heads": ("HF config field: key/value heads (GQA)", "`override_config` (free dict)"),
-    "override_config.head_dim": ("HF config field: per-head size; None = hidden_size / heads",
-                                 "`override_config` (free dict)"),
-    "override_config.rope_theta": ("HF config field: RoPE base", "`override_config` (free dict)"),
-    "override_config.rms_norm_eps": ("HF config field: RMSNorm epsilon", "`override_config` (free dict)"),
-    "override_config.tie_word_embeddings": ("HF config field: LM head shares the embedding matrix",
-                                            "`override_config` (free dict)"),
-    "override_config.max_position_embeddings": ("HF config field: longest position", "`override_config` (free dict)"),
-    "use_remove_padding": ("sequence packing: several sequences per row with segment ids and block-diagonal "
-                           "attention (same numbers as the padded path)", SAME),
-    "enable_gradient_checkpointing": ("rematerialise each decoder layer in the backward pass (`jax.checkpoint`)",
-                                      SAME),
-    "remat_policy": ("what gradient checkpointing saves: `full` (nothing), `dots_saveable`, `nothing_saveable`, ... "
-                     "(`jax.checkpoint_policies`)",
-                     "— (ours; verl has only on/off plus `enable_activation_offload`)"),
-    "scan_layers": ("the decoder layers as one `nn.scan` over stacked weights (one compiled layer body whatever "
-                    "the depth; KV cache stacked per layer); False = a Python loop of `layers_<i>` modules. "
-                    "Checkpoints of either layout load into either", "— (ours; XLA compile time)"),
-    "attention_impl": ("attention kernel: `auto` (cudnn on NVIDIA GPUs, splash on TPU, xla on CPU, by the mesh's "
-                       "devices), `xla` (the whole [L, S] score matrix), `blockwise` (online softmax over blocks, "
-                       "plain JAX, any backend), `cudnn` (bf16/fp16), `splash` (TPU Pallas; on a mesh of several "
-                       "devices it runs in a shard_map over rows and key/value heads). Packed rows (cudnn), a partial sliding window, a cache prefill, fp32 (cudnn) and a "
-                       "process without cuDNN (compiling ahead of time on a CPU host) fall back to blockwise; decode "
-                       "steps keep their own path", "`attn_implementation` (`flash_attention_2`, `sdpa`, `eager`)"),
-    "attention_block_size": ("query and key block of `blockwise` attention (and splash's tiles)",
-                             "— (ours)"),
-    "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning. With a rank only the adapters (fp32) train, hold "
-                  "optimizer state and are checkpointed; the frozen base (adapters off) is the reference policy, "
-                  "and generation runs base + adapters merged once per rollout (docs/lora.md)", SAME),
-    "lora_alpha": ("LoRA scaling: the adapter's delta is multiplied by lora_alpha / lora_rank", SAME),
-    "target_modules": ("modules that get an adapter: `all-linear` (q/k/v/o and gate/up/down of every layer; not "
-                       "the LM head) or a list such as `[\"q_proj\", \"v_proj\"]` (or `q_proj,v_proj`), which may "
-                       "also name `lm_head` and `embed_tokens` (an untied head only)", SAME),
-    "logits_chunk_size": ("LM head (log-probs, entropy) in chunks of about this many tokens per device: the "
-                          "[rows, length, vocab] logits never exist at once and the backward recomputes each "
-                          "chunk's; 0 = all positions at once. The heads only ever see response positions",
-                          "— (ours; verl: `entropy_from_logits_with_chunking`, `entropy_checkpointing`)"),
-    "dtype": ("compute dtype: `float32` or `bfloat16`",
-              "`fsdp_config.mixed_precision` (`model_dtype` / `reduce_dtype`)"),
-    "param_dtype": ("dtype the parameters are stored and updated in", "`fsdp_config.mixed_precision.param_dtype`"),
+  "path": (
+    "Hugging Face checkpoint directory (config.json + safetensors), or a Hub model id `org/name[@revision]` "
+    "(from the hub cache, else downloaded; a path that exists wins); `\"\"` = initialise from scratch "
+    "from `override_config`",
+    SAME,
+  ),
+  "override_config.vocab_size": (
+    "HF config field; with `path` it overrides config.json, without `path` it "
+    "defines the from-scratch model (as do the other `override_config.*`)",
+    "`override_config` (a free dict in verl, applied to a loaded HF config only)",
+  ),
+  "override_config.hidden_size": ("HF config field: model width", "`override_config` (free dict)"),
+  "override_config.intermediate_size": ("HF config field: MLP width", "`override_config` (free dict)"),
+  "override_config.num_hidden_layers": ("HF config field: decoder layers", "`override_config` (free dict)"),
+  "override_config.num_attention_heads": ("HF config field: query heads", "`override_config` (free dict)"),
+  "override_config.num_key_value_heads": ("HF config field: key/value heads (GQA)", "`override_config` (free dict)"),
+  "override_config.head_dim": (
+    "HF config field: per-head size; None = hidden_size / heads",
+    "`override_config` (free dict)",
+  ),
+  "override_config.rope_theta": ("HF config field: RoPE base", "`override_config` (free dict)"),
+  "override_config.rms_norm_eps": ("HF config field: RMSNorm epsilon", "`override_config` (free dict)"),
+  "override_config.tie_word_embeddings": (
+    "HF config field: LM head shares the embedding matrix",
+    "`override_config` (free dict)",
+  ),
+  "override_config.max_position_embeddings": ("HF config field: longest position", "`override_config` (free dict)"),
+  "use_remove_padding": (
+    "sequence packing: several sequences per row with segment ids and block-diagonal "
+    "attention (same numbers as the padded path)",
+    SAME,
+  ),
+  "enable_gradient_checkpointing": ("rematerialise each decoder layer in the backward pass (`jax.checkpoint`)", SAME),
+  "remat_policy": (
+    "what gradient checkpointing saves: `full` (nothing), `dots_saveable`, `nothing_saveable`, ... "
+    "(`jax.checkpoint_policies`)",
+    "— (ours; verl has only on/off plus `enable_activation_offload`)",
+  ),
+  "scan_layers": (
+    "the decoder layers as one `nn.scan` over stacked weights (one compiled layer body whatever "
+    "the depth; KV cache stacked per layer); False = a Python loop of `layers_<i>` modules. "
+    "Checkpoints of either layout load into either",
+    "— (ours; XLA compile time)",
+  ),
+  "attention_impl": (
+    "attention kernel: `auto` (cudnn on NVIDIA GPUs, splash on TPU, xla on CPU, by the mesh's "
+    "devices), `xla` (the whole [L, S] score matrix), `blockwise` (online softmax over blocks, "
+    "plain JAX, any backend), `cudnn` (bf16/fp16), `splash` (TPU Pallas; on a mesh of several "
+    "devices it runs in a shard_map over rows and key/value heads). Packed rows (cudnn), a partial sliding "
+    "window, a cache prefill, fp32 (cudnn) and a "
+    "process without cuDNN (compiling ahead of time on a CPU host) fall back to blockwise; decode "
+    "steps keep their own path",
+    "`attn_implementation` (`flash_attention_2`, `sdpa`, `eager`)",
+  ),
+  "attention_block_size": ("query and key block of `blockwise` attention (and splash's tiles)", "— (ours)"),
+  "lora_rank": (
+    "LoRA adapter rank; 0 = full fine-tuning. With a rank only the adapters (fp32) train, hold "
+    "optimizer state and are checkpointed; the frozen base (adapters off) is the reference policy, "
+    "and generation runs base + adapters merged once per rollout (docs/lora.md)",
+    SAME,
+  ),
+  "lora_alpha": ("LoRA scaling: the adapter's delta is multiplied by lora_alpha / lora_rank", SAME),
+  "target_modules": (
+    "modules that get an adapter: `all-linear` (q/k/v/o and gate/up/down of every layer; not "
+    "the LM head) or a list such as `[\"q_proj\", \"v_proj\"]` (or `q_proj,v_proj`), which may "
+    "also name `lm_head` and `embed_tokens` (an untied head only)",
+    SAME,
+  ),
+  "logits_chunk_size": (
+    "LM head (log-probs, entropy) in chunks of about this many tokens per device: the "
+    "[rows, length, vocab] logits never exist at once and the backward recomputes each "
+    "chunk's; 0 = all positions at once. The heads only ever see response positions",
+    "— (ours; verl: `entropy_from_logits_with_chunking`, `entropy_checkpointing`)",
+  ),
+  "dtype": ("compute dtype: `float32` or `bfloat16`", "`fsdp_config.mixed_precision` (`model_dtype` / `reduce_dtype`)"),
+  "param_dtype": ("dtype the parameters are stored and updated in", "`fsdp_config.mixed_precision.param_dtype`"),
 }
 
 # The critic's meaning where it differs from the actor's.
 _CRITIC_MODEL = {
-    "lora_rank": ("LoRA adapter rank; 0 = full fine-tuning. With a rank the adapters (fp32) and the fresh value "
-                  "head (`score`, as PEFT's `modules_to_save`) train, hold optimizer state and are checkpointed; "
-                  "the backbone is frozen and rebuilt from its source on resume; export merges (docs/lora.md)"),
-    "target_modules": ("modules that get an adapter: `all-linear` (q/k/v/o and gate/up/down of every layer) or a "
-                       "list such as `[\"q_proj\", \"v_proj\"]`, which may also name `embed_tokens`; not "
-                       "`lm_head` (the critic has none; its value head trains in full)"),
+  "lora_rank": (
+    "LoRA adapter rank; 0 = full fine-tuning. With a rank the adapters (fp32) and the fresh value "
+    "head (`score`, as PEFT's `modules_to_save`) train, hold optimizer state and are checkpointed; "
+    "the backbone is frozen and rebuilt from its source on resume; export merges (docs/lora.md)"
+  ),
+  "target_modules": (
+    "modules that get an adapter: `all-linear` (q/k/v/o and gate/up/down of every layer) or a "
+    "list such as `[\"q_proj\", \"v_proj\"]`, which may also name `embed_tokens`; not "
+    "`lm_head` (the critic has none; its value head trains in full)"
+  ),
 }
 
 _OPTIM = {
-    "lr": ("peak learning rate (AdamW)", SAME),
-    "betas": ("AdamW (beta1, beta2)", SAME),
-    "eps": ("AdamW epsilon", "— (torch AdamW default 1e-8)"),
-    "weight_decay": ("AdamW decoupled weight decay", SAME),
-    "lr_warmup_steps": ("linear warm-up steps from lr 0 at step 0; <= 0 = use `lr_warmup_steps_ratio`", SAME),
-    "lr_warmup_steps_ratio": ("warm-up as a fraction of the total training steps", SAME),
-    "lr_scheduler_type": ("`constant` or `cosine` (after warm-up)",
-                          "same (older verl: `warmup_style`)"),
-    "min_lr_ratio": ("cosine floor as a fraction of `lr`", SAME),
-    "num_cycles": ("cosine waves over the decay phase (0.5: one half-wave from `lr` down to the floor)", SAME),
+  "lr": ("peak learning rate (AdamW)", SAME),
+  "betas": ("AdamW (beta1, beta2)", SAME),
+  "eps": ("AdamW epsilon", "— (torch AdamW default 1e-8)"),
+  "weight_decay": ("AdamW decoupled weight decay", SAME),
+  "lr_warmup_steps": ("linear warm-up steps from lr 0 at step 0; <= 0 = use `lr_warmup_steps_ratio`", SAME),
+  "lr_warmup_steps_ratio": ("warm-up as a fraction of the total training steps", SAME),
+  "lr_scheduler_type": ("`constant` or `cosine` (after warm-up)", "same (older verl: `warmup_style`)"),
+  "min_lr_ratio": ("cosine floor as a fraction of `lr`", SAME),
+  "num_cycles": ("cosine waves over the decay phase (0.5: one half-wave from `lr` down to the floor)", SAME),
 }
 
 _DOCS = {
-    # ----- data
-    "data.train_files": ("training parquet files (verl row format, docs/algorithms.md §8) or `builtin:<task>:train`",
-                         "same (a string or a list)"),
-    "data.val_files": ("validation files; `(\"\",)` = no validation", "same"),
-    "data.tokenizer": ("tokenizer directory or Hub model id; `\"\"` = the actor's `model.path`; `builtin:<task>` = "
-                       "the built-in word-level tokenizer", "same (no `builtin:`)"),
-    "data.prompt_key": ("column holding the chat messages", SAME),
-    "data.reward_fn_key": ("column selecting the reward function", SAME),
-    "data.max_prompt_length": ("prompt tokens at most; with `bucket_prompt_lengths=False` every prompt is "
-                               "left-padded to this", SAME),
-    "data.max_response_length": ("generated tokens per response", SAME),
-    "data.train_batch_size": ("prompts per training step (each sampled `rollout.n` times)", SAME),
-    "data.gen_batch_size": ("DAPO dynamic sampling: prompts generated per round before filtering; None = "
-                            "`train_batch_size`", "same (DAPO recipe)"),
-    "data.val_batch_size": ("validation prompts per batch; None = the whole set in one batch", SAME),
-    "data.shuffle": ("reshuffle the training prompts every epoch", SAME),
-    "data.seed": ("seed of the prompt order", SAME),
-    "data.truncation": ("an over-long prompt: `error`, or keep its `left`/`right`/`middle` part", SAME),
-    "data.filter_overlong_prompts": ("drop prompts longer than `max_prompt_length` when loading", SAME),
-    "data.bucket_prompt_lengths": ("left-pad each batch's prompts (training, DAPO rounds, validation) to its longest "
-                                   "prompt rounded up to a length bucket (16, 32, 64, ... below `max_prompt_length`, "
-                                   "and `max_prompt_length`): one compiled step per bucket used, same numbers as "
-                                   "full padding; False = always `max_prompt_length`. `jaxrlhf.aot` compiles "
-                                   "`max_prompt_length` (the worst case)",
-                                   "none (verl pads every prompt to `max_prompt_length`)"),
-    # ----- actor
-    "actor_rollout_ref.actor.ppo_mini_batch_size": ("prompts per PPO update (x `rollout.n` sequences)", SAME),
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("sequences per device per gradient-accumulation "
-                                                             "step; None = the whole per-device mini-batch", SAME),
-    "actor_rollout_ref.actor.use_dynamic_bsz": ("form micro-batches by a token budget instead of a row count", SAME),
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("token budget of one micro-batch with "
-                                                          "`use_dynamic_bsz`", SAME),
-    "actor_rollout_ref.actor.clip_ratio": ("PPO clip epsilon (docs/algorithms.md §4)", SAME),
-    "actor_rollout_ref.actor.clip_ratio_low": ("lower clip epsilon; None = `clip_ratio`",
-                                               "same (verl's default is 0.2)"),
-    "actor_rollout_ref.actor.clip_ratio_high": ("upper clip epsilon (DAPO clip-higher: 0.28); None = `clip_ratio`",
-                                                "same (verl's default is 0.2)"),
-    "actor_rollout_ref.actor.clip_ratio_c": ("dual-clip bound for negative advantages", SAME),
-    "actor_rollout_ref.actor.policy_loss.loss_mode": ("`vanilla`, `gspo`, `gpg`, `cispo`, `geo_mean`, "
-                                                      "`clip_cov`, `kl_cov`, `sapo`, `dro`, `dppo_tv`, `dppo_kl`, "
-                                                      "`bypass_mode` or a registered one", SAME),
-    "actor_rollout_ref.actor.policy_loss.dro_beta": ("`dro`: weight of the quadratic log-ratio penalty (required, "
-                                                     "> 0)", SAME),
-    "actor_rollout_ref.actor.tau_pos": ("`sapo`: gate temperature for tokens with A > 0", SAME),
-    "actor_rollout_ref.actor.tau_neg": ("`sapo`: gate temperature for tokens with A <= 0", SAME),
-    "actor_rollout_ref.actor.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor (after the mean over "
-                                                  "sequences); None = the padded response length", SAME),
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": ("`clip_cov`: fraction of tokens clipped", SAME),
-    "actor_rollout_ref.actor.policy_loss.clip_cov_lb": ("`clip_cov`: covariance lower bound", SAME),
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ub": ("`clip_cov`: covariance upper bound", SAME),
-    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": ("`kl_cov`: fraction of tokens with the KL penalty", SAME),
-    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": ("`kl_cov`: coefficient of that penalty", SAME),
-    "actor_rollout_ref.actor.loss_agg_mode": ("`token-mean`, `token-sum`, `seq-mean-token-sum`, "
-                                              "`seq-mean-token-mean`, `seq-mean-token-sum-norm` "
-                                              "(docs/algorithms.md §4; the normalisers count the whole "
-                                              "mini-batch, as verl 0.9.1)", SAME),
-    "actor_rollout_ref.actor.entropy_coeff": ("weight of the entropy bonus", SAME),
-    "actor_rollout_ref.actor.use_kl_loss": ("add `kl_loss_coef * KL(pi, ref)` to the actor loss", SAME),
-    "actor_rollout_ref.actor.kl_loss_coef": ("KL loss weight", SAME),
-    "actor_rollout_ref.actor.kl_loss_type": ("KL estimator: `kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`, "
-                                             "`full` (exact KL over the vocabulary from both policies' logits, "
-                                             "per LM-head chunk), or `<name>+` (straight-through)",
-                                             "same, and `full` works here (verl 0.9.1 raises on it)"),
-    "actor_rollout_ref.actor.ppo_epochs": ("passes over the rollout batch per step", SAME),
-    "actor_rollout_ref.actor.shuffle": ("reshuffle the mini-batches every epoch (seeded)", SAME),
-    "actor_rollout_ref.actor.grad_clip": ("global gradient-norm clip; a step with a non-finite norm is skipped",
-                                          SAME),
-    "actor_rollout_ref.actor.fsdp_config.param_offload": ("keep the actor's parameters in pinned host memory "
-                                                          "between the phases that use them (generation, old "
-                                                          "log-prob, update)",
-                                                          SAME),
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": ("keep the actor's optimizer state in pinned host "
-                                                              "memory between updates", SAME),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
-        "Ulysses sequence parallelism: devices of `mesh.fsdp` that split each sequence of the actor's training "
-        "and log-prob forwards (all-to-all around attention; docs/sequence_parallel.md). Must divide `mesh.fsdp` "
-        "and, times `mesh.tensor`, the query and key/value heads; micro-batches are then `devices / sp` rows "
-        "per `..._per_gpu`", SAME),
-    # ----- rollout
-    "actor_rollout_ref.rollout.name": ("generation engine",
-                                       "same (verl: `vllm`, `sglang`, `hf`)"),
-    "actor_rollout_ref.rollout.temperature": ("sampling temperature (log-probs and entropy use the same scaling)",
-                                              SAME),
-    "actor_rollout_ref.rollout.top_k": ("top-k sampling; -1 = off", SAME),
-    "actor_rollout_ref.rollout.top_p": ("nucleus sampling; 1.0 = off", SAME),
-    "actor_rollout_ref.rollout.n": ("samples per prompt (a GRPO group)", SAME),
-    "actor_rollout_ref.rollout.do_sample": ("sample; False = greedy", SAME),
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": (
-        "tensor-parallel degree k of the generation layout (the weights are resharded for generation inside the "
-        "step): k <= `mesh.tensor` generates over `tensor` as training does; larger, a multiple of `mesh.tensor` "
-        "dividing `mesh.fsdp` x `mesh.tensor`, splits heads / mlp / vocab over `tensor` and k / tensor of the fsdp "
-        "devices and the batch over the rest (training stays FSDP); key/value heads that k does not divide are "
-        "repeated for generation", SAME),
-    "actor_rollout_ref.rollout.dtype": ("compute dtype of generation (`float32` | `bfloat16`); the actor's weights "
-                                        "are cast once per rollout, matmuls accumulate in fp32. None = the actor's "
-                                        "`model.dtype`", "same key (verl's default: `bfloat16`)"),
-    "actor_rollout_ref.rollout.max_num_batched_tokens": ("token budget of one generation batch", SAME),
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("sequences per device per micro-batch of the "
-                                                                    "old-log-prob phase (and of the reference and "
-                                                                    "values phases unless they set theirs); None = "
-                                                                    "all at once (packed: the update's slots)", SAME),
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": ("sequences per device per micro-batch of the "
-                                                                "reference log-prob phase; None = the rollout's",
-                                                                SAME),
-    "actor_rollout_ref.rollout.val_kwargs.temperature": ("validation sampling temperature", SAME),
-    "actor_rollout_ref.rollout.val_kwargs.top_k": ("validation top-k", SAME),
-    "actor_rollout_ref.rollout.val_kwargs.top_p": ("validation top-p", SAME),
-    "actor_rollout_ref.rollout.val_kwargs.n": ("validation samples per prompt (`mean@n`)", SAME),
-    "actor_rollout_ref.rollout.val_kwargs.do_sample": ("validation sampling; False = greedy", SAME),
-    "actor_rollout_ref.ref.fsdp_config.param_offload": ("keep the reference parameters in pinned host memory",
-                                                        SAME),
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("the reference's sequence parallelism; None = the "
-                                                             "actor's (it must equal it: the same module)",
-                                                             "same key (verl's default: the actor's)"),
-    # ----- critic
-    "critic.ulysses_sequence_parallel_size": ("the critic's sequence parallelism: 1 or the actor's size (one `sp` "
-                                              "mesh axis)", SAME),
-    "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
-    "critic.cliprange_value": ("value clip range `c` (docs/algorithms.md §4; the seeds use 0.2)", SAME),
-    "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),
-    "critic.loss_scale_factor": ("`seq-mean-token-sum-norm` divisor of the value loss; None = the actor's "
-                                 "(as verl)", SAME),
-    "critic.ppo_mini_batch_size": ("prompts per critic update; None = the actor's", SAME),
-    "critic.ppo_micro_batch_size_per_gpu": ("critic micro-batch; None = the actor's", SAME),
-    "critic.forward_micro_batch_size_per_gpu": ("sequences per device per micro-batch of the values phase; None = "
-                                                "the rollout's `log_prob_micro_batch_size_per_gpu`", SAME),
-    "critic.ppo_epochs": ("critic passes per step; None = the actor's", SAME),
-    "critic.shuffle": ("critic mini-batch shuffling; None = the actor's", SAME),
-    "critic.grad_clip": ("critic gradient-norm clip", SAME),
-    # ----- reward
-    "reward_model.enable": ("score with a learned reward model (in addition to rule rewards)", SAME),
-    "reward_model.model.path": ("reward model checkpoint (HF sequence classification, num_labels=1; the "
-                                "actor's tokenizer): a directory or a Hub model id", SAME),
-    "reward_model.combine_with_rule": ("True: score = rule reward + reward model; False: the reward model alone",
-                                       "— (ours; verl uses the reward model alone when it is on)"),
-    "reward_model.on_error": ("a reward function that raises, exits, crashes or times out: `raise`, or `zero` "
-                              "(scores 0, counted in `reward/num_errors`)", "— (ours; verl always raises)"),
-    "reward_model.num_workers": ("processes that score the rule reward: `0` = the trainer's process, one sample "
-                                 "after another, no time limit; `N` = N worker processes (a crash or `sys.exit` "
-                                 "fails one sample; a dead worker is replaced); `None` = `min(8, cores)` for a "
-                                 "`custom_reward_function` file, `0` for the built-in rules (faster in-process)",
-                                 "same name (verl: 8)"),
-    "reward_model.timeout_s": ("seconds a sample may take in a worker process; longer fails it (`on_error`). "
-                               "Not applied with `num_workers=0`", "— (ours)"),
-    "reward_model.overlong_buffer.enable": ("DAPO overlong shaping: linear penalty for responses entering the "
-                                            "last `len` tokens before `max_response_length`", "same (DAPO recipe)"),
-    "reward_model.overlong_buffer.len": ("tokens of the penalty buffer", "same (DAPO recipe)"),
-    "reward_model.overlong_buffer.penalty_factor": ("penalty at `max_response_length` (reached linearly)",
-                                                    "same (DAPO recipe)"),
-    "custom_reward_function.path": ("Python file with a reward function; `\"\"` = the built-in ones by "
-                                    "`data_source`", "same (also top level in verl)"),
-    "custom_reward_function.name": ("function name in that file, "
-                                    "`f(data_source, solution_str, ground_truth, extra_info)`", SAME),
-    # ----- algorithm
-    "algorithm.gamma": ("discount (GAE, REINFORCE++); the seeds recommend 0.99 for PPO", SAME),
-    "algorithm.lam": ("GAE lambda; the seeds recommend 0.95", SAME),
-    "algorithm.adv_estimator": ("`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, "
-                                "`remax`, `opo`, `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, "
-                                "`tir_optimal_token_baseline`, `grpo_vectorized`, `rloo_vectorized` "
-                                "(docs/algorithms.md §3)", SAME),
-    "algorithm.gdpo_reward_keys": ("`gdpo`: reward components (keys of the dict the reward function returns), "
-                                   "each group-normalised on its own", SAME),
-    "algorithm.gdpo_reward_weights": ("`gdpo`: weight of each component in the sum; None = 1 each", SAME),
-    "algorithm.rollout_correction.rollout_is": ("importance weights pi_train / pi_rollout: None (off), `token` "
-                                                "or `sequence`", SAME),
-    "algorithm.rollout_correction.rollout_is_threshold": ("`\"upper\"` truncates the weights (TIS); "
-                                                          "`\"lower_upper\"` zeroes them outside (IcePop)",
-                                                          "same (verl also takes a float)"),
-    "algorithm.rollout_correction.rollout_is_batch_normalize": ("rescale the weights to mean 1: over the batch "
-                                                                "(decoupled mode) or the micro-batch (bypass "
-                                                                "mode)", SAME),
-    "algorithm.rollout_correction.rollout_rs": ("rejection: comma-separated `token_k1/k2/k3`, "
-                                                "`seq_sum_k1/k2/k3`, `seq_mean_k1/k2/k3`, `seq_max_k2/k3`; None = off",
-                                                SAME),
-    "algorithm.rollout_correction.rollout_rs_threshold": ("one threshold, or one per `rollout_rs` option "
-                                                          "(comma-separated; k1 takes ratio bounds "
-                                                          "`lower_upper`)", "same (verl also takes a float)"),
-    "algorithm.rollout_correction.bypass_mode": ("True: the rollout's log-probs serve as `old_log_prob` and "
-                                                 "`loss_mode` becomes `bypass_mode`", SAME),
-    "algorithm.rollout_correction.loss_type": ("bypass mode loss: `ppo_clip` (the ratio is the correction) or "
-                                               "`reinforce` (-A * log-prob * weight)", SAME),
-    "algorithm.norm_adv_by_std_in_grpo": ("GRPO divides by the group std; False = Dr.GRPO", SAME),
-    "algorithm.use_kl_in_reward": ("subtract `beta * KL` from the token rewards", SAME),
-    "algorithm.kl_penalty": ("KL estimator for the in-reward penalty (as `kl_loss_type`; `full` runs the "
-                             "reference in the old-log-prob phase, which then replaces the ref phase)",
-                             "same, and `full` works here (verl 0.9.1 raises on it)"),
-    "algorithm.kl_ctrl.type": ("`fixed` or `adaptive` coefficient (docs/algorithms.md §2; checkpointed)", SAME),
-    "algorithm.kl_ctrl.kl_coef": ("initial in-reward KL coefficient `beta`", SAME),
-    "algorithm.kl_ctrl.horizon": ("adaptive controller horizon", SAME),
-    "algorithm.kl_ctrl.target_kl": ("adaptive controller target", SAME),
-    "algorithm.filter_groups.enable": ("DAPO dynamic sampling: drop groups whose `metric` is equal for every "
-                                       "sample, generate more until the batch is full", "same (DAPO recipe)"),
-    "algorithm.filter_groups.metric": ("`score` or `seq_reward`", "same (DAPO recipe; verl also has `acc`)"),
-    "algorithm.filter_groups.max_num_gen_batches": ("generation rounds allowed per step; 0 = no limit",
-                                                    "same (DAPO recipe)"),
-    # ----- trainer
-    "trainer.total_epochs": ("passes over the training prompts (unless `total_training_steps`)", SAME),
-    "trainer.total_training_steps": ("steps to run; None = epochs x batches per epoch", SAME),
-    "trainer.project_name": ("run directory `<default_local_dir>/<project>/<experiment>`, tracker project", SAME),
-    "trainer.experiment_name": ("run name", SAME),
-    "trainer.logger": ("sinks: `console`, `jsonl`, `wandb`, `tensorboard`, `mlflow`",
-                       "same (verl has no `jsonl`; its file logger differs)"),
-    "trainer.save_freq": ("checkpoint every N steps (and at the end); -1 = never", SAME),
-    "trainer.test_freq": ("validate every N steps (and at the end); -1 = never", SAME),
-    "trainer.val_before_train": ("validate once before the first step", SAME),
-    "trainer.critic_warmup": ("steps that update only the critic", SAME),
-    "trainer.resume_mode": ("`auto` (latest checkpoint of the run), `disable`, `resume_path`", SAME),
-    "trainer.resume_from_path": ("`.../global_step_N` for `resume_mode=resume_path`", SAME),
-    "trainer.default_local_dir": ("root of run directories (checkpoints, metrics.jsonl, plots)",
-                                  "same (verl's default already includes project/experiment)"),
-    "trainer.max_actor_ckpt_to_keep": ("checkpoints kept; None = all", SAME),
-    "trainer.save_hf": ("also export the actor (and critic) in HF format at every save, into "
-                        "`<run dir>/huggingface/global_step_N`", "— (ours; verl converts afterwards with its "
-                                                                  "model merger)"),
-    "trainer.seed": ("seed of initialisation, sampling and mini-batch shuffling",
-                     "— (ours; verl seeds per worker)"),
-    "trainer.plot": ("write `<run dir>/metrics.png` at the end (needs the `jsonl` logger)", "— (ours)"),
-    "trainer.fuse_step": ("True: one compiled program per step; False: phased mode, one jit per stage with "
-                          "`timing_s/*` (same numbers)", "— (ours; verl always runs phases)"),
-    "trainer.log_val_generations": ("validation samples written to `<run dir>/val_generations.jsonl`",
-                                    "same (verl logs them to the tracker)"),
-    "trainer.peak_flops_per_device": ("peak FLOP/s of one device for `perf/mfu/*` (`actor`, `critic`: the update "
-                                      "phases, phased mode; `step`: the fused step); None = the known "
-                                      "accelerator table, or measured once on CPU", "— (ours)"),
-    "trainer.prometheus_port": ("serve metrics as Prometheus gauges on this port; None = off, 0 = any free port",
-                                "— (ours)"),
-    "trainer.profile_steps": ("global steps (from 1) traced with `jax.profiler` into `<run dir>/profile`",
-                              "`global_profiler.steps` (older verl: `trainer.profile_steps`, nsys)"),
-    "trainer.guard.enable": ("on a KL blow-up or reward collapse: restore the last checkpoint, scale the lr by "
-                             "`lr_backoff`, continue (the seeds' rollback practice)", "— (ours)"),
-    "trainer.guard.kl_max": ("KL above this triggers a rollback (seeds: 0.1)", "— (ours)"),
-    "trainer.guard.reward_drop": ("relative drop of `critic/score/mean` below its moving average that triggers a "
-                                  "rollback (seeds: 20%)", "— (ours)"),
-    "trainer.guard.reward_window": ("steps in that moving average", "— (ours)"),
-    "trainer.guard.lr_backoff": ("learning-rate factor applied at each rollback", "— (ours)"),
-    "trainer.guard.max_rollbacks": ("stop with an error after this many rollbacks", "— (ours)"),
-    "trainer.guard.kl_warmup_steps_ratio": ("no KL term (loss or reward) for this fraction of the first steps "
-                                            "(seeds: 5%)", "— (ours)"),
-    # ----- mesh
-    "mesh.data": ("devices along the pure data-parallel axis; -1 = fill", "— (ours; verl: `trainer.n_gpus_per_node` "
-                                                                          "x `trainer.nnodes`)"),
-    "mesh.fsdp": ("devices along the fully-sharded data-parallel axis; -1 = fill (product of the axes = device "
-                  "count)", "— (ours; verl: `actor.fsdp_config.fsdp_size`)"),
-    "mesh.tensor": ("devices along the tensor-parallel axis (training layout)",
-                    "— (ours; verl's training TP is Megatron's `tensor_model_parallel_size`)"),
+  # ----- data
+  "data.train_files": (
+    "training parquet files (verl row format, docs/algorithms.md §8) or `builtin:<task>:train`",
+    "same (a string or a list)",
+  ),
+  "data.val_files": ("validation files; `(\"\",)` = no validation", "same"),
+  "data.tokenizer": (
+    "tokenizer directory or Hub model id; `\"\"` = the actor's `model.path`; `builtin:<task>` = "
+    "the built-in word-level tokenizer",
+    "same (no `builtin:`)",
+  ),
+  "data.prompt_key": ("column holding the chat messages", SAME),
+  "data.reward_fn_key": ("column selecting the reward function", SAME),
+  "data.max_prompt_length": (
+    "prompt tokens at most; with `bucket_prompt_lengths=False` every prompt is left-padded to this",
+    SAME,
+  ),
+  "data.max_response_length": ("generated tokens per response", SAME),
+  "data.train_batch_size": ("prompts per training step (each sampled `rollout.n` times)", SAME),
+  "data.gen_batch_size": (
+    "DAPO dynamic sampling: prompts generated per round before filtering; None = `train_batch_size`",
+    "same (DAPO recipe)",
+  ),
+  "data.val_batch_size": ("validation prompts per batch; None = the whole set in one batch", SAME),
+  "data.shuffle": ("reshuffle the training prompts every epoch", SAME),
+  "data.seed": ("seed of the prompt order", SAME),
+  "data.truncation": ("an over-long prompt: `error`, or keep its `left`/`right`/`middle` part", SAME),
+  "data.filter_overlong_prompts": ("drop prompts longer than `max_prompt_length` when loading", SAME),
+  "data.bucket_prompt_lengths": (
+    "left-pad each batch's prompts (training, DAPO rounds, validation) to its longest "
+    "prompt rounded up to a length bucket (16, 32, 64, ... below `max_prompt_length`, "
+    "and `max_prompt_length`): one compiled step per bucket used, same numbers as "
+    "full padding; False = always `max_prompt_length`. `jaxrlhf.aot` compiles "
+    "`max_prompt_length` (the worst case)",
+    "none (verl pads every prompt to `max_prompt_length`)",
+  ),
+  # ----- actor
+  "actor_rollout_ref.actor.ppo_mini_batch_size": ("prompts per PPO update (x `rollout.n` sequences)", SAME),
+  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": (
+    "sequences per device per gradient-accumulation step; None = the whole per-device mini-batch",
+    SAME,
+  ),
+  "actor_rollout_ref.actor.use_dynamic_bsz": ("form micro-batches by a token budget instead of a row count", SAME),
+  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("token budget of one micro-batch with `use_dynamic_bsz`", SAME),
+  "actor_rollout_ref.actor.clip_ratio": ("PPO clip epsilon (docs/algorithms.md §4)", SAME),
+  "actor_rollout_ref.actor.clip_ratio_low": ("lower clip epsilon; None = `clip_ratio`", "same (verl's default is 0.2)"),
+  "actor_rollout_ref.actor.clip_ratio_high": (
+    "upper clip epsilon (DAPO clip-higher: 0.28); None = `clip_ratio`",
+    "same (verl's default is 0.2)",
+  ),
+  "actor_rollout_ref.actor.clip_ratio_c": ("dual-clip bound for negative advantages", SAME),
+  "actor_rollout_ref.actor.policy_loss.loss_mode": (
+    "`vanilla`, `gspo`, `gpg`, `cispo`, `geo_mean`, "
+    "`clip_cov`, `kl_cov`, `sapo`, `dro`, `dppo_tv`, `dppo_kl`, "
+    "`bypass_mode` or a registered one",
+    SAME,
+  ),
+  "actor_rollout_ref.actor.policy_loss.dro_beta": (
+    "`dro`: weight of the quadratic log-ratio penalty (required, > 0)",
+    SAME,
+  ),
+  "actor_rollout_ref.actor.tau_pos": ("`sapo`: gate temperature for tokens with A > 0", SAME),
+  "actor_rollout_ref.actor.tau_neg": ("`sapo`: gate temperature for tokens with A <= 0", SAME),
+  "actor_rollout_ref.actor.loss_scale_factor": (
+    "`seq-mean-token-sum-norm` divisor (after the mean over sequences); None = the padded response length",
+    SAME,
+  ),
+  "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": ("`clip_cov`: fraction of tokens clipped", SAME),
+  "actor_rollout_ref.actor.policy_loss.clip_cov_lb": ("`clip_cov`: covariance lower bound", SAME),
+  "actor_rollout_ref.actor.policy_loss.clip_cov_ub": ("`clip_cov`: covariance upper bound", SAME),
+  "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": ("`kl_cov`: fraction of tokens with the KL penalty", SAME),
+  "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": ("`kl_cov`: coefficient of that penalty", SAME),
+  "actor_rollout_ref.actor.loss_agg_mode": (
+    "`token-mean`, `token-sum`, `seq-mean-token-sum`, "
+    "`seq-mean-token-mean`, `seq-mean-token-sum-norm` "
+    "(docs/algorithms.md §4; the normalisers count the whole "
+    "mini-batch, as verl 0.9.1)",
+    SAME,
+  ),
+  "actor_rollout_ref.actor.entropy_coeff": ("weight of the entropy bonus", SAME),
+  "actor_rollout_ref.actor.use_kl_loss": ("add `kl_loss_coef * KL(pi, ref)` to the actor loss", SAME),
+  "actor_rollout_ref.actor.kl_loss_coef": ("KL loss weight", SAME),
+  "actor_rollout_ref.actor.kl_loss_type": (
+    "KL estimator: `kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`, "
+    "`full` (exact KL over the vocabulary from both policies' logits, "
+    "per LM-head chunk), or `<name>+` (straight-through)",
+    "same, and `full` works here (verl 0.9.1 raises on it)",
+  ),
+  "actor_rollout_ref.actor.ppo_epochs": ("passes over the rollout batch per step", SAME),
+  "actor_rollout_ref.actor.shuffle": ("reshuffle the mini-batches every epoch (seeded)", SAME),
+  "actor_rollout_ref.actor.grad_clip": ("global gradient-norm clip; a step with a non-finite norm is skipped", SAME),
+  "actor_rollout_ref.actor.fsdp_config.param_offload": (
+    "keep the actor's parameters in pinned host memory "
+    "between the phases that use them (generation, old "
+    "log-prob, update)",
+    SAME,
+  ),
+  "actor_rollout_ref.actor.fsdp_config.optimizer_offload": (
+    "keep the actor's optimizer state in pinned host memory between updates",
+    SAME,
+  ),
+  "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
+    "Ulysses sequence parallelism: devices of `mesh.fsdp` that split each sequence of the actor's training "
+    "and log-prob forwards (all-to-all around attention; docs/sequence_parallel.md). Must divide `mesh.fsdp` "
+    "and, times `mesh.tensor`, the query and key/value heads; micro-batches are then `devices / sp` rows "
+    "per `..._per_gpu`",
+    SAME,
+  ),
+  # ----- rollout
+  "actor_rollout_ref.rollout.name": ("generation engine", "same (verl: `vllm`, `sglang`, `hf`)"),
+  "actor_rollout_ref.rollout.temperature": ("sampling temperature (log-probs and entropy use the same scaling)", SAME),
+  "actor_rollout_ref.rollout.top_k": ("top-k sampling; -1 = off", SAME),
+  "actor_rollout_ref.rollout.top_p": ("nucleus sampling; 1.0 = off", SAME),
+  "actor_rollout_ref.rollout.n": ("samples per prompt (a GRPO group)", SAME),
+  "actor_rollout_ref.rollout.do_sample": ("sample; False = greedy", SAME),
+  "actor_rollout_ref.rollout.tensor_model_parallel_size": (
+    "tensor-parallel degree k of the generation layout (the weights are resharded for generation inside the "
+    "step): k <= `mesh.tensor` generates over `tensor` as training does; larger, a multiple of `mesh.tensor` "
+    "dividing `mesh.fsdp` x `mesh.tensor`, splits heads / mlp / vocab over `tensor` and k / tensor of the fsdp "
+    "devices and the batch over the rest (training stays FSDP); key/value heads that k does not divide are "
+    "repeated for generation",
+    SAME,
+  ),
+  "actor_rollout_ref.rollout.dtype": (
+    "compute dtype of generation (`float32` | `bfloat16`); the actor's weights "
+    "are cast once per rollout, matmuls accumulate in fp32. None = the actor's "
+    "`model.dtype`",
+    "same key (verl's default: `bfloat16`)",
+  ),
+  "actor_rollout_ref.rollout.max_num_batched_tokens": ("token budget of one generation batch", SAME),
+  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": (
+    "sequences per device per micro-batch of the "
+    "old-log-prob phase (and of the reference and "
+    "values phases unless they set theirs); None = "
+    "all at once (packed: the update's slots)",
+    SAME,
+  ),
+  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": (
+    "sequences per device per micro-batch of the reference log-prob phase; None = the rollout's",
+    SAME,
+  ),
+  "actor_rollout_ref.rollout.val_kwargs.temperature": ("validation sampling temperature", SAME),
+  "actor_rollout_ref.rollout.val_kwargs.top_k": ("validation top-k", SAME),
+  "actor_rollout_ref.rollout.val_kwargs.top_p": ("validation top-p", SAME),
+  "actor_rollout_ref.rollout.val_kwargs.n": ("validation samples per prompt (`mean@n`)", SAME),
+  "actor_rollout_ref.rollout.val_kwargs.do_sample": ("validation sampling; False = greedy", SAME),
+  "actor_rollout_ref.ref.fsdp_config.param_offload": ("keep the reference parameters in pinned host memory", SAME),
+  "actor_rollout_ref.ref.ulysses_sequence_parallel_size": (
+    "the reference's sequence parallelism; None = the actor's (it must equal it: the same module)",
+    "same key (verl's default: the actor's)",
+  ),
+  # ----- critic
+  "critic.ulysses_sequence_parallel_size": (
+    "the critic's sequence parallelism: 1 or the actor's size (one `sp` mesh axis)",
+    SAME,
+  ),
+  "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
+  "critic.cliprange_value": ("value clip range `c` (docs/algorithms.md §4; the seeds use 0.2)", SAME),
+  "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),
+  "critic.loss_scale_factor": (
+    "`seq-mean-token-sum-norm` divisor of the value loss; None = the actor's (as verl)",
+    SAME,
+  ),
+  "critic.ppo_mini_batch_size": ("prompts per critic update; None = the actor's", SAME),
+  "critic.ppo_micro_batch_size_per_gpu": ("critic micro-batch; None = the actor's", SAME),
+  "critic.forward_micro_batch_size_per_gpu": (
+    "sequences per device per micro-batch of the values phase; None = "
+    "the rollout's `log_prob_micro_batch_size_per_gpu`",
+    SAME,
+  ),
+  "critic.ppo_epochs": ("critic passes per step; None = the actor's", SAME),
+  "critic.shuffle": ("critic mini-batch shuffling; None = the actor's", SAME),
+  "critic.grad_clip": ("critic gradient-norm clip", SAME),
+  # ----- reward
+  "reward_model.enable": ("score with a learned reward model (in addition to rule rewards)", SAME),
+  "reward_model.model.path": (
+    "reward model checkpoint (HF sequence classification, num_labels=1; the "
+    "actor's tokenizer): a directory or a Hub model id",
+    SAME,
+  ),
+  "reward_model.combine_with_rule": (
+    "True: score = rule reward + reward model; False: the reward model alone",
+    "— (ours; verl uses the reward model alone when it is on)",
+  ),
+  "reward_model.on_error": (
+    "a reward function that raises, exits, crashes or times out: `raise`, or `zero` "
+    "(scores 0, counted in `reward/num_errors`)",
+    "— (ours; verl always raises)",
+  ),
+  "reward_model.num_workers": (
+    "processes that score the rule reward: `0` = the trainer's process, one sample "
+    "after another, no time limit; `N` = N worker processes (a crash or `sys.exit` "
+    "fails one sample; a dead worker is replaced); `None` = `min(8, cores)` for a "
+    "`custom_reward_function` file, `0` for the built-in rules (faster in-process)",
+    "same name (verl: 8)",
+  ),
+  "reward_model.timeout_s": (
+    "seconds a sample may take in a worker process; longer fails it (`on_error`). Not applied with `num_workers=0`",
+    "— (ours)",
+  ),
+  "reward_model.overlong_buffer.enable": (
+    "DAPO overlong shaping: linear penalty for responses entering the last `len` tokens before `max_response_length`",
+    "same (DAPO recipe)",
+  ),
+  "reward_model.overlong_buffer.len": ("tokens of the penalty buffer", "same (DAPO recipe)"),
+  "reward_model.overlong_buffer.penalty_factor": (
+    "penalty at `max_response_length` (reached linearly)",
+    "same (DAPO recipe)",
+  ),
+  "custom_reward_function.path": (
+    "Python file with a reward function; `\"\"` = the built-in ones by `data_source`",
+    "same (also top level in verl)",
+  ),
+  "custom_reward_function.name": (
+    "function name in that file, `f(data_source, solution_str, ground_truth, extra_info)`",
+    SAME,
+  ),
+  # ----- algorithm
+  "algorithm.gamma": ("discount (GAE, REINFORCE++); the seeds recommend 0.99 for PPO", SAME),
+  "algorithm.lam": ("GAE lambda; the seeds recommend 0.95", SAME),
+  "algorithm.adv_estimator": (
+    "`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, "
+    "`remax`, `opo`, `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, "
+    "`tir_optimal_token_baseline`, `grpo_vectorized`, `rloo_vectorized` "
+    "(docs/algorithms.md §3)",
+    SAME,
+  ),
+  "algorithm.gdpo_reward_keys": (
+    "`gdpo`: reward components (keys of the dict the reward function returns), each group-normalised on its own",
+    SAME,
+  ),
+  "algorithm.gdpo_reward_weights": ("`gdpo`: weight of each component in the sum; None = 1 each", SAME),
+  "algorithm.rollout_correction.rollout_is": (
+    "importance weights pi_train / pi_rollout: None (off), `token` or `sequence`",
+    SAME,
+  ),
+  "algorithm.rollout_correction.rollout_is_threshold": (
+    "`\"upper\"` truncates the weights (TIS); `\"lower_upper\"` zeroes them outside (IcePop)",
+    "same (verl also takes a float)",
+  ),
+  "algorithm.rollout_correction.rollout_is_batch_normalize": (
+    "rescale the weights to mean 1: over the batch (decoupled mode) or the micro-batch (bypass mode)",
+    SAME,
+  ),
+  "algorithm.rollout_correction.rollout_rs": (
+    "rejection: comma-separated `token_k1/k2/k3`, `seq_sum_k1/k2/k3`, `seq_mean_k1/k2/k3`, `seq_max_k2/k3`; None = off",
+    SAME,
+  ),
+  "algorithm.rollout_correction.rollout_rs_threshold": (
+    "one threshold, or one per `rollout_rs` option (comma-separated; k1 takes ratio bounds `lower_upper`)",
+    "same (verl also takes a float)",
+  ),
+  "algorithm.rollout_correction.bypass_mode": (
+    "True: the rollout's log-probs serve as `old_log_prob` and `loss_mode` becomes `bypass_mode`",
+    SAME,
+  ),
+  "algorithm.rollout_correction.loss_type": (
+    "bypass mode loss: `ppo_clip` (the ratio is the correction) or `reinforce` (-A * log-prob * weight)",
+    SAME,
+  ),
+  "algorithm.norm_adv_by_std_in_grpo": ("GRPO divides by the group std; False = Dr.GRPO", SAME),
+  "algorithm.use_kl_in_reward": ("subtract `beta * KL` from the token rewards", SAME),
+  "algorithm.kl_penalty": (
+    "KL estimator for the in-reward penalty (as `kl_loss_type`; `full` runs the "
+    "reference in the old-log-prob phase, which then replaces the ref phase)",
+    "same, and `full` works here (verl 0.9.1 raises on it)",
+  ),
+  "algorithm.kl_ctrl.type": ("`fixed` or `adaptive` coefficient (docs/algorithms.md §2; checkpointed)", SAME),
+  "algorithm.kl_ctrl.kl_coef": ("initial in-reward KL coefficient `beta`", SAME),
+  "algorithm.kl_ctrl.horizon": ("adaptive controller horizon", SAME),
+  "algorithm.kl_ctrl.target_kl": ("adaptive controller target", SAME),
+  "algorithm.filter_groups.enable": (
+    "DAPO dynamic sampling: drop groups whose `metric` is equal for every "
+    "sample, generate more until the batch is full",
+    "same (DAPO recipe)",
+  ),
+  "algorithm.filter_groups.metric": ("`score` or `seq_reward`", "same (DAPO recipe; verl also has `acc`)"),
+  "algorithm.filter_groups.max_num_gen_batches": (
+    "generation rounds allowed per step; 0 = no limit",
+    "same (DAPO recipe)",
+  ),
+  # ----- trainer
+  "trainer.total_epochs": ("passes over the training prompts (unless `total_training_steps`)", SAME),
+  "trainer.total_training_steps": ("steps to run; None = epochs x batches per epoch", SAME),
+  "trainer.project_name": ("run directory `<default_local_dir>/<project>/<experiment>`, tracker project", SAME),
+  "trainer.experiment_name": ("run name", SAME),
+  "trainer.logger": (
+    "sinks: `console`, `jsonl`, `wandb`, `tensorboard`, `mlflow`",
+    "same (verl has no `jsonl`; its file logger differs)",
+  ),
+  "trainer.save_freq": ("checkpoint every N steps (and at the end); -1 = never", SAME),
+  "trainer.test_freq": ("validate every N steps (and at the end); -1 = never", SAME),
+  "trainer.val_before_train": ("validate once before the first step", SAME),
+  "trainer.critic_warmup": ("steps that update only the critic", SAME),
+  "trainer.resume_mode": ("`auto` (latest checkpoint of the run), `disable`, `resume_path`", SAME),
+  "trainer.resume_from_path": ("`.../global_step_N` for `resume_mode=resume_path`", SAME),
+  "trainer.default_local_dir": (
+    "root of run directories (checkpoints, metrics.jsonl, plots)",
+    "same (verl's default already includes project/experiment)",
+  ),
+  "trainer.max_actor_ckpt_to_keep": ("checkpoints kept; None = all", SAME),
+  "trainer.save_hf": (
+    "also export the actor (and critic) in HF format at every save, into `<run dir>/huggingface/global_step_N`",
+    "— (ours; verl converts afterwards with its model merger)",
+  ),
+  "trainer.seed": ("seed of initialisation, sampling and mini-batch shuffling", "— (ours; verl seeds per worker)"),
+  "trainer.plot": ("write `<run dir>/metrics.png` at the end (needs the `jsonl` logger)", "— (ours)"),
+  "trainer.fuse_step": (
+    "True: one compiled program per step; False: phased mode, one jit per stage with `timing_s/*` (same numbers)",
+    "— (ours; verl always runs phases)",
+  ),
+  "trainer.log_val_generations": (
+    "validation samples written to `<run dir>/val_generations.jsonl`",
+    "same (verl logs them to the tracker)",
+  ),
+  "trainer.peak_flops_per_device": (
+    "peak FLOP/s of one device for `perf/mfu/*` (`actor`, `critic`: the update "
+    "phases, phased mode; `step`: the fused step); None = the known "
+    "accelerator table, or measured once on CPU",
+    "— (ours)",
+  ),
+  "trainer.prometheus_port": (
+    "serve metrics as Prometheus gauges on this port; None = off, 0 = any free port",
+    "— (ours)",
+  ),
+  "trainer.profile_steps": (
+    "global steps (from 1) traced with `jax.profiler` into `<run dir>/profile`",
+    "`global_profiler.steps` (older verl: `trainer.profile_steps`, nsys)",
+  ),
+  "trainer.guard.enable": (
+    "on a KL blow-up or reward collapse: restore the last checkpoint, scale the lr by "
+    "`lr_backoff`, continue (the seeds' rollback practice)",
+    "— (ours)",
+  ),
+  "trainer.guard.kl_max": ("KL above this triggers a rollback (seeds: 0.1)", "— (ours)"),
+  "trainer.guard.reward_drop": (
+    "relative drop of `critic/score/mean` below its moving average that triggers a rollback (seeds: 20%)",
+    "— (ours)",
+  ),
+  "trainer.guard.reward_window": ("steps in that moving average", "— (ours)"),
+  "trainer.guard.lr_backoff": ("learning-rate factor applied at each rollback", "— (ours)"),
+  "trainer.guard.max_rollbacks": ("stop with an error after this many rollbacks", "— (ours)"),
+  "trainer.guard.kl_warmup_steps_ratio": (
+    "no KL term (loss or reward) for this fraction of the first steps (seeds: 5%)",
+    "— (ours)",
+  ),
+  # ----- mesh
+  "mesh.data": (
+    "devices along the pure data-parallel axis; -1 = fill",
+    "— (ours; verl: `trainer.n_gpus_per_node` x `trainer.nnodes`)",
+  ),
+  "mesh.fsdp": (
+    "devices along the fully-sharded data-parallel axis; -1 = fill (product of the axes = device count)",
+    "— (ours; verl: `actor.fsdp_config.fsdp_size`)",
+  ),
+  "mesh.tensor": (
+    "devices along the tensor-parallel axis (training layout)",
+    "— (ours; verl's training TP is Megatron's `tensor_model_parallel_size`)",
+  ),
 }
 
 _SECTION_TITLES = {
-    "data": "Data", "actor_rollout_ref": "Actor, rollout and reference", "critic": "Critic",
-    "reward_model": "Reward model", "custom_reward_function": "Custom reward function", "algorithm": "Algorithm",
-    "trainer": "Trainer", "mesh": "Mesh",
+  "data": "Data",
+  "actor_rollout_ref": "Actor, rollout and reference",
+  "critic": "Critic",
+  "reward_model": "Reward model",
+  "custom_reward_function": "Custom reward function",
+  "algorithm": "Algorithm",
+  "trainer": "Trainer",
+  "mesh": "Mesh",
 }
 
 
@@ -375,15 +523,20 @@ def describe(key: str) -> tuple[str, str]:
   """(meaning, verl equivalent) of a key; raises KeyError for an undocumented key."""
   if key in _DOCS:
     return _DOCS[key]
-  for section, table in (("actor_rollout_ref.model.", _MODEL), ("critic.model.", _MODEL),
-                         ("actor_rollout_ref.actor.optim.", _OPTIM), ("critic.optim.", _OPTIM)):
-    if key.startswith(section) and key[len(section):] in table:
-      meaning, verl = table[key[len(section):]]
+  for section, table in (
+    ("actor_rollout_ref.model.", _MODEL),
+    ("critic.model.", _MODEL),
+    ("actor_rollout_ref.actor.optim.", _OPTIM),
+    ("critic.optim.", _OPTIM),
+  ):
+    if key.startswith(section) and key[len(section) :] in table:
+      meaning, verl = table[key[len(section) :]]
       if section.startswith("critic.model.") and key.endswith(".path"):
-        meaning = ("critic checkpoint (a directory or a Hub model id); `\"\"` = the actor's `model.path` with a "
-                   "fresh value head")
-      if section.startswith("critic.model.") and key[len(section):] in _CRITIC_MODEL:
-        meaning = _CRITIC_MODEL[key[len(section):]]
+        meaning = (
+          "critic checkpoint (a directory or a Hub model id); `\"\"` = the actor's `model.path` with a fresh value head"
+        )
+      if section.startswith("critic.model.") and key[len(section) :] in _CRITIC_MODEL:
+        meaning = _CRITIC_MODEL[key[len(section) :]]
       return meaning, verl
   raise KeyError(f"config key '{key}' has no entry in docs/gen_config_md.py; add its meaning and verl name")
 
@@ -459,26 +612,31 @@ Deliberate differences (each is an input verl never produces, or a choice the co
 def render(config: ml_collections.ConfigDict | None = None) -> str:
   config = config if config is not None else get_base_config()
   lines = [
-      "# Configuration reference",
-      "",
-      "Every key of the config tree (`jaxrlhf.config.get_base_config()`, docs/algorithms.md §6), its default,",
-      "what it does, and its name in verl. \"same\" means verl has exactly this key, so a verl command line's",
-      "overrides carry over as `--config.<key>=<value>`; \"— (ours)\" marks keys verl does not have.",
-      "It names the key only: where the *behaviour* is tested to equal verl 0.9.1's, and where it",
-      "deliberately differs, is listed at the end (\"Parity with verl 0.9.1\").",
-      "`None` defaults are typed placeholders: the type column says what a value must be. Keys marked",
-      "**not implemented** are accepted with their default only (`jaxrlhf.config.NOT_IMPLEMENTED`).",
-      "",
-      "Generated by `python docs/gen_config_md.py` from the config tree; do not edit by hand",
-      "(tests/docs/test_config_docs.py fails when this file and the tree disagree).",
+    "# Configuration reference",
+    "",
+    "Every key of the config tree (`jaxrlhf.config.get_base_config()`, docs/algorithms.md §6), its default,",
+    "what it does, and its name in verl. \"same\" means verl has exactly this key, so a verl command line's",
+    "overrides carry over as `--config.<key>=<value>`; \"— (ours)\" marks keys verl does not have.",
+    "It names the key only: where the *behaviour* is tested to equal verl 0.9.1's, and where it",
+    "deliberately differs, is listed at the end (\"Parity with verl 0.9.1\").",
+    "`None` defaults are typed placeholders: the type column says what a value must be. Keys marked",
+    "**not implemented** are accepted with their default only (`jaxrlhf.config.NOT_IMPLEMENTED`).",
+    "",
+    "Generated by `python docs/gen_config_md.py` from the config tree; do not edit by hand",
+    "(tests/docs/test_config_docs.py fails when this file and the tree disagree).",
   ]
   section = None
   for key, value, type_name in walk(config):
     top = key.split(".")[0]
     if top != section:
       section = top
-      lines += ["", f"## {_SECTION_TITLES.get(top, top)} (`{top}`)", "",
-                "| key | default | type | meaning | verl |", "|---|---|---|---|---|"]
+      lines += [
+        "",
+        f"## {_SECTION_TITLES.get(top, top)} (`{top}`)",
+        "",
+        "| key | default | type | meaning | verl |",
+        "|---|---|---|---|---|",
+      ]
     meaning, verl = describe(key)
     if key in NOT_IMPLEMENTED:
       default, instead = NOT_IMPLEMENTED[key]

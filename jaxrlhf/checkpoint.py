@@ -59,8 +59,9 @@ def _without_reference(state):
 def _layer_sharding(sharding):
   """One layer's sharding of a stacked leaf: without the leading layer axis."""
   if isinstance(sharding, jax.sharding.NamedSharding):
-    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:]),
-                                      memory_kind=sharding.memory_kind)
+    return jax.sharding.NamedSharding(
+      sharding.mesh, jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:]), memory_kind=sharding.memory_kind
+    )
   return sharding
 
 
@@ -71,8 +72,9 @@ def _abstract_layer(leaf: jax.ShapeDtypeStruct, _: int) -> jax.ShapeDtypeStruct:
 def _abstract_stack(leaves: list) -> jax.ShapeDtypeStruct:
   sharding = leaves[0].sharding
   if isinstance(sharding, jax.sharding.NamedSharding):
-    sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(None, *sharding.spec),
-                                          memory_kind=sharding.memory_kind)
+    sharding = jax.sharding.NamedSharding(
+      sharding.mesh, jax.sharding.PartitionSpec(None, *sharding.spec), memory_kind=sharding.memory_kind
+    )
   return jax.ShapeDtypeStruct((len(leaves),) + tuple(leaves[0].shape), leaves[0].dtype, sharding=sharding)
 
 
@@ -81,8 +83,11 @@ class _OrbaxSaveErrors(logging.Filter):
   the user once, as the CheckpointError `Checkpointer` raises. JAXRLHF_DEBUG=1 (or `-v`) keeps them."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return (record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
-            or bool(os.environ.get("JAXRLHF_DEBUG")))
+    return (
+      record.levelno < logging.ERROR
+      or f"{os.sep}orbax{os.sep}" not in record.pathname
+      or bool(os.environ.get("JAXRLHF_DEBUG"))
+    )
 
 
 _ORBAX_SAVE_ERRORS = _OrbaxSaveErrors()
@@ -94,8 +99,12 @@ def _is_abandoned_write_callback(unraisable) -> bool:
   which Python reports as an unraisable RuntimeError ("Event loop is closed") with a bare traceback. That failure
   is the save's, already raised once as a CheckpointError."""
   frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(unraisable.exc_traceback)]
-  return (unraisable.object is None and unraisable.exc_type is RuntimeError
-          and str(unraisable.exc_value) == "Event loop is closed" and "call_soon_threadsafe" in frames)
+  return (
+    unraisable.object is None
+    and unraisable.exc_type is RuntimeError
+    and str(unraisable.exc_value) == "Event loop is closed"
+    and "call_soon_threadsafe" in frames
+  )
 
 
 def _drop_abandoned_write_callbacks(previous_hook):
@@ -144,10 +153,12 @@ class Checkpointer:
     absl_logging.get_absl_logger().addFilter(_ORBAX_SAVE_ERRORS)  # once: a filter is kept in a set
     _install_unraisable_filter()
     self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, step_prefix=STEP_PREFIX,
-                                             enable_async_checkpointing=async_save, create=True),
-        item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
+      self.directory,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, step_prefix=STEP_PREFIX, enable_async_checkpointing=async_save, create=True
+      ),
+      item_handlers={"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()},
+    )
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -158,8 +169,10 @@ class Checkpointer:
   def save(self, step: int, state, meta: dict) -> None:
     self.wait()  # the previous save's failure is named as that save's, not this one's
     with self._save_failure(step):
-      self._manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(_without_reference(state)), meta=ocp.args.JsonSave(meta)))
+      self._manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(_without_reference(state)), meta=ocp.args.JsonSave(meta)),
+      )
     self._pending = step
 
   @contextlib.contextmanager
@@ -173,11 +186,15 @@ class Checkpointer:
     except Exception as error:  # noqa: BLE001  (any failure to write means the same to the user)
       self._failed = True
       good = [s for s in self._manager.all_steps() if s != step]
-      last = (f"the last good checkpoint is {self.step_dir(max(good))}" if good
-              else "no checkpoint of this run was saved before it")
-      raise CheckpointError(f"saving checkpoint {self.step_dir(step)} failed: {_failure_text(error)}; {last}",
-                            hint="free space (or fix the path) and start again with trainer.resume_mode=auto"
-                            ) from error
+      last = (
+        f"the last good checkpoint is {self.step_dir(max(good))}"
+        if good
+        else "no checkpoint of this run was saved before it"
+      )
+      raise CheckpointError(
+        f"saving checkpoint {self.step_dir(step)} failed: {_failure_text(error)}; {last}",
+        hint="free space (or fix the path) and start again with trainer.resume_mode=auto",
+      ) from error
 
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, f"{STEP_PREFIX}_{step}")
@@ -191,18 +208,21 @@ class Checkpointer:
     (the run's) that differs from the checkpoint's.
     """
     abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state))
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state)
+    )
     with _unreadable_as_checkpoint_error(self.step_dir(step)):
       # The saved tree's structure, from its metadata (the manager knows item types only after a save).
       saved_tree = ocp.StandardCheckpointHandler().metadata(epath.Path(self.step_dir(step)) / "state").tree
       saved, wanted = layer_layout(saved_tree), layer_layout(abstract)
       convert = saved is not None and wanted is not None and saved != wanted
       if convert:
-        abstract = (unstack_layers(abstract, _abstract_layer) if saved == "unstacked"
-                    else stack_layers(abstract, _abstract_stack))
+        abstract = (
+          unstack_layers(abstract, _abstract_layer) if saved == "unstacked" else stack_layers(abstract, _abstract_stack)
+        )
       try:
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        restored = self._manager.restore(
+          step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
+        )
       except Exception as e:  # noqa: BLE001  (a state that does not fit is told apart from a damaged file)
         mismatch = self._mismatch(step, saved_tree, abstract, config)
         if mismatch is not None:
@@ -224,8 +244,10 @@ class Checkpointer:
   def _mismatch(self, step: int, saved_tree, abstract, config) -> CheckpointError | None:
     """Why checkpoint `step`'s arrays do not fit `abstract`: the settings that differ, else the arrays (None:
     they fit, so the checkpoint itself is damaged)."""
-    shapes = lambda tree: {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
-                           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    shapes = lambda tree: {
+      jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+      for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
     saved, wanted = shapes(saved_tree), shapes(abstract)
     arrays = sorted(path for path in saved.keys() | wanted.keys() if saved.get(path) != wanted.get(path))
     if not arrays:
@@ -240,11 +262,13 @@ class Checkpointer:
     where = f"checkpoint {self.step_dir(step)} does not fit this run's state"
     hint = "resume with the checkpoint's settings, or start a new trainer.experiment_name"
     if settings:
-      return CheckpointError(f"{where}: {len(settings)} setting(s) differ from the checkpoint's: "
-                             + "; ".join(settings), hint=hint)
+      return CheckpointError(
+        f"{where}: {len(settings)} setting(s) differ from the checkpoint's: " + "; ".join(settings), hint=hint
+      )
     shown = [f"{path} {saved.get(path, 'absent')} saved, {wanted.get(path, 'absent')} now" for path in arrays[:5]]
-    return CheckpointError(f"{where}: {len(arrays)} array(s) differ: " + "; ".join(shown)
-                           + ("; ..." if len(arrays) > 5 else ""), hint=hint)
+    return CheckpointError(
+      f"{where}: {len(arrays)} array(s) differ: " + "; ".join(shown) + ("; ..." if len(arrays) > 5 else ""), hint=hint
+    )
 
   def set_aside(self, step: int) -> str:
     """Renames an unreadable step folder to `unreadable_global_step_N[.K]` (kept, no longer a step); returns it."""
@@ -292,8 +316,9 @@ def _unreadable_as_checkpoint_error(step_dir: str):
     raise
   except Exception as e:  # noqa: BLE001  (any failure to read it means the same thing to the user)
     detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-    raise CheckpointError(f"checkpoint {step_dir} cannot be read (a truncated or damaged file?): "
-                          f"{type(e).__name__}: {detail}") from e
+    raise CheckpointError(
+      f"checkpoint {step_dir} cannot be read (a truncated or damaged file?): {type(e).__name__}: {detail}"
+    ) from e
 
 
 _ABSENT = object()
@@ -302,16 +327,20 @@ _ABSENT = object()
 def config_differences(saved: dict, current: dict) -> list[str]:
   """'key: <saved> in the checkpoint, <current> now' for every setting of two config dicts (as the checkpoint's
   JSON holds them) that differs; the resume keys aside, which say how to resume rather than what was trained."""
+
   def flat(tree, prefix=""):
     if not isinstance(tree, dict):
       return {prefix[:-1]: tree}
     return {k: v for key, value in tree.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+
   old, new = flat(saved), flat(current)
-  keys = sorted(key for key in old.keys() | new.keys()
-                if old.get(key, _ABSENT) != new.get(key, _ABSENT) and not key.startswith("trainer.resume_"))
+  keys = sorted(
+    key
+    for key in old.keys() | new.keys()
+    if old.get(key, _ABSENT) != new.get(key, _ABSENT) and not key.startswith("trainer.resume_")
+  )
   show = lambda value: "absent" if value is _ABSENT else repr(value)
-  return [f"{key}: {show(old.get(key, _ABSENT))} in the checkpoint, {show(new.get(key, _ABSENT))} now"
-          for key in keys]
+  return [f"{key}: {show(old.get(key, _ABSENT))} in the checkpoint, {show(new.get(key, _ABSENT))} now" for key in keys]
 
 
 def _named(key: str, path: str) -> str:
@@ -323,23 +352,25 @@ def split_step_dir(path: str, key: str = "trainer.resume_from_path") -> tuple[st
   """'/runs/p/e/global_step_40' -> ('/runs/p/e', 40); errors name the path and the `key` (flag) it came from."""
   path = os.path.abspath(path.rstrip("/"))
   name = os.path.basename(path)
-  if not name.startswith(STEP_PREFIX + "_") or not name[len(STEP_PREFIX) + 1:].isdigit():
+  if not name.startswith(STEP_PREFIX + "_") or not name[len(STEP_PREFIX) + 1 :].isdigit():
     raise CheckpointError(f"{_named(key, path)} must be a '{STEP_PREFIX}_<N>' checkpoint directory")
   if not os.path.isdir(path):
     raise CheckpointError(f"{_named(key, path)} does not exist")
-  return os.path.dirname(path), int(name[len(STEP_PREFIX) + 1:])
+  return os.path.dirname(path), int(name[len(STEP_PREFIX) + 1 :])
 
 
 def read_checkpoint(step_dir: str, key: str = "trainer.resume_from_path"):
   """(raw state dict of numpy/jax arrays, meta dict, config) of a `global_step_N` directory."""
   run_dir, step = split_step_dir(step_dir, key)
-  with ocp.CheckpointManager(run_dir, options=ocp.CheckpointManagerOptions(step_prefix=STEP_PREFIX),
-                             item_names=("state", "meta")) as manager:
+  with ocp.CheckpointManager(
+    run_dir, options=ocp.CheckpointManagerOptions(step_prefix=STEP_PREFIX), item_names=("state", "meta")
+  ) as manager:
     if step not in manager.all_steps():
       raise CheckpointError(f"{_named(key, step_dir)} is not a finished jaxrlhf checkpoint")
     with _unreadable_as_checkpoint_error(os.path.abspath(step_dir)):
-      restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                               meta=ocp.args.JsonRestore()))
+      restored = manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+      )
   config = ml_collections.ConfigDict(json.loads(restored.meta["config"]))
   return restored.state, restored.meta, config
 
@@ -372,6 +403,7 @@ def stack_layers(tree, stack=None):
     rest = {k: v for k, v in node.items() if not _LAYER_KEY.match(str(k))}
     layers = [node[f"layers_{i}"] for i in indices]
     return {**rest, "layers": jax.tree.map(lambda *leaves: stack(list(leaves)), *layers)}
+
   return jax.tree.map(convert, tree, is_leaf=_is_unstacked)
 
 
@@ -385,15 +417,21 @@ def unstack_layers(tree, unstack=None):
       return node
     rest = {k: v for k, v in node.items() if k != "layers"}
     num_layers = jax.tree.leaves(node["layers"])[0].shape[0]
-    return {**rest, **{f"layers_{i}": jax.tree.map(lambda leaf, i=i: unstack(leaf, i), node["layers"])
-                       for i in range(num_layers)}}
+    return {
+      **rest,
+      **{f"layers_{i}": jax.tree.map(lambda leaf, i=i: unstack(leaf, i), node["layers"]) for i in range(num_layers)},
+    }
+
   return jax.tree.map(convert, tree, is_leaf=_is_stacked)
 
 
 def layer_layout(tree) -> str | None:
-  """"stacked" (`layers/...`), "unstacked" (`layers_<i>/...`) or None (no layers) of a tree of nested dicts
+  """ "stacked" (`layers/...`), "unstacked" (`layers_<i>/...`) or None (no layers) of a tree of nested dicts
   (and other pytree nodes); the first group found decides."""
   found = []
-  jax.tree.map(lambda node: found.append("stacked" if _is_stacked(node) else "unstacked" if _is_unstacked(node)
-                                         else None), tree, is_leaf=lambda n: _is_stacked(n) or _is_unstacked(n))
+  jax.tree.map(
+    lambda node: found.append("stacked" if _is_stacked(node) else "unstacked" if _is_unstacked(node) else None),
+    tree,
+    is_leaf=lambda n: _is_stacked(n) or _is_unstacked(n),
+  )
   return next((layout for layout in found if layout), None)

@@ -60,6 +60,7 @@ def add_verbose_flag(parser) -> None:
 
 # ----- absl programs (train.py, jaxrlhf.aot): --config and --config.<key>=<value> flags ---------------
 
+
 def _take_verbose(argv: list[str]) -> bool:
   """Removes `--verbose` and a bare `-v` (absl's `-v N` sets the log verbosity and stays)."""
   found = False
@@ -83,11 +84,12 @@ def _flag_value(argv: list[str], name: str) -> str | None:
 def _unknown_override(argv: list[str]) -> str | None:
   """The message for the first `--config.<key>=` whose key is not in the config tree, if any."""
   from jaxrlhf.config import all_keys  # here, not at the top: jaxrlhf.aot sets up its devices before JAX loads
+
   keys = all_keys()
   for arg in argv:
     if not arg.startswith("--config."):
       continue
-    key = arg[len("--config."):].split("=", 1)[0]
+    key = arg[len("--config.") :].split("=", 1)[0]
     if key in keys or any(k.startswith(key + ".") for k in keys):
       continue
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
@@ -128,7 +130,7 @@ def _config_override_key(arg: str) -> str | None:
   """The key of a `--config.<key>=<value>` flag; None for any other argument."""
   if not arg.startswith("--config.") or "=" not in arg:
     return None
-  return arg[len("--config."):].split("=", 1)[0]
+  return arg[len("--config.") :].split("=", 1)[0]
 
 
 def last_override_wins(argv: list[str]) -> list[str]:
@@ -139,11 +141,14 @@ def last_override_wins(argv: list[str]) -> list[str]:
   every other flag keep the last value, so these do too.
   """
   last = {key: i for i, key in enumerate(map(_config_override_key, argv)) if key is not None}
-  return [arg for i, arg in enumerate(argv) if _config_override_key(arg) is None or last[_config_override_key(arg)] == i]
+  return [
+    arg for i, arg in enumerate(argv) if _config_override_key(arg) is None or last[_config_override_key(arg)] == i
+  ]
 
 
-def absl_main(prog: str, main: Callable[[list[str]], object], argv: list[str] | None = None,
-              default_config: str | None = None) -> None:
+def absl_main(
+  prog: str, main: Callable[[list[str]], object], argv: list[str] | None = None, default_config: str | None = None
+) -> None:
   """`absl.app.run(main)` with the one error style, for flag and config-file errors as well.
 
   `default_config`: the config file `--config.<key>=` flags apply to when `--config` is not given.
@@ -156,8 +161,11 @@ def absl_main(prog: str, main: Callable[[list[str]], object], argv: list[str] | 
   def parse_flags(args):
     config_path = _flag_value(args, "config")
     if config_path is not None and not os.path.isfile(_config_file(config_path)):
-      fail(prog, f"--config {config_path!r}: no such file", "configs/ holds the shipped configs, e.g. "
-           "--config configs/quickstart.py")
+      fail(
+        prog,
+        f"--config {config_path!r}: no such file",
+        "configs/ holds the shipped configs, e.g. --config configs/quickstart.py",
+      )
     try:
       return flags.FLAGS(args)
     except flags.Error as error:

@@ -41,8 +41,10 @@ def resolve_target_modules(target_modules, key: str = "target_modules") -> tuple
   names = tuple(target_modules)
   unknown = [name for name in names if name not in TARGET_MODULES]
   if unknown or not names:
-    raise ValueError(f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(TARGET_MODULES)}"
-                     + (f" (unknown: {unknown})" if unknown else ""))
+    raise ValueError(
+      f"'{key}'={target_modules!r}: expected 'all-linear' or a list of {list(TARGET_MODULES)}"
+      + (f" (unknown: {unknown})" if unknown else "")
+    )
   return tuple(name for name in TARGET_MODULES if name in names)
 
 
@@ -51,7 +53,8 @@ class ConfigError(UserError, ValueError):
 
 
 def _optim(lr: float) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(
+    dict(
       lr=lr,
       betas=(0.9, 0.999),
       eps=1e-8,
@@ -61,25 +64,27 @@ def _optim(lr: float) -> ml_collections.ConfigDict:
       lr_scheduler_type="constant",  # constant | cosine
       min_lr_ratio=0.0,
       num_cycles=0.5,  # cosine waves over the decay (0.5: from lr down to the floor once)
-  ))
+    )
+  )
 
 
 def _model() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(
+    dict(
       path="",  # HF checkpoint directory; "" = initialise from override_config
       # HF config.json names; used when `path` is empty (tiny models, tests) and to override a loaded config.
       override_config=dict(
-          vocab_size=_placeholder(int),
-          hidden_size=_placeholder(int),
-          intermediate_size=_placeholder(int),
-          num_hidden_layers=_placeholder(int),
-          num_attention_heads=_placeholder(int),
-          num_key_value_heads=_placeholder(int),
-          head_dim=_placeholder(int),
-          rope_theta=_placeholder(float),
-          rms_norm_eps=_placeholder(float),
-          tie_word_embeddings=_placeholder(bool),
-          max_position_embeddings=_placeholder(int),
+        vocab_size=_placeholder(int),
+        hidden_size=_placeholder(int),
+        intermediate_size=_placeholder(int),
+        num_hidden_layers=_placeholder(int),
+        num_attention_heads=_placeholder(int),
+        num_key_value_heads=_placeholder(int),
+        head_dim=_placeholder(int),
+        rope_theta=_placeholder(float),
+        rms_norm_eps=_placeholder(float),
+        tie_word_embeddings=_placeholder(bool),
+        max_position_embeddings=_placeholder(int),
       ),
       use_remove_padding=False,
       enable_gradient_checkpointing=False,
@@ -97,7 +102,8 @@ def _model() -> ml_collections.ConfigDict:
       logits_chunk_size=2048,
       dtype="float32",  # compute dtype
       param_dtype="float32",
-  ))
+    )
+  )
 
 
 def get_base_config() -> ml_collections.ConfigDict:
@@ -105,161 +111,170 @@ def get_base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   config.data = dict(
-      train_files=("",),
-      val_files=("",),
-      tokenizer="",  # "" = the actor model's path; "builtin:<task>" for the built-in tasks
-      prompt_key="prompt",
-      reward_fn_key="data_source",
-      max_prompt_length=512,
-      max_response_length=512,
-      train_batch_size=1024,
-      gen_batch_size=_placeholder(int),  # DAPO dynamic sampling: prompts generated per round (None = train_batch_size)
-      val_batch_size=_placeholder(int),  # None = the whole validation set in one batch
-      shuffle=True,
-      seed=1,
-      truncation="error",  # error | left | right | middle
-      filter_overlong_prompts=False,
-      # Beyond verl: pad each batch's prompts to its longest prompt rounded up to a length bucket
-      # (rollout.buckets.prompt_length_buckets), not always to max_prompt_length. False = verl's padding.
-      bucket_prompt_lengths=True,
+    train_files=("",),
+    val_files=("",),
+    tokenizer="",  # "" = the actor model's path; "builtin:<task>" for the built-in tasks
+    prompt_key="prompt",
+    reward_fn_key="data_source",
+    max_prompt_length=512,
+    max_response_length=512,
+    train_batch_size=1024,
+    gen_batch_size=_placeholder(int),  # DAPO dynamic sampling: prompts generated per round (None = train_batch_size)
+    val_batch_size=_placeholder(int),  # None = the whole validation set in one batch
+    shuffle=True,
+    seed=1,
+    truncation="error",  # error | left | right | middle
+    filter_overlong_prompts=False,
+    # Beyond verl: pad each batch's prompts to its longest prompt rounded up to a length bucket
+    # (rollout.buckets.prompt_length_buckets), not always to max_prompt_length. False = verl's padding.
+    bucket_prompt_lengths=True,
   )
 
   config.actor_rollout_ref = dict(
-      model=_model(),
-      actor=dict(
-          ppo_mini_batch_size=256,  # prompts; times rollout.n sequences
-          ppo_micro_batch_size_per_gpu=_placeholder(int),  # None = the whole per-device mini-batch
-          use_dynamic_bsz=False,
-          ppo_max_token_len_per_gpu=16384,
-          clip_ratio=0.2,
-          clip_ratio_low=_placeholder(float),
-          clip_ratio_high=_placeholder(float),
-          clip_ratio_c=3.0,
-          # loss_mode: vanilla | gspo | gpg | cispo | geo_mean | clip_cov | kl_cov (+ registered ones)
-          policy_loss=dict(loss_mode="vanilla", clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0,
-                           kl_cov_ratio=0.0002, ppo_kl_coef=0.1, dro_beta=_placeholder(float)),
-          loss_agg_mode="token-mean",
-          loss_scale_factor=_placeholder(float),  # seq-mean-token-sum-norm divisor; None = padded response length
-          tau_pos=1.0,  # sapo gate temperature where A > 0
-          tau_neg=1.05,  # sapo gate temperature where A <= 0
-          entropy_coeff=0.0,
-          use_kl_loss=False,
-          kl_loss_coef=0.001,
-          kl_loss_type="low_var_kl",
-          ppo_epochs=1,
-          shuffle=False,
-          grad_clip=1.0,
-          optim=_optim(1e-6),
-          fsdp_config=dict(param_offload=False, optimizer_offload=False),
-          ulysses_sequence_parallel_size=1,  # devices of mesh.fsdp that split each sequence (Ulysses)
+    model=_model(),
+    actor=dict(
+      ppo_mini_batch_size=256,  # prompts; times rollout.n sequences
+      ppo_micro_batch_size_per_gpu=_placeholder(int),  # None = the whole per-device mini-batch
+      use_dynamic_bsz=False,
+      ppo_max_token_len_per_gpu=16384,
+      clip_ratio=0.2,
+      clip_ratio_low=_placeholder(float),
+      clip_ratio_high=_placeholder(float),
+      clip_ratio_c=3.0,
+      # loss_mode: vanilla | gspo | gpg | cispo | geo_mean | clip_cov | kl_cov (+ registered ones)
+      policy_loss=dict(
+        loss_mode="vanilla",
+        clip_cov_ratio=0.0002,
+        clip_cov_lb=1.0,
+        clip_cov_ub=5.0,
+        kl_cov_ratio=0.0002,
+        ppo_kl_coef=0.1,
+        dro_beta=_placeholder(float),
       ),
-      rollout=dict(
-          name="jax",
-          temperature=1.0,
-          top_k=-1,
-          top_p=1.0,
-          n=1,
-          do_sample=True,
-          tensor_model_parallel_size=1,
-          dtype=_placeholder(str),  # generation compute dtype: float32 | bfloat16; None = actor's model.dtype
-          max_num_batched_tokens=8192,
-          log_prob_micro_batch_size_per_gpu=_placeholder(int),
-          val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
-      ),
-      ref=dict(fsdp_config=dict(param_offload=False),
-               log_prob_micro_batch_size_per_gpu=_placeholder(int),
-               ulysses_sequence_parallel_size=_placeholder(int)),  # None = the actor's
+      loss_agg_mode="token-mean",
+      loss_scale_factor=_placeholder(float),  # seq-mean-token-sum-norm divisor; None = padded response length
+      tau_pos=1.0,  # sapo gate temperature where A > 0
+      tau_neg=1.05,  # sapo gate temperature where A <= 0
+      entropy_coeff=0.0,
+      use_kl_loss=False,
+      kl_loss_coef=0.001,
+      kl_loss_type="low_var_kl",
+      ppo_epochs=1,
+      shuffle=False,
+      grad_clip=1.0,
+      optim=_optim(1e-6),
+      fsdp_config=dict(param_offload=False, optimizer_offload=False),
+      ulysses_sequence_parallel_size=1,  # devices of mesh.fsdp that split each sequence (Ulysses)
+    ),
+    rollout=dict(
+      name="jax",
+      temperature=1.0,
+      top_k=-1,
+      top_p=1.0,
+      n=1,
+      do_sample=True,
+      tensor_model_parallel_size=1,
+      dtype=_placeholder(str),  # generation compute dtype: float32 | bfloat16; None = actor's model.dtype
+      max_num_batched_tokens=8192,
+      log_prob_micro_batch_size_per_gpu=_placeholder(int),
+      val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
+    ),
+    ref=dict(
+      fsdp_config=dict(param_offload=False),
+      log_prob_micro_batch_size_per_gpu=_placeholder(int),
+      ulysses_sequence_parallel_size=_placeholder(int),
+    ),  # None = the actor's
   )
 
   config.critic = dict(
-      enable=_placeholder(bool),  # None = on exactly when adv_estimator == "gae"
-      model=_model(),
-      optim=_optim(1e-5),
-      cliprange_value=0.5,
-      loss_agg_mode=_placeholder(str),  # None = actor's
-      loss_scale_factor=_placeholder(float),  # None = actor's (as verl)
-      ppo_mini_batch_size=_placeholder(int),  # None = actor's
-      ppo_micro_batch_size_per_gpu=_placeholder(int),
-      forward_micro_batch_size_per_gpu=_placeholder(int),  # the values phase; None = as log-probs (below)
-      ppo_epochs=_placeholder(int),
-      shuffle=_placeholder(bool),
-      grad_clip=1.0,
-      ulysses_sequence_parallel_size=1,
+    enable=_placeholder(bool),  # None = on exactly when adv_estimator == "gae"
+    model=_model(),
+    optim=_optim(1e-5),
+    cliprange_value=0.5,
+    loss_agg_mode=_placeholder(str),  # None = actor's
+    loss_scale_factor=_placeholder(float),  # None = actor's (as verl)
+    ppo_mini_batch_size=_placeholder(int),  # None = actor's
+    ppo_micro_batch_size_per_gpu=_placeholder(int),
+    forward_micro_batch_size_per_gpu=_placeholder(int),  # the values phase; None = as log-probs (below)
+    ppo_epochs=_placeholder(int),
+    shuffle=_placeholder(bool),
+    grad_clip=1.0,
+    ulysses_sequence_parallel_size=1,
   )
 
   config.reward_model = dict(
-      enable=False,
-      model=dict(path=""),  # HF AutoModelForSequenceClassification checkpoint (num_labels=1), actor's tokenizer
-      combine_with_rule=False,  # True: score = rule reward + reward model; False: the reward model alone (verl)
-      on_error="raise",  # raise | zero: a reward function that fails scores 0 and is counted (reward/num_errors)
-      # Rule reward processes (verl's key): 0 = in the trainer's process, no time limit; N >= 1 = N worker
-      # processes; None = min(8, cores) for a custom_reward_function file, 0 for the built-in rules.
-      num_workers=_placeholder(int),
-      timeout_s=60.0,  # beyond verl: a sample scored in a worker process longer than this fails (on_error)
-      # DAPO overlong shaping: a linear penalty over the last `len` tokens before max_response_length.
-      overlong_buffer=dict(enable=False, len=4096, penalty_factor=1.0),
+    enable=False,
+    model=dict(path=""),  # HF AutoModelForSequenceClassification checkpoint (num_labels=1), actor's tokenizer
+    combine_with_rule=False,  # True: score = rule reward + reward model; False: the reward model alone (verl)
+    on_error="raise",  # raise | zero: a reward function that fails scores 0 and is counted (reward/num_errors)
+    # Rule reward processes (verl's key): 0 = in the trainer's process, no time limit; N >= 1 = N worker
+    # processes; None = min(8, cores) for a custom_reward_function file, 0 for the built-in rules.
+    num_workers=_placeholder(int),
+    timeout_s=60.0,  # beyond verl: a sample scored in a worker process longer than this fails (on_error)
+    # DAPO overlong shaping: a linear penalty over the last `len` tokens before max_response_length.
+    overlong_buffer=dict(enable=False, len=4096, penalty_factor=1.0),
   )
   # verl keeps the custom reward function at the top level of its tree.
   config.custom_reward_function = dict(path="", name="compute_score")
 
   config.algorithm = dict(
-      gamma=1.0,
-      lam=1.0,
-      adv_estimator="gae",
-      norm_adv_by_std_in_grpo=True,
-      use_kl_in_reward=False,
-      kl_penalty="kl",
-      kl_ctrl=dict(type="fixed", kl_coef=0.001, horizon=10000, target_kl=0.1),
-      # DAPO dynamic sampling: drop groups whose `metric` is equal for every sample, refill the batch.
-      filter_groups=dict(enable=False, metric="score", max_num_gen_batches=0),  # 0 = no limit
-      # gdpo: names of the reward components (keys of the dict a reward function returns) and their weights.
-      gdpo_reward_keys=_placeholder(tuple),
-      gdpo_reward_weights=_placeholder(tuple),  # None = 1 each
-      # verl's rollout correction between the rollout's and the training forward's log-probs.
-      rollout_correction=dict(
-          rollout_is=_placeholder(str),  # None | token | sequence
-          rollout_is_threshold="2.0",  # "upper" truncates the weights (TIS); "lower_upper" zeroes outside (IcePop)
-          rollout_is_batch_normalize=False,
-          rollout_rs=_placeholder(str),  # None | comma-separated token_k1..seq_max_k3 rejection options
-          rollout_rs_threshold=_placeholder(str),  # one threshold, or one per rollout_rs option (comma-separated)
-          bypass_mode=False,  # True: old_log_prob = the rollout's log-prob, loss_mode bypass_mode
-          loss_type="ppo_clip",  # bypass mode: ppo_clip | reinforce
-      ),
+    gamma=1.0,
+    lam=1.0,
+    adv_estimator="gae",
+    norm_adv_by_std_in_grpo=True,
+    use_kl_in_reward=False,
+    kl_penalty="kl",
+    kl_ctrl=dict(type="fixed", kl_coef=0.001, horizon=10000, target_kl=0.1),
+    # DAPO dynamic sampling: drop groups whose `metric` is equal for every sample, refill the batch.
+    filter_groups=dict(enable=False, metric="score", max_num_gen_batches=0),  # 0 = no limit
+    # gdpo: names of the reward components (keys of the dict a reward function returns) and their weights.
+    gdpo_reward_keys=_placeholder(tuple),
+    gdpo_reward_weights=_placeholder(tuple),  # None = 1 each
+    # verl's rollout correction between the rollout's and the training forward's log-probs.
+    rollout_correction=dict(
+      rollout_is=_placeholder(str),  # None | token | sequence
+      rollout_is_threshold="2.0",  # "upper" truncates the weights (TIS); "lower_upper" zeroes outside (IcePop)
+      rollout_is_batch_normalize=False,
+      rollout_rs=_placeholder(str),  # None | comma-separated token_k1..seq_max_k3 rejection options
+      rollout_rs_threshold=_placeholder(str),  # one threshold, or one per rollout_rs option (comma-separated)
+      bypass_mode=False,  # True: old_log_prob = the rollout's log-prob, loss_mode bypass_mode
+      loss_type="ppo_clip",  # bypass mode: ppo_clip | reinforce
+    ),
   )
 
   config.trainer = dict(
-      total_epochs=1,
-      total_training_steps=_placeholder(int),  # None = epochs x batches per epoch
-      project_name="jaxrlhf",
-      experiment_name="run",
-      logger=("console", "jsonl"),
-      save_freq=-1,
-      test_freq=-1,
-      val_before_train=True,
-      critic_warmup=0,
-      resume_mode="auto",
-      resume_from_path="",
-      default_local_dir="checkpoints",
-      max_actor_ckpt_to_keep=_placeholder(int),
-      save_hf=False,  # also export the actor (and critic) in HF format at every save: <run dir>/huggingface/
-      seed=1,
-      plot=True,
-      fuse_step=True,  # False: phased mode, one jit per stage with timing_s/* per phase (same numbers)
-      log_val_generations=0,  # validation samples written to <run dir>/val_generations.jsonl
-      peak_flops_per_device=_placeholder(float),  # for perf/mfu/*; None = known accelerator table or measured
-      prometheus_port=_placeholder(int),  # None = off; 0 = any free port
-      profile_steps=(),  # global steps (from 1) to trace with jax.profiler into <run dir>/profile
-      # Seeds' stable-pipeline practice, automated: on a KL blow-up or a reward collapse, restore the
-      # last checkpoint, scale the learning rate by lr_backoff and continue; stop after max_rollbacks.
-      guard=dict(
-          enable=False,
-          kl_max=0.1,  # seeds: 0.1 -> roll back (0.3 -> pause)
-          reward_drop=0.2,  # relative drop of critic/score/mean below its moving average
-          reward_window=10,  # steps in the moving average
-          lr_backoff=0.5,
-          max_rollbacks=3,
-          kl_warmup_steps_ratio=0.0,  # no KL term (loss or reward) for this fraction of the first steps
-      ),
+    total_epochs=1,
+    total_training_steps=_placeholder(int),  # None = epochs x batches per epoch
+    project_name="jaxrlhf",
+    experiment_name="run",
+    logger=("console", "jsonl"),
+    save_freq=-1,
+    test_freq=-1,
+    val_before_train=True,
+    critic_warmup=0,
+    resume_mode="auto",
+    resume_from_path="",
+    default_local_dir="checkpoints",
+    max_actor_ckpt_to_keep=_placeholder(int),
+    save_hf=False,  # also export the actor (and critic) in HF format at every save: <run dir>/huggingface/
+    seed=1,
+    plot=True,
+    fuse_step=True,  # False: phased mode, one jit per stage with timing_s/* per phase (same numbers)
+    log_val_generations=0,  # validation samples written to <run dir>/val_generations.jsonl
+    peak_flops_per_device=_placeholder(float),  # for perf/mfu/*; None = known accelerator table or measured
+    prometheus_port=_placeholder(int),  # None = off; 0 = any free port
+    profile_steps=(),  # global steps (from 1) to trace with jax.profiler into <run dir>/profile
+    # Seeds' stable-pipeline practice, automated: on a KL blow-up or a reward collapse, restore the
+    # last checkpoint, scale the learning rate by lr_backoff and continue; stop after max_rollbacks.
+    guard=dict(
+      enable=False,
+      kl_max=0.1,  # seeds: 0.1 -> roll back (0.3 -> pause)
+      reward_drop=0.2,  # relative drop of critic/score/mean below its moving average
+      reward_window=10,  # steps in the moving average
+      lr_backoff=0.5,
+      max_rollbacks=3,
+      kl_warmup_steps_ratio=0.0,  # no KL term (loss or reward) for this fraction of the first steps
+    ),
   )
 
   config.mesh = dict(data=1, fsdp=-1, tensor=1)
@@ -271,18 +286,26 @@ def get_base_config() -> ml_collections.ConfigDict:
 # Keys verl has that jaxrlhf accepts but does not implement (yet): any value but the default is
 # refused, saying what jaxrlhf does instead. Delete a row when its feature lands.
 NOT_IMPLEMENTED = {
-    "actor_rollout_ref.rollout.name": (
-        "jax", "generation always runs jaxrlhf's JAX sampler inside the compiled step (no vllm/sglang/hf)"),
-    "actor_rollout_ref.rollout.max_num_batched_tokens": (
-        8192, "generation runs the whole batch (data.train_batch_size x rollout.n sequences) at once; "
-        "bound it with data.train_batch_size"),
-    "critic.model.logits_chunk_size": (
-        2048, "the critic has no LM head: its value head reads the response positions at once"),
+  "actor_rollout_ref.rollout.name": (
+    "jax",
+    "generation always runs jaxrlhf's JAX sampler inside the compiled step (no vllm/sglang/hf)",
+  ),
+  "actor_rollout_ref.rollout.max_num_batched_tokens": (
+    8192,
+    "generation runs the whole batch (data.train_batch_size x rollout.n sequences) at once; "
+    "bound it with data.train_batch_size",
+  ),
+  "critic.model.logits_chunk_size": (
+    2048,
+    "the critic has no LM head: its value head reads the response positions at once",
+  ),
 }
 
-SEQUENCE_PARALLEL_KEYS = {"actor": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-                          "ref": "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
-                          "critic": "critic.ulysses_sequence_parallel_size"}
+SEQUENCE_PARALLEL_KEYS = {
+  "actor": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+  "ref": "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+  "critic": "critic.ulysses_sequence_parallel_size",
+}
 
 # The names of the attention kernels and of the gradient-checkpointing policies. They live here, not in
 # `jaxrlhf.models`, because this module imports no JAX (`python -m jaxrlhf.aot` loads a config before it chooses
@@ -291,23 +314,23 @@ ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 REMAT_POLICY_NAMES = ("none", "full", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 _CHOICES = {
-    "data.truncation": ("error", "left", "right", "middle"),
-    "reward_model.on_error": ("raise", "zero"),
-    "algorithm.filter_groups.metric": ("score", "seq_reward"),
-    "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
-    "critic.optim.lr_scheduler_type": ("constant", "cosine"),
-    "trainer.resume_mode": ("auto", "disable", "resume_path"),
-    "actor_rollout_ref.model.dtype": ("float32", "bfloat16"),
-    "actor_rollout_ref.model.param_dtype": ("float32", "bfloat16"),
-    "critic.model.dtype": ("float32", "bfloat16"),
-    "critic.model.param_dtype": ("float32", "bfloat16"),
-    "actor_rollout_ref.model.attention_impl": ATTENTION_IMPLS,
-    "critic.model.attention_impl": ATTENTION_IMPLS,
-    "actor_rollout_ref.model.remat_policy": REMAT_POLICY_NAMES,
-    "critic.model.remat_policy": REMAT_POLICY_NAMES,
-    "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
-    "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
-    "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
+  "data.truncation": ("error", "left", "right", "middle"),
+  "reward_model.on_error": ("raise", "zero"),
+  "algorithm.filter_groups.metric": ("score", "seq_reward"),
+  "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
+  "critic.optim.lr_scheduler_type": ("constant", "cosine"),
+  "trainer.resume_mode": ("auto", "disable", "resume_path"),
+  "actor_rollout_ref.model.dtype": ("float32", "bfloat16"),
+  "actor_rollout_ref.model.param_dtype": ("float32", "bfloat16"),
+  "critic.model.dtype": ("float32", "bfloat16"),
+  "critic.model.param_dtype": ("float32", "bfloat16"),
+  "actor_rollout_ref.model.attention_impl": ATTENTION_IMPLS,
+  "critic.model.attention_impl": ATTENTION_IMPLS,
+  "actor_rollout_ref.model.remat_policy": REMAT_POLICY_NAMES,
+  "critic.model.remat_policy": REMAT_POLICY_NAMES,
+  "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
+  "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
+  "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
 }
 
 
@@ -316,15 +339,16 @@ def _registry_choices() -> dict[str, list[str]]:
   # Imported here, not at the top: loading a config file must not load JAX, because `python -m jaxrlhf.aot`
   # reads the config before it sets up the target's environment (JAX reads it when it starts).
   from jaxrlhf import algos
+
   kl_types = list(algos.KL_PENALTY_TYPES)
   return {
-      "algorithm.adv_estimator": algos.ADV_ESTIMATORS.names(),
-      "actor_rollout_ref.actor.policy_loss.loss_mode": algos.POLICY_LOSSES.names(),
-      "actor_rollout_ref.actor.loss_agg_mode": list(algos.LOSS_AGG_MODES),
-      "critic.loss_agg_mode": list(algos.LOSS_AGG_MODES),
-      "actor_rollout_ref.actor.kl_loss_type": kl_types,
-      "algorithm.kl_penalty": kl_types,
-      "algorithm.kl_ctrl.type": list(algos.KL_CONTROLLERS),
+    "algorithm.adv_estimator": algos.ADV_ESTIMATORS.names(),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": algos.POLICY_LOSSES.names(),
+    "actor_rollout_ref.actor.loss_agg_mode": list(algos.LOSS_AGG_MODES),
+    "critic.loss_agg_mode": list(algos.LOSS_AGG_MODES),
+    "actor_rollout_ref.actor.kl_loss_type": kl_types,
+    "algorithm.kl_penalty": kl_types,
+    "algorithm.kl_ctrl.type": list(algos.KL_CONTROLLERS),
   }
 
 
@@ -344,39 +368,90 @@ def _within(low, high, *, open_low=False, open_high=False):
 # Numeric ranges (None = derived or off, never checked). Sampling (temperature, top_p, top_k) is
 # checked by `_check_sampling`, which knows about do_sample.
 _RANGES = {
-    **{key: _at_least(1) for key in (
-        "data.train_batch_size", "data.gen_batch_size", "data.val_batch_size", "data.max_prompt_length",
-        "data.max_response_length", "actor_rollout_ref.actor.ppo_mini_batch_size",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.n",
-        "actor_rollout_ref.rollout.val_kwargs.n", "actor_rollout_ref.rollout.tensor_model_parallel_size",
-        "critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu", "critic.ppo_epochs",
-        "trainer.total_epochs", "trainer.total_training_steps", "trainer.max_actor_ckpt_to_keep",
-        "algorithm.kl_ctrl.horizon", "trainer.guard.reward_window",
-        *SEQUENCE_PARALLEL_KEYS.values())},
-    **{key: _at_least(0) for key in (
-        "actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef", "actor_rollout_ref.actor.optim.lr",
-        "critic.optim.lr", "actor_rollout_ref.actor.optim.weight_decay", "critic.optim.weight_decay",
-        "actor_rollout_ref.actor.clip_ratio_low", "actor_rollout_ref.actor.clip_ratio_high",
-        "critic.cliprange_value", "trainer.critic_warmup", "trainer.log_val_generations",
-        "trainer.guard.max_rollbacks", "reward_model.num_workers")},
-    **{key: _above(0) for key in (
-        "actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.grad_clip", "critic.grad_clip",
-        "actor_rollout_ref.actor.optim.eps", "critic.optim.eps", "algorithm.kl_ctrl.target_kl",
-        "trainer.guard.kl_max", "trainer.peak_flops_per_device", "reward_model.timeout_s")},
-    **{key: _within(0, 1) for key in (
-        "algorithm.gamma", "algorithm.lam", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
-        "critic.optim.lr_warmup_steps_ratio", "actor_rollout_ref.actor.optim.min_lr_ratio",
-        "critic.optim.min_lr_ratio", "trainer.guard.kl_warmup_steps_ratio")},
-    "actor_rollout_ref.actor.clip_ratio_c": _above(1),
-    "trainer.guard.lr_backoff": _within(0, 1, open_low=True),
-    "trainer.prometheus_port": _within(0, 65535),
-    **{key: _at_least(1) for key in (
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu")},
-    "actor_rollout_ref.model.logits_chunk_size": _at_least(0),  # 0 = no chunking
-    **{f"{section}.model.lora_rank": _at_least(0) for section in ("actor_rollout_ref", "critic")},  # 0 = off
-    **{f"{section}.model.lora_alpha": _above(0) for section in ("actor_rollout_ref", "critic")},
+  **{
+    key: _at_least(1)
+    for key in (
+      "data.train_batch_size",
+      "data.gen_batch_size",
+      "data.val_batch_size",
+      "data.max_prompt_length",
+      "data.max_response_length",
+      "actor_rollout_ref.actor.ppo_mini_batch_size",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+      "actor_rollout_ref.actor.ppo_epochs",
+      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+      "actor_rollout_ref.rollout.n",
+      "actor_rollout_ref.rollout.val_kwargs.n",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size",
+      "critic.ppo_mini_batch_size",
+      "critic.ppo_micro_batch_size_per_gpu",
+      "critic.ppo_epochs",
+      "trainer.total_epochs",
+      "trainer.total_training_steps",
+      "trainer.max_actor_ckpt_to_keep",
+      "algorithm.kl_ctrl.horizon",
+      "trainer.guard.reward_window",
+      *SEQUENCE_PARALLEL_KEYS.values(),
+    )
+  },
+  **{
+    key: _at_least(0)
+    for key in (
+      "actor_rollout_ref.actor.kl_loss_coef",
+      "algorithm.kl_ctrl.kl_coef",
+      "actor_rollout_ref.actor.optim.lr",
+      "critic.optim.lr",
+      "actor_rollout_ref.actor.optim.weight_decay",
+      "critic.optim.weight_decay",
+      "actor_rollout_ref.actor.clip_ratio_low",
+      "actor_rollout_ref.actor.clip_ratio_high",
+      "critic.cliprange_value",
+      "trainer.critic_warmup",
+      "trainer.log_val_generations",
+      "trainer.guard.max_rollbacks",
+      "reward_model.num_workers",
+    )
+  },
+  **{
+    key: _above(0)
+    for key in (
+      "actor_rollout_ref.actor.clip_ratio",
+      "actor_rollout_ref.actor.grad_clip",
+      "critic.grad_clip",
+      "actor_rollout_ref.actor.optim.eps",
+      "critic.optim.eps",
+      "algorithm.kl_ctrl.target_kl",
+      "trainer.guard.kl_max",
+      "trainer.peak_flops_per_device",
+      "reward_model.timeout_s",
+    )
+  },
+  **{
+    key: _within(0, 1)
+    for key in (
+      "algorithm.gamma",
+      "algorithm.lam",
+      "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
+      "critic.optim.lr_warmup_steps_ratio",
+      "actor_rollout_ref.actor.optim.min_lr_ratio",
+      "critic.optim.min_lr_ratio",
+      "trainer.guard.kl_warmup_steps_ratio",
+    )
+  },
+  "actor_rollout_ref.actor.clip_ratio_c": _above(1),
+  "trainer.guard.lr_backoff": _within(0, 1, open_low=True),
+  "trainer.prometheus_port": _within(0, 65535),
+  **{
+    key: _at_least(1)
+    for key in (
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+      "critic.forward_micro_batch_size_per_gpu",
+    )
+  },
+  "actor_rollout_ref.model.logits_chunk_size": _at_least(0),  # 0 = no chunking
+  **{f"{section}.model.lora_rank": _at_least(0) for section in ("actor_rollout_ref", "critic")},  # 0 = off
+  **{f"{section}.model.lora_alpha": _above(0) for section in ("actor_rollout_ref", "critic")},
 }
 
 
@@ -452,6 +527,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if values[path] is not None and values[path] not in choices:
       raise ConfigError(f"config key '{path}' must be one of {list(choices)}, got {values[path]!r}")
   from jaxrlhf.tracking.tracking import LOGGERS  # not at the top: see _registry_choices
+
   for name in values["trainer.logger"]:
     if name not in LOGGERS:
       raise ConfigError(f"config key 'trainer.logger' has unknown logger {name!r}; known: {list(LOGGERS)}")
@@ -463,17 +539,20 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _check_sampling("actor_rollout_ref.rollout.val_kwargs", rollout.val_kwargs)
   for path, (default, instead) in NOT_IMPLEMENTED.items():
     if values[path] != default:
-      raise ConfigError(f"config key '{path}'={values[path]!r} is not implemented (only {default!r} is accepted): "
-                        f"{instead}")
+      raise ConfigError(
+        f"config key '{path}'={values[path]!r} is not implemented (only {default!r} is accepted): {instead}"
+      )
   for section in ("actor_rollout_ref", "critic"):
     try:
       targets = resolve_target_modules(values[f"{section}.model.target_modules"], f"{section}.model.target_modules")
     except ValueError as e:
       raise ConfigError(f"config key {e}") from None
     if section == "critic" and HEAD_TARGET in targets:  # its value head trains whole with LoRA, as modules_to_save
-      raise ConfigError(f"config key 'critic.model.target_modules'={values['critic.model.target_modules']!r} "
-                        f"names {HEAD_TARGET!r}, but the critic has no LM head: its value head trains in full "
-                        "beside the adapters")
+      raise ConfigError(
+        f"config key 'critic.model.target_modules'={values['critic.model.target_modules']!r} "
+        f"names {HEAD_TARGET!r}, but the critic has no LM head: its value head trains in full "
+        "beside the adapters"
+      )
   data = config.data
   actor = config.actor_rollout_ref.actor
   _check_rollout_correction(config)
@@ -481,23 +560,30 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   critic_overrides = [k for k, v in config.critic.model.override_config.items() if v is not None]
   critic_path = config.critic.model.path
   if critic_overrides and (not critic_path or critic_path == config.actor_rollout_ref.model.path):
-    raise ConfigError(f"config keys critic.model.override_config.{critic_overrides} are read only with a critic "
-                      "checkpoint of its own (critic.model.path): without one the critic takes the actor's "
-                      "architecture (actor_rollout_ref.model.override_config) and weights")
+    raise ConfigError(
+      f"config keys critic.model.override_config.{critic_overrides} are read only with a critic "
+      "checkpoint of its own (critic.model.path): without one the critic takes the actor's "
+      "architecture (actor_rollout_ref.model.override_config) and weights"
+    )
   if data.train_batch_size % actor.ppo_mini_batch_size:
     raise ConfigError(
-        f"data.train_batch_size={data.train_batch_size} is not divisible by "
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}")
+      f"data.train_batch_size={data.train_batch_size} is not divisible by "
+      f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}"
+    )
   if data.gen_batch_size is not None and data.gen_batch_size < data.train_batch_size:
-    raise ConfigError(f"data.gen_batch_size={data.gen_batch_size} must be >= data.train_batch_size="
-                      f"{data.train_batch_size}")
+    raise ConfigError(
+      f"data.gen_batch_size={data.gen_batch_size} must be >= data.train_batch_size={data.train_batch_size}"
+    )
   overlong = config.reward_model.overlong_buffer
   if overlong.enable and not 0 < overlong.len <= data.max_response_length:
-    raise ConfigError(f"reward_model.overlong_buffer.len={overlong.len} must be in 1..data.max_response_length="
-                      f"{data.max_response_length}")
+    raise ConfigError(
+      f"reward_model.overlong_buffer.len={overlong.len} must be in 1..data.max_response_length="
+      f"{data.max_response_length}"
+    )
   if config.reward_model.enable and not config.reward_model.model.path:
-    raise ConfigError("reward_model.enable=True needs reward_model.model.path (an HF sequence-classification "
-                      "checkpoint directory)")
+    raise ConfigError(
+      "reward_model.enable=True needs reward_model.model.path (an HF sequence-classification checkpoint directory)"
+    )
   if actor.use_dynamic_bsz:
     # A micro-batch holds whole sequences: the per-device token budget must fit the longest one. Under
     # sequence parallelism a group of sp devices holds a row, so a device holds its 1/sp share (as verl,
@@ -508,8 +594,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if actor.ppo_max_token_len_per_gpu * sp < seq_len:
       share = f" / ulysses_sequence_parallel_size {sp} = {-(-seq_len // sp)} tokens per device" if sp > 1 else ""
       raise ConfigError(
-          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} is smaller than one "
-          f"sequence: data.max_prompt_length + data.max_response_length = {seq_len}{share} (use_dynamic_bsz=True)")
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} is smaller than one "
+        f"sequence: data.max_prompt_length + data.max_response_length = {seq_len}{share} (use_dynamic_bsz=True)"
+      )
 
 
 def _check_gdpo(config) -> None:
@@ -520,14 +607,20 @@ def _check_gdpo(config) -> None:
     return
   keys = algo.gdpo_reward_keys
   if not keys:
-    raise ConfigError("config key 'algorithm.adv_estimator'='gdpo' needs algorithm.gdpo_reward_keys: the entries of "
-                      "the dict the reward function returns to normalise one by one, e.g. ('format', 'acc')")
+    raise ConfigError(
+      "config key 'algorithm.adv_estimator'='gdpo' needs algorithm.gdpo_reward_keys: the entries of "
+      "the dict the reward function returns to normalise one by one, e.g. ('format', 'acc')"
+    )
   if algo.gdpo_reward_weights is not None and len(algo.gdpo_reward_weights) != len(keys):
-    raise ConfigError(f"config key 'algorithm.gdpo_reward_weights' has {len(algo.gdpo_reward_weights)} weights for "
-                      f"{len(keys)} algorithm.gdpo_reward_keys {tuple(keys)}")
+    raise ConfigError(
+      f"config key 'algorithm.gdpo_reward_weights' has {len(algo.gdpo_reward_weights)} weights for "
+      f"{len(keys)} algorithm.gdpo_reward_keys {tuple(keys)}"
+    )
   if config.reward_model.enable and not config.reward_model.combine_with_rule:
-    raise ConfigError("config key 'algorithm.adv_estimator'='gdpo' reads its components from the rule reward; "
-                      "reward_model.enable=True without reward_model.combine_with_rule has none")
+    raise ConfigError(
+      "config key 'algorithm.adv_estimator'='gdpo' reads its components from the rule reward; "
+      "reward_model.enable=True without reward_model.combine_with_rule has none"
+    )
 
 
 def _check_rollout_correction(config) -> None:
@@ -535,10 +628,13 @@ def _check_rollout_correction(config) -> None:
   parse (`algos.rollout_correction` names the key when they do not)."""
   correction = config.algorithm.rollout_correction
   if config.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode" and not correction.bypass_mode:
-    raise ConfigError("config key 'actor_rollout_ref.actor.policy_loss.loss_mode'='bypass_mode' needs "
-                      "algorithm.rollout_correction.bypass_mode=True (the rollout's log-probs as the old ones); "
-                      "bypass_mode=True selects that loss by itself, as in verl")
+    raise ConfigError(
+      "config key 'actor_rollout_ref.actor.policy_loss.loss_mode'='bypass_mode' needs "
+      "algorithm.rollout_correction.bypass_mode=True (the rollout's log-probs as the old ones); "
+      "bypass_mode=True selects that loss by itself, as in verl"
+    )
   from jaxrlhf.algos import rollout_correction  # not at the top: see _registry_choices
+
   try:
     if correction.rollout_is is not None:
       rollout_correction.parse_rollout_is_threshold(correction.rollout_is_threshold)
@@ -551,8 +647,10 @@ def _check_rollout_correction(config) -> None:
 def _check_sampling(prefix: str, sampling) -> None:
   """temperature > 0 unless greedy (do_sample=False), top_p in (0, 1], top_k -1 (off) or >= 0."""
   if sampling.do_sample and not sampling.temperature > 0:
-    raise ConfigError(f"config key '{prefix}.temperature' must be > 0 when do_sample=True (got "
-                      f"{sampling.temperature}); use {prefix}.do_sample=False for greedy decoding")
+    raise ConfigError(
+      f"config key '{prefix}.temperature' must be > 0 when do_sample=True (got "
+      f"{sampling.temperature}); use {prefix}.do_sample=False for greedy decoding"
+    )
   if not 0 < sampling.top_p <= 1:
     raise ConfigError(f"config key '{prefix}.top_p' must be in (0, 1], got {sampling.top_p!r} (1.0 = off)")
   if sampling.top_k < -1:
@@ -568,8 +666,14 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     critic.enable = config.algorithm.adv_estimator == "gae"
   if config.algorithm.adv_estimator == "gae" and not critic.enable:
     raise ConfigError("algorithm.adv_estimator='gae' needs a critic, but critic.enable=False")
-  for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "shuffle", "loss_agg_mode",
-              "loss_scale_factor"):
+  for key in (
+    "ppo_mini_batch_size",
+    "ppo_micro_batch_size_per_gpu",
+    "ppo_epochs",
+    "shuffle",
+    "loss_agg_mode",
+    "loss_scale_factor",
+  ):
     if critic[key] is None:
       critic[key] = actor[key]
   ref = config.actor_rollout_ref.ref
@@ -581,8 +685,9 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     rollout.dtype = config.actor_rollout_ref.model.dtype
   if config.data.train_batch_size % critic.ppo_mini_batch_size:
     raise ConfigError(
-        f"data.train_batch_size={config.data.train_batch_size} is not divisible by "
-        f"critic.ppo_mini_batch_size={critic.ppo_mini_batch_size}")
+      f"data.train_batch_size={config.data.train_batch_size} is not divisible by "
+      f"critic.ppo_mini_batch_size={critic.ppo_mini_batch_size}"
+    )
   config.lock()
   return config
 
@@ -592,9 +697,11 @@ def sequence_parallel_sizes(config) -> dict[str, int]:
   does not run)."""
   rollout_ref, algorithm = config.actor_rollout_ref, config.algorithm
   uses_ref = rollout_ref.actor.use_kl_loss or algorithm.use_kl_in_reward
-  return {"actor": rollout_ref.actor.ulysses_sequence_parallel_size,
-          "ref": rollout_ref.ref.ulysses_sequence_parallel_size if uses_ref else 1,
-          "critic": config.critic.ulysses_sequence_parallel_size if config.critic.enable else 1}
+  return {
+    "actor": rollout_ref.actor.ulysses_sequence_parallel_size,
+    "ref": rollout_ref.ref.ulysses_sequence_parallel_size if uses_ref else 1,
+    "critic": config.critic.ulysses_sequence_parallel_size if config.critic.enable else 1,
+  }
 
 
 def mesh_sequence_parallel(config) -> int:
@@ -609,8 +716,12 @@ def _check_sequence_parallel(config) -> None:
   actor_key, ref_key, critic_key = (SEQUENCE_PARALLEL_KEYS[role] for role in ("actor", "ref", "critic"))
   uses_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
   if uses_ref and sizes["ref"] != sizes["actor"]:
-    raise ConfigError(f"config keys {ref_key}={sizes['ref']} and {actor_key}={sizes['actor']} must be equal: the "
-                      "reference runs the actor's module (leave the ref key unset to follow the actor)")
+    raise ConfigError(
+      f"config keys {ref_key}={sizes['ref']} and {actor_key}={sizes['actor']} must be equal: the "
+      "reference runs the actor's module (leave the ref key unset to follow the actor)"
+    )
   if sizes["critic"] > 1 and sizes["actor"] > 1 and sizes["critic"] != sizes["actor"]:
-    raise ConfigError(f"config keys {critic_key}={sizes['critic']} and {actor_key}={sizes['actor']} must be equal "
-                      "or 1: the models share one sequence-parallel mesh axis")
+    raise ConfigError(
+      f"config keys {critic_key}={sizes['critic']} and {actor_key}={sizes['actor']} must be equal "
+      "or 1: the models share one sequence-parallel mesh axis"
+    )

@@ -20,13 +20,20 @@ from __future__ import annotations
 import argparse
 import os
 
+import jax
+
 from jaxrlhf import cli
 from jaxrlhf.checkpoint import CheckpointError, read_checkpoint
 from jaxrlhf.errors import UserError
-import jax
-
-from jaxrlhf.models import (Decoder, copy_tokenizer_files, critic_config_from, init_params, load_hf_params,
-                            model_config_from, save_hf_checkpoint)
+from jaxrlhf.models import (
+  Decoder,
+  copy_tokenizer_files,
+  critic_config_from,
+  init_params,
+  load_hf_params,
+  model_config_from,
+  save_hf_checkpoint,
+)
 from jaxrlhf.models.hub import hub_id_of, resolve_model_path
 from jaxrlhf.models.lora import critic_params_with, merge_adapters, save_peft_adapter, split_value_head
 from jaxrlhf.validate import check_writable
@@ -66,8 +73,18 @@ def critic_base_params(config, critic_config, shardings=None):
   return jax.jit(init, out_shardings=shardings)(critic_key)
 
 
-def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_params=None, critic_adapters=None,
-             critic_out: str | None = None, tokenizer_dir: str | None = None, dtype: str | None = None) -> str:
+def write_hf(
+  actor_params,
+  config,
+  out_dir: str,
+  *,
+  actor_adapters=None,
+  critic_params=None,
+  critic_adapters=None,
+  critic_out: str | None = None,
+  tokenizer_dir: str | None = None,
+  dtype: str | None = None,
+) -> str:
   """Writes the actor (and the critic when `critic_out`) of a run with `config` in HF format.
 
   A run started from an HF checkpoint keeps that checkpoint's other config keys, tokenizer and
@@ -82,8 +99,12 @@ def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_
   merged = merge_adapters(actor_params, actor_adapters, model_config.lora_alpha)
   save_hf_checkpoint(merged, model_config, out_dir, head="lm", dtype=dtype, source_dir=actor_model.path or None)
   if actor_adapters is not None:
-    save_peft_adapter(actor_adapters, model_config, os.path.join(out_dir, LORA_ADAPTER_DIR),
-                      base_model_name_or_path=hub_id_of(actor_model.path) or actor_model.path)
+    save_peft_adapter(
+      actor_adapters,
+      model_config,
+      os.path.join(out_dir, LORA_ADAPTER_DIR),
+      base_model_name_or_path=hub_id_of(actor_model.path) or actor_model.path,
+    )
   if not actor_model.path and tokenizer_dir and os.path.isdir(tokenizer_dir):
     copy_tokenizer_files(tokenizer_dir, out_dir)
   if critic_out:
@@ -92,8 +113,14 @@ def write_hf(actor_params, config, out_dir: str, *, actor_adapters=None, critic_
     critic_config = critic_config_from(config, model_config)
     if critic_adapters is not None:
       critic_params = critic_params_with(critic_params, critic_adapters, critic_config.lora_alpha)
-    save_hf_checkpoint(critic_params, critic_config, critic_out, head="value", dtype=dtype,
-                       source_dir=config.critic.model.path or actor_model.path or None)
+    save_hf_checkpoint(
+      critic_params,
+      critic_config,
+      critic_out,
+      head="value",
+      dtype=dtype,
+      source_dir=config.critic.model.path or actor_model.path or None,
+    )
   return out_dir
 
 
@@ -104,14 +131,17 @@ def check_out_dir(flag: str, path: str, overwrite: bool) -> None:
   check_writable(f"{flag} {path!r}", path)
   if os.path.isdir(path) and os.listdir(path) and not overwrite:
     shown = sorted(os.listdir(path))
-    raise UserError(f"{flag} {path!r} is not empty (it holds {', '.join(shown[:4])}"
-                    f"{', ...' if len(shown) > 4 else ''}); nothing was written",
-                    hint="pick a new directory, or pass --overwrite to replace its config.json, weights and "
-                         "tokenizer files (other files are left alone)")
+    raise UserError(
+      f"{flag} {path!r} is not empty (it holds {', '.join(shown[:4])}"
+      f"{', ...' if len(shown) > 4 else ''}); nothing was written",
+      hint="pick a new directory, or pass --overwrite to replace its config.json, weights and "
+      "tokenizer files (other files are left alone)",
+    )
 
 
-def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None, dtype: str | None = None,
-                      overwrite: bool = False):
+def export_checkpoint(
+  step_dir: str, out_dir: str, critic_out: str | None = None, dtype: str | None = None, overwrite: bool = False
+):
   for flag, path in (("--out", out_dir), ("--critic_out", critic_out)):
     if path:
       check_out_dir(flag, path, overwrite)
@@ -119,16 +149,27 @@ def export_checkpoint(step_dir: str, out_dir: str, critic_out: str | None = None
   # The run's model paths: a snapshot in another machine's hub cache is fetched here (weights only for a LoRA
   # run, whose frozen base is rebuilt from them).
   lora = bool(state.get("actor_adapters") or state.get("critic_adapters"))
-  for key, section in (("actor_rollout_ref.model.path", config.actor_rollout_ref.model),
-                       ("critic.model.path", config.critic.model)):
+  for key, section in (
+    ("actor_rollout_ref.model.path", config.actor_rollout_ref.model),
+    ("critic.model.path", config.critic.model),
+  ):
     section.path = resolve_model_path(section.path, f"the checkpoint's {key}", weights=lora)
   if critic_out and state.get("critic_params") is None and not state.get("critic_adapters"):
     raise CheckpointError(f"--critic_out: the run of --checkpoint {step_dir!r} has no critic (critic.enable was off)")
   tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
   actor_params, actor_adapters = checkpoint_actor(state, config)
   critic_params, critic_adapters = checkpoint_critic(state, config) if critic_out else (None, None)
-  return write_hf(actor_params, config, out_dir, actor_adapters=actor_adapters, critic_params=critic_params,
-                  critic_adapters=critic_adapters, critic_out=critic_out, tokenizer_dir=tokenizer_dir, dtype=dtype)
+  return write_hf(
+    actor_params,
+    config,
+    out_dir,
+    actor_adapters=actor_adapters,
+    critic_params=critic_params,
+    critic_adapters=critic_adapters,
+    critic_out=critic_out,
+    tokenizer_dir=tokenizer_dir,
+    dtype=dtype,
+  )
 
 
 def checkpoint_actor(state: dict, config):
@@ -154,13 +195,26 @@ def main(argv=None):
   parser.add_argument("--checkpoint", required=True, help="a global_step_N checkpoint directory")
   parser.add_argument("--out", required=True, help="output directory for the actor (causal LM)")
   parser.add_argument("--critic_out", default=None, help="output directory for the critic (token classification)")
-  parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="weights dtype (default: as trained)")
-  parser.add_argument("--overwrite", action="store_true",
-                      help="write into non-empty output directories (replaces config.json, weights, tokenizer files)")
+  parser.add_argument(
+    "--dtype", default=None, choices=("float32", "bfloat16"), help="weights dtype (default: as trained)"
+  )
+  parser.add_argument(
+    "--overwrite",
+    action="store_true",
+    help="write into non-empty output directories (replaces config.json, weights, tokenizer files)",
+  )
   cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
-  cli.run(parser.prog, export_checkpoint, args.checkpoint, args.out, args.critic_out, args.dtype, args.overwrite,
-          verbose=args.verbose)
+  cli.run(
+    parser.prog,
+    export_checkpoint,
+    args.checkpoint,
+    args.out,
+    args.critic_out,
+    args.dtype,
+    args.overwrite,
+    verbose=args.verbose,
+  )
   print(f"exported {args.checkpoint} -> {args.out}" + (f", critic -> {args.critic_out}" if args.critic_out else ""))
 
 

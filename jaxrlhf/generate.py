@@ -37,25 +37,42 @@ from jaxrlhf.checkpoint import read_checkpoint
 from jaxrlhf.data.dataset import read_lines
 from jaxrlhf.errors import UserError
 from jaxrlhf.export import checkpoint_actor
-from jaxrlhf.models import (Decoder, cast_floating, generation_eos_ids, load_hf_config, load_hf_params, load_tokenizer,
-                            model_config_from, pad_token_id, params_for)
+from jaxrlhf.models import (
+  Decoder,
+  cast_floating,
+  generation_eos_ids,
+  load_hf_config,
+  load_hf_params,
+  load_tokenizer,
+  model_config_from,
+  pad_token_id,
+  params_for,
+)
 from jaxrlhf.models.hub import resolve_model_path
 from jaxrlhf.models.lora import merge_adapters
-from jaxrlhf.rollout import (SamplingParams, generate, pad_prompts, repeat_interleave, request_key,
-                             response_lengths_and_clip)
+from jaxrlhf.rollout import (
+  SamplingParams,
+  generate,
+  pad_prompts,
+  repeat_interleave,
+  request_key,
+  response_lengths_and_clip,
+)
 from jaxrlhf.validate import check_writable
 
 
 def _parquet_prompts(path: str) -> list:
   import pyarrow as pa
   import pyarrow.parquet as pq
+
   try:
     table = pq.read_table(path)
   except (OSError, pa.ArrowException) as e:
     raise UserError(f"--prompts {path!r} is not a readable parquet file: {e}") from None
   if "prompt" not in table.column_names:
-    raise UserError(f"--prompts {path!r} has no 'prompt' column (verl's prompt column); columns: "
-                    f"{sorted(table.column_names)}")
+    raise UserError(
+      f"--prompts {path!r} has no 'prompt' column (verl's prompt column); columns: {sorted(table.column_names)}"
+    )
   return table.column("prompt").to_pylist()
 
 
@@ -104,8 +121,10 @@ def load_model(path: str):
   directory."""
   path = resolve_model_path(path, "--model")
   if not os.path.isdir(path):
-    raise UserError(f"--model {path!r} is not a directory (an HF checkpoint directory, a Hub model id org/name, or "
-                    "a run's global_step_N)")
+    raise UserError(
+      f"--model {path!r} is not a directory (an HF checkpoint directory, a Hub model id org/name, or "
+      "a run's global_step_N)"
+    )
   if os.path.exists(os.path.join(path, "config.json")):
     model_config = load_hf_config(path)
     params = load_hf_params(path, model_config)
@@ -114,27 +133,39 @@ def load_model(path: str):
     state, _, config = read_checkpoint(path, key="--model")
     model_section = config.actor_rollout_ref.model
     # A snapshot in another machine's hub cache is fetched here; a LoRA run's frozen base is rebuilt from it.
-    model_section.path = resolve_model_path(model_section.path, "the checkpoint's actor_rollout_ref.model.path",
-                                            weights=bool(state.get("actor_adapters")))
+    model_section.path = resolve_model_path(
+      model_section.path, "the checkpoint's actor_rollout_ref.model.path", weights=bool(state.get("actor_adapters"))
+    )
     model_config = model_config_from(model_section)
     actor_params, actor_adapters = checkpoint_actor(state, config)  # a LoRA run's adapters merged in
-    params = params_for(model_config, jax.tree.map(np.asarray, merge_adapters(actor_params, actor_adapters,
-                                                                              model_config.lora_alpha)))
+    params = params_for(
+      model_config, jax.tree.map(np.asarray, merge_adapters(actor_params, actor_adapters, model_config.lora_alpha))
+    )
     source = model_section.path or None
     tokenizer_dir = source or os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer")
     if not os.path.isdir(tokenizer_dir):
-      raise UserError(f"checkpoint {path!r}: no tokenizer at {tokenizer_dir!r} (the run's model path or "
-                       "its tokenizer/ folder)")
+      raise UserError(
+        f"checkpoint {path!r}: no tokenizer at {tokenizer_dir!r} (the run's model path or its tokenizer/ folder)"
+      )
     tokenizer = load_tokenizer(tokenizer_dir)
   if len(tokenizer) > model_config.vocab_size:
-    raise UserError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
-                     f"{model_config.vocab_size}")
+    raise UserError(
+      f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model_config.vocab_size}"
+    )
   eos_ids = generation_eos_ids(source, tokenizer)
   return params, model_config, tokenizer, eos_ids, pad_token_id(tokenizer, eos_ids)
 
 
-def sample_responses(params, model_config, prompt_ids: list[list[int]], sampling: SamplingParams, *, n: int = 1,
-                     seed: int = 0, batch_size: int = 32) -> tuple[list[dict], np.ndarray]:
+def sample_responses(
+  params,
+  model_config,
+  prompt_ids: list[list[int]],
+  sampling: SamplingParams,
+  *,
+  n: int = 1,
+  seed: int = 0,
+  batch_size: int = 32,
+) -> tuple[list[dict], np.ndarray]:
   """n samples of each tokenized prompt, prompt-major (row j: prompt j // n, sample j % n).
 
   Row j samples with `request_key(seed, j // n, j % n)`, the key `Engine.serve` gives the same
@@ -149,19 +180,31 @@ def sample_responses(params, model_config, prompt_ids: list[list[int]], sampling
   rows = repeat_interleave(list(range(len(prompt_ids))), n)
   results, masks = [], []
   for start in range(0, len(rows), batch_size):
-    prompt_indices = rows[start:start + batch_size]
+    prompt_indices = rows[start : start + batch_size]
     batch = pad_prompts([prompt_ids[i] for i in prompt_indices], sampling.pad_token_id)
     # Rows past the prompts only pad the batch to its bucket (inactive): any key does.
     row_B = np.minimum(start + np.arange(batch.prompt_ids_BxP.shape[0]), len(rows) - 1)
     rngs_B = request_keys(seed, row_B // n, row_B % n)
-    out = jax.device_get(generate_fn(params, prompt_ids_BxP=batch.prompt_ids_BxP,
-                                     prompt_mask_BxP=batch.prompt_mask_BxP, rng=rngs_B, active_B=batch.active_B))
-    masks.append(out["response_mask"][:batch.num_prompts])
+    out = jax.device_get(
+      generate_fn(
+        params,
+        prompt_ids_BxP=batch.prompt_ids_BxP,
+        prompt_mask_BxP=batch.prompt_mask_BxP,
+        rng=rngs_B,
+        active_B=batch.active_B,
+      )
+    )
+    masks.append(out["response_mask"][: batch.num_prompts])
     for row, prompt_index in enumerate(prompt_indices):
       length = int(out["response_lengths"][row])
-      results.append({"prompt_index": prompt_index, "sample": (start + row) % n,
-                      "response_ids": [int(t) for t in out["responses"][row, :length]],
-                      "log_probs": [float(x) for x in out["rollout_log_probs"][row, :length]]})
+      results.append(
+        {
+          "prompt_index": prompt_index,
+          "sample": (start + row) % n,
+          "response_ids": [int(t) for t in out["responses"][row, :length]],
+          "log_probs": [float(x) for x in out["rollout_log_probs"][row, :length]],
+        }
+      )
   return results, np.concatenate(masks)
 
 
@@ -174,34 +217,53 @@ def run(args) -> list[dict]:
     if not ids:
       raise UserError(f"prompt {text!r} tokenizes to no tokens")
   greedy = args.temperature <= 0
-  sampling = SamplingParams(max_new_tokens=args.max_new_tokens, eos_token_ids=eos_ids, pad_token_id=pad_id,
-                            temperature=1.0 if greedy else args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            do_sample=not greedy)
+  sampling = SamplingParams(
+    max_new_tokens=args.max_new_tokens,
+    eos_token_ids=eos_ids,
+    pad_token_id=pad_id,
+    temperature=1.0 if greedy else args.temperature,
+    top_k=args.top_k,
+    top_p=args.top_p,
+    do_sample=not greedy,
+  )
   if args.dtype:
     model_config = dataclasses.replace(model_config, dtype=args.dtype)
     params = cast_floating(params, args.dtype)
-  sampled, masks = sample_responses(jax.device_put(params), model_config, encoded, sampling, n=args.n,
-                                    seed=args.seed, batch_size=args.batch_size)
+  sampled, masks = sample_responses(
+    jax.device_put(params), model_config, encoded, sampling, n=args.n, seed=args.seed, batch_size=args.batch_size
+  )
   results = []
   for row in sampled:
     ids = row["response_ids"]
-    results.append({"prompt": texts[row["prompt_index"]], "sample": row["sample"],
-                    "response": tokenizer.decode(ids, skip_special_tokens=True), "response_ids": ids,
-                    "finish_reason": "stop" if ids and ids[-1] in eos_ids else "length"})
+    results.append(
+      {
+        "prompt": texts[row["prompt_index"]],
+        "sample": row["sample"],
+        "response": tokenizer.decode(ids, skip_special_tokens=True),
+        "response_ids": ids,
+        "finish_reason": "stop" if ids and ids[-1] in eos_ids else "length",
+      }
+    )
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     for result in results:
       f.write(json.dumps(result, ensure_ascii=False) + "\n")
   lengths, clip_ratio = response_lengths_and_clip(masks)
-  print(f"{len(results)} responses ({len(texts)} prompts x n={args.n}) -> {args.output}; "
-        f"response_length/mean {lengths.mean():.1f}, response_length/clip_ratio {clip_ratio:.3f}", file=sys.stderr)
+  print(
+    f"{len(results)} responses ({len(texts)} prompts x n={args.n}) -> {args.output}; "
+    f"response_length/mean {lengths.mean():.1f}, response_length/clip_ratio {clip_ratio:.3f}",
+    file=sys.stderr,
+  )
   return results
 
 
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(prog="python -m jaxrlhf.generate", description=__doc__.split("\n\n")[0])
-  parser.add_argument("--model", required=True,
-                      help="HF checkpoint directory, Hub model id (org/name), or a run's global_step_N directory")
+  parser.add_argument(
+    "--model",
+    required=True,
+    help="HF checkpoint directory, Hub model id (org/name), or a run's global_step_N directory",
+  )
   parser.add_argument("--prompts", required=True, help="text file (one prompt per line) or jsonl with 'prompt'")
   parser.add_argument("--output", required=True, help="output .jsonl")
   parser.add_argument("--max_new_tokens", type=int, default=256)
@@ -212,8 +274,12 @@ def parse_args(argv=None):
   parser.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--batch_size", type=int, default=32, help="rows per generate call (padded to a bucket)")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                      help="compute dtype (weights cast once); default: the checkpoint's")
+  parser.add_argument(
+    "--dtype",
+    choices=("float32", "bfloat16"),
+    default=None,
+    help="compute dtype (weights cast once); default: the checkpoint's",
+  )
   cli.add_verbose_flag(parser)
   args = parser.parse_args(argv)
   for name, low in (("max_new_tokens", 1), ("n", 1), ("batch_size", 1)):

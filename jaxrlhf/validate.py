@@ -56,17 +56,19 @@ def validate_run(config) -> Callable | None:
   check_lora_targets(config)
   check_tokenizer(config)
   compute_score = load_reward_function(config)
-  uses_rule_reward = compute_score is None and (not config.reward_model.enable
-                                                or config.reward_model.combine_with_rule)
+  uses_rule_reward = compute_score is None and (not config.reward_model.enable or config.reward_model.combine_with_rule)
   num_rows = 0
   for key in ("data.train_files", "data.val_files"):
     for path in _files(config.data[key.split(".")[1]]):
-      num_rows += check_data_file(key, path, config.data.prompt_key, config.data.reward_fn_key,
-                                  check_data_sources=uses_rule_reward)
+      num_rows += check_data_file(
+        key, path, config.data.prompt_key, config.data.reward_fn_key, check_data_sources=uses_rule_reward
+      )
   check_resume(config)
   trainer = config.trainer
-  check_writable(f"trainer.default_local_dir={trainer.default_local_dir!r}",
-                 os.path.join(trainer.default_local_dir, trainer.project_name, trainer.experiment_name))
+  check_writable(
+    f"trainer.default_local_dir={trainer.default_local_dir!r}",
+    os.path.join(trainer.default_local_dir, trainer.project_name, trainer.experiment_name),
+  )
   check_lengths(config, num_rows)
   return compute_score
 
@@ -77,11 +79,14 @@ def _files(files) -> list[str]:
 
 # ----- models --------------------------------------------------------------------------------------
 
+
 def check_model_dir(key: str, path: str) -> None:
   """`key`=`path` is a Hugging Face checkpoint directory (config.json + *.safetensors)."""
   if not os.path.exists(path):
-    raise ConfigError(f"{key}={path!r} does not exist (expected a Hugging Face checkpoint directory: config.json + "
-                      "*.safetensors, or a Hub model id org/name)")
+    raise ConfigError(
+      f"{key}={path!r} does not exist (expected a Hugging Face checkpoint directory: config.json + "
+      "*.safetensors, or a Hub model id org/name)"
+    )
   if not os.path.isdir(path):
     raise ConfigError(f"{key}={path!r} is not a directory (expected a Hugging Face checkpoint directory)")
   if not os.path.isfile(os.path.join(path, "config.json")):
@@ -124,9 +129,11 @@ def check_lora_targets(config) -> None:
   targets = [name for name in resolve_target_modules(model.target_modules, key) if name in (EMBED_TARGET, HEAD_TARGET)]
   if not model.lora_rank or not targets or not model_config_from(model).tie_word_embeddings:
     return
-  raise ConfigError(f"{key}={model.target_modules!r} adapts {targets}, but the model ties its LM head to the input "
-                    "embedding (tie_word_embeddings=True): LoRA on either needs an untied head "
-                    "(actor_rollout_ref.model.override_config.tie_word_embeddings=False)")
+  raise ConfigError(
+    f"{key}={model.target_modules!r} adapts {targets}, but the model ties its LM head to the input "
+    "embedding (tie_word_embeddings=True): LoRA on either needs an untied head "
+    "(actor_rollout_ref.model.override_config.tie_word_embeddings=False)"
+  )
 
 
 def check_tokenizer(config) -> None:
@@ -134,19 +141,24 @@ def check_tokenizer(config) -> None:
   if name.startswith("builtin:"):
     return
   if not name and not config.actor_rollout_ref.model.path:
-    raise ConfigError("no tokenizer: set data.tokenizer (a tokenizer directory, or 'builtin:recall') or "
-                      "actor_rollout_ref.model.path")
+    raise ConfigError(
+      "no tokenizer: set data.tokenizer (a tokenizer directory, or 'builtin:recall') or actor_rollout_ref.model.path"
+    )
   if name and not os.path.isdir(name):
-    raise ConfigError(f"data.tokenizer={name!r} is not a directory (expected a tokenizer directory, a Hub model id "
-                      "org/name, or 'builtin:<task>'; '' = the actor's model.path)")
+    raise ConfigError(
+      f"data.tokenizer={name!r} is not a directory (expected a tokenizer directory, a Hub model id "
+      "org/name, or 'builtin:<task>'; '' = the actor's model.path)"
+    )
 
 
 # ----- data ----------------------------------------------------------------------------------------
+
 
 def _parquet_columns(path: str, column: str, limit: int) -> tuple[set[str], list, int]:
   """(column names, the first `limit` values of `column` if it exists, number of rows) of a parquet file."""
   import pyarrow as pa
   import pyarrow.parquet as pq
+
   try:
     parquet = pq.ParquetFile(path)
     names = set(parquet.schema_arrow.names)
@@ -184,8 +196,15 @@ def _jsonl_columns(path: str, column: str, limit: int) -> tuple[set[str], list, 
   return names, values, rows
 
 
-def check_data_file(key: str, path: str, prompt_key: str, reward_fn_key: str, *,
-                    check_data_sources: bool = True, limit: int = DATA_SOURCE_SAMPLE_ROWS) -> int:
+def check_data_file(
+  key: str,
+  path: str,
+  prompt_key: str,
+  reward_fn_key: str,
+  *,
+  check_data_sources: bool = True,
+  limit: int = DATA_SOURCE_SAMPLE_ROWS,
+) -> int:
   """One data file of `key`: exists, has the prompt / data_source / reward_model columns, known data_sources.
   Returns its number of rows."""
   if path.startswith("builtin:"):
@@ -205,16 +224,25 @@ def check_data_file(key: str, path: str, prompt_key: str, reward_fn_key: str, *,
     raise DataError(f"{key}: data file {path!r}: expected a .parquet, .jsonl or builtin:<task>:<split> path")
   if num_rows == 0:
     raise DataError(f"{key}: data file {path!r} has no rows")
-  for column, what in ((prompt_key, "data.prompt_key"), (reward_fn_key, "data.reward_fn_key"),
-                       ("reward_model", "its 'ground_truth' field")):
+  for column, what in (
+    (prompt_key, "data.prompt_key"),
+    (reward_fn_key, "data.reward_fn_key"),
+    ("reward_model", "its 'ground_truth' field"),
+  ):
     if column not in names:
       raise DataError(f"{key}: data file {path!r} has no column {column!r} ({what}); columns: {sorted(names)}")
   if not check_data_sources:
     return num_rows
   check_data_sources_known(data_sources, f"{key}: data file {path!r}, column {reward_fn_key!r}")
   if num_rows > limit:
-    log.info("%s: checked the %s of the first %d of %d rows in %s; the rest are checked when the dataset is built",
-             key, reward_fn_key, limit, num_rows, path)
+    log.info(
+      "%s: checked the %s of the first %d of %d rows in %s; the rest are checked when the dataset is built",
+      key,
+      reward_fn_key,
+      limit,
+      num_rows,
+      path,
+    )
   return num_rows
 
 
@@ -228,6 +256,7 @@ def check_data_sources_known(data_sources: Iterable, where: str) -> None:
 
 
 # ----- reward function and resume path -------------------------------------------------------------
+
 
 def load_reward_function(config) -> Callable | None:
   custom = config.custom_reward_function
@@ -244,17 +273,22 @@ def check_resume(config) -> None:
   if trainer.resume_mode != "resume_path":
     return
   if not trainer.resume_from_path:
-    raise ConfigError("trainer.resume_mode='resume_path' needs trainer.resume_from_path (a "
-                      f"<run dir>/{STEP_PREFIX}_<N> checkpoint directory)")
+    raise ConfigError(
+      "trainer.resume_mode='resume_path' needs trainer.resume_from_path (a "
+      f"<run dir>/{STEP_PREFIX}_<N> checkpoint directory)"
+    )
   step_dir = os.path.abspath(trainer.resume_from_path)
   split_step_dir(step_dir)
   for item in ("state", "meta"):
     if not os.path.isdir(os.path.join(step_dir, item)):
-      raise CheckpointError(f"trainer.resume_from_path={trainer.resume_from_path!r} is not a finished jaxrlhf "
-                            f"checkpoint (it has no {item}/ folder)")
+      raise CheckpointError(
+        f"trainer.resume_from_path={trainer.resume_from_path!r} is not a finished jaxrlhf "
+        f"checkpoint (it has no {item}/ folder)"
+      )
 
 
 # ----- output paths --------------------------------------------------------------------------------
+
 
 def check_writable(what: str, path: str, *, is_file: bool = False) -> None:
   """`path`, a directory (or with `is_file` a file) to create or write into, can be written: no part of it is a
@@ -304,6 +338,7 @@ def host_memory_bytes() -> int | None:
 def device_memory_bytes() -> int | None:
   """The accelerators' memory, all devices together (None on CPU, whose devices are the host's memory)."""
   import jax
+
   stats = jax.local_devices()[0].memory_stats() or {}
   if "bytes_limit" not in stats:
     return None
@@ -331,26 +366,40 @@ def check_lengths(config, num_rows: int) -> None:
   for key, model in models:
     if model.rope_type == "default" and length > model.max_position_embeddings:
       raise ConfigError(
-          f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "
-          f"{data.max_response_length} = {length} tokens is more than {key}'s max_position_embeddings="
-          f"{model.max_position_embeddings}", hint="shorten them, or use a model whose config.json sets rope_scaling")
+        f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "
+        f"{data.max_response_length} = {length} tokens is more than {key}'s max_position_embeddings="
+        f"{model.max_position_embeddings}",
+        hint="shorten them, or use a model whose config.json sets rope_scaling",
+      )
 
   rollout = config.actor_rollout_ref.rollout
   sequences = (data.gen_batch_size or data.train_batch_size) * rollout.n
-  kv_cache = (2 * actor.num_hidden_layers * sequences * actor.num_key_value_heads * length * actor.resolved_head_dim
-              * _BYTES[rollout.dtype or actor.dtype])
+  kv_cache = (
+    2
+    * actor.num_hidden_layers
+    * sequences
+    * actor.num_key_value_heads
+    * length
+    * actor.resolved_head_dim
+    * _BYTES[rollout.dtype or actor.dtype]
+  )
   prompts = num_rows * data.max_prompt_length * 2 * 4
-  padded = (f"the prompts padded to data.max_prompt_length={data.max_prompt_length} ({num_rows:,} rows): "
-            f"{_bytes_text(prompts)}")
+  padded = (
+    f"the prompts padded to data.max_prompt_length={data.max_prompt_length} ({num_rows:,} rows): {_bytes_text(prompts)}"
+  )
   cache = f"the rollout's KV cache ({sequences:,} sequences of {length:,} tokens): {_bytes_text(kv_cache)}"
   device_memory, host_memory = device_memory_bytes(), host_memory_bytes()
   on_host = [(prompts, padded)] + ([(kv_cache, cache)] if device_memory is None else [])
   host_needs = sum(size for size, _ in on_host)
   if host_memory is not None and host_needs > host_memory:
-    raise ConfigError(f"the run needs at least {_bytes_text(host_needs)} of host memory, more than this machine's "
-                      f"{_bytes_text(host_memory)}: {'; '.join(text for _, text in on_host)}",
-                      hint="lower data.max_prompt_length / data.max_response_length")
+    raise ConfigError(
+      f"the run needs at least {_bytes_text(host_needs)} of host memory, more than this machine's "
+      f"{_bytes_text(host_memory)}: {'; '.join(text for _, text in on_host)}",
+      hint="lower data.max_prompt_length / data.max_response_length",
+    )
   if device_memory is not None and kv_cache > device_memory:
-    raise ConfigError(f"the run needs at least {_bytes_text(kv_cache)} of device memory, more than the devices' "
-                      f"{_bytes_text(device_memory)}: {cache}",
-                      hint="lower data.max_response_length / data.max_prompt_length or the batch size")
+    raise ConfigError(
+      f"the run needs at least {_bytes_text(kv_cache)} of device memory, more than the devices' "
+      f"{_bytes_text(device_memory)}: {cache}",
+      hint="lower data.max_response_length / data.max_prompt_length or the batch size",
+    )

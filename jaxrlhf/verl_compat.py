@@ -56,6 +56,7 @@ class Translated:
   the mapped keys applied. `inputs`: the other verl keys it reads (a value only the shell knows in any of
   them leaves the whole translation to train.py at run time).
   """
+
   fn: Callable[[Any, dict, ml_collections.ConfigDict], Any]
   target: str  # what it becomes, for the table and docs/verl_scripts.md
   inputs: tuple[str, ...] = ()
@@ -66,6 +67,7 @@ class Translated:
 class Ignored:
   """A verl key with no meaning in jaxrlhf. `refuse(key, value, overrides)` returns a reason for the values
   that cannot be ignored (then the key is refused, in `family`), else None; `refuses` says which, for docs."""
+
   reason: str
   refuse: Callable[[str, Any, dict], str | None] | None = None
   refuses: str = ""
@@ -75,6 +77,7 @@ class Ignored:
 @dataclasses.dataclass(frozen=True)
 class Refused:
   """A verl feature jaxrlhf does not have: every key of the family is refused in one line."""
+
   family: str
   reason: str
 
@@ -91,8 +94,9 @@ def _devices(overrides) -> int:
   try:
     return int(overrides.get(GPUS, 8)) * int(overrides.get(NODES, 1))
   except (TypeError, ValueError):
-    raise UserError(f"{GPUS} x {NODES} must be whole numbers, got {overrides.get(GPUS, 8)!r} x "
-                    f"{overrides.get(NODES, 1)!r}") from None
+    raise UserError(
+      f"{GPUS} x {NODES} must be whole numbers, got {overrides.get(GPUS, 8)!r} x {overrides.get(NODES, 1)!r}"
+    ) from None
 
 
 def _mesh_from_gpus(value, overrides, config):
@@ -111,8 +115,9 @@ def _mesh_from_gpus(value, overrides, config):
     return hybrid, dropped
   data = mesh.data if mesh.data != -1 else 1
   if devices % (data * tensor):
-    raise UserError(f"{GPUS} x {NODES} = {devices} devices are not divisible by mesh.data*mesh.tensor = "
-                    f"{data * tensor}")
+    raise UserError(
+      f"{GPUS} x {NODES} = {devices} devices are not divisible by mesh.data*mesh.tensor = {data * tensor}"
+    )
   return {**({"mesh.data": 1} if mesh.data == -1 else {}), "mesh.fsdp": devices // (data * tensor)}, dropped
 
 
@@ -126,6 +131,7 @@ def _hybrid_shard(size: int | None, devices: int | None, tensor: int, overrides,
   if size == 0 or (devices is not None and devices % size):
     raise UserError(f"{FSDP_SIZE}={size} must be -1 or divide the {devices} GPUs ({GPUS} x {NODES}), as in verl")
   from jaxrlhf.parallel.mesh import MeshError, mesh_axes  # here: loading the table must not start JAX
+
   sequence_parallel = max(get(config, key) or 1 for key in SEQUENCE_PARALLEL_KEYS.values())
   rollout_tp = overrides.get(ROLLOUT_TP) or config.actor_rollout_ref.rollout.tensor_model_parallel_size
   data = devices // size if devices is not None else -1
@@ -134,8 +140,14 @@ def _hybrid_shard(size: int | None, devices: int | None, tensor: int, overrides,
       raise MeshError(f"mesh.tensor={tensor} does not divide it")
     mesh_axes((max(data, 1), size // tensor, tensor), sequence_parallel, rollout_tp)
   except MeshError as error:
-    return {}, [(FSDP_SIZE, str(size), f"full sharding over {devices or 'all'} GPUs kept: a group of {size} "
-                                       f"cannot hold the mesh's other axes ({error})")]
+    return {}, [
+      (
+        FSDP_SIZE,
+        str(size),
+        f"full sharding over {devices or 'all'} GPUs kept: a group of {size} "
+        f"cannot hold the mesh's other axes ({error})",
+      )
+    ]
   return {"mesh.data": data, "mesh.fsdp": size // tensor}, []
 
 
@@ -154,24 +166,33 @@ def _per_gpu(target: str, sequence_parallel: tuple[str, ...]):
 
   def translate(value, overrides, config):
     if target in overrides and overrides[target] is not None and value is not None:
-      raise UserError(f"both {source} and {target} are set: verl refuses this too (only the *_per_gpu key is "
-                      "supported, the other is deprecated); remove one")
+      raise UserError(
+        f"both {source} and {target} are set: verl refuses this too (only the *_per_gpu key is "
+        "supported, the other is deprecated); remove one"
+      )
     if value is None:
       return {target: None}
     sp = next((get(config, key) for key in sequence_parallel if get(config, key)), 1)
     devices = _devices(overrides)
     ranks = max(devices // sp, 1)
     if int(value) < ranks:
-      raise UserError(f"{source}={value} sequences over {ranks} data-parallel ranks ({devices} GPUs / "
-                      f"Ulysses SP {sp}) is less than one per GPU (verl requires {source} x SP >= GPUs)")
+      raise UserError(
+        f"{source}={value} sequences over {ranks} data-parallel ranks ({devices} GPUs / "
+        f"Ulysses SP {sp}) is less than one per GPU (verl requires {source} x SP >= GPUs)"
+      )
     return {target: int(value) // ranks}
-  return Translated(translate, f"{target} = {source.rsplit('.', 1)[1]} / (GPUs / Ulysses SP), as verl divided it",
-                    inputs=(GPUS, NODES, target))
+
+  return Translated(
+    translate,
+    f"{target} = {source.rsplit('.', 1)[1]} / (GPUs / Ulysses SP), as verl divided it",
+    inputs=(GPUS, NODES, target),
+  )
 
 
 def _logger(value, overrides, config):
   del overrides, config
   from jaxrlhf.tracking.tracking import LOGGERS  # here: loading the table must not start JAX
+
   names = (value,) if isinstance(value, str) else () if value is None else tuple(value)
   kept, dropped = [], []
   for name in names:
@@ -179,19 +200,31 @@ def _logger(value, overrides, config):
     if name in LOGGERS:
       kept.append(name)
     elif name in _VERL_ONLY_LOGGERS:
-      dropped.append(("trainer.logger", name, f"{_VERL_ONLY_LOGGERS[name]}: not a jaxrlhf backend "
-                                              f"(jaxrlhf has {', '.join(LOGGERS)})"))
+      dropped.append(
+        (
+          "trainer.logger",
+          name,
+          f"{_VERL_ONLY_LOGGERS[name]}: not a jaxrlhf backend (jaxrlhf has {', '.join(LOGGERS)})",
+        )
+      )
     else:
-      raise UserError(f"trainer.logger has unknown logger {name!r}: verl's are "
-                      f"{sorted({*LOGGERS, *_VERL_ONLY_LOGGERS, *_VERL_LOGGER_NAMES} - {'jsonl'})}, "
-                      f"jaxrlhf's {list(LOGGERS)}")
+      raise UserError(
+        f"trainer.logger has unknown logger {name!r}: verl's are "
+        f"{sorted({*LOGGERS, *_VERL_ONLY_LOGGERS, *_VERL_LOGGER_NAMES} - {'jsonl'})}, "
+        f"jaxrlhf's {list(LOGGERS)}"
+      )
   return {"trainer.logger": tuple(dict.fromkeys(kept)) or ("console",)}, dropped
 
 
 # verl's names for jaxrlhf's backends, and verl's backends jaxrlhf lacks (verl 0.9.1 utils/tracking.py).
 _VERL_LOGGER_NAMES = {"file": "jsonl", "tracking": "wandb"}
-_VERL_ONLY_LOGGERS = {"swanlab": "SwanLab", "vemlp_wandb": "Volcengine ML platform's wandb", "clearml": "ClearML",
-                      "trackio": "Trackio", "rl_insight": "RL Insight"}
+_VERL_ONLY_LOGGERS = {
+  "swanlab": "SwanLab",
+  "vemlp_wandb": "Volcengine ML platform's wandb",
+  "clearml": "ClearML",
+  "trackio": "Trackio",
+  "rl_insight": "RL Insight",
+}
 
 
 def _rename(target: str, why: str = "") -> Translated:
@@ -201,8 +234,10 @@ def _rename(target: str, why: str = "") -> Translated:
 def _max_resp_len(value, overrides, config) -> dict:
   del overrides
   if value is not None and int(value) != config.data.max_response_length:
-    raise UserError(f"reward_model.reward_kwargs.max_resp_len={value} differs from data.max_response_length="
-                    f"{config.data.max_response_length}: jaxrlhf's overlong buffer ends at data.max_response_length")
+    raise UserError(
+      f"reward_model.reward_kwargs.max_resp_len={value} differs from data.max_response_length="
+      f"{config.data.max_response_length}: jaxrlhf's overlong buffer ends at data.max_response_length"
+    )
   return {}
 
 
@@ -225,6 +260,7 @@ def _profile_steps(value, overrides, config) -> dict:
 
 # ----- refusals that depend on the value ----------------------------------------------------------
 
+
 class _LeftToShell:
   """The parsed value of an override whose value only the user's shell knows."""
 
@@ -236,11 +272,13 @@ LEFT_TO_SHELL = _LeftToShell()
 NEEDS_VALUE = "jaxrlhf needs this value to decide whether it can be ignored: set its variable where you run verl_compat"
 
 _MULTI_TURN = "multi-turn rollouts: not yet (issue 35)"
-_MULTI_TURN_INERT = {"actor_rollout_ref.rollout.multi_turn.enable": False,
-                     "actor_rollout_ref.rollout.multi_turn.format": None,  # any value: tool-call parsing only
-                     "actor_rollout_ref.rollout.agent.num_workers": None,
-                     "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent",
-                     "actor_rollout_ref.rollout.over_sample_rate": 0}  # SGLang's early stop of multi-turn rollouts
+_MULTI_TURN_INERT = {
+  "actor_rollout_ref.rollout.multi_turn.enable": False,
+  "actor_rollout_ref.rollout.multi_turn.format": None,  # any value: tool-call parsing only
+  "actor_rollout_ref.rollout.agent.num_workers": None,
+  "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent",
+  "actor_rollout_ref.rollout.over_sample_rate": 0,
+}  # SGLang's early stop of multi-turn rollouts
 
 
 def _multi_turn(key, value, overrides) -> str | None:
@@ -259,9 +297,11 @@ def _strategy(key, value, overrides) -> str | None:
   return NEEDS_VALUE if value is LEFT_TO_SHELL else _MEGATRON if value == "megatron" else None
 
 
-_REWARD_MANAGERS = {"prime": "PRIME's reward manager (the PRIME recipe's verification with timeouts and implicit "
-                             "process rewards): jaxrlhf has no PRIME recipe",
-                    "collabllm": "CollabLLM's conversation-level rewards: " + _MULTI_TURN}
+_REWARD_MANAGERS = {
+  "prime": "PRIME's reward manager (the PRIME recipe's verification with timeouts and implicit "
+  "process rewards): jaxrlhf has no PRIME recipe",
+  "collabllm": "CollabLLM's conversation-level rewards: " + _MULTI_TURN,
+}
 
 
 def _reward_manager(key, value, overrides) -> str | None:
@@ -270,47 +310,66 @@ def _reward_manager(key, value, overrides) -> str | None:
     return NEEDS_VALUE
   if value in (None, "naive", "dapo", "batch", "gdpo"):
     return None
-  return _REWARD_MANAGERS.get(value, f"reward manager {value!r}: jaxrlhf's rewards are the rule by data_source or "
-                                     "custom_reward_function (naive, dapo, batch and gdpo alike)")
+  return _REWARD_MANAGERS.get(
+    value,
+    f"reward manager {value!r}: jaxrlhf's rewards are the rule by data_source or "
+    "custom_reward_function (naive, dapo, batch and gdpo alike)",
+  )
 
 
 def _refused_unless(*inert, reason: str):
   """A refusal (`reason`) for every value but the `inert` ones (verl's defaults, which change nothing)."""
+
   def refuse(key, value, overrides) -> str | None:
     del key, overrides
     return NEEDS_VALUE if value is LEFT_TO_SHELL else None if value in inert else reason
+
   return refuse
 
 
-_INPUT_TOKENIZER = ("a reward model with its own tokenizer or chat template: jaxrlhf's reward model reads the actor's "
-                    "tokens (set it to null when the two share tokenizer and chat template)")
-_LORA = {"lora_adapter_path": "continuing from a saved PEFT adapter: jaxrlhf's LoRA starts fresh adapters "
-                              "(model.lora_rank, lora_alpha, target_modules); it writes PEFT's layout "
-                              "(trainer.save_hf, jaxrlhf.export) but does not read one",
-         "exclude_modules": "modules excluded from LoRA by name: jaxrlhf adapts exactly model.target_modules "
-                            "(list the modules to adapt there instead)"}
-_CUSTOM_DATASET = ("a custom dataset class: jaxrlhf reads verl's parquet/jsonl rows itself (data.prompt_key, "
-                   "data.reward_fn_key, reward_model.ground_truth)")
-_MTP = ("multi-token prediction (MiMo's and DeepSeek-V3's MTP layers, trained or used as a speculative draft): "
-        "jaxrlhf's decoders predict the next token only")
-_MEGATRON_LORA = ("Megatron-Bridge's LoRA (model.lora.*, on Megatron's module names): jaxrlhf's LoRA is "
-                  "model.lora_rank, lora_alpha and target_modules, on Hugging Face's names")
+_INPUT_TOKENIZER = (
+  "a reward model with its own tokenizer or chat template: jaxrlhf's reward model reads the actor's "
+  "tokens (set it to null when the two share tokenizer and chat template)"
+)
+_LORA = {
+  "lora_adapter_path": "continuing from a saved PEFT adapter: jaxrlhf's LoRA starts fresh adapters "
+  "(model.lora_rank, lora_alpha, target_modules); it writes PEFT's layout "
+  "(trainer.save_hf, jaxrlhf.export) but does not read one",
+  "exclude_modules": "modules excluded from LoRA by name: jaxrlhf adapts exactly model.target_modules "
+  "(list the modules to adapt there instead)",
+}
+_CUSTOM_DATASET = (
+  "a custom dataset class: jaxrlhf reads verl's parquet/jsonl rows itself (data.prompt_key, "
+  "data.reward_fn_key, reward_model.ground_truth)"
+)
+_MTP = (
+  "multi-token prediction (MiMo's and DeepSeek-V3's MTP layers, trained or used as a speculative draft): "
+  "jaxrlhf's decoders predict the next token only"
+)
+_MEGATRON_LORA = (
+  "Megatron-Bridge's LoRA (model.lora.*, on Megatron's module names): jaxrlhf's LoRA is "
+  "model.lora_rank, lora_alpha and target_modules, on Hugging Face's names"
+)
 
 
 def _refused_when_on(switch: str, reason: str):
   """A refusal (`reason`) for every key of a section once its `switch` key is on; while it is off (verl's
   default) none of them changes anything."""
+
   def refuse(key, value, overrides) -> str | None:
     del value
     on = overrides.get(switch, False)
     if on is LEFT_TO_SHELL:
       return NEEDS_VALUE if key == switch else None
     return reason if on else None
+
   return refuse
 
 
-_CHAT_TEMPLATE_KWARGS = ("arguments for the tokenizer's apply_chat_template (reasoning_effort, enable_thinking): "
-                         "jaxrlhf renders the chat template with the template's own defaults")
+_CHAT_TEMPLATE_KWARGS = (
+  "arguments for the tokenizer's apply_chat_template (reasoning_effort, enable_thinking): "
+  "jaxrlhf renders the chat template with the template's own defaults"
+)
 
 
 def _critic_ckpt_to_keep(value, overrides, config) -> dict:
@@ -331,285 +390,432 @@ def _critic_ckpt_to_keep(value, overrides, config) -> dict:
 _VLLM = "vLLM/SGLang engine setting: generation is jaxrlhf's JAX sampler inside the compiled step"
 _RAY = "Ray: jaxrlhf is one SPMD program per host (`train.py --distributed` on each node)"
 _FSDP = "PyTorch FSDP wrapping: every parameter is sharded over the mesh's fsdp axis"
-_DYNAMIC = ("the log-prob and value phases use the actor's token budget (actor.use_dynamic_bsz, "
-            "actor.ppo_max_token_len_per_gpu)")
+_DYNAMIC = (
+  "the log-prob and value phases use the actor's token budget (actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu)"
+)
 _TORCH = "PyTorch kernel switch: XLA compiles and fuses the step"
-_CHUNKED_HEAD = ("the LM head (log-probs, entropy) runs in chunks whose logits the backward recomputes "
-                 "(actor_rollout_ref.model.logits_chunk_size)")
-_PROFILER = ("jaxrlhf traces every device of the steps in trainer.profile_steps with jax.profiler into "
-             "<run dir>/profile (view with TensorBoard or Perfetto); tool, ranks and options are verl's profilers'")
+_CHUNKED_HEAD = (
+  "the LM head (log-probs, entropy) runs in chunks whose logits the backward recomputes "
+  "(actor_rollout_ref.model.logits_chunk_size)"
+)
+_PROFILER = (
+  "jaxrlhf traces every device of the steps in trainer.profile_steps with jax.profiler into "
+  "<run dir>/profile (view with TensorBoard or Perfetto); tool, ranks and options are verl's profilers'"
+)
 _REWARD_ENGINE = "the reward model's own engine (verl serves it apart): jaxrlhf's reward model scores inside the step"
-_MEGATRON = ("Megatron-LM's tensor/pipeline/context/expert parallelism: jaxrlhf trains with FSDP (and Ulysses SP) "
-             "over its mesh; drop the megatron keys (trainer.n_gpus_per_node sizes the mesh, "
-             "ulysses_sequence_parallel_size splits long sequences)")
+_MEGATRON = (
+  "Megatron-LM's tensor/pipeline/context/expert parallelism: jaxrlhf trains with FSDP (and Ulysses SP) "
+  "over its mesh; drop the megatron keys (trainer.n_gpus_per_node sizes the mesh, "
+  "ulysses_sequence_parallel_size splits long sequences)"
+)
 _VISION = "vision-language data (images, videos, audio): jaxrlhf's decoders read text only"
 _CHECKPOINT = "checkpoints always hold model, optimizer and data state (Orbax)"
 
 SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
-    ("The cluster and the mesh", {
-        GPUS: Translated(_mesh_from_gpus, "mesh.fsdp = GPUs per node x nodes / (mesh.data x mesh.tensor): "
-                         "training is FSDP, as verl's", inputs=(NODES, FSDP_SIZE)),
-        NODES: Translated(_mesh_from_gpus, "mesh.fsdp (with trainer.n_gpus_per_node)", inputs=(GPUS, FSDP_SIZE)),
-        FSDP_SIZE: Translated(
-            _mesh_from_gpus, "verl's hybrid sharding: k < GPUs -> mesh.fsdp = k, mesh.data = GPUs / k (-1, filled, "
-            "without trainer.n_gpus_per_node / nnodes; parameters "
-            "sharded within each group of k devices, replicated over the groups; where Ulysses SP or generation TP "
-            "do not fit in a group of k, one group, reported); -1 or k >= GPUs: one group",
-            inputs=(GPUS, NODES, ROLLOUT_TP, *SEQUENCE_PARALLEL_KEYS.values())),
-        ROLLOUT_TP: Translated(_rollout_tp, "the same key: generation's tensor parallelism, k ways over the fsdp "
-                               "devices (training stays FSDP: mesh.tensor is not touched)", inputs=(GPUS, NODES)),
-        "actor_rollout_ref.hybrid_engine": Ignored("actor and rollout always share one set of weights in one program"),
-        "actor_rollout_ref.actor.strategy": Ignored(
-            "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"),
-        "critic.strategy": Ignored("one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`",
-                                   "Megatron-LM"),
-        "actor_rollout_ref.ref.strategy": Ignored("one strategy: XLA SPMD over the mesh (mesh.*)", _strategy,
-                                                  "`megatron`", "Megatron-LM"),
-        "actor_rollout_ref.actor.fsdp_config.*": Ignored(_FSDP),
-        "actor_rollout_ref.ref.fsdp_config.*": Ignored(_FSDP),
-        "critic.model.fsdp_config.*": Ignored(_FSDP + "; the critic's state stays on the device"),
-        "critic.model.fsdp_config.fsdp_size": Ignored("one mesh for every model: the actor's fsdp_config.fsdp_size "
-                                                      "sets it"),
-        "actor_rollout_ref.nccl_timeout": Ignored("the timeout of verl's NCCL process groups: XLA's collectives "
-                                                  "run inside the compiled step"),
-        "trainer.use_legacy_worker_impl": Ignored("verl's choice between its worker implementations: jaxrlhf has one"),
-        "ray_init.*": Ignored(_RAY),
-        "ray_kwargs.*": Ignored(_RAY),
-        "trainer.ray_wait_register_center_timeout": Ignored(_RAY),
-        "trainer.device": Ignored("JAX picks the platform (JAX_PLATFORMS=cuda|tpu|cpu)"),
-        "trainer.balance_batch": Ignored("verl balances sequence lengths over data-parallel ranks: jaxrlhf sizes "
-                                         "micro-batches by tokens (actor.use_dynamic_bsz) inside the step"),
-    }),
-    ("Batch sizes", {
-        "actor_rollout_ref.actor.ppo_micro_batch_size": _per_gpu(
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-            ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",)),
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size": _per_gpu(
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-            ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",)),
-        "actor_rollout_ref.ref.log_prob_micro_batch_size": _per_gpu(
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-            ("actor_rollout_ref.ref.ulysses_sequence_parallel_size",
-             "actor_rollout_ref.actor.ulysses_sequence_parallel_size")),
-        "critic.ppo_micro_batch_size": _per_gpu("critic.ppo_micro_batch_size_per_gpu",
-                                                ("critic.ulysses_sequence_parallel_size",)),
-        "critic.forward_micro_batch_size": _per_gpu("critic.forward_micro_batch_size_per_gpu",
-                                                    ("critic.ulysses_sequence_parallel_size",)),
-        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": Ignored(_DYNAMIC),
-        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": Ignored(_DYNAMIC),
-        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": Ignored(_DYNAMIC),
-        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": Ignored(_DYNAMIC),
-        "critic.use_dynamic_bsz": Ignored(_DYNAMIC),
-        "critic.ppo_max_token_len_per_gpu": Ignored(_DYNAMIC),
-        "critic.forward_max_token_len_per_gpu": Ignored(_DYNAMIC),
-    }),
-    ("The optimizer", {
-        "actor_rollout_ref.actor.optim.clip_grad": _rename("actor_rollout_ref.actor.grad_clip", "verl's optimizer "
-                                                                                                "spelling"),
-        "critic.optim.clip_grad": _rename("critic.grad_clip", "verl's optimizer spelling"),
-        "actor_rollout_ref.actor.optim.warmup_style": _rename("actor_rollout_ref.actor.optim.lr_scheduler_type",
-                                                              "verl's old name"),
-        "critic.optim.warmup_style": _rename("critic.optim.lr_scheduler_type", "verl's old name"),
-        "actor_rollout_ref.actor.use_token_level_loss": Translated(
-            _token_level_loss, "actor_rollout_ref.actor.loss_agg_mode: True -> token-mean, False -> "
-            "seq-mean-token-mean (the DAPO recipe's switch before loss_agg_mode)"),
-        "actor_rollout_ref.actor.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
-        "critic.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
-    }),
-    ("The rollout engine", {
-        "actor_rollout_ref.rollout.name": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.mode": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.gpu_memory_utilization": Ignored(
-            "vLLM's KV-cache share of GPU memory: XLA sizes the KV cache for the batch when it compiles"),
-        "actor_rollout_ref.rollout.enforce_eager": Ignored("vLLM's CUDA-graph switch: the sampler is always compiled"),
-        "actor_rollout_ref.rollout.free_cache_engine": Ignored(
-            "vLLM frees its KV cache between rollouts: XLA frees the cache when generation ends"),
-        "actor_rollout_ref.rollout.enable_chunked_prefill": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.enable_prefix_caching": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.cudagraph_capture_sizes": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.disable_log_stats": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.max_num_batched_tokens": Ignored(
-            "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"),
-        "actor_rollout_ref.rollout.max_num_seqs": Ignored(
-            "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"),
-        "actor_rollout_ref.rollout.max_model_len": Ignored(
-            "vLLM's longest sequence: jaxrlhf's KV cache holds data.max_prompt_length + data.max_response_length"),
-        "actor_rollout_ref.rollout.data_parallel_size": Ignored("vLLM's engine replicas: generation runs on every "
-                                                                "device of the mesh"),
-        "actor_rollout_ref.rollout.expert_parallel_size": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.pipeline_model_parallel_size": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.load_format": Ignored("the sampler reads the actor's weights inside the step"),
-        "actor_rollout_ref.rollout.layered_summon": Ignored(_FSDP),
-        "actor_rollout_ref.rollout.calculate_log_probs": Ignored("the old log-probs are recomputed by the actor"),
-        "actor_rollout_ref.rollout.engine_kwargs.*": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.skip_tokenizer_init": Ignored(_VLLM),
-        "actor_rollout_ref.rollout.multi_stage_wake_up": Ignored(
-            "vLLM/SGLang wake weights and KV cache up in stages to save memory: jaxrlhf's weights and KV cache are "
-            "buffers of the one compiled program"),
-        "actor_rollout_ref.rollout.prometheus.*": Ignored("the inference server's Prometheus metrics: jaxrlhf serves "
-                                                          "its own at trainer.prometheus_port"),
-        "actor_rollout_ref.rollout.trace.*": Ignored(
-            "verl's rollout traces (weave, mlflow): jaxrlhf writes validation generations to "
-            "<run dir>/val_generations.jsonl (trainer.log_val_generations)"),
-        "actor_rollout_ref.rollout.checkpoint_engine.*": Ignored("verl's weight transfer to the rollout engine: the "
-                                                                 "sampler reads the actor's weights in place"),
-    }),
-    ("The model and its kernels", {
-        "actor_rollout_ref.actor.use_torch_compile": Ignored(_TORCH),
-        "actor_rollout_ref.ref.use_torch_compile": Ignored(_TORCH),
-        "actor_rollout_ref.model.use_fused_kernels": Ignored(_TORCH),
-        "actor_rollout_ref.model.fused_kernel_options.*": Ignored(_TORCH),
-        "actor_rollout_ref.model.use_liger": Ignored(_TORCH),
-        "actor_rollout_ref.actor.entropy_checkpointing": Ignored(_CHUNKED_HEAD),
-        "actor_rollout_ref.actor.entropy_from_logits_with_chunking": Ignored(_CHUNKED_HEAD),
-        "actor_rollout_ref.ref.entropy_checkpointing": Ignored(_CHUNKED_HEAD),
-        "actor_rollout_ref.ref.entropy_from_logits_with_chunking": Ignored(_CHUNKED_HEAD),
-        "actor_rollout_ref.actor.use_prefix_grouper": Ignored(
-            "PrefixGrouper computes a group's shared prompt once (the same log-probs, less compute): jaxrlhf runs "
-            "each sequence's forward whole"),
-        "actor_rollout_ref.actor.calculate_sum_pi_squared": Ignored(
-            "jaxrlhf's old-log-prob forward computes sum(pi^2) exactly when algorithm.adv_estimator is "
-            "optimal_token_baseline or tir_optimal_token_baseline (where verl needs it True)"),
-        **{f"{model}.enable_activation_offload": Ignored(
-            "PyTorch's activation offload to CPU: jaxrlhf saves activation memory by recomputing them "
-            "(model.enable_gradient_checkpointing)") for model in ("actor_rollout_ref.model", "critic.model")},
-        **{f"{model}.{name}": Ignored(inert, _refused_unless(None, "", [], reason=_LORA[name]), refuses, "LoRA")
-           for model in ("actor_rollout_ref.model", "critic.model")
-           for name, inert, refuses in (("lora_adapter_path", "null: fresh adapters", "a path"),
-                                        ("exclude_modules", "null or []: no module excluded", "a module list"))},
-        "actor_rollout_ref.model.mtp.*": Ignored(
-            "off (mtp.enable=False, verl's default)", _refused_when_on("actor_rollout_ref.model.mtp.enable", _MTP),
-            "`mtp.enable=True`", "multi-token prediction"),
-        **{f"{model}.lora.*": Ignored("off (lora.rank=0, verl's default)",
-                                      _refused_when_on(f"{model}.lora.rank", _MEGATRON_LORA), "`lora.rank` > 0",
-                                      "Megatron-LM") for model in ("actor_rollout_ref.model", "critic.model")},
-        "actor_rollout_ref.model.use_shm": Ignored("the model is read from its directory once"),
-        "actor_rollout_ref.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
-        "actor_rollout_ref.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
-        "critic.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
-        "critic.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
-        "critic.model.tokenizer_path": Ignored("the critic reads the actor's tokens (one tokenizer: data.tokenizer)"),
-        **{f"actor_rollout_ref.model.override_config.{name}": Ignored("jaxrlhf's decoder has no dropout (RL sets it 0)")
-           for name in ("attention_dropout", "embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout")},
-    }),
-    ("Rewards", {
-        "reward_model.reward_manager": Ignored(
-            "rewards are scored by data_source one sample at a time (naive, dapo and gdpo alike; with batch, "
-            "custom_reward_function takes one sample as naive's does); DAPO's overlong shaping is "
-            "reward_model.overlong_buffer", _reward_manager, "`prime`, `collabllm` and managers jaxrlhf lacks",
-            "reward manager"),
-        **{f"{prefix}.{name}": _rename(f"reward_model.overlong_buffer.{name}", "DAPO's overlong buffer")
-           for prefix in ("reward_model.reward_kwargs.overlong_buffer_cfg", "custom_reward_function.overlong_buffer")
-           for name in ("enable", "len", "penalty_factor")},
-        **{f"{prefix}.log": Ignored("verl logs each sample's overlong_reward: jaxrlhf logs response_length/clip_ratio "
-                                    "(responses cut at the maximum)")
-           for prefix in ("reward_model.reward_kwargs.overlong_buffer_cfg", "custom_reward_function.overlong_buffer",
-                          "reward_model.overlong_buffer")},
-        "reward_model.reward_kwargs.max_resp_len": Translated(
-            _max_resp_len, "nothing: checked to equal data.max_response_length, where jaxrlhf's overlong buffer ends"),
-        "reward_model.use_reward_loop": Ignored("verl's asynchronous reward loop: jaxrlhf scores inside the step"),
-        "reward_model.rollout.*": Ignored(_REWARD_ENGINE),
-        "reward_model.enable_resource_pool": Ignored(_REWARD_ENGINE),
-        "reward_model.n_gpus_per_node": Ignored(_REWARD_ENGINE),
-        "reward_model.nnodes": Ignored(_REWARD_ENGINE),
-        "reward_model.strategy": Ignored(_REWARD_ENGINE),
-        "reward_model.micro_batch_size": Ignored(_REWARD_ENGINE),
-        "reward_model.micro_batch_size_per_gpu": Ignored(_REWARD_ENGINE),
-        "reward_model.max_length": Ignored(_REWARD_ENGINE),
-        "reward_model.use_dynamic_bsz": Ignored(_REWARD_ENGINE),
-        "reward_model.forward_max_token_len_per_gpu": Ignored(_REWARD_ENGINE),
-        "reward_model.model.use_remove_padding": Ignored(_REWARD_ENGINE),
-        "reward_model.model.fsdp_config.*": Ignored(_FSDP),
-        "reward_model.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
-        "reward_model.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
-        "reward_model.model.input_tokenizer": Ignored(
-            "null: the reward model reads the actor's tokens", _refused_unless(None, reason=_INPUT_TOKENIZER),
-            "any tokenizer (not null)", "reward model tokenizer"),
-        "reward_model.reward_loop_source": Refused("custom reward loop", "a custom reward loop class: jaxrlhf's "
-                                                   "reward is custom_reward_function"),
-        "reward_model.reward_loop_module_path": Refused("custom reward loop", "a custom reward loop class: "
-                                                        "jaxrlhf's reward is custom_reward_function"),
-        "reward_model.reward_loop_class_name": Refused("custom reward loop", "a custom reward loop class: "
-                                                       "jaxrlhf's reward is custom_reward_function"),
-    }),
-    ("The algorithm", {
-        "algorithm.filter_groups.metric": Translated(
-            _filter_metric, "algorithm.filter_groups.metric; verl's `acc` and `reward` become `score`",
-            note="`acc`/`reward` -> `score`: jaxrlhf filters on the sequence score (the reward's score, plus the "
-                 "overlong penalty when it is on), the same groups as verl's `acc` for a reward that scores "
-                 "correctness alone; with the overlong penalty on, a group whose answers are all right or all "
-                 "wrong but whose lengths differ in the buffer is kept"),
-    }),
-    ("Logging, profiling, checkpoints", {
-        "trainer.logger": Translated(_logger, "trainer.logger: jaxrlhf's backends kept (verl's `file` -> jsonl), "
-                                     "verl's others (swanlab, vemlp_wandb, clearml, trackio) dropped and reported, "
-                                     "an unknown name refused"),
-        "global_profiler.steps": Translated(_profile_steps, "trainer.profile_steps (null -> none)"),
-        "trainer.profile_steps": Translated(_profile_steps, "trainer.profile_steps (null -> none)"),
-        "global_profiler.*": Ignored(_PROFILER),
-        "*.profiler.*": Ignored(_PROFILER),
-        "actor_rollout_ref.actor.checkpoint.*": Ignored(_CHECKPOINT),
-        "critic.checkpoint.*": Ignored(_CHECKPOINT),
-        "trainer.max_critic_ckpt_to_keep": Translated(
-            _critic_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep = the larger of the two (None: all): a jaxrlhf "
-            "checkpoint holds actor and critic together", inputs=("trainer.max_actor_ckpt_to_keep",)),
-        "trainer.default_hdfs_dir": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
-        "trainer.del_local_ckpt_after_load": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
-        "hydra.*": Ignored("Hydra's own settings (its output directory): train.py writes to the run directory"),
-    }),
-    ("Data loading", {
-        "data.return_raw_chat": Ignored("the prompt is tokenized once, through the chat template"),
-        "data.return_raw_input_ids": Ignored("the prompt is tokenized once, through the chat template"),
-        "data.return_full_prompt": Ignored("the prompt is tokenized once, through the chat template"),
-        "data.dataloader_num_workers": Ignored("the whole data set is tokenized up front; batches are host arrays"),
-        "data.filter_overlong_prompts_workers": Ignored("the whole data set is tokenized up front"),
-        "data.use_shm": Ignored("the data files are read once"),
-        "data.trust_remote_code": Ignored("never remote code"),
-        "data.custom_cls.*": Ignored("null: verl's own dataset", _refused_unless(None, reason=_CUSTOM_DATASET),
-                                     "a class (not null)", "custom dataset class"),
-        "data.apply_chat_template_kwargs.*": Refused("chat template arguments", _CHAT_TEMPLATE_KWARGS),
-    }),
-    ("Features jaxrlhf does not have", {
-        "*.megatron.*": Refused("Megatron-LM", _MEGATRON),
-        **{key: Refused("vision-language", _VISION) for key in (
-            "data.image_key", "data.video_key", "data.audio_key", "data.image_patch_size",
-            "data.return_multi_modal_inputs", "data.mm_processor_kwargs.*", "actor_rollout_ref.rollout.limit_images",
-            "actor_rollout_ref.actor.freeze_vision_tower")},
-        **{key: Ignored("single-turn rollouts, as jaxrlhf's (verl's default)", _multi_turn,
-                        "anything but single-turn settings (`multi_turn.enable=False`, `multi_turn.format`, "
-                        "`agent.num_workers`, `agent.default_agent_loop=single_turn_agent`, `over_sample_rate=0`)",
-                        "multi-turn")
-           for key in ("actor_rollout_ref.rollout.multi_turn.*", "actor_rollout_ref.rollout.agent.*",
-                       "actor_rollout_ref.rollout.over_sample_rate",
-                       "data.tool_config_path", "data.function_tool_path")},
-    }),
+  (
+    "The cluster and the mesh",
+    {
+      GPUS: Translated(
+        _mesh_from_gpus,
+        "mesh.fsdp = GPUs per node x nodes / (mesh.data x mesh.tensor): training is FSDP, as verl's",
+        inputs=(NODES, FSDP_SIZE),
+      ),
+      NODES: Translated(_mesh_from_gpus, "mesh.fsdp (with trainer.n_gpus_per_node)", inputs=(GPUS, FSDP_SIZE)),
+      FSDP_SIZE: Translated(
+        _mesh_from_gpus,
+        "verl's hybrid sharding: k < GPUs -> mesh.fsdp = k, mesh.data = GPUs / k (-1, filled, "
+        "without trainer.n_gpus_per_node / nnodes; parameters "
+        "sharded within each group of k devices, replicated over the groups; where Ulysses SP or generation TP "
+        "do not fit in a group of k, one group, reported); -1 or k >= GPUs: one group",
+        inputs=(GPUS, NODES, ROLLOUT_TP, *SEQUENCE_PARALLEL_KEYS.values()),
+      ),
+      ROLLOUT_TP: Translated(
+        _rollout_tp,
+        "the same key: generation's tensor parallelism, k ways over the fsdp "
+        "devices (training stays FSDP: mesh.tensor is not touched)",
+        inputs=(GPUS, NODES),
+      ),
+      "actor_rollout_ref.hybrid_engine": Ignored("actor and rollout always share one set of weights in one program"),
+      "actor_rollout_ref.actor.strategy": Ignored(
+        "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"
+      ),
+      "critic.strategy": Ignored(
+        "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"
+      ),
+      "actor_rollout_ref.ref.strategy": Ignored(
+        "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"
+      ),
+      "actor_rollout_ref.actor.fsdp_config.*": Ignored(_FSDP),
+      "actor_rollout_ref.ref.fsdp_config.*": Ignored(_FSDP),
+      "critic.model.fsdp_config.*": Ignored(_FSDP + "; the critic's state stays on the device"),
+      "critic.model.fsdp_config.fsdp_size": Ignored(
+        "one mesh for every model: the actor's fsdp_config.fsdp_size sets it"
+      ),
+      "actor_rollout_ref.nccl_timeout": Ignored(
+        "the timeout of verl's NCCL process groups: XLA's collectives run inside the compiled step"
+      ),
+      "trainer.use_legacy_worker_impl": Ignored("verl's choice between its worker implementations: jaxrlhf has one"),
+      "ray_init.*": Ignored(_RAY),
+      "ray_kwargs.*": Ignored(_RAY),
+      "trainer.ray_wait_register_center_timeout": Ignored(_RAY),
+      "trainer.device": Ignored("JAX picks the platform (JAX_PLATFORMS=cuda|tpu|cpu)"),
+      "trainer.balance_batch": Ignored(
+        "verl balances sequence lengths over data-parallel ranks: jaxrlhf sizes "
+        "micro-batches by tokens (actor.use_dynamic_bsz) inside the step"
+      ),
+    },
+  ),
+  (
+    "Batch sizes",
+    {
+      "actor_rollout_ref.actor.ppo_micro_batch_size": _per_gpu(
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",),
+      ),
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size": _per_gpu(
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",),
+      ),
+      "actor_rollout_ref.ref.log_prob_micro_batch_size": _per_gpu(
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        (
+          "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+          "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+        ),
+      ),
+      "critic.ppo_micro_batch_size": _per_gpu(
+        "critic.ppo_micro_batch_size_per_gpu", ("critic.ulysses_sequence_parallel_size",)
+      ),
+      "critic.forward_micro_batch_size": _per_gpu(
+        "critic.forward_micro_batch_size_per_gpu", ("critic.ulysses_sequence_parallel_size",)
+      ),
+      "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": Ignored(_DYNAMIC),
+      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": Ignored(_DYNAMIC),
+      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": Ignored(_DYNAMIC),
+      "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": Ignored(_DYNAMIC),
+      "critic.use_dynamic_bsz": Ignored(_DYNAMIC),
+      "critic.ppo_max_token_len_per_gpu": Ignored(_DYNAMIC),
+      "critic.forward_max_token_len_per_gpu": Ignored(_DYNAMIC),
+    },
+  ),
+  (
+    "The optimizer",
+    {
+      "actor_rollout_ref.actor.optim.clip_grad": _rename(
+        "actor_rollout_ref.actor.grad_clip", "verl's optimizer spelling"
+      ),
+      "critic.optim.clip_grad": _rename("critic.grad_clip", "verl's optimizer spelling"),
+      "actor_rollout_ref.actor.optim.warmup_style": _rename(
+        "actor_rollout_ref.actor.optim.lr_scheduler_type", "verl's old name"
+      ),
+      "critic.optim.warmup_style": _rename("critic.optim.lr_scheduler_type", "verl's old name"),
+      "actor_rollout_ref.actor.use_token_level_loss": Translated(
+        _token_level_loss,
+        "actor_rollout_ref.actor.loss_agg_mode: True -> token-mean, False -> "
+        "seq-mean-token-mean (the DAPO recipe's switch before loss_agg_mode)",
+      ),
+      "actor_rollout_ref.actor.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
+      "critic.optim.total_training_steps": Ignored("verl fills it at run time from the data"),
+    },
+  ),
+  (
+    "The rollout engine",
+    {
+      "actor_rollout_ref.rollout.name": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.mode": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.gpu_memory_utilization": Ignored(
+        "vLLM's KV-cache share of GPU memory: XLA sizes the KV cache for the batch when it compiles"
+      ),
+      "actor_rollout_ref.rollout.enforce_eager": Ignored("vLLM's CUDA-graph switch: the sampler is always compiled"),
+      "actor_rollout_ref.rollout.free_cache_engine": Ignored(
+        "vLLM frees its KV cache between rollouts: XLA frees the cache when generation ends"
+      ),
+      "actor_rollout_ref.rollout.enable_chunked_prefill": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.enable_prefix_caching": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.cudagraph_capture_sizes": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.disable_log_stats": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.max_num_batched_tokens": Ignored(
+        "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"
+      ),
+      "actor_rollout_ref.rollout.max_num_seqs": Ignored(
+        "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"
+      ),
+      "actor_rollout_ref.rollout.max_model_len": Ignored(
+        "vLLM's longest sequence: jaxrlhf's KV cache holds data.max_prompt_length + data.max_response_length"
+      ),
+      "actor_rollout_ref.rollout.data_parallel_size": Ignored(
+        "vLLM's engine replicas: generation runs on every device of the mesh"
+      ),
+      "actor_rollout_ref.rollout.expert_parallel_size": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.pipeline_model_parallel_size": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.load_format": Ignored("the sampler reads the actor's weights inside the step"),
+      "actor_rollout_ref.rollout.layered_summon": Ignored(_FSDP),
+      "actor_rollout_ref.rollout.calculate_log_probs": Ignored("the old log-probs are recomputed by the actor"),
+      "actor_rollout_ref.rollout.engine_kwargs.*": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.skip_tokenizer_init": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.multi_stage_wake_up": Ignored(
+        "vLLM/SGLang wake weights and KV cache up in stages to save memory: jaxrlhf's weights and KV cache are "
+        "buffers of the one compiled program"
+      ),
+      "actor_rollout_ref.rollout.prometheus.*": Ignored(
+        "the inference server's Prometheus metrics: jaxrlhf serves its own at trainer.prometheus_port"
+      ),
+      "actor_rollout_ref.rollout.trace.*": Ignored(
+        "verl's rollout traces (weave, mlflow): jaxrlhf writes validation generations to "
+        "<run dir>/val_generations.jsonl (trainer.log_val_generations)"
+      ),
+      "actor_rollout_ref.rollout.checkpoint_engine.*": Ignored(
+        "verl's weight transfer to the rollout engine: the sampler reads the actor's weights in place"
+      ),
+    },
+  ),
+  (
+    "The model and its kernels",
+    {
+      "actor_rollout_ref.actor.use_torch_compile": Ignored(_TORCH),
+      "actor_rollout_ref.ref.use_torch_compile": Ignored(_TORCH),
+      "actor_rollout_ref.model.use_fused_kernels": Ignored(_TORCH),
+      "actor_rollout_ref.model.fused_kernel_options.*": Ignored(_TORCH),
+      "actor_rollout_ref.model.use_liger": Ignored(_TORCH),
+      "actor_rollout_ref.actor.entropy_checkpointing": Ignored(_CHUNKED_HEAD),
+      "actor_rollout_ref.actor.entropy_from_logits_with_chunking": Ignored(_CHUNKED_HEAD),
+      "actor_rollout_ref.ref.entropy_checkpointing": Ignored(_CHUNKED_HEAD),
+      "actor_rollout_ref.ref.entropy_from_logits_with_chunking": Ignored(_CHUNKED_HEAD),
+      "actor_rollout_ref.actor.use_prefix_grouper": Ignored(
+        "PrefixGrouper computes a group's shared prompt once (the same log-probs, less compute): jaxrlhf runs "
+        "each sequence's forward whole"
+      ),
+      "actor_rollout_ref.actor.calculate_sum_pi_squared": Ignored(
+        "jaxrlhf's old-log-prob forward computes sum(pi^2) exactly when algorithm.adv_estimator is "
+        "optimal_token_baseline or tir_optimal_token_baseline (where verl needs it True)"
+      ),
+      **{
+        f"{model}.enable_activation_offload": Ignored(
+          "PyTorch's activation offload to CPU: jaxrlhf saves activation memory by recomputing them "
+          "(model.enable_gradient_checkpointing)"
+        )
+        for model in ("actor_rollout_ref.model", "critic.model")
+      },
+      **{
+        f"{model}.{name}": Ignored(inert, _refused_unless(None, "", [], reason=_LORA[name]), refuses, "LoRA")
+        for model in ("actor_rollout_ref.model", "critic.model")
+        for name, inert, refuses in (
+          ("lora_adapter_path", "null: fresh adapters", "a path"),
+          ("exclude_modules", "null or []: no module excluded", "a module list"),
+        )
+      },
+      "actor_rollout_ref.model.mtp.*": Ignored(
+        "off (mtp.enable=False, verl's default)",
+        _refused_when_on("actor_rollout_ref.model.mtp.enable", _MTP),
+        "`mtp.enable=True`",
+        "multi-token prediction",
+      ),
+      **{
+        f"{model}.lora.*": Ignored(
+          "off (lora.rank=0, verl's default)",
+          _refused_when_on(f"{model}.lora.rank", _MEGATRON_LORA),
+          "`lora.rank` > 0",
+          "Megatron-LM",
+        )
+        for model in ("actor_rollout_ref.model", "critic.model")
+      },
+      "actor_rollout_ref.model.use_shm": Ignored("the model is read from its directory once"),
+      "actor_rollout_ref.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
+      "actor_rollout_ref.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
+      "critic.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
+      "critic.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
+      "critic.model.tokenizer_path": Ignored("the critic reads the actor's tokens (one tokenizer: data.tokenizer)"),
+      **{
+        f"actor_rollout_ref.model.override_config.{name}": Ignored("jaxrlhf's decoder has no dropout (RL sets it 0)")
+        for name in ("attention_dropout", "embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout")
+      },
+    },
+  ),
+  (
+    "Rewards",
+    {
+      "reward_model.reward_manager": Ignored(
+        "rewards are scored by data_source one sample at a time (naive, dapo and gdpo alike; with batch, "
+        "custom_reward_function takes one sample as naive's does); DAPO's overlong shaping is "
+        "reward_model.overlong_buffer",
+        _reward_manager,
+        "`prime`, `collabllm` and managers jaxrlhf lacks",
+        "reward manager",
+      ),
+      **{
+        f"{prefix}.{name}": _rename(f"reward_model.overlong_buffer.{name}", "DAPO's overlong buffer")
+        for prefix in ("reward_model.reward_kwargs.overlong_buffer_cfg", "custom_reward_function.overlong_buffer")
+        for name in ("enable", "len", "penalty_factor")
+      },
+      **{
+        f"{prefix}.log": Ignored(
+          "verl logs each sample's overlong_reward: jaxrlhf logs response_length/clip_ratio "
+          "(responses cut at the maximum)"
+        )
+        for prefix in (
+          "reward_model.reward_kwargs.overlong_buffer_cfg",
+          "custom_reward_function.overlong_buffer",
+          "reward_model.overlong_buffer",
+        )
+      },
+      "reward_model.reward_kwargs.max_resp_len": Translated(
+        _max_resp_len, "nothing: checked to equal data.max_response_length, where jaxrlhf's overlong buffer ends"
+      ),
+      "reward_model.use_reward_loop": Ignored("verl's asynchronous reward loop: jaxrlhf scores inside the step"),
+      "reward_model.rollout.*": Ignored(_REWARD_ENGINE),
+      "reward_model.enable_resource_pool": Ignored(_REWARD_ENGINE),
+      "reward_model.n_gpus_per_node": Ignored(_REWARD_ENGINE),
+      "reward_model.nnodes": Ignored(_REWARD_ENGINE),
+      "reward_model.strategy": Ignored(_REWARD_ENGINE),
+      "reward_model.micro_batch_size": Ignored(_REWARD_ENGINE),
+      "reward_model.micro_batch_size_per_gpu": Ignored(_REWARD_ENGINE),
+      "reward_model.max_length": Ignored(_REWARD_ENGINE),
+      "reward_model.use_dynamic_bsz": Ignored(_REWARD_ENGINE),
+      "reward_model.forward_max_token_len_per_gpu": Ignored(_REWARD_ENGINE),
+      "reward_model.model.use_remove_padding": Ignored(_REWARD_ENGINE),
+      "reward_model.model.fsdp_config.*": Ignored(_FSDP),
+      "reward_model.model.external_lib": Ignored("models are jaxrlhf's own Flax decoders (Llama/Qwen/Mistral)"),
+      "reward_model.model.trust_remote_code": Ignored("never remote code: models are jaxrlhf's own decoders"),
+      "reward_model.model.input_tokenizer": Ignored(
+        "null: the reward model reads the actor's tokens",
+        _refused_unless(None, reason=_INPUT_TOKENIZER),
+        "any tokenizer (not null)",
+        "reward model tokenizer",
+      ),
+      "reward_model.reward_loop_source": Refused(
+        "custom reward loop", "a custom reward loop class: jaxrlhf's reward is custom_reward_function"
+      ),
+      "reward_model.reward_loop_module_path": Refused(
+        "custom reward loop", "a custom reward loop class: jaxrlhf's reward is custom_reward_function"
+      ),
+      "reward_model.reward_loop_class_name": Refused(
+        "custom reward loop", "a custom reward loop class: jaxrlhf's reward is custom_reward_function"
+      ),
+    },
+  ),
+  (
+    "The algorithm",
+    {
+      "algorithm.filter_groups.metric": Translated(
+        _filter_metric,
+        "algorithm.filter_groups.metric; verl's `acc` and `reward` become `score`",
+        note="`acc`/`reward` -> `score`: jaxrlhf filters on the sequence score (the reward's score, plus the "
+        "overlong penalty when it is on), the same groups as verl's `acc` for a reward that scores "
+        "correctness alone; with the overlong penalty on, a group whose answers are all right or all "
+        "wrong but whose lengths differ in the buffer is kept",
+      ),
+    },
+  ),
+  (
+    "Logging, profiling, checkpoints",
+    {
+      "trainer.logger": Translated(
+        _logger,
+        "trainer.logger: jaxrlhf's backends kept (verl's `file` -> jsonl), "
+        "verl's others (swanlab, vemlp_wandb, clearml, trackio) dropped and reported, "
+        "an unknown name refused",
+      ),
+      "global_profiler.steps": Translated(_profile_steps, "trainer.profile_steps (null -> none)"),
+      "trainer.profile_steps": Translated(_profile_steps, "trainer.profile_steps (null -> none)"),
+      "global_profiler.*": Ignored(_PROFILER),
+      "*.profiler.*": Ignored(_PROFILER),
+      "actor_rollout_ref.actor.checkpoint.*": Ignored(_CHECKPOINT),
+      "critic.checkpoint.*": Ignored(_CHECKPOINT),
+      "trainer.max_critic_ckpt_to_keep": Translated(
+        _critic_ckpt_to_keep,
+        "trainer.max_actor_ckpt_to_keep = the larger of the two (None: all): a jaxrlhf "
+        "checkpoint holds actor and critic together",
+        inputs=("trainer.max_actor_ckpt_to_keep",),
+      ),
+      "trainer.default_hdfs_dir": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
+      "trainer.del_local_ckpt_after_load": Ignored("checkpoints go to trainer.default_local_dir (any mounted path)"),
+      "hydra.*": Ignored("Hydra's own settings (its output directory): train.py writes to the run directory"),
+    },
+  ),
+  (
+    "Data loading",
+    {
+      "data.return_raw_chat": Ignored("the prompt is tokenized once, through the chat template"),
+      "data.return_raw_input_ids": Ignored("the prompt is tokenized once, through the chat template"),
+      "data.return_full_prompt": Ignored("the prompt is tokenized once, through the chat template"),
+      "data.dataloader_num_workers": Ignored("the whole data set is tokenized up front; batches are host arrays"),
+      "data.filter_overlong_prompts_workers": Ignored("the whole data set is tokenized up front"),
+      "data.use_shm": Ignored("the data files are read once"),
+      "data.trust_remote_code": Ignored("never remote code"),
+      "data.custom_cls.*": Ignored(
+        "null: verl's own dataset",
+        _refused_unless(None, reason=_CUSTOM_DATASET),
+        "a class (not null)",
+        "custom dataset class",
+      ),
+      "data.apply_chat_template_kwargs.*": Refused("chat template arguments", _CHAT_TEMPLATE_KWARGS),
+    },
+  ),
+  (
+    "Features jaxrlhf does not have",
+    {
+      "*.megatron.*": Refused("Megatron-LM", _MEGATRON),
+      **{
+        key: Refused("vision-language", _VISION)
+        for key in (
+          "data.image_key",
+          "data.video_key",
+          "data.audio_key",
+          "data.image_patch_size",
+          "data.return_multi_modal_inputs",
+          "data.mm_processor_kwargs.*",
+          "actor_rollout_ref.rollout.limit_images",
+          "actor_rollout_ref.actor.freeze_vision_tower",
+        )
+      },
+      **{
+        key: Ignored(
+          "single-turn rollouts, as jaxrlhf's (verl's default)",
+          _multi_turn,
+          "anything but single-turn settings (`multi_turn.enable=False`, `multi_turn.format`, "
+          "`agent.num_workers`, `agent.default_agent_loop=single_turn_agent`, `over_sample_rate=0`)",
+          "multi-turn",
+        )
+        for key in (
+          "actor_rollout_ref.rollout.multi_turn.*",
+          "actor_rollout_ref.rollout.agent.*",
+          "actor_rollout_ref.rollout.over_sample_rate",
+          "data.tool_config_path",
+          "data.function_tool_path",
+        )
+      },
+    },
+  ),
 ]
 # Every family a key can be refused in, and why (docs/verl_scripts.md's summary).
 FAMILIES = {
-    "Megatron-LM": _MEGATRON,
-    "vision-language": _VISION,
-    "multi-turn": _MULTI_TURN + " (tools, agent loops, interactions)",
-    "reward manager": "; ".join(f"{name}: {why}" for name, why in _REWARD_MANAGERS.items()) +
-                      "; any other manager but naive, dapo, batch and gdpo: jaxrlhf has no such manager",
-    "reward model tokenizer": _INPUT_TOKENIZER,
-    "LoRA": "; ".join(_LORA.values()),
-    "custom dataset class": _CUSTOM_DATASET,
-    "multi-token prediction": _MTP,
-    "chat template arguments": _CHAT_TEMPLATE_KWARGS + " (not yet a config key)",
-    "custom reward loop": "a custom reward loop class: jaxrlhf's reward is custom_reward_function",
-    "Hydra base config": "a base config other than verl's ppo_trainer sets values jaxrlhf cannot read",
+  "Megatron-LM": _MEGATRON,
+  "vision-language": _VISION,
+  "multi-turn": _MULTI_TURN + " (tools, agent loops, interactions)",
+  "reward manager": "; ".join(f"{name}: {why}" for name, why in _REWARD_MANAGERS.items())
+  + "; any other manager but naive, dapo, batch and gdpo: jaxrlhf has no such manager",
+  "reward model tokenizer": _INPUT_TOKENIZER,
+  "LoRA": "; ".join(_LORA.values()),
+  "custom dataset class": _CUSTOM_DATASET,
+  "multi-token prediction": _MTP,
+  "chat template arguments": _CHAT_TEMPLATE_KWARGS + " (not yet a config key)",
+  "custom reward loop": "a custom reward loop class: jaxrlhf's reward is custom_reward_function",
+  "Hydra base config": "a base config other than verl's ppo_trainer sets values jaxrlhf cannot read",
 }
 TABLE: dict[str, Translated | Ignored | Refused] = {
-    key: entry for _, entries in SECTIONS for key, entry in entries.items()}
-_PATTERNS = sorted(((key, re.compile(".*".join(map(re.escape, key.split("*"))))) for key in TABLE if "*" in key),
-                   key=lambda item: -len(item[0].replace("*", "")))
+  key: entry for _, entries in SECTIONS for key, entry in entries.items()
+}
+_PATTERNS = sorted(
+  ((key, re.compile(".*".join(map(re.escape, key.split("*"))))) for key in TABLE if "*" in key),
+  key=lambda item: -len(item[0].replace("*", "")),
+)
 
 # Hydra's base config (`--config-name`): verl's defaults are jaxrlhf's base; another file's values are unknown.
-_HYDRA_BASES = {"ppo_trainer": None,
-                "ppo_megatron_trainer": ("Megatron-LM", _MEGATRON)}
+_HYDRA_BASES = {"ppo_trainer": None, "ppo_megatron_trainer": ("Megatron-LM", _MEGATRON)}
 
 
 # ----- parsing key=value ---------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Override:
@@ -621,8 +827,10 @@ class Override:
 def parse_override(arg: str) -> Override:
   """`key=value`, `+key=value` or `++key=value` (Hydra's append / force-append act as set here)."""
   if "=" not in arg or arg.startswith(("-", "~")):
-    raise UserError(f"cannot read override {arg!r}: expected key=value (verl/Hydra style) or --config.key=value",
-                    hint="Hydra's ~key (delete) has no jaxrlhf equivalent; leave the key out")
+    raise UserError(
+      f"cannot read override {arg!r}: expected key=value (verl/Hydra style) or --config.key=value",
+      hint="Hydra's ~key (delete) has no jaxrlhf equivalent; leave the key out",
+    )
   key, raw = arg.split("=", 1)
   key = key.lstrip("+")
   if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
@@ -692,16 +900,19 @@ def coerce(key: str, value: Any, expected: type, arg: str) -> Any:
   if expected is str and isinstance(value, (int, float)) and not isinstance(value, bool):
     return str(value)  # e.g. trainer.experiment_name=123
   if isinstance(value, list) or not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-    raise UserError(f"config key '{key}' expects {expected.__name__}, got {value!r} ({type(value).__name__}) "
-                    f"from {arg}")
+    raise UserError(
+      f"config key '{key}' expects {expected.__name__}, got {value!r} ({type(value).__name__}) from {arg}"
+    )
   return value
 
 
 # ----- classification ----------------------------------------------------------------------------
 
+
 def base_tree_types() -> dict[str, type]:
   """{key: declared type} of every leaf of jaxrlhf's config tree (placeholders too)."""
   from jaxrlhf.config import _field_types, get_base_config
+
   return _field_types(get_base_config())
 
 
@@ -745,11 +956,10 @@ def unknown_key_error(key: str, arg: str, tree_types) -> UserError:
   return UserError(unknown_key_line(key, arg, tree_types), hint=HINT)
 
 
-
-
 @dataclasses.dataclass
 class Report:
   """What a command line's overrides became: rows of (verl key, value as written, what happened)."""
+
   mapped: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
   translated: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
   ignored: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
@@ -767,11 +977,17 @@ class Report:
     return [f"  {key}={raw}: {reason}" for key, raw, reason in self.ignored]
 
   def table(self) -> str:
-    deferred = [(key, raw, "train.py translates it when it runs" if shell is None else "left to your shell")
-                for key, raw, shell in self.deferred]
+    deferred = [
+      (key, raw, "train.py translates it when it runs" if shell is None else "left to your shell")
+      for key, raw, shell in self.deferred
+    ]
     lines = []
-    for title, rows in (("mapped", self.mapped), ("translated", self.translated), ("ignored", self.ignored),
-                        ("passed on to train.py", deferred)):
+    for title, rows in (
+      ("mapped", self.mapped),
+      ("translated", self.translated),
+      ("ignored", self.ignored),
+      ("passed on to train.py", deferred),
+    ):
       if rows:
         lines.append(f"# {title}: {len(rows)}")
         lines += [f"#   {key}={raw}  ->  {what}" for key, raw, what in rows]
@@ -779,9 +995,13 @@ class Report:
     return "\n".join(lines)
 
 
-def plan(args: Sequence[str], config: ml_collections.ConfigDict, *,
-         shell_text: Mapping[str, str] | None = None,
-         refusals: Mapping[str, tuple[str, list[str]]] | None = None) -> Report:
+def plan(
+  args: Sequence[str],
+  config: ml_collections.ConfigDict,
+  *,
+  shell_text: Mapping[str, str] | None = None,
+  refusals: Mapping[str, tuple[str, list[str]]] | None = None,
+) -> Report:
   """Classifies verl overrides against `config` and returns the jaxrlhf assignments (nothing set yet).
 
   `shell_text`: {argument: its double-quoted form} for the arguments whose values only the user's shell
@@ -880,8 +1100,9 @@ def plan(args: Sequence[str], config: ml_collections.ConfigDict, *,
 
 def _problem_message(problems: list[str], refusals: dict[str, tuple[str, list[str]]]) -> str:
   lines = problems + [
-      f"refused ({family}): {reason} [{keys[0]}{f' and {len(keys) - 1} more' if len(keys) > 1 else ''}]"
-      for family, (reason, keys) in refusals.items()]
+    f"refused ({family}): {reason} [{keys[0]}{f' and {len(keys) - 1} more' if len(keys) > 1 else ''}]"
+    for family, (reason, keys) in refusals.items()
+  ]
   if len(lines) == 1:
     return lines[0]
   return f"{len(lines)} problems with the verl overrides:\n" + "\n".join(f"  {line}" for line in lines)
@@ -913,6 +1134,7 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 # ----- a verl run script -> a jaxrlhf command ---------------------------------------------------------
+
 
 def _flag_text(value: Any) -> str:
   """A value as ml_collections' `--config.key=` flag reads it."""
@@ -950,16 +1172,20 @@ def jaxrlhf_command(report: Report, config_path: str, passthrough: Sequence[str]
   return " \\\n    ".join(lines)
 
 
-def translate_script(path: str, config_path: str | None = None, env: dict[str, str] | None = None
-                     ) -> tuple[str, Report, Script]:
+def translate_script(
+  path: str, config_path: str | None = None, env: dict[str, str] | None = None
+) -> tuple[str, Report, Script]:
   """(the jaxrlhf command, its report, the script as read) for a verl run script."""
   from jaxrlhf.config import get_base_config, load_config_file
+
   script = read_script(path, env)
   config = load_config_file(config_path) if config_path else get_base_config()
-  report = plan([str(word) for word in script.overrides], config,
-                shell_text={str(word): word.shell.split("=", 1)[1] for word in script.overrides
-                            if word.shell is not None},
-                refusals=_hydra_base(script))
+  report = plan(
+    [str(word) for word in script.overrides],
+    config,
+    shell_text={str(word): word.shell.split("=", 1)[1] for word in script.overrides if word.shell is not None},
+    refusals=_hydra_base(script),
+  )
   for word in script.hydra_args:
     if word.startswith("-"):
       flag, _, value = word.partition("=")
@@ -974,14 +1200,20 @@ def translate_script(path: str, config_path: str | None = None, env: dict[str, s
 
 def _hydra_base(script: Script) -> dict[str, tuple[str, list[str]]]:
   """{family: (reason, [argument])} when the script's Hydra base config is not verl's ppo_trainer defaults."""
-  names = [word.split("=", 1)[1] if "=" in word else script.hydra_args[k + 1]
-           for k, word in enumerate(script.hydra_args)
-           if word.startswith(("--config-name", "-cn")) and ("=" in word or k + 1 < len(script.hydra_args))]
+  names = [
+    word.split("=", 1)[1] if "=" in word else script.hydra_args[k + 1]
+    for k, word in enumerate(script.hydra_args)
+    if word.startswith(("--config-name", "-cn")) and ("=" in word or k + 1 < len(script.hydra_args))
+  ]
   for name in names:
     base = os.path.splitext(os.path.basename(name.strip("'\"")))[0]
     if base not in _HYDRA_BASES:
-      return {"Hydra base config": (FAMILIES["Hydra base config"] + "; pass its settings as key=value",
-                                    [f"--config-name={name}"])}
+      return {
+        "Hydra base config": (
+          FAMILIES["Hydra base config"] + "; pass its settings as key=value",
+          [f"--config-name={name}"],
+        )
+      }
     if _HYDRA_BASES[base]:
       family, reason = _HYDRA_BASES[base]
       return {family: (reason, [f"--config-name={name}"])}
@@ -990,13 +1222,17 @@ def _hydra_base(script: Script) -> dict[str, tuple[str, list[str]]]:
 
 def main(argv: Sequence[str]) -> None:
   import argparse
+
   from jaxrlhf.cli import add_verbose_flag, run
+
   parser = argparse.ArgumentParser(
-      prog="python -m jaxrlhf.verl_compat",
-      description="Print the jaxrlhf command equivalent to a verl run script, and what each key became.")
+    prog="python -m jaxrlhf.verl_compat",
+    description="Print the jaxrlhf command equivalent to a verl run script, and what each key became.",
+  )
   parser.add_argument("script", help="a verl run script (bash) with a `python3 -m verl.trainer.main_ppo` command")
-  parser.add_argument("--config", default=None,
-                      help=f"the jaxrlhf base config the overrides apply to (default: {DEFAULT_CONFIG})")
+  parser.add_argument(
+    "--config", default=None, help=f"the jaxrlhf base config the overrides apply to (default: {DEFAULT_CONFIG})"
+  )
   add_verbose_flag(parser)
   args = parser.parse_args(argv)
 
@@ -1007,6 +1243,7 @@ def main(argv: Sequence[str]) -> None:
     print(report.table())
     if script.missing:
       print(f"# shell variables not set in {args.script}: {', '.join(sorted(script.missing))}", flush=True)
+
   run("jaxrlhf.verl_compat", translate, verbose=args.verbose)
 
 

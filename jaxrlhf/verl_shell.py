@@ -26,39 +26,63 @@ from jaxrlhf.errors import UserError
 
 # The verl programs whose command lines translate, and others named in a clear refusal.
 ENTRY_POINTS = ("verl.trainer.main_ppo", "recipe.dapo.main_dapo", "recipe.dapo.src.main_dapo")
-OTHER_PROGRAMS = {"verl.trainer.main_generation": "verl's offline generation (no training): not a PPO run",
-                  "verl.trainer.fsdp_sft_trainer": "verl's SFT trainer: jaxrlhf trains with RL only",
-                  "verl.trainer.sft_trainer": "verl's SFT trainer: jaxrlhf trains with RL only",
-                  "verl.trainer.main_eval": "verl's offline evaluation: not a PPO run"}
+OTHER_PROGRAMS = {
+  "verl.trainer.main_generation": "verl's offline generation (no training): not a PPO run",
+  "verl.trainer.fsdp_sft_trainer": "verl's SFT trainer: jaxrlhf trains with RL only",
+  "verl.trainer.sft_trainer": "verl's SFT trainer: jaxrlhf trains with RL only",
+  "verl.trainer.main_eval": "verl's offline evaluation: not a PPO run",
+}
 
 GRAMMAR = [
-    ("line continuations, comments, `;` `&&` `||` `|` `&`, redirections (`2>&1 | tee log`), here-documents",
-     "read as bash reads them; only the verl command's own words count"),
-    ("`NAME=value`, `export` / `declare` / `local` / `readonly NAME=value`, `NAME+=value`, `unset NAME`",
-     "set in order, as bash does"),
-    ("`'single'` and `\"double\"` quotes, `\\` escapes", "removed as bash removes them"),
-    ("`$NAME`, `${NAME}`, `${NAME:-default}` `${NAME-default}` `${NAME:=default}` `${NAME:+alt}`",
-     "the script's value, else the environment's (when reading), else the default"),
-    ("`${#NAME}`, `${NAME:offset:length}`, `${NAME/pat/rep}` `${NAME//pat/rep}`, `${NAME#pat}` `${NAME##pat}` "
-     "`${NAME%pat}` `${NAME%%pat}`, `${NAME^^}` `${NAME,,}`", "computed as bash computes them"),
-    ("`$((arithmetic))` with inner parentheses, `+ - * / % **`, comparisons", "computed (integers, as bash)"),
-    ("arrays `NAME=( a=1 b=2 )` over several lines, `NAME+=( ... )`, `NAME[i]=v`, `\"${NAME[@]}\"`, "
-     "`\"${NAME[@]:offset:length}\"`, `${NAME[*]}`, `${NAME[i]}`, `${#NAME[@]}`",
-     "expanded as bash expands them, one word per element"),
-    ("unquoted `$NAME` holding several `key=value` words", "split into words, as bash splits them"),
-    ("`$(basename ...)`, `$(dirname ...)`, `$(echo ...)` of known values", "computed"),
-    ("a variable neither the script nor the environment sets (`$SLURM_JOB_NUM_NODES`), other `$(command)`",
-     "left to your shell: the printed command holds it, and train.py translates what depends on it when it runs"),
-    ("`if` / `elif` / `else` and `test && command` / `||` on `[ ]`, `[[ ]]`, `test`, `(( ))` of known values "
-     "(`=`, `==`, `!=`, `-z`, `-n`, `-eq` ... `-ge`, `!`, `&&`, `||`); `exit`", "the branch bash would take; other "
-     "commands are taken to succeed (`cd dir && python3 -m verl...`); reading stops at `exit`"),
-    ("a test on anything else (`[ -f file ]`, a command's status), `for` / `while` / `case` bodies, functions",
-     "an error naming the line, if the verl command is inside one or uses a variable set there"),
-    ("`\"$@\"`, `\"${@:2}\"`, `$*` after the verl command; `${1:-default}`",
-     "reported: the script's own arguments are added by hand (the reader reads none: `$1` is its default)"),
-    ("`\\ ` before a space rather than the line's end (`key=v \\  # comment`)", "an error naming the line: bash "
-     "ends the command there and passes ' ' to verl, which refuses it"),
-    ("`${!NAME}`, an unclosed quote or bracket, two verl commands", "an error naming the line"),
+  (
+    "line continuations, comments, `;` `&&` `||` `|` `&`, redirections (`2>&1 | tee log`), here-documents",
+    "read as bash reads them; only the verl command's own words count",
+  ),
+  (
+    "`NAME=value`, `export` / `declare` / `local` / `readonly NAME=value`, `NAME+=value`, `unset NAME`",
+    "set in order, as bash does",
+  ),
+  ("`'single'` and `\"double\"` quotes, `\\` escapes", "removed as bash removes them"),
+  (
+    "`$NAME`, `${NAME}`, `${NAME:-default}` `${NAME-default}` `${NAME:=default}` `${NAME:+alt}`",
+    "the script's value, else the environment's (when reading), else the default",
+  ),
+  (
+    "`${#NAME}`, `${NAME:offset:length}`, `${NAME/pat/rep}` `${NAME//pat/rep}`, `${NAME#pat}` `${NAME##pat}` "
+    "`${NAME%pat}` `${NAME%%pat}`, `${NAME^^}` `${NAME,,}`",
+    "computed as bash computes them",
+  ),
+  ("`$((arithmetic))` with inner parentheses, `+ - * / % **`, comparisons", "computed (integers, as bash)"),
+  (
+    "arrays `NAME=( a=1 b=2 )` over several lines, `NAME+=( ... )`, `NAME[i]=v`, `\"${NAME[@]}\"`, "
+    "`\"${NAME[@]:offset:length}\"`, `${NAME[*]}`, `${NAME[i]}`, `${#NAME[@]}`",
+    "expanded as bash expands them, one word per element",
+  ),
+  ("unquoted `$NAME` holding several `key=value` words", "split into words, as bash splits them"),
+  ("`$(basename ...)`, `$(dirname ...)`, `$(echo ...)` of known values", "computed"),
+  (
+    "a variable neither the script nor the environment sets (`$SLURM_JOB_NUM_NODES`), other `$(command)`",
+    "left to your shell: the printed command holds it, and train.py translates what depends on it when it runs",
+  ),
+  (
+    "`if` / `elif` / `else` and `test && command` / `||` on `[ ]`, `[[ ]]`, `test`, `(( ))` of known values "
+    "(`=`, `==`, `!=`, `-z`, `-n`, `-eq` ... `-ge`, `!`, `&&`, `||`); `exit`",
+    "the branch bash would take; other "
+    "commands are taken to succeed (`cd dir && python3 -m verl...`); reading stops at `exit`",
+  ),
+  (
+    "a test on anything else (`[ -f file ]`, a command's status), `for` / `while` / `case` bodies, functions",
+    "an error naming the line, if the verl command is inside one or uses a variable set there",
+  ),
+  (
+    "`\"$@\"`, `\"${@:2}\"`, `$*` after the verl command; `${1:-default}`",
+    "reported: the script's own arguments are added by hand (the reader reads none: `$1` is its default)",
+  ),
+  (
+    "`\\ ` before a space rather than the line's end (`key=v \\  # comment`)",
+    "an error naming the line: bash ends the command there and passes ' ' to verl, which refuses it",
+  ),
+  ("`${!NAME}`, an unclosed quote or bracket, two verl commands", "an error naming the line"),
 ]
 
 
@@ -70,6 +94,7 @@ class ScriptError(UserError):
 class _Seg:
   """A piece of an expanded word: `shell` = text left verbatim for the user's shell; `split` = from an
   unquoted expansion (bash splits it into words at whitespace)."""
+
   text: str
   shell: bool = False
   split: bool = False
@@ -79,14 +104,18 @@ class Word(str):
   """A word of the verl command as bash would pass it; `shell` is its double-quoted form (contents only)
   when part of it is left to the user's shell, else None. `only_shell`: all of it is (`$EXTRA_ARGS`);
   `unquoted`: all of it is, unquoted (bash splits it into several words when it runs)."""
+
   shell: str | None
   only_shell: bool
   unquoted: bool
 
   def __new__(cls, segs: list[_Seg]):
     word = super().__new__(cls, "".join(seg.text for seg in segs))
-    word.shell = ("".join(seg.text if seg.shell else _double_quote_escape(seg.text) for seg in segs)
-                  if any(seg.shell for seg in segs) else None)
+    word.shell = (
+      "".join(seg.text if seg.shell else _double_quote_escape(seg.text) for seg in segs)
+      if any(seg.shell for seg in segs)
+      else None
+    )
     word.only_shell = any(seg.shell for seg in segs) and all(seg.shell or not seg.text for seg in segs)
     word.unquoted = word.only_shell and all(seg.split for seg in segs if seg.shell)
     return word
@@ -99,6 +128,7 @@ def _double_quote_escape(text: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class _Poison:
   """A variable the reader cannot know: set at `line` under a construct it does not run (`why`)."""
+
   line: int
   why: str
 
@@ -121,6 +151,7 @@ _EVALUATION_ERRORS = (_Unsupported, ValueError, SyntaxError, ZeroDivisionError, 
 
 
 # ----- lexing: the script's text -> simple commands of raw words ---------------------------------------
+
 
 @dataclasses.dataclass
 class _Command:
@@ -233,13 +264,13 @@ class _Lexer:
           raise self.error(self.line, "unclosed ` quote")
         self.line += text.count("\n", self.i, k)
         self.i = k + 1
-      elif c == "(" and _ASSIGN.fullmatch(text[start:self.i] + "x") and text[self.i - 1] == "=":
+      elif c == "(" and _ASSIGN.fullmatch(text[start : self.i] + "x") and text[self.i - 1] == "=":
         k = self.scan_balanced(self.i, "(", ")")  # an array: NAME=( ... ) over any number of lines
         self.line += text.count("\n", self.i, k)
         self.i = k
       else:
         self.i += 1
-    return text[start:self.i]
+    return text[start : self.i]
 
   def commands(self) -> Iterator[_Command]:
     text = self.text
@@ -285,7 +316,7 @@ class _Lexer:
       if in_test and text.startswith(("&&", "||", "<", ">"), self.i):
         if not words:
           line = self.line
-        op = text[self.i:self.i + 2] if text.startswith(("&&", "||"), self.i) else c
+        op = text[self.i : self.i + 2] if text.startswith(("&&", "||"), self.i) else c
         words.append(op)
         lines.append(self.line)
         self.i += len(op)
@@ -293,8 +324,8 @@ class _Lexer:
       redirect = _REDIRECT.match(text, self.i)
       if redirect:
         self.i = redirect.end()
-        if redirect.group().endswith("&") and re.match(r"\d+-?|-", text[self.i:]):
-          self.i += re.match(r"\d+-?|-", text[self.i:]).end()
+        if redirect.group().endswith("&") and re.match(r"\d+-?|-", text[self.i :]):
+          self.i += re.match(r"\d+-?|-", text[self.i :]).end()
           continue
         while self.i < len(text) and text[self.i] in " \t":
           self.i += 1
@@ -303,7 +334,7 @@ class _Lexer:
           heredocs.append((re.sub(r"[\"'\\]", "", target), redirect.group() == "<<-"))
         continue
       if c in ";&|":
-        op = text[self.i:self.i + 2] if text.startswith(("&&", "||", ";;", "|&"), self.i) else c
+        op = text[self.i : self.i + 2] if text.startswith(("&&", "||", ";;", "|&"), self.i) else c
         self.i += len(op)
         found = command(op)
         if found:
@@ -327,7 +358,7 @@ class _Lexer:
     while self.i < len(text):
       end = text.find("\n", self.i)
       end = len(text) if end < 0 else end
-      body_line = text[self.i:end]
+      body_line = text[self.i : end]
       self.i = min(end + 1, len(text))
       self.line += 1
       if (body_line.lstrip("\t") if strip else body_line) == delimiter:
@@ -340,6 +371,7 @@ def _raw_words(text: str) -> list[str]:
 
 
 # ----- expansion and execution -------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class _Frame:
@@ -356,6 +388,7 @@ class _Exit(Exception):
 @dataclasses.dataclass
 class Script:
   """The verl command of a run script, as bash would run it."""
+
   path: str
   line: int  # the command's line
   program: str  # the verl module (or main_ppo.py path) it runs
@@ -388,8 +421,9 @@ class _Shell:
 
   # --- errors ---
   def error(self, message: str, line: int | None = None) -> ScriptError:
-    return ScriptError(f"{self.path}:{line or self.line}: {message}",
-                       hint="docs/verl_scripts.md lists what a verl script may contain")
+    return ScriptError(
+      f"{self.path}:{line or self.line}: {message}", hint="docs/verl_scripts.md lists what a verl script may contain"
+    )
 
   def state(self) -> str:
     states = [frame.state for frame in self.frames]
@@ -426,11 +460,11 @@ class _Shell:
       c = raw[i]
       if c == "'" and not in_dquote:
         end = raw.index("'", i + 1)
-        fields[-1].append(_Seg(raw[i + 1:end]))
+        fields[-1].append(_Seg(raw[i + 1 : end]))
         i = end + 1
       elif c == '"' and not in_dquote:
         end = _Lexer(raw).dquote_end(i)
-        inner_raw = raw[i + 1:end - 1]
+        inner_raw = raw[i + 1 : end - 1]
         inner = self.fields(inner_raw, in_dquote=True)
         if not _ALL_ELEMENTS.fullmatch(inner_raw):
           fields[-1].append(_Seg(""))  # "" is a word even when empty ("${A[@]}" of no elements is none)
@@ -438,7 +472,7 @@ class _Shell:
         fields.extend(inner[1:])
         i = end
       elif c == "\\":
-        following = raw[i + 1:i + 2]
+        following = raw[i + 1 : i + 2]
         keep = in_dquote and following not in ('"', "\\", "$", "`", "\n")
         fields[-1].append(_Seg(("\\" if keep else "") + (following if following != "\n" else "")))
         i += 2
@@ -497,6 +531,7 @@ class _Shell:
 
   def dollar(self, piece: str, quoted: bool) -> list[list[_Seg]]:
     """The fields of one `$...` / backquote expression."""
+
     def verbatim(text=piece):
       return [[_Seg(text, shell=True, split=not quoted)]]
 
@@ -549,7 +584,7 @@ class _Shell:
       program, args = words[0], [str(w) for w in words[1:]]
       if program == "basename" and args:
         base = posixpath.basename(args[0].rstrip("/") or "/")
-        return [[_Seg(base[:-len(args[1])] if len(args) > 1 and base.endswith(args[1]) else base)]]
+        return [[_Seg(base[: -len(args[1])] if len(args) > 1 and base.endswith(args[1]) else base)]]
       if program == "dirname" and len(args) == 1:
         return [[_Seg(posixpath.dirname(args[0].rstrip("/")) or ".")]]
       if program == "echo":
@@ -576,8 +611,15 @@ class _Shell:
         raise _Unsupported(f"cannot read {piece}")
       value = self.lookup(match.group(1))
       if match.group(2):
-        return [[_Seg(str(len(value) if value is not None and match.group(1) in self.arrays else
-                          (1 if value is not None else 0)))]]
+        return [
+          [
+            _Seg(
+              str(
+                len(value) if value is not None and match.group(1) in self.arrays else (1 if value is not None else 0)
+              )
+            )
+          ]
+        ]
       value = self.scalar(match.group(1))
       if value is None or any(seg.shell for seg in value):
         return verbatim()
@@ -608,7 +650,8 @@ class _Shell:
         joined = []
         for k, element in enumerate(elements):
           joined += ([_Seg(" ", split=not quoted)] if k else []) + [
-              _Seg(s.text, s.shell, split=not quoted) for s in element]
+            _Seg(s.text, s.shell, split=not quoted) for s in element
+          ]
         return [joined]
       position = _evaluate(self.text(index)) if not index.isdigit() else int(index)
       value = elements[position] if -len(elements) <= position < len(elements) else None
@@ -622,11 +665,11 @@ class _Shell:
     op = re.match(r":-|:=|:\+|:\?|-|=|\+|\?|//|/|##|#|%%|%|\^\^|\^|,,|,|:", rest)
     if not op:
       raise _Unsupported(f"cannot read {piece}")
-    op, argument = op.group(), rest[op.end():]
+    op, argument = op.group(), rest[op.end() :]
     is_set = value is not None
     is_null = not is_set or (all(not seg.shell for seg in value) and not "".join(seg.text for seg in value))
     if op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
-      use_default = (is_null if op.startswith(":") else not is_set)
+      use_default = is_null if op.startswith(":") else not is_set
       if op in (":+", "+"):
         chosen = None if use_default else self.value(argument)
         return [[_Seg(s.text, s.shell, split=not quoted) for s in chosen]] if chosen else [[]]
@@ -647,8 +690,9 @@ class _Shell:
       numbers = argument.split(":")
       offset = _evaluate(self.text(numbers[0]) or "0")
       length = _evaluate(self.text(numbers[1])) if len(numbers) > 1 else None
-      text = text[offset:] if length is None else text[offset:offset + length] if length >= 0 else (
-          text[offset:length])
+      text = (
+        text[offset:] if length is None else text[offset : offset + length] if length >= 0 else (text[offset:length])
+      )
     elif op in ("//", "/"):
       parts = re.split(r"(?<!\\)/", argument, maxsplit=1)
       pattern, replacement = parts[0], parts[1] if len(parts) > 1 else ""
@@ -657,8 +701,15 @@ class _Shell:
     elif op in ("#", "##", "%", "%%"):
       text = _strip(text, self.text(argument), op)
     else:  # ^^ ^ ,, ,
-      text = (text.upper() if op == "^^" else text[:1].upper() + text[1:] if op == "^" else
-              text.lower() if op == ",," else text[:1].lower() + text[1:])
+      text = (
+        text.upper()
+        if op == "^^"
+        else text[:1].upper() + text[1:]
+        if op == "^"
+        else text.lower()
+        if op == ",,"
+        else text[:1].lower() + text[1:]
+      )
     return [[_Seg(text, split=not quoted)]]
 
   # --- execution ---
@@ -680,8 +731,9 @@ class _Shell:
 
   def run_command(self, command: _Command) -> None:
     self.line = command.line
-    self.status = True if not command.words or command.words[0] in _SUCCEEDS or _ASSIGN.fullmatch(
-        command.words[0]) else None
+    self.status = (
+      True if not command.words or command.words[0] in _SUCCEEDS or _ASSIGN.fullmatch(command.words[0]) else None
+    )
     words = list(command.words)
     if self.pending is not None:
       kind, parts = self.pending
@@ -722,8 +774,7 @@ class _Shell:
       if keyword == "case":
         self.frames.append(_Frame("case", command.line, "unknown"))
         return
-      if keyword == "function" or re.fullmatch(rf"{_NAME}\(\)", keyword) or (
-          len(words) > 1 and words[1] == "()"):
+      if keyword == "function" or re.fullmatch(rf"{_NAME}\(\)", keyword) or (len(words) > 1 and words[1] == "()"):
         self.frames.append(_Frame("function", command.line, "unknown"))
         rest = words[1:] if keyword != "function" else words[2:]
         rest = [w for w in rest if w != "()"]
@@ -739,7 +790,7 @@ class _Shell:
         continue
       break
     if words:  # what is left after the keywords: the command's last words
-      self.simple(words, command.line, command.lines[len(command.lines) - len(words):])
+      self.simple(words, command.line, command.lines[len(command.lines) - len(words) :])
 
   def open_block(self, kind: str, parts: list[_Command], line: int) -> None:
     if kind in ("for", "while", "until"):
@@ -759,9 +810,13 @@ class _Shell:
 
   def unknown_frame(self) -> str:
     frame = next(f for f in reversed(self.frames) if f.state == "unknown")
-    return {"if": "an `if` whose test only the shell can decide", "loop": "a loop", "case": "a `case`",
-            "function": "a function", "and-or": "a `&&` / `||` whose test only the shell can decide"}[
-                frame.kind] + f" (line {frame.line})"
+    return {
+      "if": "an `if` whose test only the shell can decide",
+      "loop": "a loop",
+      "case": "a `case`",
+      "function": "a function",
+      "and-or": "a `&&` / `||` whose test only the shell can decide",
+    }[frame.kind] + f" (line {frame.line})"
 
   def frame(self, kind: str, keyword: str) -> _Frame:
     if not self.frames or self.frames[-1].kind != kind:
@@ -819,7 +874,7 @@ class _Shell:
     for joiner in (("||", "-o"), ("&&", "-a")):
       for k, word in enumerate(words):
         if word in joiner:
-          left, right = self.condition(words[:k], double), self.condition(words[k + 1:], double)
+          left, right = self.condition(words[:k], double), self.condition(words[k + 1 :], double)
           if joiner[0] == "||":
             return True if True in (left, right) else None if None in (left, right) else False
           return False if False in (left, right) else None if None in (left, right) else True
@@ -861,21 +916,35 @@ class _Shell:
     program = _program(words)
     if program:
       if state == "unknown" and any(f.state == "unknown" and f.kind != "and-or" for f in self.frames):
-        raise self.error(f"the verl command is inside {self.unknown_frame()}: the reader cannot tell whether "
-                         "or how often it runs", line)
+        raise self.error(
+          f"the verl command is inside {self.unknown_frame()}: the reader cannot tell whether or how often it runs",
+          line,
+        )
       expanded = []
       for k, (raw, word_line) in enumerate(zip(words, lines)):
         if re.fullmatch(r"(\\[ \t])+", raw):
-          ends = (", and the command ends there: bash runs the lines after it as commands of their own (verl never "
-                  "sees their keys)") if k == len(words) - 1 else ""
-          raise self.error(f"`\\ ` (a backslash before a space, not before the end of the line) passes {raw[1::2]!r} "
-                           f"to verl as a word of its own, which verl refuses (no key=value){ends}; delete what "
-                           "follows the backslash on that line", word_line)
+          ends = (
+            (
+              ", and the command ends there: bash runs the lines after it as commands of their own (verl never "
+              "sees their keys)"
+            )
+            if k == len(words) - 1
+            else ""
+          )
+          raise self.error(
+            f"`\\ ` (a backslash before a space, not before the end of the line) passes {raw[1::2]!r} "
+            f"to verl as a word of its own, which verl refuses (no key=value){ends}; delete what "
+            "follows the backslash on that line",
+            word_line,
+          )
         try:
           expanded += self.words(raw)
         except _PoisonUsed as used:
-          raise self.error(f"the verl command uses ${used.name}, which is set inside {used.poison.why}: the reader "
-                           "cannot tell its value", word_line) from None
+          raise self.error(
+            f"the verl command uses ${used.name}, which is set inside {used.poison.why}: the reader "
+            "cannot tell its value",
+            word_line,
+          ) from None
         except _EVALUATION_ERRORS as unsupported:
           raise self.error(str(unsupported), getattr(unsupported, "line", None) or word_line) from None
       self.commands.append((line, expanded, program))
@@ -883,8 +952,9 @@ class _Shell:
     declare = words[0] in ("export", "declare", "typeset", "local", "readonly")
     assignments = []
     rest = words[1:] if declare else words
-    while rest and (_ASSIGN.fullmatch(rest[0]) or (declare and (rest[0].startswith("-") or
-                                                                re.fullmatch(_NAME, rest[0])))):
+    while rest and (
+      _ASSIGN.fullmatch(rest[0]) or (declare and (rest[0].startswith("-") or re.fullmatch(_NAME, rest[0])))
+    ):
       if _ASSIGN.fullmatch(rest[0]):
         assignments.append(rest[0])
       rest = rest[1:]
@@ -916,8 +986,9 @@ class _Shell:
   def assign(self, assignment: str) -> None:
     name, index, append, raw = _ASSIGN.fullmatch(assignment).groups()
     if raw.startswith("(") and raw.endswith(")") and index is None:
-      elements = [[_Seg(seg.text, seg.shell) for seg in segs]
-                  for inner in _raw_words(raw[1:-1]) for segs in self.split(inner)]
+      elements = [
+        [_Seg(seg.text, seg.shell) for seg in segs] for inner in _raw_words(raw[1:-1]) for segs in self.split(inner)
+      ]
       if append and name in self.arrays:
         elements = list(self.vars[name]) + elements
       self.vars[name] = elements
@@ -926,8 +997,9 @@ class _Shell:
     value = self.value(raw)
     if index is not None:
       position = int(index[1:-1]) if index[1:-1].isdigit() else _evaluate(self.text(index[1:-1]))
-      elements = list(self.vars.get(name, [])) if name in self.arrays else (
-          [self.vars[name]] if name in self.vars else [])
+      elements = (
+        list(self.vars.get(name, [])) if name in self.arrays else ([self.vars[name]] if name in self.vars else [])
+      )
       while len(elements) <= position:
         elements.append([])
       elements[position] = value
@@ -944,9 +1016,42 @@ class _Shell:
 
 
 # Commands whose success a script takes for granted (`cd "$DIR" && python3 -m verl...`).
-_SUCCEEDS = {"cd", "pushd", "popd", "mkdir", "export", "declare", "typeset", "local", "readonly", "unset", "set",
-             "echo", "printf", "source", ".", "ulimit", "eval", "shift", "sleep", "touch", "cp", "mv", "ln", "rm",
-             "wait", "module", "conda", "pip", "ray", "nvidia-smi", "trap", "umask", "hostname", "date"}
+_SUCCEEDS = {
+  "cd",
+  "pushd",
+  "popd",
+  "mkdir",
+  "export",
+  "declare",
+  "typeset",
+  "local",
+  "readonly",
+  "unset",
+  "set",
+  "echo",
+  "printf",
+  "source",
+  ".",
+  "ulimit",
+  "eval",
+  "shift",
+  "sleep",
+  "touch",
+  "cp",
+  "mv",
+  "ln",
+  "rm",
+  "wait",
+  "module",
+  "conda",
+  "pip",
+  "ray",
+  "nvidia-smi",
+  "trap",
+  "umask",
+  "hostname",
+  "date",
+}
 
 
 def _state_of(result: bool | None) -> str:
@@ -970,11 +1075,11 @@ def _strip(text: str, pattern: str, op: str) -> str:
   regex = re.compile(_glob(pattern), re.S)
   spans = range(len(text) + 1)
   if op in ("#", "##"):
-    for end in (spans if op == "#" else reversed(spans)):
+    for end in spans if op == "#" else reversed(spans):
       if regex.fullmatch(text[:end]):
         return text[end:]
   else:
-    for start in (reversed(spans) if op == "%" else spans):
+    for start in reversed(spans) if op == "%" else spans:
       if regex.fullmatch(text[start:]):
         return text[:start]
   return text
@@ -993,13 +1098,28 @@ def _dollar_end(raw: str, start: int) -> int:
   return match.end() if match else start + 1
 
 
-_ARITHMETIC_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-                   ast.Div: lambda a, b: int(a / b) if b else _zero(), ast.FloorDiv: lambda a, b: int(a / b),
-                   ast.Mod: lambda a, b: int(__import__("math").fmod(a, b)) if b else _zero(),
-                   ast.Pow: lambda a, b: a ** b, ast.LShift: lambda a, b: a << b, ast.RShift: lambda a, b: a >> b,
-                   ast.BitAnd: lambda a, b: a & b, ast.BitOr: lambda a, b: a | b, ast.BitXor: lambda a, b: a ^ b}
-_COMPARE_OPS = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
-                ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+_ARITHMETIC_OPS = {
+  ast.Add: lambda a, b: a + b,
+  ast.Sub: lambda a, b: a - b,
+  ast.Mult: lambda a, b: a * b,
+  ast.Div: lambda a, b: int(a / b) if b else _zero(),
+  ast.FloorDiv: lambda a, b: int(a / b),
+  ast.Mod: lambda a, b: int(__import__("math").fmod(a, b)) if b else _zero(),
+  ast.Pow: lambda a, b: a**b,
+  ast.LShift: lambda a, b: a << b,
+  ast.RShift: lambda a, b: a >> b,
+  ast.BitAnd: lambda a, b: a & b,
+  ast.BitOr: lambda a, b: a | b,
+  ast.BitXor: lambda a, b: a ^ b,
+}
+_COMPARE_OPS = {
+  ast.Lt: lambda a, b: a < b,
+  ast.LtE: lambda a, b: a <= b,
+  ast.Gt: lambda a, b: a > b,
+  ast.GtE: lambda a, b: a >= b,
+  ast.Eq: lambda a, b: a == b,
+  ast.NotEq: lambda a, b: a != b,
+}
 
 
 def _zero():
@@ -1068,20 +1188,28 @@ def read_script(path: str, env: dict[str, str] | None = None) -> Script:
     opened = shell.frames[-1].line if shell.frames else shell.line
     raise shell.error("an `if`, loop or block is never closed", opened)
   if not shell.commands:
-    raise UserError(f"verl script {path!r} has no `python3 -m verl.trainer.main_ppo` command",
-                    hint=f"looked for {', '.join(ENTRY_POINTS)}")
+    raise UserError(
+      f"verl script {path!r} has no `python3 -m verl.trainer.main_ppo` command",
+      hint=f"looked for {', '.join(ENTRY_POINTS)}",
+    )
   if len(shell.commands) > 1:
     lines = ", ".join(str(line) for line, _, _ in shell.commands)
-    raise shell.error(f"the script runs verl {len(shell.commands)} times (lines {lines}): translate one command "
-                      "at a time (copy it into a script of its own)", shell.commands[1][0])
+    raise shell.error(
+      f"the script runs verl {len(shell.commands)} times (lines {lines}): translate one command "
+      "at a time (copy it into a script of its own)",
+      shell.commands[1][0],
+    )
   line, words, program = shell.commands[0]
   if program in OTHER_PROGRAMS or (program not in ENTRY_POINTS and not program.endswith("main_ppo.py")):
     reason = OTHER_PROGRAMS.get(program, "another verl program")
-    raise shell.error(f"the script runs {program} ({reason}): only verl.trainer.main_ppo command lines "
-                      "(and DAPO's main_dapo) translate to jaxrlhf", line)
+    raise shell.error(
+      f"the script runs {program} ({reason}): only verl.trainer.main_ppo command lines "
+      "(and DAPO's main_dapo) translate to jaxrlhf",
+      line,
+    )
   start = next(k for k, word in enumerate(words) if word == program or word.endswith(program))
   overrides, hydra, passthrough = [], [], []
-  args = iter(words[start + 1:])
+  args = iter(words[start + 1 :])
   for word in args:
     if word.startswith(("--config-path", "--config-name", "--config-dir", "-cp", "-cn", "-cd")):
       hydra.append(word)
@@ -1094,8 +1222,12 @@ def read_script(path: str, env: dict[str, str] | None = None) -> Script:
     elif word.only_shell:
       passthrough.append(word)  # only the shell knows: perhaps several key=value words
     else:
-      raise shell.error(f"cannot read {str(word)!r} in the verl command: expected key=value (Hydra's override "
-                        "syntax) or --config-path/--config-name", line)
-  missing = {name for name in shell.missing if any(re.search(rf"\b{name}\b", w.shell or "")
-                                                   for w in overrides + passthrough)}
+      raise shell.error(
+        f"cannot read {str(word)!r} in the verl command: expected key=value (Hydra's override "
+        "syntax) or --config-path/--config-name",
+        line,
+      )
+  missing = {
+    name for name in shell.missing if any(re.search(rf"\b{name}\b", w.shell or "") for w in overrides + passthrough)
+  }
   return Script(path, line, program, overrides, hydra, passthrough, shell.script_args, missing)

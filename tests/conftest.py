@@ -7,8 +7,9 @@ import tempfile
 
 # LLVM at -O1, not -O2: a third less compile time on the small programs the tests build, and no slower to run them.
 # (The commands tests start drop these flags, so they compile as a user's do.)
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-                           " --xla_backend_optimization_level=1").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=1"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "disabled")
 # Most of the suite's time is XLA compiling, and many tests build the same programs (the same small trainer, the
@@ -29,8 +30,16 @@ from jaxrlhf.models import DecoderConfig  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_model_config() -> DecoderConfig:
-  return DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6)
+  return DecoderConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+  )
 
 
 def pytest_configure(config):
@@ -40,5 +49,6 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
   """The run that made the cache removes it (xdist workers inherit the directory and leave it)."""
   if os.environ.get("JAXRLHF_TESTS_OWN_CACHE") == os.environ["JAX_COMPILATION_CACHE_DIR"] and not hasattr(
-      config, "workerinput"):
+    config, "workerinput"
+  ):
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

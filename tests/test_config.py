@@ -35,7 +35,9 @@ def test_wrong_type_names_the_key():
     config.data.train_batch_size = "many"
 
 
-@pytest.mark.parametrize("key,value,message", [
+@pytest.mark.parametrize(
+  "key,value,message",
+  [
     ("data.truncation", "sideways", "data.truncation"),
     ("algorithm.kl_ctrl.type", "pid", "algorithm.kl_ctrl.type"),
     ("actor_rollout_ref.model.lora_rank", -1, "actor_rollout_ref.model.lora_rank' must be >= 0"),
@@ -48,7 +50,11 @@ def test_wrong_type_names_the_key():
     ("reward_model.enable", True, "reward_model.model.path"),
     ("trainer.prometheus_port", 70000, "trainer.prometheus_port"),
     ("actor_rollout_ref.rollout.n", 0, "actor_rollout_ref.rollout.n' must be >= 1"),
-    ("reward_model.overlong_buffer.enable", True, "overlong_buffer.len=4096 must be in 1..data.max_response_length=512"),
+    (
+      "reward_model.overlong_buffer.enable",
+      True,
+      "overlong_buffer.len=4096 must be in 1..data.max_response_length=512",
+    ),
     ("reward_model.on_error", "ignore", "reward_model.on_error"),
     ("actor_rollout_ref.rollout.dtype", "float16", "actor_rollout_ref.rollout.dtype"),
     ("algorithm.rollout_correction.rollout_is", "tokens", "algorithm.rollout_correction.rollout_is"),
@@ -60,7 +66,8 @@ def test_wrong_type_names_the_key():
     ("critic.model.logits_chunk_size", 512, "the critic has no LM head"),
     ("critic.forward_micro_batch_size_per_gpu", 0, "critic.forward_micro_batch_size_per_gpu' must be >= 1"),
     ("actor_rollout_ref.model.logits_chunk_size", -1, "logits_chunk_size' must be >= 0"),
-])
+  ],
+)
 def test_validation_errors_name_key_and_value(key, value, message):
   config = get_base_config()
   node = config
@@ -107,8 +114,14 @@ def test_gae_without_critic_is_an_error():
 
 def _train(*flags):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  return subprocess.run([sys.executable, "train.py", "--config", "configs/quickstart.py", *flags],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  return subprocess.run(
+    [sys.executable, "train.py", "--config", "configs/quickstart.py", *flags],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
 
 
 def test_cli_unknown_override_is_an_error_naming_the_key():
@@ -118,12 +131,18 @@ def test_cli_unknown_override_is_an_error_naming_the_key():
 
 
 def test_cli_override_reaches_the_trainer(tmp_path):
-  result = _train("--config.actor_rollout_ref.actor.optim.lr=3e-4", "--config.trainer.total_training_steps=2",
-                  "--config.trainer.val_before_train=False", "--config.trainer.test_freq=-1",
-                  f"--config.trainer.default_local_dir={tmp_path}",
-                  "--config.trainer.logger=('console','jsonl','tensorboard')", "--config.trainer.profile_steps=(2,)")
+  result = _train(
+    "--config.actor_rollout_ref.actor.optim.lr=3e-4",
+    "--config.trainer.total_training_steps=2",
+    "--config.trainer.val_before_train=False",
+    "--config.trainer.test_freq=-1",
+    f"--config.trainer.default_local_dir={tmp_path}",
+    "--config.trainer.logger=('console','jsonl','tensorboard')",
+    "--config.trainer.profile_steps=(2,)",
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   import json
+
   run_dir = tmp_path / "quickstart" / "recall_ppo"
   with open(run_dir / "metrics.jsonl") as f:
     record = json.loads(f.readline())
@@ -143,8 +162,10 @@ def test_critic_mini_batch_must_divide_the_train_batch():
 
 def test_micro_batch_not_dividing_the_mini_batch_is_a_startup_error(tmp_path):
   import jax
+
   from jaxrlhf.trainer import Trainer
   from tests.helpers import small_config
+
   config = small_config(tmp_path, **{"mesh.fsdp": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 3})
   with pytest.raises(ConfigError, match=r"ppo_micro_batch_size_per_gpu=3 x 1 batch shards = 3 rows does not divide"):
     Trainer(config, devices=jax.devices()[:1])
@@ -177,6 +198,7 @@ def test_every_registry_choice_key_names_key_value_and_choices(key):
 
 def test_choices_come_from_the_registries_so_registered_names_are_accepted():
   from jaxrlhf import algos
+
   config = get_base_config()
   config.algorithm.adv_estimator = "test_my_estimator"
   with pytest.raises(ConfigError, match="test_my_estimator"):
@@ -206,7 +228,9 @@ def test_keys_read_by_nothing_refuse_other_values_saying_what_happens_instead(ke
   assert instead in str(info.value)
 
 
-@pytest.mark.parametrize("key,value,expected", [
+@pytest.mark.parametrize(
+  "key,value,expected",
+  [
     ("critic.ppo_epochs", 0, ">= 1"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 0, ">= 1"),
     ("trainer.total_training_steps", 0, ">= 1"),
@@ -217,7 +241,8 @@ def test_keys_read_by_nothing_refuse_other_values_saying_what_happens_instead(ke
     ("actor_rollout_ref.rollout.top_p", 0.0, "(0, 1]"),
     ("actor_rollout_ref.rollout.top_k", -2, ">= -1"),
     ("actor_rollout_ref.rollout.val_kwargs.top_p", 1.5, "(0, 1]"),
-])
+  ],
+)
 def test_numeric_ranges_name_the_key_and_the_range(key, value, expected):
   config = get_base_config()
   _set(config, key, value)
@@ -237,8 +262,10 @@ def test_greedy_validation_may_have_temperature_zero_but_sampling_may_not():
 def test_loading_a_config_file_does_not_load_jax():
   """`python -m jaxrlhf.aot` reads the config before it sets up the target's environment, which JAX reads
   when it loads: a config file (and jaxrlhf.config) must not import it."""
-  code = ("import sys; from jaxrlhf.config import load_config_file; "
-          "load_config_file('configs/grpo_gsm8k_qwen2_5_7b.py'); print('jax' in sys.modules)")
+  code = (
+    "import sys; from jaxrlhf.config import load_config_file; "
+    "load_config_file('configs/grpo_gsm8k_qwen2_5_7b.py'); print('jax' in sys.modules)"
+  )
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert out.stdout.strip() == "False", out.stderr[-2000:]
 

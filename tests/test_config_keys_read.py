@@ -22,39 +22,51 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 # key -> (module that reads it, the mode it is read in)
 READ_ELSEWHERE = {
-    "reward_model.model.path": ("jaxrlhf/trainer/program.py", "a reward model (reward_model.enable)"),
-    "reward_model.combine_with_rule": ("jaxrlhf/trainer/reward.py", "a reward model"),
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("jaxrlhf/trainer/update_loop.py", "use_dynamic_bsz"),
-    "trainer.resume_from_path": ("jaxrlhf/trainer/trainer.py", "resume_mode=resume_path"),
-    "trainer.total_epochs": ("jaxrlhf/trainer/trainer.py", "total_training_steps=None"),
-    "trainer.guard.lr_backoff": ("jaxrlhf/trainer/trainer.py", "a guard rolls back"),
-    "trainer.guard.max_rollbacks": ("jaxrlhf/trainer/guards.py", "a guard rolls back"),
-    "trainer.guard.reward_drop": ("jaxrlhf/trainer/guards.py", "a reward window's worth of steps"),
-    # A section read whole: every key under it.
-    "critic.model.override_config": ("jaxrlhf/models/hf_io.py", "a critic checkpoint of its own (critic.model.path)"),
+  "reward_model.model.path": ("jaxrlhf/trainer/program.py", "a reward model (reward_model.enable)"),
+  "reward_model.combine_with_rule": ("jaxrlhf/trainer/reward.py", "a reward model"),
+  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("jaxrlhf/trainer/update_loop.py", "use_dynamic_bsz"),
+  "trainer.resume_from_path": ("jaxrlhf/trainer/trainer.py", "resume_mode=resume_path"),
+  "trainer.total_epochs": ("jaxrlhf/trainer/trainer.py", "total_training_steps=None"),
+  "trainer.guard.lr_backoff": ("jaxrlhf/trainer/trainer.py", "a guard rolls back"),
+  "trainer.guard.max_rollbacks": ("jaxrlhf/trainer/guards.py", "a guard rolls back"),
+  "trainer.guard.reward_drop": ("jaxrlhf/trainer/guards.py", "a reward window's worth of steps"),
+  # A section read whole: every key under it.
+  "critic.model.override_config": ("jaxrlhf/models/hf_io.py", "a critic checkpoint of its own (critic.model.path)"),
 }
 
 
 def _explained(key):
   return key in NOT_IMPLEMENTED or any(key == k or key.startswith(k + ".") for k in READ_ELSEWHERE)
 
+
 RUNS = {
-    "most switches": {
-        "algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "low_var_kl", "algorithm.kl_ctrl.type": "adaptive",
-        "actor_rollout_ref.model.enable_gradient_checkpointing": True,
-        "critic.model.enable_gradient_checkpointing": True, "reward_model.overlong_buffer.enable": True,
-        "reward_model.overlong_buffer.len": 2, "trainer.guard.enable": True, "trainer.save_freq": 1,
-        "trainer.test_freq": 1, "trainer.save_hf": True, "trainer.total_training_steps": 1,
-        "algorithm.rollout_correction.rollout_is": "token", "algorithm.rollout_correction.rollout_rs": "token_k1",
-        "algorithm.rollout_correction.rollout_rs_threshold": "0.5_2.0",
-        "algorithm.rollout_correction.rollout_is_batch_normalize": True,
-    },
-    "dapo bypass": {
-        "algorithm.adv_estimator": "grpo", "algorithm.filter_groups.enable": True,
-        "algorithm.filter_groups.max_num_gen_batches": 3, "algorithm.rollout_correction.bypass_mode": True,
-        "algorithm.rollout_correction.loss_type": "reinforce", "trainer.total_training_steps": 1,
-        "actor_rollout_ref.rollout.temperature": 3.0,
-    },
+  "most switches": {
+    "algorithm.use_kl_in_reward": True,
+    "algorithm.kl_penalty": "low_var_kl",
+    "algorithm.kl_ctrl.type": "adaptive",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "critic.model.enable_gradient_checkpointing": True,
+    "reward_model.overlong_buffer.enable": True,
+    "reward_model.overlong_buffer.len": 2,
+    "trainer.guard.enable": True,
+    "trainer.save_freq": 1,
+    "trainer.test_freq": 1,
+    "trainer.save_hf": True,
+    "trainer.total_training_steps": 1,
+    "algorithm.rollout_correction.rollout_is": "token",
+    "algorithm.rollout_correction.rollout_rs": "token_k1",
+    "algorithm.rollout_correction.rollout_rs_threshold": "0.5_2.0",
+    "algorithm.rollout_correction.rollout_is_batch_normalize": True,
+  },
+  "dapo bypass": {
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.filter_groups.enable": True,
+    "algorithm.filter_groups.max_num_gen_batches": 3,
+    "algorithm.rollout_correction.bypass_mode": True,
+    "algorithm.rollout_correction.loss_type": "reinforce",
+    "trainer.total_training_steps": 1,
+    "actor_rollout_ref.rollout.temperature": 3.0,
+  },
 }
 
 
@@ -66,8 +78,11 @@ def _record_reads(monkeypatch):
   config, which would then count as read (it did: `reward_model.model.path` took the id of a run's freed
   `model` node, whose `path` had been read)."""
   reads, serialising, alive = set(), [], {}
-  getitem, getattr_, to_dict = (config_dict.ConfigDict.__getitem__, config_dict.ConfigDict.__getattr__,
-                                config_dict.ConfigDict.to_dict)
+  getitem, getattr_, to_dict = (
+    config_dict.ConfigDict.__getitem__,
+    config_dict.ConfigDict.__getattr__,
+    config_dict.ConfigDict.to_dict,
+  )
   is_root = lambda node: "actor_rollout_ref" in node._fields and "trainer" in node._fields
 
   def recording_getitem(self, key):
@@ -109,15 +124,21 @@ def _leaves(node, getitem, prefix=""):
 @pytest.mark.slow
 def test_every_config_key_is_read_or_refused(tmp_path, monkeypatch):
   reward_file = tmp_path / "reward.py"
-  reward_file.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                         "    return float(len(solution_str) % 2)  # varies within a group: dynamic sampling keeps it\n")
+  reward_file.write_text(
+    "def my_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "    return float(len(solution_str) % 2)  # varies within a group: dynamic sampling keeps it\n"
+  )
   reads, getitem = _record_reads(monkeypatch)
   unread = None
   for name, overrides in RUNS.items():
-    overrides = {**overrides, "custom_reward_function.path": str(reward_file),
-                 "custom_reward_function.name": "my_score"}
-    trainer = Trainer(small_config(tmp_path / name.replace(" ", "_"), **{"mesh.fsdp": 1, **overrides}),
-                      devices=jax.devices()[:1])
+    overrides = {
+      **overrides,
+      "custom_reward_function.path": str(reward_file),
+      "custom_reward_function.name": "my_score",
+    }
+    trainer = Trainer(
+      small_config(tmp_path / name.replace(" ", "_"), **{"mesh.fsdp": 1, **overrides}), devices=jax.devices()[:1]
+    )
     trainer.fit()
     run_unread = {path for path, read in _leaves(trainer.config, getitem) if read not in reads}
     unread = run_unread if unread is None else unread & run_unread

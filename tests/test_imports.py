@@ -22,8 +22,9 @@ def _imports(name: str, path: pathlib.Path, modules) -> set[str]:
   found = set()
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("jaxrlhf"):
-      found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                   for a in node.names)
+      found.update(
+        f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+      )
     elif isinstance(node, ast.Import):
       found.update(a.name for a in node.names if a.name.startswith("jaxrlhf"))
   return {m for m in found if m in modules and m != name}
@@ -37,7 +38,7 @@ def _cycle(graph) -> list[str] | None:
     state[node] = 1
     for dep in sorted(graph[node]):
       if state.get(dep) == 1:
-        return path[path.index(dep):] + [dep]
+        return path[path.index(dep) :] + [dep]
       if dep not in state and (found := visit(dep, path + [dep])):
         return found
     state[node] = 2
@@ -64,4 +65,5 @@ def test_the_cycle_finder_finds_one():
 
 def test_the_config_names_the_remat_policies_the_decoder_implements():
   from jaxrlhf.models import decoder
+
   assert set(config_lib.REMAT_POLICY_NAMES) == set(decoder.REMAT_POLICIES)

@@ -25,9 +25,20 @@ FULL_RUNS = {"default": (), "seed3": ("--config.trainer.seed=3", "--config.data.
 def _run_quickstart(tmp_path, *flags, config="quickstart.py"):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as `make train`
   result = subprocess.run(
-      [sys.executable, "train.py", "--config", f"configs/{config}",
-       f"--config.trainer.default_local_dir={tmp_path}", *flags],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    [
+      sys.executable,
+      "train.py",
+      "--config",
+      f"configs/{config}",
+      f"--config.trainer.default_local_dir={tmp_path}",
+      *flags,
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   return result
 
@@ -40,8 +51,9 @@ def _records(run_dir):
 def test_short_quickstart_improves_validation_reward_and_names_only_files_it_wrote(tmp_path):
   """Run with verl's trainer.logger='["console"]': no metrics.jsonl, so the last line names none; it still
   gives the validation reward before and after, and the validation samples are written."""
-  result = _run_quickstart(tmp_path, "--config.trainer.total_training_steps=30", "--config.trainer.test_freq=30",
-                           'trainer.logger=["console"]')
+  result = _run_quickstart(
+    tmp_path, "--config.trainer.total_training_steps=30", "--config.trainer.test_freq=30", 'trainer.logger=["console"]'
+  )
   run_dir = tmp_path / "quickstart" / "recall_ppo"
   last_line = result.stdout.strip().splitlines()[-1]
   assert last_line.startswith("done: 31 records, none written to a file"), last_line

@@ -11,7 +11,8 @@ import pytest
 from jaxrlhf.config import ConfigError, load_config_file, resolve_config
 from jaxrlhf.errors import UserError
 from jaxrlhf.export import export_checkpoint
-from jaxrlhf.generate import parse_args, run as generate_run
+from jaxrlhf.generate import parse_args
+from jaxrlhf.generate import run as generate_run
 from jaxrlhf.models import DecoderConfig, hf_config_dict
 from jaxrlhf.validate import check_lengths, check_writable
 
@@ -54,8 +55,10 @@ def test_a_location_that_refuses_writes_is_named_even_to_root():
 
 def test_a_folder_without_write_permission_is_named(tmp_path, monkeypatch):
   """What a non-root user meets on a read-only folder (root passes permission bits, so the refusal is simulated)."""
+
   def refuse(**kwargs):
     raise PermissionError(13, "Permission denied")
+
   monkeypatch.setattr(tempfile, "mkdtemp", refuse)
   with pytest.raises(UserError, match=f"--out '{tmp_path}/o': {tmp_path} is not writable \\(Permission denied\\)"):
     check_writable(f"--out '{tmp_path}/o'", str(tmp_path / "o"))
@@ -67,19 +70,35 @@ def test_export_and_generate_check_their_outputs_first(tmp_path):
     export_checkpoint(str(tmp_path / "run" / "global_step_1"), str(tmp_path / "file" / "actor"))
   (tmp_path / "prompts.txt").write_text("first : 1 2\n")
   for output, problem in (("file/out.jsonl", "file is a file, not a directory"), ("", "is a directory, not a file")):
-    args = parse_args(["--model", str(tmp_path / "no_model"), "--prompts", str(tmp_path / "prompts.txt"),
-                       "--output", str(tmp_path / output)])
+    args = parse_args(
+      [
+        "--model",
+        str(tmp_path / "no_model"),
+        "--prompts",
+        str(tmp_path / "prompts.txt"),
+        "--output",
+        str(tmp_path / output),
+      ]
+    )
     with pytest.raises(UserError, match=problem):  # before the model (which does not exist) is looked at
       generate_run(args)
 
 
 def test_prompt_and_response_beyond_the_models_positions_unless_rope_scaled(tmp_path):
   config = _quickstart(**{"data.max_response_length": 60})
-  with pytest.raises(ConfigError, match="12 \\+ 60 = 72 tokens is more than actor_rollout_ref.model's "
-                                        "max_position_embeddings=64"):
+  with pytest.raises(
+    ConfigError, match="12 \\+ 60 = 72 tokens is more than actor_rollout_ref.model's max_position_embeddings=64"
+  ):
     check_lengths(config, num_rows=100)
-  model = DecoderConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+  model = DecoderConfig(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+  )
   for rope_type, refused in (("default", True), ("linear", False)):
     path = tmp_path / rope_type
     os.makedirs(path)
@@ -96,8 +115,9 @@ def test_prompt_and_response_beyond_the_models_positions_unless_rope_scaled(tmp_
 
 
 def test_prompts_padded_beyond_the_machines_memory_are_refused_before_padding():
-  config = _quickstart(**{"data.max_prompt_length": 10**9,
-                          "actor_rollout_ref.model.override_config.max_position_embeddings": 10**12})
+  config = _quickstart(
+    **{"data.max_prompt_length": 10**9, "actor_rollout_ref.model.override_config.max_position_embeddings": 10**12}
+  )
   with pytest.raises(ConfigError) as error:
     check_lengths(config, num_rows=20_000)
   message = str(error.value)

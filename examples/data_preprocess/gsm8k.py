@@ -47,8 +47,7 @@ def find_split_files(local_dir: str, split: Optional[str] = None) -> dict[str, l
     split = split or next((s for s in SPLITS if name.startswith(s)), None)
     if split is None:
       raise ValueError(
-          f"cannot tell the split of {path!r} from its name (expected it to start with one of "
-          f"{SPLITS}); pass --split"
+        f"cannot tell the split of {path!r} from its name (expected it to start with one of {SPLITS}); pass --split"
       )
     return {split: [path]}
   if not os.path.isdir(path):
@@ -63,14 +62,12 @@ def find_split_files(local_dir: str, split: Optional[str] = None) -> dict[str, l
         found.setdefault(file_split, []).append(os.path.join(root, name))
   if not found:
     raise FileNotFoundError(
-        f"no split files under {path!r}: expected files named {[s + '*' for s in SPLITS]} ending in {SUFFIXES}"
+      f"no split files under {path!r}: expected files named {[s + '*' for s in SPLITS]} ending in {SUFFIXES}"
     )
   folders = sorted({os.path.dirname(f) for files in found.values() for f in files})
   if len(folders) > 1:
-      # e.g. the Hub's gsm8k holds both main/ and socratic/: never silently mix two variants.
-    raise ValueError(
-        f"split files under {path!r} come from several folders {folders}; pass one of them as --local_dir"
-    )
+    # e.g. the Hub's gsm8k holds both main/ and socratic/: never silently mix two variants.
+    raise ValueError(f"split files under {path!r} come from several folders {folders}; pass one of them as --local_dir")
   return found
 
 
@@ -103,46 +100,60 @@ def read_records(path: str, required_columns: Sequence[str]) -> list[dict[str, A
     missing = [column for column in required_columns if column not in record]
     if missing:
       raise ValueError(
-          f"{path}: row {row_number} lacks column(s) {missing}; expected {list(required_columns)}, "
-          f"found {sorted(record)}"
+        f"{path}: row {row_number} lacks column(s) {missing}; expected {list(required_columns)}, found {sorted(record)}"
       )
   return records
 
 
 def make_row(
-    data_source: str, split: str, index: int, question: str, answer: str, ground_truth: str, instruction: str
+  data_source: str, split: str, index: int, question: str, answer: str, ground_truth: str, instruction: str
 ) -> dict[str, Any]:
   """One row in verl's format (docs/algorithms.md §8)."""
   return {
-      "data_source": data_source,
-      "prompt": [{"role": "user", "content": question + " " + instruction}],
-      "ability": "math",
-      "reward_model": {"style": "rule", "ground_truth": ground_truth},
-      "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+    "data_source": data_source,
+    "prompt": [{"role": "user", "content": question + " " + instruction}],
+    "ability": "math",
+    "reward_model": {"style": "rule", "ground_truth": ground_truth},
+    "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
   }
 
 
 def convert(
-    argv: Optional[Sequence[str]],
-    *,
-    description: str,
-    default_output_dir: str,
-    default_data_source: str,
-    question_column: str,
-    answer_column: str,
-    ground_truth_fn: Callable[[str], Optional[str]],
-    instruction: str,
+  argv: Optional[Sequence[str]],
+  *,
+  description: str,
+  default_output_dir: str,
+  default_data_source: str,
+  question_column: str,
+  answer_column: str,
+  ground_truth_fn: Callable[[str], Optional[str]],
+  instruction: str,
 ) -> dict[str, str]:
   """The whole CLI: read every split, convert, and only then write; returns ``{split: parquet path}``."""
   parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--local_dir", "--local_dataset_path", dest="local_dir", required=True,
-                      help="directory with train*/test* .jsonl/.json/.parquet files, or one such file")
-  parser.add_argument("--output_dir", "--local_save_dir", dest="output_dir", default=default_output_dir,
-                      help="where train.parquet / test.parquet are written")
-  parser.add_argument("--split", choices=SPLITS, default=None,
-                      help="convert only this split (needed for a single file whose name does not say)")
-  parser.add_argument("--data_source", default=default_data_source,
-                      help="data_source written on every row; selects the reward function")
+  parser.add_argument(
+    "--local_dir",
+    "--local_dataset_path",
+    dest="local_dir",
+    required=True,
+    help="directory with train*/test* .jsonl/.json/.parquet files, or one such file",
+  )
+  parser.add_argument(
+    "--output_dir",
+    "--local_save_dir",
+    dest="output_dir",
+    default=default_output_dir,
+    help="where train.parquet / test.parquet are written",
+  )
+  parser.add_argument(
+    "--split",
+    choices=SPLITS,
+    default=None,
+    help="convert only this split (needed for a single file whose name does not say)",
+  )
+  parser.add_argument(
+    "--data_source", default=default_data_source, help="data_source written on every row; selects the reward function"
+  )
   args = parser.parse_args(argv)
 
   tables: dict[str, pa.Table] = {}
@@ -154,8 +165,8 @@ def convert(
         ground_truth = ground_truth_fn(answer)
         if ground_truth is None:
           raise ValueError(
-              f"{path}: row {len(rows)} of split {split!r}: no final answer found in column "
-              f"{answer_column!r}: {answer[-200:]!r}"
+            f"{path}: row {len(rows)} of split {split!r}: no final answer found in column "
+            f"{answer_column!r}: {answer[-200:]!r}"
           )
         row = make_row(args.data_source, split, len(rows), question, answer, ground_truth, instruction)
         # Other columns (MATH's level/type) are kept, as verl's datasets.map keeps them.
@@ -175,14 +186,14 @@ def convert(
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, str]:
   return convert(
-      argv,
-      description=__doc__.splitlines()[0],
-      default_output_dir="~/data/gsm8k",
-      default_data_source=DATA_SOURCE,
-      question_column="question",
-      answer_column="answer",
-      ground_truth_fn=extract_ground_truth,
-      instruction=INSTRUCTION,
+    argv,
+    description=__doc__.splitlines()[0],
+    default_output_dir="~/data/gsm8k",
+    default_data_source=DATA_SOURCE,
+    question_column="question",
+    answer_column="answer",
+    ground_truth_fn=extract_ground_truth,
+    instruction=INSTRUCTION,
   )
 
 

@@ -32,14 +32,14 @@ INSTRUCTION = "Let's think step by step and output the final answer within \\box
 
 def main(argv=None):
   return _common.convert(
-      argv,
-      description=__doc__.splitlines()[0],
-      default_output_dir="~/data/math",
-      default_data_source=DATA_SOURCE,
-      question_column="problem",
-      answer_column="solution",
-      ground_truth_fn=extract_boxed_answer,
-      instruction=INSTRUCTION,
+    argv,
+    description=__doc__.splitlines()[0],
+    default_output_dir="~/data/math",
+    default_data_source=DATA_SOURCE,
+    question_column="problem",
+    answer_column="solution",
+    ground_truth_fn=extract_boxed_answer,
+    instruction=INSTRUCTION,
   )
 
 

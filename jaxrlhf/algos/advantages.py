@@ -24,6 +24,7 @@ ADV_ESTIMATORS = Registry("advantage estimator")
 register_adv_estimator = ADV_ESTIMATORS.register
 get_adv_estimator = ADV_ESTIMATORS.get
 
+
 def _prepare(token_level_rewards, response_mask):
   """(masked fp32 rewards [N, R], fp32 mask [N, R], outcome scores R [N], row-is-real [N])."""
   mask_NxR = as_f32(response_mask)
@@ -109,8 +110,9 @@ def _gae_scan(rewards_NxR, values_NxR, mask_NxR, gamma, lam):
 
 @register_adv_estimator("grpo_vectorized")  # verl's vectorised GRPO: the same numbers (ours is vectorised)
 @register_adv_estimator("grpo")
-def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=True,
-                                   epsilon=1e-6):
+def compute_grpo_outcome_advantage(
+  token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=True, epsilon=1e-6
+):
   """GRPO: (R - group mean) / (group std + eps), or R - group mean when not normalising by std
   (Dr.GRPO). A group of size 1 has mean 0 and std 1. returns = advantages."""
   _, mask_NxR, scores_N, row_valid_N = _prepare(token_level_rewards, response_mask)
@@ -123,8 +125,9 @@ def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, no
 
 
 @register_adv_estimator("grpo_passk")
-def compute_grpo_passk_outcome_advantage(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=True,
-                                         epsilon=1e-6):
+def compute_grpo_passk_outcome_advantage(
+  token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=True, epsilon=1e-6
+):
   """Pass@k (arXiv 2503.19595): only the best row of each group gets r_max - r_second_max
   (divided by the unbiased group std + eps when normalising); the others get 0. Among tied best
   rows the first one wins. A group of size 1 has no second score and gets 0 (verl raises)."""
@@ -235,8 +238,15 @@ def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index):
 
 
 @register_adv_estimator("gdpo")
-def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, reward_components=None,
-                                   reward_weights=None, norm_adv_by_std_in_grpo=True, epsilon=1e-6):
+def compute_gdpo_outcome_advantage(
+  token_level_rewards,
+  response_mask,
+  index,
+  reward_components=None,
+  reward_weights=None,
+  norm_adv_by_std_in_grpo=True,
+  epsilon=1e-6,
+):
   """GDPO (arXiv 2601.05242): each reward component is GRPO-normalised within its group on its
   own, the results are summed with `reward_weights` (`algorithm.gdpo_reward_weights`; None = 1
   each), then `masked_whiten` over the batch. returns = advantages.
@@ -254,12 +264,13 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, re
     components = [_broadcast(jnp.asarray(v, jnp.float32).reshape(-1), _first_token(mask_NxR)) for v in values]
   weights = [1.0] * len(components) if reward_weights is None else list(reward_weights)
   if len(weights) != len(components):
-    raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(components)} "
-                     "reward components (algorithm.gdpo_reward_keys)")
+    raise ValueError(
+      f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(components)} "
+      "reward components (algorithm.gdpo_reward_keys)"
+    )
   total_NxR = jnp.zeros(mask_NxR.shape, jnp.float32)
   for weight, component_NxR in zip(weights, components):
-    normalised_NxR, _ = compute_grpo_outcome_advantage(component_NxR, mask_NxR, index, norm_adv_by_std_in_grpo,
-                                                       epsilon)
+    normalised_NxR, _ = compute_grpo_outcome_advantage(component_NxR, mask_NxR, index, norm_adv_by_std_in_grpo, epsilon)
     total_NxR = total_NxR + weight * normalised_NxR
   advantages_NxR = masked_whiten(total_NxR, mask_NxR) * mask_NxR
   return advantages_NxR, advantages_NxR
@@ -304,9 +315,16 @@ def _token_baseline(groups, returns_NxR, path_variance_NxR, valid_NxR, lengths_N
 
 
 @register_adv_estimator("optimal_token_baseline")
-def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs,
-                                             sum_pi_squared, rollout_is_weights=None, handle_zero_tail=True,
-                                             epsilon=1e-8):
+def compute_optimal_token_baseline_advantage(
+  token_level_rewards,
+  response_mask,
+  index,
+  old_log_probs,
+  sum_pi_squared,
+  rollout_is_weights=None,
+  handle_zero_tail=True,
+  epsilon=1e-8,
+):
   """Optimal Token Baseline (verl 0.9.1): a baseline per response position t within each group,
   B_t = E_group[G_t W_t] / E_group[W_t], with G_t the undiscounted return-to-go and W_t the
   cumulative path-variance proxy sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2), pi_j = exp(old_log_probs).
@@ -321,15 +339,23 @@ def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask,
   groups = _Groups(index, row_valid_N)
   returns_NxR = _reverse_cumsum(rewards_NxR) * mask_NxR
   path_variance_NxR = _path_variance(mask_NxR, old_log_probs, sum_pi_squared, rollout_is_weights)
-  baseline_NxR = _token_baseline(groups, returns_NxR, path_variance_NxR, mask_NxR, jnp.sum(mask_NxR, axis=-1),
-                                 handle_zero_tail, epsilon)
+  baseline_NxR = _token_baseline(
+    groups, returns_NxR, path_variance_NxR, mask_NxR, jnp.sum(mask_NxR, axis=-1), handle_zero_tail, epsilon
+  )
   return (returns_NxR - baseline_NxR) * mask_NxR, returns_NxR
 
 
 @register_adv_estimator("tir_optimal_token_baseline")
-def compute_tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs,
-                                                 sum_pi_squared, rollout_is_weights=None, handle_zero_tail=True,
-                                                 epsilon=1e-8):
+def compute_tir_optimal_token_baseline_advantage(
+  token_level_rewards,
+  response_mask,
+  index,
+  old_log_probs,
+  sum_pi_squared,
+  rollout_is_weights=None,
+  handle_zero_tail=True,
+  epsilon=1e-8,
+):
   """Optimal Token Baseline for multi-turn (tool-integrated) responses, verl 0.9.1: as
   `optimal_token_baseline`, but positions are counted over valid tokens only (the k-th generated
   token of each response shares a baseline, whatever observation spans lie between), i.e. the
@@ -351,29 +377,30 @@ def compute_tir_optimal_token_baseline_advantage(token_level_rewards, response_m
   lengths_N = jnp.sum(mask_NxR, axis=-1)
   compact_valid_NxR = (jnp.arange(length)[None, :] < lengths_N[:, None]).astype(jnp.float32)
   compact_returns_NxR = compact(returns_NxR)
-  baseline_NxR = _token_baseline(groups, compact_returns_NxR, compact(path_variance_NxR), compact_valid_NxR,
-                                 lengths_N, handle_zero_tail, epsilon)
+  baseline_NxR = _token_baseline(
+    groups, compact_returns_NxR, compact(path_variance_NxR), compact_valid_NxR, lengths_N, handle_zero_tail, epsilon
+  )
   compact_advantages_NxR = compact_returns_NxR - baseline_NxR
   advantages_NxR = jnp.take_along_axis(compact_advantages_NxR, rank_NxR, axis=-1) * mask_NxR
   return advantages_NxR, returns_NxR
 
 
 def compute_advantage(
-    adv_estimator,
-    *,
-    token_level_rewards,
-    response_mask,
-    values=None,
-    index=None,
-    reward_baselines=None,
-    gamma=1.0,
-    lam=1.0,
-    norm_adv_by_std_in_grpo=True,
-    reward_components=None,
-    reward_weights=None,
-    old_log_probs=None,
-    sum_pi_squared=None,
-    rollout_is_weights=None,
+  adv_estimator,
+  *,
+  token_level_rewards,
+  response_mask,
+  values=None,
+  index=None,
+  reward_baselines=None,
+  gamma=1.0,
+  lam=1.0,
+  norm_adv_by_std_in_grpo=True,
+  reward_components=None,
+  reward_weights=None,
+  old_log_probs=None,
+  sum_pi_squared=None,
+  rollout_is_weights=None,
 ):
   """Runs the registered estimator `adv_estimator`, passing only the arguments it declares.
 
@@ -383,17 +410,27 @@ def compute_advantage(
   """
   fn = get_adv_estimator(adv_estimator)
   available = dict(
-      token_level_rewards=token_level_rewards, response_mask=response_mask, values=values, index=index,
-      reward_baselines=reward_baselines, gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
-      reward_components=reward_components, reward_weights=reward_weights, old_log_probs=old_log_probs,
-      sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights,
+    token_level_rewards=token_level_rewards,
+    response_mask=response_mask,
+    values=values,
+    index=index,
+    reward_baselines=reward_baselines,
+    gamma=gamma,
+    lam=lam,
+    norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+    reward_components=reward_components,
+    reward_weights=reward_weights,
+    old_log_probs=old_log_probs,
+    sum_pi_squared=sum_pi_squared,
+    rollout_is_weights=rollout_is_weights,
   )
   kwargs = {}
   for name, parameter in inspect.signature(fn).parameters.items():
     if available.get(name) is not None:
       kwargs[name] = available[name]
     elif parameter.default is inspect.Parameter.empty and parameter.kind not in (
-        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD
+      inspect.Parameter.VAR_POSITIONAL,
+      inspect.Parameter.VAR_KEYWORD,
     ):
       raise ValueError(f"adv_estimator {adv_estimator!r} needs `{name}`, which was not given")
   return fn(**kwargs)

@@ -27,7 +27,7 @@ def _base_kl(logprob, ref_logprob, name):
     return jnp.abs(log_ratio)
   if name in ("mse", "k2"):
     return _k2(log_ratio)
-# low_var_kl / k3: both clips are for numerical stability far off-policy (as verl).
+  # low_var_kl / k3: both clips are for numerical stability far off-policy (as verl).
   x = jnp.clip(ref_logprob - logprob, -20.0, 20.0)
   return jnp.clip(jnp.exp(x) - x - 1.0, -10.0, 10.0)
 
@@ -40,8 +40,8 @@ def kl_penalty(logprob, ref_logprob, kl_penalty: str):
   """
   if kl_penalty == "full":
     raise ValueError(
-        "kl_penalty='full' needs the full logits of both policies, not log-probs of the sampled "
-        "token: call jaxrlhf.algos.full_kl(logits, ref_logits) instead."
+      "kl_penalty='full' needs the full logits of both policies, not log-probs of the sampled "
+      "token: call jaxrlhf.algos.full_kl(logits, ref_logits) instead."
     )
   if kl_penalty not in KL_PENALTY_TYPES:
     raise ValueError(f"Unknown kl_penalty {kl_penalty!r}; expected one of {list(KL_PENALTY_TYPES)}")

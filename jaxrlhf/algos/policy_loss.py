@@ -23,8 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf.algos.registry import Registry
-from jaxrlhf.algos.rollout_correction import (ROLLOUT_CORRECTION_CONFIG_KEYS,
-                                              compute_rollout_correction_and_rejection_mask)
+from jaxrlhf.algos.rollout_correction import (
+  ROLLOUT_CORRECTION_CONFIG_KEYS,
+  compute_rollout_correction_and_rejection_mask,
+)
 from jaxrlhf.algos.stats import agg_loss, as_f32, masked_mean, seq_mean, token_mean, zero_masked
 
 POLICY_LOSSES = Registry("policy loss")
@@ -61,8 +63,18 @@ def _weighted(pg_losses_NxR, rollout_is_weights):
 
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
 ):
   """PPO clipped surrogate with asymmetric clip ("clip-higher") and dual clip for A < 0."""
   del rng
@@ -78,18 +90,28 @@ def compute_policy_loss_vanilla(
   pg_losses_NxR = jnp.where(negative_adv_NxR, jnp.minimum(loss_dual_NxR, loss_ppo_NxR), loss_ppo_NxR)
   pg_loss = agg_loss(_weighted(pg_losses_NxR, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
   return pg_loss, _metrics(
-      pg_clipfrac=token_mean((loss_clipped_NxR > loss_unclipped_NxR).astype(jnp.float32), mask, n_tokens),
-      ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
-      pg_clipfrac_lower=token_mean(
-          ((loss_ppo_NxR > loss_dual_NxR) & negative_adv_NxR).astype(jnp.float32), mask, n_tokens
-      ),
+    pg_clipfrac=token_mean((loss_clipped_NxR > loss_unclipped_NxR).astype(jnp.float32), mask, n_tokens),
+    ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
+    pg_clipfrac_lower=token_mean(
+      ((loss_ppo_NxR > loss_dual_NxR) & negative_adv_NxR).astype(jnp.float32), mask, n_tokens
+    ),
   )
 
 
 @register_policy_loss("gspo")
 def compute_policy_loss_gspo(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
 ):
   """GSPO (arXiv 2507.18071): the sequence ratio s = exp(mean_m(lp - old)) replaces the token ratio.
 
@@ -110,28 +132,47 @@ def compute_policy_loss_gspo(
   pg_losses_NxR = jnp.maximum(loss_unclipped_NxR, loss_clipped_NxR)
   pg_loss = agg_loss(_weighted(pg_losses_NxR, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
   return pg_loss, _metrics(
-      pg_clipfrac=token_mean((loss_clipped_NxR > loss_unclipped_NxR).astype(jnp.float32), mask, n_tokens),
-      ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
+    pg_clipfrac=token_mean((loss_clipped_NxR > loss_unclipped_NxR).astype(jnp.float32), mask, n_tokens),
+    ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
   )
 
 
 @register_policy_loss("gpg")
 def compute_policy_loss_gpg(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
 ):
   """GPG: plain policy gradient -lp * A (no ratio, no clip)."""
   del clip_ratio_low, clip_ratio_high, clip_ratio_c, rng
-  pg_loss = agg_loss(_weighted(-log_prob * advantages, rollout_is_weights), response_mask, loss_agg_mode,
-                     **agg_kwargs)
+  pg_loss = agg_loss(_weighted(-log_prob * advantages, rollout_is_weights), response_mask, loss_agg_mode, **agg_kwargs)
   ppo_kl = token_mean(-_log_ratio(old_log_prob, log_prob), response_mask, agg_kwargs.get("global_token_count"))
   return pg_loss, _metrics(pg_clipfrac=0.0, ppo_kl=ppo_kl)
 
 
 @register_policy_loss("cispo")
 def compute_policy_loss_cispo(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
 ):
   """CISPO (MiniMax-M1, arXiv 2506.13585): -sg(clip(ratio, 1-eps_low, 1+eps_high)) * A * lp.
 
@@ -147,15 +188,25 @@ def compute_policy_loss_cispo(
   pg_losses_NxR = _weighted(-weight_NxR * advantages * log_prob, rollout_is_weights)
   pg_loss = agg_loss(pg_losses_NxR, mask, loss_agg_mode, **agg_kwargs)
   return pg_loss, _metrics(
-      pg_clipfrac=token_mean((weight_NxR != ratio_NxR).astype(jnp.float32), mask, n_tokens),
-      ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
+    pg_clipfrac=token_mean((weight_NxR != ratio_NxR).astype(jnp.float32), mask, n_tokens),
+    ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
   )
 
 
 @register_policy_loss("geo_mean")
 def compute_policy_loss_geo_mean(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
 ):
   """GMPO (arXiv 2507.20673): geometric mean of token ratios, clipped per token in log space.
 
@@ -171,7 +222,7 @@ def compute_policy_loss_geo_mean(
   sign_adv_NxR = jnp.sign(advantages)
   log_ratio_clipped_NxR = jnp.clip(log_ratio_NxR, -clip_ratio_low, clip_ratio_high)
   log_ratio_pessimistic_NxR = sign_adv_NxR * jnp.minimum(
-      sign_adv_NxR * log_ratio_NxR, sign_adv_NxR * log_ratio_clipped_NxR
+    sign_adv_NxR * log_ratio_NxR, sign_adv_NxR * log_ratio_clipped_NxR
   )
   seq_ratio_N = jnp.exp(masked_mean(log_ratio_pessimistic_NxR, mask, axis=-1))
   seq_advantage_N = masked_mean(advantages, mask, axis=-1)
@@ -183,9 +234,9 @@ def compute_policy_loss_geo_mean(
   pg_loss = seq_mean(seq_losses_N, tokens_per_seq_N > 0, agg_kwargs.get("global_seq_count"))
   clipped_NxR = log_ratio_NxR != log_ratio_clipped_NxR
   return pg_loss, _metrics(
-      pg_clipfrac=token_mean((clipped_NxR & (advantages > 0)).astype(jnp.float32), mask, n_tokens),
-      ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
-      pg_clipfrac_lower=token_mean((clipped_NxR & (advantages < 0)).astype(jnp.float32), mask, n_tokens),
+    pg_clipfrac=token_mean((clipped_NxR & (advantages > 0)).astype(jnp.float32), mask, n_tokens),
+    ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
+    pg_clipfrac_lower=token_mean((clipped_NxR & (advantages < 0)).astype(jnp.float32), mask, n_tokens),
   )
 
 
@@ -203,16 +254,28 @@ def _rank(keys_NxR):
 
 
 def _count_from_ratio(ratio, mask):
-    # verl: max(int(ratio * #valid tokens), 1)
+  # verl: max(int(ratio * #valid tokens), 1)
   n_valid = jnp.sum(jnp.asarray(mask, jnp.float32))
   return jnp.maximum(jnp.floor(ratio * n_valid), 1.0)
 
 
 @register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, clip_cov_ratio=0.0002, clip_cov_lb=1.0,
-    clip_cov_ub=5.0,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
+  clip_cov_ratio=0.0002,
+  clip_cov_lb=1.0,
+  clip_cov_ub=5.0,
 ):
   """Clip-Cov (arXiv 2505.22617): PPO clip, plus the gradient of a few high-covariance tokens cut.
 
@@ -240,15 +303,27 @@ def compute_policy_loss_clip_cov(
   pg_losses_NxR = jnp.where(detached_NxR, 0.0, jnp.maximum(loss_unclipped_NxR, loss_clipped_NxR))
   pg_loss = agg_loss(_weighted(pg_losses_NxR, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
   return pg_loss, _metrics(
-      pg_clipfrac=token_mean(detached_NxR.astype(jnp.float32), mask, n_tokens),
-      ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
+    pg_clipfrac=token_mean(detached_NxR.astype(jnp.float32), mask, n_tokens),
+    ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
   )
 
 
 @register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, kl_cov_ratio=0.0002, ppo_kl_coef=1.0,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
+  kl_cov_ratio=0.0002,
+  ppo_kl_coef=1.0,
 ):
   """KL-Cov (arXiv 2505.22617): unclipped -A * ratio, plus ppo_kl_coef * |lp - old| on the
   max(floor(kl_cov_ratio * #valid), 1) valid tokens of largest covariance.
@@ -274,8 +349,20 @@ def compute_policy_loss_kl_cov(
 
 @register_policy_loss("sapo")
 def compute_policy_loss_sapo(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, tau_pos=1.0, tau_neg=1.05,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
+  tau_pos=1.0,
+  tau_neg=1.05,
 ):
   """SAPO (arXiv 2511.20347): a smooth sigmoid gate instead of a hard clip.
 
@@ -295,8 +382,19 @@ def compute_policy_loss_sapo(
 
 @register_policy_loss("dro")
 def compute_policy_loss_dro(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, dro_beta=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
+  dro_beta=None,
 ):
   """DRO (direct reward optimisation): -(lp * A - 0.5 * beta * (lp - old)^2), beta =
   `policy_loss.dro_beta` (required, > 0, as verl). No ratio, no clip: both clip fractions are 0."""
@@ -310,8 +408,20 @@ def compute_policy_loss_dro(
   return pg_loss, _metrics(pg_clipfrac=0.0, ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens))
 
 
-def _dppo(valid_fn, old_log_prob, log_prob, advantages, mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-          loss_agg_mode, agg_kwargs, rollout_is_weights):
+def _dppo(
+  valid_fn,
+  old_log_prob,
+  log_prob,
+  advantages,
+  mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rollout_is_weights,
+):
   """DPPO-Binary (arXiv 2602.04879): a token keeps its gradient unless the move of its probability
   (a divergence between old and new, bounded by clip_ratio_low/high) already went in the
   advantage's direction too far; the REINFORCE-style loss -A * sg(min(ratio, clip_ratio_c)) * lp
@@ -328,16 +438,26 @@ def _dppo(valid_fn, old_log_prob, log_prob, advantages, mask, *, clip_ratio_low,
   pg_losses_NxR = _weighted(-advantages * truncated_ratio_NxR * log_prob * valid_NxR, rollout_is_weights)
   pg_loss = agg_loss(pg_losses_NxR, mask, loss_agg_mode, **agg_kwargs)
   return pg_loss, _metrics(
-      pg_clipfrac=token_mean(1.0 - valid_NxR, mask, n_tokens),
-      ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
-      pg_clipfrac_lower=token_mean((ratio_NxR > clip_ratio_c).astype(jnp.float32) * valid_NxR, mask, n_tokens),
+    pg_clipfrac=token_mean(1.0 - valid_NxR, mask, n_tokens),
+    ppo_kl=token_mean(-log_ratio_NxR, mask, n_tokens),
+    pg_clipfrac_lower=token_mean((ratio_NxR > clip_ratio_c).astype(jnp.float32) * valid_NxR, mask, n_tokens),
   )
 
 
 @register_policy_loss("dppo_tv")
 def compute_policy_loss_dppo_tv(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
 ):
   """DPPO-Binary-TV: kept where p - p_old <= clip_ratio_high (A > 0) or >= -clip_ratio_low (A <= 0)."""
   del rng
@@ -345,15 +465,35 @@ def compute_policy_loss_dppo_tv(
   def valid(prob, old_prob, unused_log_prob, unused_old_log_prob):
     return (prob - old_prob) <= clip_ratio_high, (prob - old_prob) >= -clip_ratio_low
 
-  return _dppo(valid, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=clip_ratio_low,
-               clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode,
-               agg_kwargs=agg_kwargs, rollout_is_weights=rollout_is_weights)
+  return _dppo(
+    valid,
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=clip_ratio_low,
+    clip_ratio_high=clip_ratio_high,
+    clip_ratio_c=clip_ratio_c,
+    loss_agg_mode=loss_agg_mode,
+    agg_kwargs=agg_kwargs,
+    rollout_is_weights=rollout_is_weights,
+  )
 
 
 @register_policy_loss("dppo_kl")
 def compute_policy_loss_dppo_kl(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
 ):
   """DPPO-Binary-KL: binary KL(p_old || p) = p_old log(p_old/p) + (1-p_old) log((1-p_old)/(1-p))
   (1e-8 inside the second log, as verl); kept where it is <= clip_ratio_high or p <= p_old (A > 0),
@@ -362,19 +502,45 @@ def compute_policy_loss_dppo_kl(
 
   def valid(prob, old_prob, log_prob_sg, old_log_prob_):
     binary_kl = old_prob * (old_log_prob_ - log_prob_sg) + (1.0 - old_prob) * jnp.log(
-        (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+      (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+    )
     return (binary_kl <= clip_ratio_high) | (prob <= old_prob), (binary_kl <= clip_ratio_low) | (prob >= old_prob)
 
-  return _dppo(valid, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low=clip_ratio_low,
-               clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode,
-               agg_kwargs=agg_kwargs, rollout_is_weights=rollout_is_weights)
+  return _dppo(
+    valid,
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=clip_ratio_low,
+    clip_ratio_high=clip_ratio_high,
+    clip_ratio_c=clip_ratio_c,
+    loss_agg_mode=loss_agg_mode,
+    agg_kwargs=agg_kwargs,
+    rollout_is_weights=rollout_is_weights,
+  )
 
 
 @register_policy_loss("bypass_mode")
 def compute_policy_loss_bypass_mode(
-    old_log_prob, log_prob, advantages, response_mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-    loss_agg_mode, agg_kwargs, rng=None, rollout_is_weights=None, loss_type="ppo_clip", rollout_is=None,
-    rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None, rollout_rs_threshold=None,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  loss_agg_mode,
+  agg_kwargs,
+  rng=None,
+  rollout_is_weights=None,
+  loss_type="ppo_clip",
+  rollout_is=None,
+  rollout_is_threshold=2.0,
+  rollout_is_batch_normalize=False,
+  rollout_rs=None,
+  rollout_rs_threshold=None,
 ):
   """verl's bypass mode: `old_log_prob` IS the rollout's log-prob (no old-log-prob forward), and
   rollout correction (`algorithm.rollout_correction.*`) runs between it and the training forward.
@@ -393,14 +559,28 @@ def compute_policy_loss_bypass_mode(
     raise ValueError(f"algorithm.rollout_correction.loss_type must be 'reinforce' or 'ppo_clip', got {loss_type!r}")
   rollout_log_prob = old_log_prob
   weights_NxR, effective_mask_NxR, corr_metrics = compute_rollout_correction_and_rejection_mask(
-      jax.lax.stop_gradient(log_prob), rollout_log_prob, response_mask, rollout_is=rollout_is,
-      rollout_is_threshold=rollout_is_threshold, rollout_is_batch_normalize=rollout_is_batch_normalize,
-      rollout_rs=rollout_rs, rollout_rs_threshold=rollout_rs_threshold)
+    jax.lax.stop_gradient(log_prob),
+    rollout_log_prob,
+    response_mask,
+    rollout_is=rollout_is,
+    rollout_is_threshold=rollout_is_threshold,
+    rollout_is_batch_normalize=rollout_is_batch_normalize,
+    rollout_rs=rollout_rs,
+    rollout_rs_threshold=rollout_rs_threshold,
+  )
   if loss_type == "ppo_clip":
     pg_loss, metrics = compute_policy_loss_vanilla(
-        rollout_log_prob, log_prob, advantages, effective_mask_NxR, clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, loss_agg_mode=loss_agg_mode,
-        agg_kwargs=agg_kwargs, rng=rng)
+      rollout_log_prob,
+      log_prob,
+      advantages,
+      effective_mask_NxR,
+      clip_ratio_low=clip_ratio_low,
+      clip_ratio_high=clip_ratio_high,
+      clip_ratio_c=clip_ratio_c,
+      loss_agg_mode=loss_agg_mode,
+      agg_kwargs=agg_kwargs,
+      rng=rng,
+    )
   else:
     pg_losses_NxR = _weighted(-advantages * log_prob, weights_NxR)
     pg_loss = agg_loss(pg_losses_NxR, effective_mask_NxR, loss_agg_mode, **agg_kwargs)
@@ -420,20 +600,20 @@ def _accepted(fn, kwargs):
 
 
 def compute_policy_loss(
-    old_log_prob,
-    log_prob,
-    advantages,
-    response_mask,
-    *,
-    loss_mode="vanilla",
-    clip_ratio=0.2,
-    clip_ratio_low=None,
-    clip_ratio_high=None,
-    clip_ratio_c=3.0,
-    loss_agg_mode="token-mean",
-    rng=None,
-    rollout_is_weights=None,
-    **agg_and_mode_kwargs,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  *,
+  loss_mode="vanilla",
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  clip_ratio_c=3.0,
+  loss_agg_mode="token-mean",
+  rng=None,
+  rollout_is_weights=None,
+  **agg_and_mode_kwargs,
 ):
   """Policy loss of `loss_mode` -> (loss, metrics) (docs/algorithms.md §1, §4).
 
@@ -453,15 +633,15 @@ def compute_policy_loss(
   if rollout_is_weights is not None:
     mode_kwargs["rollout_is_weights"] = zero_masked(rollout_is_weights, response_mask)
   return fn(
-      zero_masked(old_log_prob, response_mask),
-      zero_masked(log_prob, response_mask),
-      zero_masked(advantages, response_mask),
-      response_mask,
-      clip_ratio_low=clip_ratio if clip_ratio_low is None else clip_ratio_low,
-      clip_ratio_high=clip_ratio if clip_ratio_high is None else clip_ratio_high,
-      clip_ratio_c=clip_ratio_c,
-      loss_agg_mode=loss_agg_mode,
-      agg_kwargs=agg_kwargs,
-      rng=rng,
-      **mode_kwargs,
+    zero_masked(old_log_prob, response_mask),
+    zero_masked(log_prob, response_mask),
+    zero_masked(advantages, response_mask),
+    response_mask,
+    clip_ratio_low=clip_ratio if clip_ratio_low is None else clip_ratio_low,
+    clip_ratio_high=clip_ratio if clip_ratio_high is None else clip_ratio_high,
+    clip_ratio_c=clip_ratio_c,
+    loss_agg_mode=loss_agg_mode,
+    agg_kwargs=agg_kwargs,
+    rng=rng,
+    **mode_kwargs,
   )

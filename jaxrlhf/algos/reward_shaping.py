@@ -32,9 +32,20 @@ def place_scores_on_last_token(scores_N, response_mask_NxR):
   return last_NxR * scores_N[:, None] * response_mask_NxR.astype(jnp.float32)
 
 
-def apply_kl_penalty(token_level_scores_NxR, old_log_prob_NxR, ref_log_prob_NxR, response_mask_NxR, kl_coef, *,
-                     kl_penalty_type: str, kl_ctrl_type: str = "fixed", target_kl: float = 0.0,
-                     horizon: float = 1.0, kl_gate=1.0, full_kl_NxR=None):
+def apply_kl_penalty(
+  token_level_scores_NxR,
+  old_log_prob_NxR,
+  ref_log_prob_NxR,
+  response_mask_NxR,
+  kl_coef,
+  *,
+  kl_penalty_type: str,
+  kl_ctrl_type: str = "fixed",
+  target_kl: float = 0.0,
+  horizon: float = 1.0,
+  kl_gate=1.0,
+  full_kl_NxR=None,
+):
   """token_level_rewards = token_level_scores - kl_gate * beta * KL per token, and the controller
   (docs/algorithms.md §2).
 

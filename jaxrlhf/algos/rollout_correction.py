@@ -28,11 +28,28 @@ import jax.numpy as jnp
 from jaxrlhf.algos.stats import as_f32, masked_mean, masked_sum, zero_masked
 
 SAFETY_BOUND = 20.0
-ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
-                      "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+ROLLOUT_RS_OPTIONS = (
+  "token_k1",
+  "token_k2",
+  "token_k3",
+  "seq_sum_k1",
+  "seq_sum_k2",
+  "seq_sum_k3",
+  "seq_mean_k1",
+  "seq_mean_k2",
+  "seq_mean_k3",
+  "seq_max_k2",
+  "seq_max_k3",
+)
 # Keys of verl's `algorithm.rollout_correction` that shape the math (bypass_mode itself is a switch).
-ROLLOUT_CORRECTION_CONFIG_KEYS = ("loss_type", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize",
-                                  "rollout_rs", "rollout_rs_threshold")
+ROLLOUT_CORRECTION_CONFIG_KEYS = (
+  "loss_type",
+  "rollout_is",
+  "rollout_is_threshold",
+  "rollout_is_batch_normalize",
+  "rollout_rs",
+  "rollout_rs_threshold",
+)
 
 
 def _config_error(key, message):
@@ -139,8 +156,9 @@ def _clamped_std(x_NxR, mask_NxR, low, high):
   return jnp.where(jnp.sum(as_f32(mask_NxR)) > 1, jnp.sqrt(var), 0.0)
 
 
-def compute_rollout_correction_weights(log_ratio, response_mask, rollout_is="token", rollout_is_threshold=2.0,
-                                       rollout_is_batch_normalize=False):
+def compute_rollout_correction_weights(
+  log_ratio, response_mask, rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=False
+):
   """(weights [N, R], metrics): truncated (TIS) or IcePop importance weights, 0 off the mask."""
   if rollout_is not in ("token", "sequence"):
     raise _config_error("rollout_is", f"expected 'token', 'sequence' or None, got {rollout_is!r}")
@@ -175,8 +193,9 @@ def compute_rollout_correction_weights(log_ratio, response_mask, rollout_is="tok
   for_ess = jnp.clip(weights, 0.0, upper)
   normalised = for_ess / (masked_mean(for_ess, mask) + 1e-8)
   second_moment = masked_mean(jnp.square(normalised), mask)
-  metrics["rollout_is_eff_sample_size"] = jnp.where(second_moment > 0, 1.0 / jnp.where(second_moment > 0,
-                                                                                        second_moment, 1.0), 0.0)
+  metrics["rollout_is_eff_sample_size"] = jnp.where(
+    second_moment > 0, 1.0 / jnp.where(second_moment > 0, second_moment, 1.0), 0.0
+  )
   seq_weights_N = masked_mean(weights, mask, axis=-1)
   metrics["rollout_is_seq_mean"] = _row_mean(seq_weights_N, rows)
   metrics["rollout_is_seq_std"] = _row_std(seq_weights_N, rows)
@@ -274,32 +293,32 @@ def compute_offpolicy_metrics(log_prob, rollout_log_prob, response_mask):
   log_ppl_diff_N = mean_rollout_log_prob_N - mean_log_prob_N
   log_ratio_sum_N = jnp.sum(log_ratio, axis=-1)
   return {
-      "training_ppl": _row_mean(jnp.exp(-mean_log_prob_N), rows),
-      "training_log_ppl": _row_mean(-mean_log_prob_N, rows),
-      "kl": masked_mean(rollout_log_prob - log_prob, mask),
-      "k3_kl": masked_mean(jnp.exp(log_ratio) - log_ratio - 1.0, mask),
-      "rollout_ppl": _row_mean(jnp.exp(-mean_rollout_log_prob_N), rows),
-      "rollout_log_ppl": _row_mean(-mean_rollout_log_prob_N, rows),
-      "log_ppl_diff": _row_mean(log_ppl_diff_N, rows),
-      "log_ppl_abs_diff": _row_mean(jnp.abs(log_ppl_diff_N), rows),
-      "log_ppl_diff_max": _row_max(log_ppl_diff_N, rows),
-      "log_ppl_diff_min": _row_min(log_ppl_diff_N, rows),
-      "ppl_ratio": _row_mean(jnp.exp(log_ppl_diff_N), rows),
-      "chi2_token": masked_mean(jnp.square(jnp.exp(jnp.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))), mask) - 1.0,
-      "chi2_seq": _row_mean(jnp.exp(2.0 * jnp.clip(log_ratio_sum_N, -SAFETY_BOUND, SAFETY_BOUND)), rows) - 1.0,
+    "training_ppl": _row_mean(jnp.exp(-mean_log_prob_N), rows),
+    "training_log_ppl": _row_mean(-mean_log_prob_N, rows),
+    "kl": masked_mean(rollout_log_prob - log_prob, mask),
+    "k3_kl": masked_mean(jnp.exp(log_ratio) - log_ratio - 1.0, mask),
+    "rollout_ppl": _row_mean(jnp.exp(-mean_rollout_log_prob_N), rows),
+    "rollout_log_ppl": _row_mean(-mean_rollout_log_prob_N, rows),
+    "log_ppl_diff": _row_mean(log_ppl_diff_N, rows),
+    "log_ppl_abs_diff": _row_mean(jnp.abs(log_ppl_diff_N), rows),
+    "log_ppl_diff_max": _row_max(log_ppl_diff_N, rows),
+    "log_ppl_diff_min": _row_min(log_ppl_diff_N, rows),
+    "ppl_ratio": _row_mean(jnp.exp(log_ppl_diff_N), rows),
+    "chi2_token": masked_mean(jnp.square(jnp.exp(jnp.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))), mask) - 1.0,
+    "chi2_seq": _row_mean(jnp.exp(2.0 * jnp.clip(log_ratio_sum_N, -SAFETY_BOUND, SAFETY_BOUND)), rows) - 1.0,
   }
 
 
 def compute_rollout_correction_and_rejection_mask(
-    log_prob,
-    rollout_log_prob,
-    response_mask,
-    *,
-    rollout_is: Optional[str] = None,
-    rollout_is_threshold=2.0,
-    rollout_is_batch_normalize: bool = False,
-    rollout_rs: Optional[str] = None,
-    rollout_rs_threshold=None,
+  log_prob,
+  rollout_log_prob,
+  response_mask,
+  *,
+  rollout_is: Optional[str] = None,
+  rollout_is_threshold=2.0,
+  rollout_is_batch_normalize: bool = False,
+  rollout_rs: Optional[str] = None,
+  rollout_rs_threshold=None,
 ):
   """verl's unified entry point: (weights [N, R] or None, response mask after rejection, metrics).
 
@@ -312,8 +331,9 @@ def compute_rollout_correction_and_rejection_mask(
   log_ratio = log_prob - rollout_log_prob
   metrics, weights = {}, None
   if rollout_is is not None and rollout_is_threshold is not None:
-    weights, is_metrics = compute_rollout_correction_weights(log_ratio, mask, rollout_is, rollout_is_threshold,
-                                                             rollout_is_batch_normalize)
+    weights, is_metrics = compute_rollout_correction_weights(
+      log_ratio, mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
+    )
     metrics.update(is_metrics)
   new_mask = mask
   if rollout_rs is not None:

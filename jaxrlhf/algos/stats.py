@@ -17,9 +17,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-LOSS_AGG_MODES = (
-    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-)
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def as_f32(x):
@@ -38,8 +36,8 @@ def zero_masked(values, mask):
 
 
 def _safe_denominator(count):
-    # Division by a zero count would give NaN values *and* NaN gradients (even behind a `where`),
-    # so the denominator itself is made safe; the numerator is 0 in that case anyway.
+  # Division by a zero count would give NaN values *and* NaN gradients (even behind a `where`),
+  # so the denominator itself is made safe; the numerator is 0 in that case anyway.
   return jnp.where(count > 0, count, 1.0)
 
 
@@ -102,9 +100,9 @@ def loss_normalizers(loss_mask, loss_agg_mode="token-mean", loss_scale_factor: O
   mask = _mask_f32(loss_mask)
   scale = mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
   return dict(
-      global_token_count=jnp.sum(mask),
-      global_seq_count=jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)),
-      loss_scale_factor=jnp.asarray(scale, jnp.float32),
+    global_token_count=jnp.sum(mask),
+    global_seq_count=jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)),
+    loss_scale_factor=jnp.asarray(scale, jnp.float32),
   )
 
 
@@ -124,13 +122,13 @@ def seq_mean(per_seq_N, seq_valid_N, global_seq_count=None):
 
 
 def agg_loss(
-    loss_mat,
-    loss_mask,
-    loss_agg_mode,
-    *,
-    global_token_count=None,
-    global_seq_count=None,
-    loss_scale_factor: Optional[float] = None,
+  loss_mat,
+  loss_mask,
+  loss_agg_mode,
+  *,
+  global_token_count=None,
+  global_seq_count=None,
+  loss_scale_factor: Optional[float] = None,
 ):
   """Aggregates a [N, R] per-token loss into a scalar (docs/algorithms.md §4, verl 0.9.1's `agg_loss`).
 

@@ -6,13 +6,13 @@ from jaxrlhf.algos.stats import agg_loss, as_f32, token_mean
 
 
 def compute_value_loss(
-    vpreds,
-    values,
-    returns,
-    response_mask,
-    cliprange_value,
-    loss_agg_mode="token-mean",
-    **agg_kwargs,
+  vpreds,
+  values,
+  returns,
+  response_mask,
+  cliprange_value,
+  loss_agg_mode="token-mean",
+  **agg_kwargs,
 ):
   """(vf_loss, vf_clipfrac) with
   vclip = clip(vpreds, values - c, values + c);
@@ -29,6 +29,6 @@ def compute_value_loss(
   clipped_NxR = jnp.square(vpred_clipped_NxR - returns_NxR)
   vf_loss = 0.5 * agg_loss(jnp.maximum(unclipped_NxR, clipped_NxR), response_mask, loss_agg_mode, **agg_kwargs)
   vf_clipfrac = token_mean(
-      (clipped_NxR > unclipped_NxR).astype(jnp.float32), response_mask, agg_kwargs.get("global_token_count")
+    (clipped_NxR > unclipped_NxR).astype(jnp.float32), response_mask, agg_kwargs.get("global_token_count")
   )
   return vf_loss, vf_clipfrac

@@ -18,8 +18,7 @@ from ml_collections import config_flags
 from jaxrlhf.cli import absl_main
 from jaxrlhf.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().", lock_config=True)
 _TARGET = flags.DEFINE_string("target", None, "h100x8, h200x8, h100:NxG, h200:NxG, v4-N, v5p-N, v5e-N, v6e-N")
 _PHASES = flags.DEFINE_bool("phases", False, "compile each phase as its own program (trainer.fuse_step=False)")
 _JSON = flags.DEFINE_string("json", None, "also write the report as JSON to this file")

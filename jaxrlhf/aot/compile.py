@@ -39,8 +39,23 @@ from jaxrlhf.trainer.state import TrainState
 
 _BUFFER_RE = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w\-]+)\(")
 _OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
-_ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "s64": 8,
-             "f64": 8, "u64": 8, "s16": 2, "u16": 2, "f8e4m3fn": 1, "f8e5m2": 1}
+_ITEMSIZE = {
+  "f32": 4,
+  "bf16": 2,
+  "f16": 2,
+  "s32": 4,
+  "u32": 4,
+  "s8": 1,
+  "u8": 1,
+  "pred": 1,
+  "s64": 8,
+  "f64": 8,
+  "u64": 8,
+  "s16": 2,
+  "u16": 2,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+}
 
 
 class AotError(UserError, ValueError):
@@ -50,6 +65,7 @@ class AotError(UserError, ValueError):
 @dataclasses.dataclass
 class ProgramReport:
   """One compiled program's per-device memory (bytes), XLA's FLOP count and compile time."""
+
   name: str
   compile_seconds: float
   argument_bytes: int = 0
@@ -68,12 +84,21 @@ class ProgramReport:
   def total_bytes(self) -> int:
     if self.compiler_used_bytes is not None:
       return self.compiler_used_bytes + self.resident_bytes
-    return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
-            + self.resident_bytes)
+    return (
+      self.argument_bytes
+      + self.output_bytes
+      - self.alias_bytes
+      + self.temp_bytes
+      + self.code_bytes
+      + self.resident_bytes
+    )
 
   def to_json(self) -> dict:
-    return dict(dataclasses.asdict(self), total_bytes=self.total_bytes,
-                largest_buffers=[{"bytes": b, "shape": s, "op": o} for b, s, o in self.largest_buffers])
+    return dict(
+      dataclasses.asdict(self),
+      total_bytes=self.total_bytes,
+      largest_buffers=[{"bytes": b, "shape": s, "op": o} for b, s, o in self.largest_buffers],
+    )
 
 
 @dataclasses.dataclass
@@ -101,17 +126,29 @@ class AotReport:
 
   def to_json(self) -> dict:
     target = self.target
-    return {"target": {"name": target.name, "platform": target.platform, "devices": target.num_devices,
-                       "hosts": self.num_hosts, "device_kind": target.device_kind,
-                       "device_memory_bytes": target.memory_bytes},
-            "mode": self.mode, "fits": self.fits, "peak_bytes_per_device": self.peak_bytes,
-            "headroom_bytes": target.memory_bytes - self.peak_bytes, "state_bytes_per_device": self.state_bytes,
-            "programs": [p.to_json() for p in self.programs],
-            "analytic_flops": dict(self.analytic_flops, total=sum(self.analytic_flops.values())),
-            "compile_seconds": sum(p.compile_seconds for p in self.programs), "notes": self.notes}
+    return {
+      "target": {
+        "name": target.name,
+        "platform": target.platform,
+        "devices": target.num_devices,
+        "hosts": self.num_hosts,
+        "device_kind": target.device_kind,
+        "device_memory_bytes": target.memory_bytes,
+      },
+      "mode": self.mode,
+      "fits": self.fits,
+      "peak_bytes_per_device": self.peak_bytes,
+      "headroom_bytes": target.memory_bytes - self.peak_bytes,
+      "state_bytes_per_device": self.state_bytes,
+      "programs": [p.to_json() for p in self.programs],
+      "analytic_flops": dict(self.analytic_flops, total=sum(self.analytic_flops.values())),
+      "compile_seconds": sum(p.compile_seconds for p in self.programs),
+      "notes": self.notes,
+    }
 
 
 # ----- the program, abstract --------------------------------------------------------------------
+
 
 def _eos_ids(model_path: str) -> tuple[int, ...]:
   """EOS ids from the model directory's config.json (a compile needs only their count); 0 without one."""
@@ -139,26 +176,40 @@ def build_abstract_program(config, devices) -> StepProgram:
   resolve_model_paths(config, weights=False)  # Hub ids: their config.json is all a compile reads
   model_path = config.actor_rollout_ref.model.path
   if model_path and not os.path.exists(os.path.join(model_path, "config.json")):
-    raise AotError(f"actor_rollout_ref.model.path={model_path!r} has no config.json; to compile without weights "
-                   "point it at a directory holding only the architecture's config.json, e.g. "
-                   "--config.actor_rollout_ref.model.path=configs/models/qwen2.5-7b-instruct")
+    raise AotError(
+      f"actor_rollout_ref.model.path={model_path!r} has no config.json; to compile without weights "
+      "point it at a directory holding only the architecture's config.json, e.g. "
+      "--config.actor_rollout_ref.model.path=configs/models/qwen2.5-7b-instruct"
+    )
   model_config, critic_model_config, reward_model_config = model_configs(config)
   eos_ids = _eos_ids(model_path)
   mesh = mesh_from_config(config, devices)
-  return build_program(config, mesh, model_config=model_config, critic_model_config=critic_model_config,
-                       reward_model_config=reward_model_config, reward_fn=_rule_reward_on_device,
-                       eos_token_ids=eos_ids, pad_token_id=eos_ids[0],
-                       total_steps=config.trainer.total_training_steps or 1)
+  return build_program(
+    config,
+    mesh,
+    model_config=model_config,
+    critic_model_config=critic_model_config,
+    reward_model_config=reward_model_config,
+    reward_fn=_rule_reward_on_device,
+    eos_token_ids=eos_ids,
+    pad_token_id=eos_ids[0],
+    total_steps=config.trainer.total_training_steps or 1,
+  )
 
 
 def _device_bytes(tree) -> int:
   """Per-device bytes of the leaves held in device memory (offloaded, pinned-host leaves excluded)."""
-  leaves = [x for x in jax.tree.leaves(tree) if getattr(x.sharding, "memory_kind", None) != "pinned_host"
-            and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]  # a PRNG key: a few bytes
+  leaves = [
+    x
+    for x in jax.tree.leaves(tree)
+    if getattr(x.sharding, "memory_kind", None) != "pinned_host"
+    and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+  ]  # a PRNG key: a few bytes
   return per_device_bytes(leaves)
 
 
 # ----- compiling and measuring ------------------------------------------------------------------
+
 
 def _largest_buffers(hlo_text: str, count: int = 8) -> list[tuple[int, str, str]]:
   """The largest arrays the compiled (per-device, partitioned) program produces, with their JAX op."""
@@ -197,8 +248,11 @@ def _largest_lowered_arrays(stablehlo_text: str, count: int = 8) -> list[tuple[i
         continue
       shape = tuple(int(d) for d in dims.rstrip("x").split("x"))
       label = f"{op.group(1) if op else 'value'} (global shape)"
-      found[(shape, dtype)] = (int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype],
-                               f"{dtype}[{','.join(map(str, shape))}]", label)
+      found[(shape, dtype)] = (
+        int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype],
+        f"{dtype}[{','.join(map(str, shape))}]",
+        label,
+      )
   return sorted(found.values(), reverse=True)[:count]
 
 
@@ -213,6 +267,7 @@ def _xla_flops(compiled) -> float | None:
   if not analysis:
     try:  # NVIDIA targets compiled on a CPU host: analyse the compiled HLO with the CPU client
       from jax._src.lib import _jax
+
       module = compiled.runtime_executable().hlo_modules()[0]
       analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
     except Exception:
@@ -238,8 +293,13 @@ def compile_program(name: str, jitted, args, resident_bytes: int = 0) -> tuple[P
     message = str(e)
     if "RESOURCE_EXHAUSTED" not in message and "hbm" not in message.lower():
       raise
-    report = ProgramReport(name, time.perf_counter() - start, resident_bytes=resident_bytes,
-                           compile_error=message.strip(), largest_buffers=_largest_lowered_arrays(lowered.as_text()))
+    report = ProgramReport(
+      name,
+      time.perf_counter() - start,
+      resident_bytes=resident_bytes,
+      compile_error=message.strip(),
+      largest_buffers=_largest_lowered_arrays(lowered.as_text()),
+    )
     used, temporaries = _HBM_USED_RE.search(message), _HBM_TEMPORARIES_RE.search(message)
     if used:
       report.compiler_used_bytes = int(float(used.group(1)) * _UNITS[used.group(2)])
@@ -251,13 +311,18 @@ def compile_program(name: str, jitted, args, resident_bytes: int = 0) -> tuple[P
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   report = ProgramReport(
-      name, seconds, argument_bytes=memory.argument_size_in_bytes, output_bytes=memory.output_size_in_bytes,
-      temp_bytes=memory.temp_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
-      code_bytes=memory.generated_code_size_in_bytes,
-      host_bytes=(memory.host_argument_size_in_bytes + memory.host_output_size_in_bytes
-                  + memory.host_temp_size_in_bytes),
-      resident_bytes=resident_bytes, xla_flops=_xla_flops(compiled),
-      largest_buffers=_largest_buffers(compiled.as_text() or ""))
+    name,
+    seconds,
+    argument_bytes=memory.argument_size_in_bytes,
+    output_bytes=memory.output_size_in_bytes,
+    temp_bytes=memory.temp_size_in_bytes,
+    alias_bytes=memory.alias_size_in_bytes,
+    code_bytes=memory.generated_code_size_in_bytes,
+    host_bytes=(memory.host_argument_size_in_bytes + memory.host_output_size_in_bytes + memory.host_temp_size_in_bytes),
+    resident_bytes=resident_bytes,
+    xla_flops=_xla_flops(compiled),
+    largest_buffers=_largest_buffers(compiled.as_text() or ""),
+  )
   return report, compiled
 
 
@@ -266,8 +331,9 @@ def _abstract_outputs(jitted, args, compiled):
   shapes = jax.eval_shape(jitted, *args)
   if compiled is None:
     return shapes
-  return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                      shapes, compiled.output_shardings)
+  return jax.tree.map(
+    lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, compiled.output_shardings
+  )
 
 
 def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
@@ -276,8 +342,12 @@ def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
 
   def run(name, jitted, *args):
     # PRNG keys are split on the host between phases (concrete CPU arrays): give them as target arrays.
-    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(program.mesh))
-                        if isinstance(x, jax.Array) else x, args)
+    args = jax.tree.map(
+      lambda x: (
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(program.mesh)) if isinstance(x, jax.Array) else x
+      ),
+      args,
+    )
     given = args[0]
     state_given = state_bytes if isinstance(given, TrainState) else _device_bytes(given) if given is not None else 0
     report, compiled = compile_program(name or "glue", jitted, args, resident_bytes=state_bytes - state_given)
@@ -290,11 +360,13 @@ def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
 
 def _rows_like(tree, rows: int, mesh):
   """A (rollout, scored) tree with `rows` sequences in the batch layout: the groups dynamic sampling kept."""
+
   def one(x):
     if not x.shape:
       return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh))
     shape = (rows,) + tuple(x.shape[1:])
     return jax.ShapeDtypeStruct(shape, x.dtype, sharding=batch_sharding(mesh, shape))
+
   return jax.tree.map(one, tree)
 
 
@@ -324,21 +396,36 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
       phased.train(state, rollout, scored, rng, run)
     else:
       run("train", phased.train_on_rollout, state, rollout, scored, rng)
-  flops = step_phase_flops(program.ppo, batch_size=train_rows, prompt_len=config.data.max_prompt_length,
-                           response_len=config.data.max_response_length)
+  flops = step_phase_flops(
+    program.ppo,
+    batch_size=train_rows,
+    prompt_len=config.data.max_prompt_length,
+    response_len=config.data.max_response_length,
+  )
   notes = []
   fsdp_configs = (config.actor_rollout_ref.ref.fsdp_config, config.actor_rollout_ref.actor.fsdp_config)
   offload = any(c.param_offload for c in fsdp_configs) or config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
   layouts = program.layouts
   if offload and layouts.ref_device is None and layouts.actor_host is None and layouts.actor_opt_host is None:
-    notes.append(f"offload requested, but {target.platform} targets compiled here expose no host memory: "
-                 "the offloaded state is counted in device memory (an upper bound)")
+    notes.append(
+      f"offload requested, but {target.platform} targets compiled here expose no host memory: "
+      "the offloaded state is counted in device memory (an upper bound)"
+    )
   num_hosts = len({d.process_index for d in devices})
-  return AotReport(target, num_hosts, "phased" if phases else "fused", program.layout_report(), reports, flops,
-                   _device_bytes(program.abstract_state), notes)
+  return AotReport(
+    target,
+    num_hosts,
+    "phased" if phases else "fused",
+    program.layout_report(),
+    reports,
+    flops,
+    _device_bytes(program.abstract_state),
+    notes,
+  )
 
 
 # ----- the report -------------------------------------------------------------------------------
+
 
 def _gib(n: float) -> str:
   return f"{n / 1024**3:.2f}"
@@ -350,39 +437,81 @@ def _size(n: float) -> str:
 
 def format_report(report: AotReport) -> str:
   target = report.target
-  lines = [f"target {target.name}: {target.num_devices} x {target.device_kind} ({_gib(target.memory_bytes)} GiB "
-           f"each) on {report.num_hosts} host(s); {report.mode} step", report.layout_report, "",
-           "per-device memory (total = arguments + outputs - aliased + temporaries + code + resident state)"]
-  header = ("program", "compile s", "arguments", "outputs", "temporaries", "aliased", "code", "resident", "total",
-            "of device")
+  lines = [
+    f"target {target.name}: {target.num_devices} x {target.device_kind} ({_gib(target.memory_bytes)} GiB "
+    f"each) on {report.num_hosts} host(s); {report.mode} step",
+    report.layout_report,
+    "",
+    "per-device memory (total = arguments + outputs - aliased + temporaries + code + resident state)",
+  ]
+  header = (
+    "program",
+    "compile s",
+    "arguments",
+    "outputs",
+    "temporaries",
+    "aliased",
+    "code",
+    "resident",
+    "total",
+    "of device",
+  )
   rows = []
   for p in report.programs:
     share = f"{100 * p.total_bytes / target.memory_bytes:.0f}%"
     if p.compile_error is not None:
       known = p.compiler_used_bytes is not None
-      rows.append((p.name, f"{p.compile_seconds:.1f}", _size(p.argument_bytes) if p.argument_bytes else "-", "-",
-                   _size(p.temp_bytes) if p.temp_bytes else "-", "-", "-", _size(p.resident_bytes),
-                   _size(p.total_bytes) if known else "over", share if known else "over"))
+      rows.append(
+        (
+          p.name,
+          f"{p.compile_seconds:.1f}",
+          _size(p.argument_bytes) if p.argument_bytes else "-",
+          "-",
+          _size(p.temp_bytes) if p.temp_bytes else "-",
+          "-",
+          "-",
+          _size(p.resident_bytes),
+          _size(p.total_bytes) if known else "over",
+          share if known else "over",
+        )
+      )
       continue
-    rows.append((p.name, f"{p.compile_seconds:.1f}", _size(p.argument_bytes), _size(p.output_bytes),
-                 _size(p.temp_bytes), _size(p.alias_bytes), _size(p.code_bytes), _size(p.resident_bytes),
-                 _size(p.total_bytes), share))
+    rows.append(
+      (
+        p.name,
+        f"{p.compile_seconds:.1f}",
+        _size(p.argument_bytes),
+        _size(p.output_bytes),
+        _size(p.temp_bytes),
+        _size(p.alias_bytes),
+        _size(p.code_bytes),
+        _size(p.resident_bytes),
+        _size(p.total_bytes),
+        share,
+      )
+    )
   widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
   for r in [header] + rows:
-    lines.append("  " + "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in
-                                  enumerate(zip(r, widths))))
+    lines.append("  " + "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
   if any(p.host_bytes for p in report.programs):
-    lines.append("  offloaded to host memory: " + ", ".join(f"{p.name} {_size(p.host_bytes)}"
-                                                          for p in report.programs if p.host_bytes))
+    lines.append(
+      "  offloaded to host memory: "
+      + ", ".join(f"{p.name} {_size(p.host_bytes)}" for p in report.programs if p.host_bytes)
+    )
   headroom = target.memory_bytes - report.peak_bytes
   if report.fits:
-    lines.append(f"fits: yes, peak {_gib(report.peak_bytes)} GiB of {_gib(target.memory_bytes)} GiB per device, "
-                 f"headroom {_gib(headroom)} GiB ({100 * headroom / target.memory_bytes:.0f}%)")
+    lines.append(
+      f"fits: yes, peak {_gib(report.peak_bytes)} GiB of {_gib(target.memory_bytes)} GiB per device, "
+      f"headroom {_gib(headroom)} GiB ({100 * headroom / target.memory_bytes:.0f}%)"
+    )
   else:
     refused = [p for p in report.programs if p.compile_error is not None]
     worst = refused[0] if refused else report.peak_program
-    needs = (f"{_gib(worst.total_bytes)} GiB" if worst.compile_error is None or worst.compiler_used_bytes
-             else "more than its memory")
+    needs = (
+      f"{_gib(worst.total_bytes)} GiB"
+      if worst.compile_error is None or worst.compiler_used_bytes
+      else "more than its memory"
+    )
     lines.append(f"fits: NO, {worst.name} needs {needs} per device of {_gib(target.memory_bytes)} GiB")
     if worst.compile_error:
       lines.append("  the compiler refused it:")
@@ -392,14 +521,20 @@ def format_report(report: AotReport) -> str:
       lines.append(f"  largest buffers of {worst.name} (per device):")
     lines.extend(f"    {_size(size):>10}  {shape}  {op}" for size, shape, op in worst.largest_buffers)
   total_flops = sum(report.analytic_flops.values())
-  lines.append("FLOPs per step (analytic, padded lengths, dense attention; all devices): "
-               + ", ".join(f"{k} {v:.3g}" for k, v in report.analytic_flops.items()) + f"; total {total_flops:.3g}")
-  lines.append(f"  at the devices' peak ({target.peak_bf16_flops:.3g} bf16 FLOP/s each) that is "
-               f"{total_flops / (target.num_devices * target.peak_bf16_flops):.3g} s per step: a lower bound")
+  lines.append(
+    "FLOPs per step (analytic, padded lengths, dense attention; all devices): "
+    + ", ".join(f"{k} {v:.3g}" for k, v in report.analytic_flops.items())
+    + f"; total {total_flops:.3g}"
+  )
+  lines.append(
+    f"  at the devices' peak ({target.peak_bf16_flops:.3g} bf16 FLOP/s each) that is "
+    f"{total_flops / (target.num_devices * target.peak_bf16_flops):.3g} s per step: a lower bound"
+  )
   xla = [(p.name, p.xla_flops) for p in report.programs if p.xla_flops is not None]
   if xla:
-    lines.append("  XLA's count per device (loop bodies counted once): "
-                 + ", ".join(f"{name} {flops:.3g}" for name, flops in xla))
+    lines.append(
+      "  XLA's count per device (loop bodies counted once): " + ", ".join(f"{name} {flops:.3g}" for name, flops in xla)
+    )
   lines.append(f"compile time: {sum(p.compile_seconds for p in report.programs):.1f} s")
   lines.extend(f"note: {note}" for note in report.notes)
   return "\n".join(lines)

@@ -31,6 +31,7 @@ GIB = 1024**3
 @dataclasses.dataclass(frozen=True)
 class GpuSpec:
   """The facts of one GPU model that XLA's compiler reads (`stream_executor.GpuDeviceInfoProto`)."""
+
   name: str
   memory_bytes: int
   core_count: int  # streaming multiprocessors
@@ -71,12 +72,26 @@ device_description_str: "{self.name}"
 
 # Hopper SXM parts; memory as the driver reports it (what a program can use), bandwidth in bytes/s.
 GPU_SPECS = {
-    "h100": GpuSpec("NVIDIA H100 80GB HBM3", memory_bytes=84_942_979_072, core_count=132,
-                    memory_bandwidth=3_352_320_000_000, clock_rate_ghz=1.98, l2_cache_size=52_428_800,
-                    compute_capability=(9, 0), peak_bf16_flops=989e12),
-    "h200": GpuSpec("NVIDIA H200 141GB HBM3e", memory_bytes=151_397_597_184, core_count=132,
-                    memory_bandwidth=4_800_000_000_000, clock_rate_ghz=1.98, l2_cache_size=52_428_800,
-                    compute_capability=(9, 0), peak_bf16_flops=989e12),
+  "h100": GpuSpec(
+    "NVIDIA H100 80GB HBM3",
+    memory_bytes=84_942_979_072,
+    core_count=132,
+    memory_bandwidth=3_352_320_000_000,
+    clock_rate_ghz=1.98,
+    l2_cache_size=52_428_800,
+    compute_capability=(9, 0),
+    peak_bf16_flops=989e12,
+  ),
+  "h200": GpuSpec(
+    "NVIDIA H200 141GB HBM3e",
+    memory_bytes=151_397_597_184,
+    core_count=132,
+    memory_bandwidth=4_800_000_000_000,
+    clock_rate_ghz=1.98,
+    l2_cache_size=52_428_800,
+    compute_capability=(9, 0),
+    peak_bf16_flops=989e12,
+  ),
 }
 
 
@@ -91,11 +106,10 @@ class TpuSpec:
 
 
 TPU_SPECS = {
-    "v4": TpuSpec("v4", 32 * GIB, cores_per_device=2, dims=3, peak_bf16_flops=275e12, chip_config_name="megacore"),
-    "v5p": TpuSpec("v5p", 95 * GIB, cores_per_device=2, dims=3, peak_bf16_flops=459e12,
-                   chip_config_name="megacore"),
-    "v5e": TpuSpec("v5e", 16 * GIB, cores_per_device=1, dims=2, peak_bf16_flops=197e12),
-    "v6e": TpuSpec("v6e", 32 * GIB, cores_per_device=1, dims=2, peak_bf16_flops=918e12),
+  "v4": TpuSpec("v4", 32 * GIB, cores_per_device=2, dims=3, peak_bf16_flops=275e12, chip_config_name="megacore"),
+  "v5p": TpuSpec("v5p", 95 * GIB, cores_per_device=2, dims=3, peak_bf16_flops=459e12, chip_config_name="megacore"),
+  "v5e": TpuSpec("v5e", 16 * GIB, cores_per_device=1, dims=2, peak_bf16_flops=197e12),
+  "v6e": TpuSpec("v6e", 32 * GIB, cores_per_device=1, dims=2, peak_bf16_flops=918e12),
 }
 
 
@@ -116,24 +130,29 @@ class Target:
   def devices(self) -> list:
     """The target's abstract devices, in the order the topology lists them."""
     from jax.experimental import topologies
+
     try:
       if self.platform == "cuda":
         spec = GPU_SPECS[self.name.split(":")[0].split("x")[0]]
-        topology = topologies.get_topology_desc(platform="cuda", topology_name=self.name, topology=self.topology,
-                                                target_config=spec.target_config())
+        topology = topologies.get_topology_desc(
+          platform="cuda", topology_name=self.name, topology=self.topology, target_config=spec.target_config()
+        )
       else:
         spec = TPU_SPECS[self.name.split("-")[0]]
         kwargs = {"chip_config_name": spec.chip_config_name} if spec.chip_config_name else {}
         topology = topologies.get_topology_desc(self.topology, "tpu", **kwargs)
     except Exception as e:  # the plugin's errors are RuntimeError/ValueError/ImportError by version
       package = "jax-cuda12-plugin" if self.platform == "cuda" else "libtpu"
-      raise TargetError(f"--target {self.name}: cannot build the {self.platform} topology {self.topology!r} "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); is {package} installed "
-                        f"for this jax version? pip install -e '.[aot]'") from None
+      raise TargetError(
+        f"--target {self.name}: cannot build the {self.platform} topology {self.topology!r} "
+        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); is {package} installed "
+        f"for this jax version? pip install -e '.[aot]'"
+      ) from None
     devices = list(topology.devices)
     if len(devices) != self.num_devices:
-      raise TargetError(f"--target {self.name}: topology {self.topology!r} has {len(devices)} devices, "
-                        f"expected {self.num_devices}")
+      raise TargetError(
+        f"--target {self.name}: topology {self.topology!r} has {len(devices)} devices, expected {self.num_devices}"
+      )
     return devices
 
 
@@ -157,8 +176,15 @@ def parse_target(name: str) -> Target:
     hosts, per_host = (1, int(gpu.group(2))) if gpu.group(2) else (int(gpu.group(3)), int(gpu.group(4)))
     if hosts < 1 or per_host < 1:
       raise TargetError(f"--target {name}: hosts and GPUs per host must be positive")
-    return Target(name, "cuda", hosts * per_host, spec.memory_bytes, spec.peak_bf16_flops, spec.name,
-                  topology=f"1x{hosts}x{per_host}")
+    return Target(
+      name,
+      "cuda",
+      hosts * per_host,
+      spec.memory_bytes,
+      spec.peak_bf16_flops,
+      spec.name,
+      topology=f"1x{hosts}x{per_host}",
+    )
   tpu = re.fullmatch(r"(v4|v5p|v5e|v6e)-(\d+)", name)
   if tpu:
     spec = TPU_SPECS[tpu.group(1)]
@@ -167,10 +193,19 @@ def parse_target(name: str) -> Target:
       raise TargetError(f"--target {name}: {tpu.group(1)}-N counts TensorCores, two per chip: N must be even")
     chips = count // spec.cores_per_device
     topology = _tpu_topology(chips, spec.dims, name)
-    return Target(name, "tpu", chips, spec.memory_bytes, spec.peak_bf16_flops, f"TPU {tpu.group(1)}",
-                  topology=f"{spec.topology_prefix}:{topology}")
-  raise TargetError(f"--target {name!r} is not known; expected h100x8, h200x8, h100:NxG / h200:NxG (hosts x GPUs), "
-                    "v4-N, v5p-N (TensorCores), v5e-N or v6e-N (chips)")
+    return Target(
+      name,
+      "tpu",
+      chips,
+      spec.memory_bytes,
+      spec.peak_bf16_flops,
+      f"TPU {tpu.group(1)}",
+      topology=f"{spec.topology_prefix}:{topology}",
+    )
+  raise TargetError(
+    f"--target {name!r} is not known; expected h100x8, h200x8, h100:NxG / h200:NxG (hosts x GPUs), "
+    "v4-N, v5p-N (TensorCores), v5e-N or v6e-N (chips)"
+  )
 
 
 def prepare_environment(target: Target) -> None:

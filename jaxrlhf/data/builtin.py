@@ -22,15 +22,16 @@ import os
 
 import numpy as np
 
-from jaxrlhf.rewards.registry import RECALL_DATA_SOURCE  # its rule is registered with the built-in rules
 from jaxrlhf.rewards import gsm8k, register_reward
+from jaxrlhf.rewards.registry import RECALL_DATA_SOURCE  # its rule is registered with the built-in rules
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>")
 WORDS = ("####", ":", "first", "last", "+", "=", "?")
 NUMBERS = tuple(str(i) for i in range(20))
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+  "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
+  "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 _LIST_LENGTH = 4
 _NUM_DIGITS = 10
@@ -45,9 +46,13 @@ def build_tokenizer(save_dir: str | None = None):
   vocab = {word: i for i, word in enumerate(SPECIAL_TOKENS + WORDS + NUMBERS)}
   backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
   backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
-                                      unk_token="<unk>",
-                                      additional_special_tokens=["<|user|>", "<|assistant|>"])
+  tokenizer = PreTrainedTokenizerFast(
+    tokenizer_object=backend,
+    pad_token="<pad>",
+    eos_token="<eos>",
+    unk_token="<unk>",
+    additional_special_tokens=["<|user|>", "<|assistant|>"],
+  )
   tokenizer.chat_template = CHAT_TEMPLATE
   if save_dir:
     os.makedirs(save_dir, exist_ok=True)
@@ -58,18 +63,21 @@ def build_tokenizer(save_dir: str | None = None):
 def _recall_row(which: str, digits: tuple[int, ...], split: str, index: int) -> dict:
   answer = digits[0] if which == "first" else digits[-1]
   return {
-      "data_source": RECALL_DATA_SOURCE,
-      "prompt": [{"role": "user", "content": f"{which} : " + " ".join(str(d) for d in digits)}],
-      "ability": "recall",
-      "reward_model": {"style": "rule", "ground_truth": str(answer)},
-      "extra_info": {"split": split, "index": index},
+    "data_source": RECALL_DATA_SOURCE,
+    "prompt": [{"role": "user", "content": f"{which} : " + " ".join(str(d) for d in digits)}],
+    "ability": "recall",
+    "reward_model": {"style": "rule", "ground_truth": str(answer)},
+    "extra_info": {"split": split, "index": index},
   }
 
 
 def recall_rows(split: str) -> list[dict]:
   """All (first|last, digit list) prompts; a fixed, seeded subset is held out as `test`."""
-  combos = [(which, digits) for which in ("first", "last")
-            for digits in itertools.product(range(_NUM_DIGITS), repeat=_LIST_LENGTH)]
+  combos = [
+    (which, digits)
+    for which in ("first", "last")
+    for digits in itertools.product(range(_NUM_DIGITS), repeat=_LIST_LENGTH)
+  ]
   order = np.random.default_rng(1234).permutation(len(combos))
   chosen = order[:_VAL_SIZE] if split == "test" else order[_VAL_SIZE:]
   return [_recall_row(*combos[i], split, n) for n, i in enumerate(chosen)]
@@ -99,20 +107,23 @@ def arith_messages(question: str) -> list[dict]:
 
 def arith_rows(split: str) -> list[dict]:
   """Every `a + b` and `a - b` (a >= b) with operands below 20; a fixed, seeded subset is held out as `test`."""
-  problems = [(a, op, b) for a in range(_ARITH_MAX) for b in range(_ARITH_MAX) for op in ("+", "-")
-              if op == "+" or a >= b]
+  problems = [
+    (a, op, b) for a in range(_ARITH_MAX) for b in range(_ARITH_MAX) for op in ("+", "-") if op == "+" or a >= b
+  ]
   order = np.random.default_rng(4321).permutation(len(problems))
   chosen = order[:_ARITH_VAL_SIZE] if split == "test" else order[_ARITH_VAL_SIZE:]
   rows = []
   for n, i in enumerate(chosen):
     a, op, b = problems[i]
-    rows.append({
+    rows.append(
+      {
         "data_source": ARITH_DATA_SOURCE,
         "prompt": arith_messages(f"What is {a} {op} {b}?"),
         "ability": "arithmetic",
         "reward_model": {"style": "rule", "ground_truth": str(a + b if op == "+" else a - b)},
         "extra_info": {"split": split, "index": n},
-    })
+      }
+    )
   return rows
 
 

@@ -35,8 +35,10 @@ def read_lines(path: str, where: str | None = None) -> Iterator[tuple[int, str]]
       try:
         text = raw.decode("utf-8")
       except UnicodeDecodeError as e:
-        raise DataError(f"{where or path}: not UTF-8: byte {raw[e.start]:#04x} at byte offset {offset + e.start} "
-                        f"(line {line_no})", hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise DataError(
+          f"{where or path}: not UTF-8: byte {raw[e.start]:#04x} at byte offset {offset + e.start} (line {line_no})",
+          hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
       yield line_no, text
       offset += len(raw)
 
@@ -48,6 +50,7 @@ def _read_file(path: str) -> list[dict]:
     raise DataError(f"data file {path!r} does not exist")
   if path.endswith(".parquet"):
     import pyarrow.parquet as pq
+
     return pq.read_table(path).to_pylist()
   if path.endswith(".jsonl") or path.endswith(".json"):
     rows = []
@@ -90,8 +93,10 @@ def _messages(row: dict, prompt_key: str, where: str):
     return [{"role": "user", "content": prompt}]
   if isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) and "content" in m for m in prompt):
     return list(prompt)
-  raise DataError(f"{where}: column {prompt_key!r} must be a string or a list of chat messages "
-                  f"({{'role', 'content'}}), got {type(prompt).__name__}")
+  raise DataError(
+    f"{where}: column {prompt_key!r} must be a string or a list of chat messages "
+    f"({{'role', 'content'}}), got {type(prompt).__name__}"
+  )
 
 
 def encode_prompts(tokenizer, conversations) -> list[list[int]]:
@@ -120,14 +125,17 @@ def _truncate(ids: list[int], max_len: int, mode: str, where: str) -> list[int]:
     return ids[:max_len]
   if mode == "middle":
     head = max_len // 2
-    return ids[:head] + ids[len(ids) - (max_len - head):]
-  raise DataError(f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={max_len} "
-                  "(set data.truncation to left|right|middle or data.filter_overlong_prompts=True)")
+    return ids[:head] + ids[len(ids) - (max_len - head) :]
+  raise DataError(
+    f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={max_len} "
+    "(set data.truncation to left|right|middle or data.filter_overlong_prompts=True)"
+  )
 
 
 @dataclasses.dataclass
 class PromptDataset:
   """Tokenized, left-padded prompts plus the host-side fields rewards need."""
+
   input_ids: np.ndarray  # [N, P] int32
   attention_mask: np.ndarray  # [N, P] int32
   data_sources: list[str]
@@ -142,13 +150,22 @@ class PromptDataset:
     """What `data.filter_overlong_prompts` did to the rows of `key` (None: nothing dropped)."""
     if not self.num_filtered:
       return None
-    return (f"{key}: data.filter_overlong_prompts dropped {self.num_filtered} of {len(self) + self.num_filtered} "
-            f"rows (longer than data.max_prompt_length={self.input_ids.shape[1]}); {len(self)} left")
+    return (
+      f"{key}: data.filter_overlong_prompts dropped {self.num_filtered} of {len(self) + self.num_filtered} "
+      f"rows (longer than data.max_prompt_length={self.input_ids.shape[1]}); {len(self)} left"
+    )
 
 
-def build_dataset(files, tokenizer, *, max_prompt_length: int, prompt_key: str = "prompt",
-                  reward_fn_key: str = "data_source", truncation: str = "error",
-                  filter_overlong_prompts: bool = False) -> PromptDataset:
+def build_dataset(
+  files,
+  tokenizer,
+  *,
+  max_prompt_length: int,
+  prompt_key: str = "prompt",
+  reward_fn_key: str = "data_source",
+  truncation: str = "error",
+  filter_overlong_prompts: bool = False,
+) -> PromptDataset:
   rows, places = _rows_and_places(files)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
   ids_list, sources, truths, extras = [], [], [], []
@@ -168,26 +185,37 @@ def build_dataset(files, tokenizer, *, max_prompt_length: int, prompt_key: str =
     truths.append(reward_model["ground_truth"])
     extras.append(row.get("extra_info") or {})
   if not ids_list:
-    raise DataError(f"{', '.join(_file_list(files))}: no rows left (read {len(rows)}, data.filter_overlong_prompts "
-                    f"dropped {filtered} longer than data.max_prompt_length={max_prompt_length})")
+    raise DataError(
+      f"{', '.join(_file_list(files))}: no rows left (read {len(rows)}, data.filter_overlong_prompts "
+      f"dropped {filtered} longer than data.max_prompt_length={max_prompt_length})"
+    )
   input_ids = np.full((len(ids_list), max_prompt_length), pad_id, np.int32)
   attention_mask = np.zeros((len(ids_list), max_prompt_length), np.int32)
   for i, ids in enumerate(ids_list):
     if ids:
-      input_ids[i, -len(ids):] = ids
-      attention_mask[i, -len(ids):] = 1
+      input_ids[i, -len(ids) :] = ids
+      attention_mask[i, -len(ids) :] = 1
   return PromptDataset(input_ids, attention_mask, sources, truths, extras, filtered)
 
 
 class BatchSchedule:
   """Batch k of the run = rows order[k*B:(k+1)*B] of epoch k // batches_per_epoch (drop_last)."""
 
-  def __init__(self, num_rows: int, batch_size: int, *, seed: int, shuffle: bool = True,
-               key: str = "data.train_batch_size", num_dropped: int = 0):
+  def __init__(
+    self,
+    num_rows: int,
+    batch_size: int,
+    *,
+    seed: int,
+    shuffle: bool = True,
+    key: str = "data.train_batch_size",
+    num_dropped: int = 0,
+  ):
     """`key` names the batch size in errors; `num_dropped`: rows `data.filter_overlong_prompts` removed."""
     if batch_size > num_rows:
-      read = f"; {num_rows + num_dropped} read, {num_dropped} dropped by data.filter_overlong_prompts" \
-          if num_dropped else ""
+      read = (
+        f"; {num_rows + num_dropped} read, {num_dropped} dropped by data.filter_overlong_prompts" if num_dropped else ""
+      )
       raise DataError(f"{key}={batch_size} is larger than the dataset ({num_rows} rows{read})")
     self.num_rows, self.batch_size = num_rows, batch_size
     self.batches_per_epoch = num_rows // batch_size
@@ -206,10 +234,12 @@ class BatchSchedule:
 def process_rows(indices: np.ndarray, process_index: int, process_count: int) -> np.ndarray:
   """This process's contiguous share of a global batch (multi-host: each host reads only its rows)."""
   if len(indices) % process_count:
-    raise DataError(f"a batch of {len(indices)} rows does not split over {process_count} processes "
-                    "(make data.train_batch_size x rollout.n a multiple of the process count)")
+    raise DataError(
+      f"a batch of {len(indices)} rows does not split over {process_count} processes "
+      "(make data.train_batch_size x rollout.n a multiple of the process count)"
+    )
   share = len(indices) // process_count
-  return indices[process_index * share:(process_index + 1) * share]
+  return indices[process_index * share : (process_index + 1) * share]
 
 
 def longest_prompt(dataset: PromptDataset, indices: np.ndarray) -> int:
@@ -217,8 +247,7 @@ def longest_prompt(dataset: PromptDataset, indices: np.ndarray) -> int:
   return int(dataset.attention_mask[indices].sum(axis=1).max())
 
 
-def batch_arrays(dataset: PromptDataset, indices: np.ndarray, prompt_width: int | None = None
-                 ) -> dict[str, np.ndarray]:
+def batch_arrays(dataset: PromptDataset, indices: np.ndarray, prompt_width: int | None = None) -> dict[str, np.ndarray]:
   """The rows `indices`, their prompts left-padded to `prompt_width` tokens (None: `max_prompt_length`).
 
   Prompts are left-padded, so a narrower batch is the last `prompt_width` columns; it must hold the
@@ -226,8 +255,13 @@ def batch_arrays(dataset: PromptDataset, indices: np.ndarray, prompt_width: int 
   """
   width = dataset.input_ids.shape[1] if prompt_width is None else prompt_width
   if not longest_prompt(dataset, indices) <= width <= dataset.input_ids.shape[1]:
-    raise ValueError(f"prompt_width={width} must lie between the batch's longest prompt "
-                     f"({longest_prompt(dataset, indices)}) and max_prompt_length ({dataset.input_ids.shape[1]})")
+    raise ValueError(
+      f"prompt_width={width} must lie between the batch's longest prompt "
+      f"({longest_prompt(dataset, indices)}) and max_prompt_length ({dataset.input_ids.shape[1]})"
+    )
   columns = slice(dataset.input_ids.shape[1] - width, None)
-  return {"input_ids": dataset.input_ids[indices, columns],
-          "attention_mask": dataset.attention_mask[indices, columns], "sample_index": indices.astype(np.int32)}
+  return {
+    "input_ids": dataset.input_ids[indices, columns],
+    "attention_mask": dataset.attention_mask[indices, columns],
+    "sample_index": indices.astype(np.int32),
+  }

@@ -45,6 +45,7 @@ def _size(mesh: Mesh, axes) -> int:
 @dataclasses.dataclass(frozen=True)
 class ActivationLayout:
   """The train layout of activations on `mesh` (the module docstring); a hashable Flax attribute."""
+
   mesh: Mesh
 
   @property
@@ -81,18 +82,36 @@ class ActivationLayout:
       return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.spec(x, logical_axes)))
 
-  def attention(self, core: Callable, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL,
-                window_on):
+  def attention(
+    self, core: Callable, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on
+  ):
     """`core(q, k, v, kv_mask, segment_ids, window_on) -> out [B, L, K, G, H]` run on each device's rows and
     key/value heads: for a kernel XLA cannot partition (Pallas splash attention, a Mosaic custom call)."""
     if self.mesh.size == 1:
       return core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
     heads = TENSOR_AXIS if keys_BxSxKxH.shape[2] % self.mesh.shape[TENSOR_AXIS] == 0 else None
-    return self._shard_attention(core, PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), None, heads),
-                                 q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
+    return self._shard_attention(
+      core,
+      PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), None, heads),
+      q_BxLxKxGxH,
+      keys_BxSxKxH,
+      values_BxSxKxH,
+      kv_mask_BxS,
+      segment_ids_BxL,
+      window_on,
+    )
 
-  def _shard_attention(self, local: Callable, split: PartitionSpec, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH,
-                       kv_mask_BxS, segment_ids_BxL, window_on):
+  def _shard_attention(
+    self,
+    local: Callable,
+    split: PartitionSpec,
+    q_BxLxKxGxH,
+    keys_BxSxKxH,
+    values_BxSxKxH,
+    kv_mask_BxS,
+    segment_ids_BxL,
+    window_on,
+  ):
     """`local` in a shard_map: q, k, v and the output split as `split` (rows, length, heads), the mask and
     segment ids by rows only, the window flag whole."""
     whole = PartitionSpec(split[0], None)
@@ -107,4 +126,5 @@ class ActivationLayout:
     # The vma check is off: the kernels' custom VJPs and loops carry no varying-axis annotations.
     specs = (split,) * 3 + (whole,) + tuple(optional[name][1] for name in present)
     return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=split, check_vma=False)(
-        q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, *(optional[name][0] for name in present))
+      q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, *(optional[name][0] for name in present)
+    )

@@ -90,22 +90,29 @@ def _allowed(query_index_L, key_index_S, kv_mask_BxS, segment_q_BxL, segment_k_B
   return allowed_BxLxS
 
 
-def xla_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, query_index_L, kv_mask_BxS, segment_ids_BxL=None,
-                  window=None, window_on=None):
+def xla_attention(
+  q_BxLxKxGxH,
+  keys_BxSxKxH,
+  values_BxSxKxH,
+  query_index_L,
+  kv_mask_BxS,
+  segment_ids_BxL=None,
+  window=None,
+  window_on=None,
+):
   """The whole score matrix [B, K, G, L, S] in fp32; probabilities in the compute dtype (q's)."""
   dtype, head_dim = q_BxLxKxGxH.dtype, q_BxLxKxGxH.shape[-1]
-  scores_BxKxGxLxS = jnp.einsum("blkgh,bskh->bkgls", q_BxLxKxGxH, keys_BxSxKxH.astype(dtype),
-                                preferred_element_type=jnp.float32) / jnp.sqrt(head_dim).astype(jnp.float32)
+  scores_BxKxGxLxS = jnp.einsum(
+    "blkgh,bskh->bkgls", q_BxLxKxGxH, keys_BxSxKxH.astype(dtype), preferred_element_type=jnp.float32
+  ) / jnp.sqrt(head_dim).astype(jnp.float32)
   key_index_S = jnp.arange(keys_BxSxKxH.shape[1])
-  allowed_BxLxS = _allowed(query_index_L, key_index_S, kv_mask_BxS, segment_ids_BxL, segment_ids_BxL, window,
-                           window_on)
+  allowed_BxLxS = _allowed(query_index_L, key_index_S, kv_mask_BxS, segment_ids_BxL, segment_ids_BxL, window, window_on)
   scores_BxKxGxLxS = jnp.where(allowed_BxLxS[:, None, None], scores_BxKxGxLxS, MASK_VALUE)
   probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(dtype)
   return jnp.einsum("bkgls,bskh->blkgh", probs_BxKxGxLxS, values_BxSxKxH.astype(dtype))
 
 
-def decode_attention(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, query_index, kv_mask_BxS, window=None,
-                     window_on=None):
+def decode_attention(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, query_index, kv_mask_BxS, window=None, window_on=None):
   """One query per row (a decode step) over the KV cache in its own [B, K, S, H] layout -> [B, K, G, H].
 
   Both products are batched matmuls over (B, K) with S or H as the contracted axis in place, so XLA
@@ -113,18 +120,20 @@ def decode_attention(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, query_index, kv_ma
   multiply-reduce for the value sum, one layer's decode attention took 1.6x as long on CPU (155K shapes).
   """
   dtype, head_dim = q_BxKxGxH.dtype, q_BxKxGxH.shape[-1]
-  scores_BxKxGxS = jnp.einsum("bkgh,bksh->bkgs", q_BxKxGxH, keys_BxKxSxH.astype(dtype),
-                              preferred_element_type=jnp.float32) / jnp.sqrt(head_dim).astype(jnp.float32)
+  scores_BxKxGxS = jnp.einsum(
+    "bkgh,bksh->bkgs", q_BxKxGxH, keys_BxKxSxH.astype(dtype), preferred_element_type=jnp.float32
+  ) / jnp.sqrt(head_dim).astype(jnp.float32)
   key_index_S = jnp.arange(keys_BxKxSxH.shape[2])
-  allowed_BxS = _allowed(jnp.reshape(query_index, (1,)), key_index_S, kv_mask_BxS, None, None, window,
-                         window_on)[:, 0]
+  allowed_BxS = _allowed(jnp.reshape(query_index, (1,)), key_index_S, kv_mask_BxS, None, None, window, window_on)[:, 0]
   scores_BxKxGxS = jnp.where(allowed_BxS[:, None, None], scores_BxKxGxS, MASK_VALUE)
   probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(dtype)
-  return jnp.einsum("bkgs,bksh->bkgh", probs_BxKxGxS, values_BxKxSxH.astype(dtype),
-                    preferred_element_type=jnp.float32).astype(dtype)
+  return jnp.einsum(
+    "bkgs,bksh->bkgh", probs_BxKxGxS, values_BxKxSxH.astype(dtype), preferred_element_type=jnp.float32
+  ).astype(dtype)
 
 
 # ----- blockwise ---------------------------------------------------------------------------------
+
 
 def _pad_axis(x, axis: int, size: int, value=0):
   if x is None or x.shape[axis] == size:
@@ -190,23 +199,27 @@ def _blockwise_forward(q, k, v, offset, kv_mask, segment_q, segment_k, window_on
     q_i = blocks.q_tile(q, i)
 
     def key_block(j, carry):
-      m, l, acc = carry
+      m, row_sum, acc = carry  # running max and softmax denominator of each query
       k_j, v_j = blocks.k_tile(k, j), blocks.k_tile(v, j)
       s, allowed = blocks.scores(q_i, k_j, i, j, offset, kv_mask, segment_q, segment_k, window_on)
       m_new = jnp.maximum(m, jnp.max(s, axis=-1))
       p = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
       correction = jnp.exp(m - m_new)
-      l = l * correction + jnp.sum(p, axis=-1)
-      acc = acc * correction[..., None] + jnp.einsum("bkgls,bskh->bkglh", p.astype(v.dtype), v_j,
-                                                     preferred_element_type=jnp.float32)
-      return m_new, l, acc
+      row_sum = row_sum * correction + jnp.sum(p, axis=-1)
+      acc = acc * correction[..., None] + jnp.einsum(
+        "bkgls,bskh->bkglh", p.astype(v.dtype), v_j, preferred_element_type=jnp.float32
+      )
+      return m_new, row_sum, acc
 
-    init = (jnp.full((b, kh, g, block_q), MASK_VALUE, jnp.float32), jnp.zeros((b, kh, g, block_q), jnp.float32),
-            jnp.zeros((b, kh, g, block_q, h), jnp.float32))
+    init = (
+      jnp.full((b, kh, g, block_q), MASK_VALUE, jnp.float32),
+      jnp.zeros((b, kh, g, block_q), jnp.float32),
+      jnp.zeros((b, kh, g, block_q, h), jnp.float32),
+    )
     lo, hi = _key_block_range(i, offset, block_q, block_k, blocks.num_k, window, window_on)
-    m, l, acc = jax.lax.fori_loop(lo, hi, key_block, init)
-    out = acc / jnp.maximum(l, 1e-30)[..., None]  # a query with no valid key: 0
-    lse = m + jnp.log(jnp.maximum(l, 1e-30))
+    m, row_sum, acc = jax.lax.fori_loop(lo, hi, key_block, init)
+    out = acc / jnp.maximum(row_sum, 1e-30)[..., None]  # a query with no valid key: 0
+    lse = m + jnp.log(jnp.maximum(row_sum, 1e-30))
     return None, (out.transpose(0, 3, 1, 2, 4).astype(q.dtype), lse)
 
   _, (out_n, lse_n) = jax.lax.scan(query_block, None, jnp.arange(blocks.num_q))
@@ -261,15 +274,32 @@ def _blockwise_bwd(block_q, block_k, window, residuals, d_out):
 
   dq, (dk_n, dv_n) = jax.lax.scan(key_block, jnp.zeros(q.shape, jnp.float32), jnp.arange(blocks.num_k))
   to_keys = lambda x_n: x_n.transpose(1, 0, 2, 3, 4).reshape(k.shape)  # [nk, B, bk, K, H] -> [B, S, K, H]
-  return (dq.astype(q.dtype), to_keys(dk_n).astype(k.dtype), to_keys(dv_n).astype(v.dtype),
-          None, None, None, None, None)
+  return (
+    dq.astype(q.dtype),
+    to_keys(dk_n).astype(k.dtype),
+    to_keys(dv_n).astype(v.dtype),
+    None,
+    None,
+    None,
+    None,
+    None,
+  )
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
-def blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_mask_BxS, segment_ids_BxL=None,
-                        window=None, window_on=None, block_size: int = 512):
+def blockwise_attention(
+  q_BxLxKxGxH,
+  keys_BxSxKxH,
+  values_BxSxKxH,
+  offset,
+  kv_mask_BxS,
+  segment_ids_BxL=None,
+  window=None,
+  window_on=None,
+  block_size: int = 512,
+):
   """Online-softmax attention over [block, block] tiles; queries at sequence indices offset + [0, L).
 
   Without a cache S == L (offset 0); with one, the keys are the whole cache (S >= offset + L).
@@ -297,6 +327,7 @@ def blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_ma
 
 # ----- vendor kernels ----------------------------------------------------------------------------
 
+
 def cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window=None):
   """cuDNN flash attention (no cache, no packing). Each row is rotated left by its first valid column so
   its tokens start at 0 (right padding, which cuDNN takes as lengths), then rotated back.
@@ -315,9 +346,15 @@ def cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, wind
   dtype = q_BxLxKxGxH.dtype
   try:
     out_BxLxQxH = jax.nn.dot_product_attention(
-        q_BxLxQxH, take(keys_BxSxKxH.astype(dtype), rotate_BxL), take(values_BxSxKxH.astype(dtype), rotate_BxL),
-        is_causal=True, query_seq_lengths=lengths_B, key_value_seq_lengths=lengths_B,
-        local_window_size=None if window is None else (window - 1, 0), implementation="cudnn")
+      q_BxLxQxH,
+      take(keys_BxSxKxH.astype(dtype), rotate_BxL),
+      take(values_BxSxKxH.astype(dtype), rotate_BxL),
+      is_causal=True,
+      query_seq_lengths=lengths_B,
+      key_value_seq_lengths=lengths_B,
+      local_window_size=None if window is None else (window - 1, 0),
+      implementation="cudnn",
+    )
   except (RuntimeError, NotImplementedError, ValueError) as e:  # raised while tracing, before any compute
     _log_fallback("cudnn", f"cuDNN attention is not available for this call ({e})")
     return None
@@ -326,12 +363,21 @@ def cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, wind
   return out_BxLxQxH.reshape(batch, length, kv_heads, group, head_dim)
 
 
-def splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL=None, window=None,
-                     block_size: int = 512, interpret: bool = False):
+def splash_attention(
+  q_BxLxKxGxH,
+  keys_BxSxKxH,
+  values_BxSxKxH,
+  kv_mask_BxS,
+  segment_ids_BxL=None,
+  window=None,
+  block_size: int = 512,
+  interpret: bool = False,
+):
   """Pallas TPU splash attention (no cache). Padding and packing both become segment ids: a packed row's
   own, or 1 for valid and 0 for padding (a pad query then sees only pads, and its output is unused)."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+
   batch, length, kv_heads, group, head_dim = q_BxLxKxGxH.shape
   dtype = q_BxLxKxGxH.dtype
   # The kernel's tiles are multiples of 128 that divide the length: pad it (padding is segment 0).
@@ -341,10 +387,19 @@ def splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, seg
     mask = mask_lib.CausalMask((padded, padded))
   else:  # LocalMask's window is (left, right) inclusive offsets from the query: (window - 1, 0) is ours
     mask = mask_lib.LocalMask((padded, padded), (window - 1, 0), offset=0)
-  sizes = kernel_lib.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                                block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-  kernel = kernel_lib.make_splash_mqa_single_device(mask_lib.MultiHeadMask([mask] * group), block_sizes=sizes,
-                                                    interpret=interpret)  # interpret: the tests, on CPU
+  sizes = kernel_lib.BlockSizes(
+    block_q=block,
+    block_kv=block,
+    block_kv_compute=block,
+    block_q_dkv=block,
+    block_kv_dkv=block,
+    block_kv_dkv_compute=block,
+    block_q_dq=block,
+    block_kv_dq=block,
+  )
+  kernel = kernel_lib.make_splash_mqa_single_device(
+    mask_lib.MultiHeadMask([mask] * group), block_sizes=sizes, interpret=interpret
+  )  # interpret: the tests, on CPU
   segment_BxL = segment_ids_BxL if segment_ids_BxL is not None else (kv_mask_BxS > 0)
   segment_BxL = _pad_axis(segment_BxL.astype(jnp.int32), 1, padded)
   scale = np.float32(1.0 / np.sqrt(head_dim))

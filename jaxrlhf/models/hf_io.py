@@ -36,23 +36,39 @@ from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abst
 log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
-HEAD_ARCHITECTURE_SUFFIX = {"lm": "ForCausalLM", "value": "ForTokenClassification",
-                            "reward": "ForSequenceClassification"}
-SUPPORTED_ARCHITECTURES = tuple(prefix + suffix for prefix in SUPPORTED_MODEL_TYPES.values()
-                                for suffix in HEAD_ARCHITECTURE_SUFFIX.values())
+HEAD_ARCHITECTURE_SUFFIX = {
+  "lm": "ForCausalLM",
+  "value": "ForTokenClassification",
+  "reward": "ForSequenceClassification",
+}
+SUPPORTED_ARCHITECTURES = tuple(
+  prefix + suffix for prefix in SUPPORTED_MODEL_TYPES.values() for suffix in HEAD_ARCHITECTURE_SUFFIX.values()
+)
 _NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _INDEX_FILE = "model.safetensors.index.json"
 # Tensors some checkpoints carry that we recompute or do not use.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # Besides config.json and the weights, what a model directory needs: the tokenizer and generation config.
-MODEL_DIR_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
-                   "chat_template.jinja", "chat_template.json")
+MODEL_DIR_FILES = (
+  "generation_config.json",
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "added_tokens.json",
+  "vocab.json",
+  "merges.txt",
+  "vocab.txt",
+  "tokenizer.model",
+  "spiece.model",
+  "chat_template.jinja",
+  "chat_template.json",
+)
 TOKENIZER_SUFFIXES = (".tiktoken",)
 
 
 # ----- config ------------------------------------------------------------------------------------
+
 
 def _read_json(path: str) -> dict[str, Any]:
   try:
@@ -83,11 +99,15 @@ def _rope_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
     return {**fields, "rope_factor": float(merged["factor"])}
   if rope_type == "llama3":
     try:
-      return {**fields, "rope_factor": float(merged["factor"]),
-              "rope_low_freq_factor": float(merged["low_freq_factor"]),
-              "rope_high_freq_factor": float(merged["high_freq_factor"]),
-              "rope_original_max_position_embeddings": int(merged.get(
-                  "original_max_position_embeddings", hf.get("max_position_embeddings", 8192)))}
+      return {
+        **fields,
+        "rope_factor": float(merged["factor"]),
+        "rope_low_freq_factor": float(merged["low_freq_factor"]),
+        "rope_high_freq_factor": float(merged["high_freq_factor"]),
+        "rope_original_max_position_embeddings": int(
+          merged.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192))
+        ),
+      }
     except KeyError as e:
       raise CheckpointError(f"{where}: llama3 rope scaling is missing {e.args[0]!r}") from None
   raise CheckpointError(f"{where}: rope_type={rope_type!r} is not supported; supported: default, linear, llama3")
@@ -102,8 +122,10 @@ def _sliding_window_fields(hf: dict[str, Any], model_type: str, where: str) -> d
     if layer_types and "sliding_attention" in layer_types:
       start = layer_types.index("sliding_attention")
       if any(t != "sliding_attention" for t in layer_types[start:]) or not window:
-        raise CheckpointError(f"{where}: layer_types {layer_types} (sliding window {window}) are not supported: "
-                              "only sliding attention on a final run of layers")
+        raise CheckpointError(
+          f"{where}: layer_types {layer_types} (sliding window {window}) are not supported: "
+          "only sliding attention on a final run of layers"
+        )
       return {"sliding_window": int(window), "sliding_window_start_layer": start}
     if hf.get("use_sliding_window") and window and not layer_types:
       return {"sliding_window": int(window), "sliding_window_start_layer": int(hf.get("max_window_layers", 0))}
@@ -114,13 +136,15 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
   """DecoderConfig from the contents of an HF config.json; `overrides` set our own fields (dtype, ...)."""
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
-    raise CheckpointError(f"{where}: model_type={model_type!r} is not supported; supported model types: "
-                          f"{sorted(SUPPORTED_MODEL_TYPES)}")
+    raise CheckpointError(
+      f"{where}: model_type={model_type!r} is not supported; supported model types: {sorted(SUPPORTED_MODEL_TYPES)}"
+    )
   architectures = hf.get("architectures") or []
   unknown = [a for a in architectures if a not in SUPPORTED_ARCHITECTURES]
   if unknown:
-    raise CheckpointError(f"{where}: architectures {unknown} are not supported; supported architectures: "
-                          f"{list(SUPPORTED_ARCHITECTURES)}")
+    raise CheckpointError(
+      f"{where}: architectures {unknown} are not supported; supported architectures: {list(SUPPORTED_ARCHITECTURES)}"
+    )
   if hf.get("hidden_act", "silu") != "silu":
     raise CheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} is not supported (only 'silu')")
   head_dim = hf.get("head_dim")
@@ -130,18 +154,24 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
     head_dim = hf["hidden_size"] // hf["num_attention_heads"]  # explicit, so a config equals its export's
   attention_bias = bool(hf.get("attention_bias", False))
   fields: dict[str, Any] = dict(
-      vocab_size=hf.get("vocab_size"), hidden_size=hf.get("hidden_size"),
-      intermediate_size=hf.get("intermediate_size"), num_hidden_layers=hf.get("num_hidden_layers"),
-      num_attention_heads=hf.get("num_attention_heads"),
-      num_key_value_heads=hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
-      head_dim=head_dim, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      max_position_embeddings=int(hf.get("max_position_embeddings", 2048)), model_type=model_type,
-      qkv_bias=True if model_type == "qwen2" else attention_bias and model_type != "mistral",
-      o_bias=attention_bias and model_type in ("llama", "qwen3"),
-      mlp_bias=bool(hf.get("mlp_bias", False)) and model_type == "llama",
-      qk_norm=model_type == "qwen3",
-      **_rope_fields(hf, where), **_sliding_window_fields(hf, model_type, where))
+    vocab_size=hf.get("vocab_size"),
+    hidden_size=hf.get("hidden_size"),
+    intermediate_size=hf.get("intermediate_size"),
+    num_hidden_layers=hf.get("num_hidden_layers"),
+    num_attention_heads=hf.get("num_attention_heads"),
+    num_key_value_heads=hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
+    head_dim=head_dim,
+    rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+    tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+    model_type=model_type,
+    qkv_bias=True if model_type == "qwen2" else attention_bias and model_type != "mistral",
+    o_bias=attention_bias and model_type in ("llama", "qwen3"),
+    mlp_bias=bool(hf.get("mlp_bias", False)) and model_type == "llama",
+    qk_norm=model_type == "qwen3",
+    **_rope_fields(hf, where),
+    **_sliding_window_fields(hf, model_type, where),
+  )
   fields.update(overrides)
   try:
     return DecoderConfig.from_dict(fields)
@@ -162,10 +192,18 @@ def compute_settings(model) -> dict[str, Any]:
   defaults = {f.name: f.default for f in dataclasses.fields(DecoderConfig)}
   layout = {key: model.get(key, defaults[key]) for key in ("scan_layers", "attention_impl", "attention_block_size")}
   # LoRA: rank 0 (off) for a config saved before the keys existed.
-  lora = dict(lora_rank=model.get("lora_rank", 0), lora_alpha=float(model.get("lora_alpha", 16)),
-              lora_targets=resolve_target_modules(model.get("target_modules", "all-linear")))
-  return dict(dtype=model.dtype, param_dtype=model.param_dtype,
-              remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none", **layout, **lora)
+  lora = dict(
+    lora_rank=model.get("lora_rank", 0),
+    lora_alpha=float(model.get("lora_alpha", 16)),
+    lora_targets=resolve_target_modules(model.get("target_modules", "all-linear")),
+  )
+  return dict(
+    dtype=model.dtype,
+    param_dtype=model.param_dtype,
+    remat_policy=model.remat_policy if model.enable_gradient_checkpointing else "none",
+    **layout,
+    **lora,
+  )
 
 
 def model_config_from(model, tokenizer=None) -> DecoderConfig:
@@ -179,14 +217,16 @@ def model_config_from(model, tokenizer=None) -> DecoderConfig:
   if model.path:
     config_path = os.path.join(model.path, "config.json")
     if not os.path.exists(config_path):
-      raise CheckpointError(f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint "
-                            "directory)")
+      raise CheckpointError(
+        f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint directory)"
+      )
     model_config = config_from_hf_dict({**_read_json(config_path), **overrides}, where=config_path, **extra)
   else:
     model_config = DecoderConfig.from_dict({**overrides, **extra})
   if tokenizer is not None and len(tokenizer) > model_config.vocab_size:
-    raise CheckpointError(f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
-                     f"{len(tokenizer)} tokens")
+    raise CheckpointError(
+      f"the model's vocab_size={model_config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens"
+    )
   return model_config
 
 
@@ -199,8 +239,9 @@ def critic_config_from(config, actor_config: DecoderConfig, tokenizer=None) -> D
   return dataclasses.replace(actor_config, **compute_settings(critic_model))
 
 
-def hf_config_dict(config: DecoderConfig, head: str = "lm", base: dict[str, Any] | None = None,
-                   dtype: str | None = None) -> dict[str, Any]:
+def hf_config_dict(
+  config: DecoderConfig, head: str = "lm", base: dict[str, Any] | None = None, dtype: str | None = None
+) -> dict[str, Any]:
   """An HF config.json dict for `config` (v4 `rope_theta`/`rope_scaling` form, which v4 and v5 both read).
 
   `base` (e.g. the source checkpoint's config) keeps keys we do not model: token ids, names, ...
@@ -227,24 +268,50 @@ def hf_config_dict(config: DecoderConfig, head: str = "lm", base: dict[str, Any]
   if problems:
     raise CheckpointError(f"config cannot be written as HF model_type={model_type!r}: " + "; ".join(problems))
 
-  hf = {k: v for k, v in (base or {}).items()
-        if k not in ("rope_parameters", "rope_scaling", "auto_map", "num_labels", "id2label", "label2id",
-                     "layer_types", "torch_dtype", "dtype", "transformers_version")}
+  hf = {
+    k: v
+    for k, v in (base or {}).items()
+    if k
+    not in (
+      "rope_parameters",
+      "rope_scaling",
+      "auto_map",
+      "num_labels",
+      "id2label",
+      "label2id",
+      "layer_types",
+      "torch_dtype",
+      "dtype",
+      "transformers_version",
+    )
+  }
   hf.update(
-      architectures=[SUPPORTED_MODEL_TYPES[model_type] + HEAD_ARCHITECTURE_SUFFIX[head]], model_type=model_type,
-      vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-      num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-      num_key_value_heads=config.num_key_value_heads, head_dim=config.resolved_head_dim,
-      hidden_act="silu", rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=config.tie_word_embeddings,
-      max_position_embeddings=config.max_position_embeddings, rope_theta=config.rope_theta,
-      torch_dtype=dtype or config.param_dtype)
+    architectures=[SUPPORTED_MODEL_TYPES[model_type] + HEAD_ARCHITECTURE_SUFFIX[head]],
+    model_type=model_type,
+    vocab_size=config.vocab_size,
+    hidden_size=config.hidden_size,
+    intermediate_size=config.intermediate_size,
+    num_hidden_layers=config.num_hidden_layers,
+    num_attention_heads=config.num_attention_heads,
+    num_key_value_heads=config.num_key_value_heads,
+    head_dim=config.resolved_head_dim,
+    hidden_act="silu",
+    rms_norm_eps=config.rms_norm_eps,
+    tie_word_embeddings=config.tie_word_embeddings,
+    max_position_embeddings=config.max_position_embeddings,
+    rope_theta=config.rope_theta,
+    torch_dtype=dtype or config.param_dtype,
+  )
   if config.rope_type == "linear":
     hf["rope_scaling"] = {"rope_type": "linear", "factor": config.rope_factor}
   elif config.rope_type == "llama3":
-    hf["rope_scaling"] = {"rope_type": "llama3", "factor": config.rope_factor,
-                          "low_freq_factor": config.rope_low_freq_factor,
-                          "high_freq_factor": config.rope_high_freq_factor,
-                          "original_max_position_embeddings": config.rope_original_max_position_embeddings}
+    hf["rope_scaling"] = {
+      "rope_type": "llama3",
+      "factor": config.rope_factor,
+      "low_freq_factor": config.rope_low_freq_factor,
+      "high_freq_factor": config.rope_high_freq_factor,
+      "original_max_position_embeddings": config.rope_original_max_position_embeddings,
+    }
   else:
     hf["rope_scaling"] = None
   if model_type in ("llama", "qwen3"):
@@ -256,8 +323,7 @@ def hf_config_dict(config: DecoderConfig, head: str = "lm", base: dict[str, Any]
   if model_type in ("qwen2", "qwen3"):
     hf["use_sliding_window"] = config.sliding_window is not None
     hf["sliding_window"] = config.sliding_window
-    hf["max_window_layers"] = config.sliding_window_start_layer if config.sliding_window else \
-        config.num_hidden_layers
+    hf["max_window_layers"] = config.sliding_window_start_layer if config.sliding_window else config.num_hidden_layers
   if head != "lm":
     hf["id2label"] = {"0": "LABEL_0"}
     hf["label2id"] = {"LABEL_0": 0}
@@ -265,6 +331,7 @@ def hf_config_dict(config: DecoderConfig, head: str = "lm", base: dict[str, Any]
 
 
 # ----- the name map ------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class _TensorSpec:
@@ -299,7 +366,7 @@ def _tensor_specs(shapes) -> list[_TensorSpec]:
       layers = list(range(shaped.shape[0]))
       hf_module = "model.layers.{}" + "".join("." + m for m in module[1:])
     elif module[0].startswith("layers_"):
-      hf_module = "model.layers." + module[0][len("layers_"):] + "".join("." + m for m in module[1:])
+      hf_module = "model.layers." + module[0][len("layers_") :] + "".join("." + m for m in module[1:])
     elif module[0] in ("embed_tokens", "norm"):
       hf_module = "model." + module[0]
     else:  # lm_head, score
@@ -351,23 +418,27 @@ def _to_hf(spec: _TensorSpec, array: np.ndarray) -> np.ndarray:
 
 # ----- reading -----------------------------------------------------------------------------------
 
+
 def refuse_pickled_weights(path: str) -> None:
   """Raises if `path` has pickle-based weights and no safetensors (we never unpickle)."""
   if glob.glob(os.path.join(path, "*.safetensors")):
     return
-  pickled = sorted({os.path.basename(file) for pattern in _PICKLE_PATTERNS
-                    for file in glob.glob(os.path.join(path, pattern))})
+  pickled = sorted(
+    {os.path.basename(file) for pattern in _PICKLE_PATTERNS for file in glob.glob(os.path.join(path, pattern))}
+  )
   if pickled:
     raise CheckpointError(
-        f"{path} holds pickled PyTorch weights {pickled}; jaxrlhf never unpickles checkpoints. Convert them to "
-        "safetensors first, e.g. in a trusted environment: AutoModelForCausalLM.from_pretrained(path)"
-        ".save_pretrained(path, safe_serialization=True)")
+      f"{path} holds pickled PyTorch weights {pickled}; jaxrlhf never unpickles checkpoints. Convert them to "
+      "safetensors first, e.g. in a trusted environment: AutoModelForCausalLM.from_pretrained(path)"
+      ".save_pretrained(path, safe_serialization=True)"
+    )
   raise CheckpointError(f"{path} has no *.safetensors weight files")
 
 
 def _weight_files(path: str) -> dict[str, str]:
   """HF tensor name -> safetensors file, from the index if there is one, else from the files' headers."""
   from safetensors import safe_open
+
   refuse_pickled_weights(path)
   index_path = os.path.join(path, _INDEX_FILE)
   if os.path.exists(index_path):
@@ -399,6 +470,7 @@ def _place(array: np.ndarray, sharding):
 @dataclasses.dataclass
 class _ReadPlan:
   """What `load_hf_params` reads: tensor specs by file, our shapes, and whether the value head is fresh."""
+
   specs: list
   files: dict[str, str]
   shape_of: dict
@@ -412,6 +484,7 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
   layers beyond `num_hidden_layers` (a config.json that would silently train a truncated model).
   """
   from safetensors import safe_open
+
   _check_head(head)
   shapes, _ = abstract_params(Decoder(config, head=head))
   specs = _tensor_specs(shapes)
@@ -430,14 +503,17 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
     fresh_head = "bias"
   if missing:
     shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-    raise CheckpointError(f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
-                          f"tie_word_embeddings={config.tie_word_embeddings})")
+    raise CheckpointError(
+      f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
+      f"tie_word_embeddings={config.tie_word_embeddings})"
+    )
   layers = sorted({int(m.group(1)) for n in files if (m := re.match(r"model\.layers\.(\d+)\.", n))})
   if layers and layers[-1] >= config.num_hidden_layers:
     raise CheckpointError(
-        f"{path} holds {layers[-1] + 1} decoder layers but its config sets num_hidden_layers="
-        f"{config.num_hidden_layers}: training would silently drop layers {config.num_hidden_layers}.."
-        f"{layers[-1]} (fix config.json, or override_config.num_hidden_layers)")
+      f"{path} holds {layers[-1] + 1} decoder layers but its config sets num_hidden_layers="
+      f"{config.num_hidden_layers}: training would silently drop layers {config.num_hidden_layers}.."
+      f"{layers[-1]} (fix config.json, or override_config.num_hidden_layers)"
+    )
 
   for file in sorted({files[spec.hf_name] for spec in specs}):
     with safe_open(file, framework="numpy") as f:
@@ -448,12 +524,18 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
         expected = _hf_shape(spec, shape[1:] if spec.layer is not None else shape)  # a stacked leaf's layer
         found = tuple(f.get_slice(spec.hf_name).get_shape())
         if found != expected:
-          raise CheckpointError(f"tensor {spec.hf_name} in {file} has shape {list(found)}, but the config "
-                                f"expects {list(expected)}")
+          raise CheckpointError(
+            f"tensor {spec.hf_name} in {file} has shape {list(found)}, but the config expects {list(expected)}"
+          )
 
   used = {s.hf_name for s in specs}
-  unused = [n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES)
-            and not (n == "lm_head.weight" and (config.tie_word_embeddings or head != "lm"))]
+  unused = [
+    n
+    for n in files
+    if n not in used
+    and not n.endswith(_IGNORED_SUFFIXES)
+    and not (n == "lm_head.weight" and (config.tie_word_embeddings or head != "lm"))
+  ]
   if unused and warn_unused:
     log.warning("%s: %d tensor(s) not used for head=%r: %s", path, len(unused), head, unused[:8])
   return _ReadPlan(specs, files, shape_of, fresh_head)
@@ -471,8 +553,9 @@ def _layer_sharding(sharding):
   """The sharding of one layer of a stacked leaf: its NamedSharding without the leading layer axis."""
   if isinstance(sharding, jax.sharding.NamedSharding):
     spec = tuple(sharding.spec)[1:]
-    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec),
-                                      memory_kind=sharding.memory_kind)
+    return jax.sharding.NamedSharding(
+      sharding.mesh, jax.sharding.PartitionSpec(*spec), memory_kind=sharding.memory_kind
+    )
   return sharding
 
 
@@ -484,8 +567,9 @@ def _stack_placed(layers: list, sharding):
   return jax.jit(lambda *xs: jax.numpy.stack(xs), out_shardings=sharding)(*layers)
 
 
-def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardings=None, dtype: str | None = None,
-                   rng=None):
+def load_hf_params(
+  path: str, config: DecoderConfig, *, head: str = "lm", shardings=None, dtype: str | None = None, rng=None
+):
   """Reads the checkpoint at `path` into our param tree for `Decoder(config, head)`.
 
   shardings: None (default device) or a tree like the params of `jax.sharding.Sharding`s (e.g. from
@@ -495,6 +579,7 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
     critic, as verl does); default key 0. A reward model's head must be in the checkpoint.
   """
   from safetensors import safe_open
+
   _check_head(head)
   dtype = dtype or config.param_dtype
   if dtype not in _NUMPY_DTYPES:
@@ -519,7 +604,8 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
           flat[spec.path] = _place(array, sharding_of.get(spec.path))
         else:
           layer_slices.setdefault(spec.path, {})[spec.layer] = _place(
-              array, _layer_sharding(sharding_of.get(spec.path)))
+            array, _layer_sharding(sharding_of.get(spec.path))
+          )
   for path in list(layer_slices):
     slices = layer_slices.pop(path)  # the layers are freed once stacked
     flat[path] = _stack_placed([slices[i] for i in range(len(slices))], sharding_of.get(path))
@@ -527,8 +613,10 @@ def load_hf_params(path: str, config: DecoderConfig, *, head: str = "lm", shardi
   if plan.fresh_head:
     d = config.hidden_size
     rng = jax.random.key(0) if rng is None else rng
-    fresh = {("score", "kernel"): np.asarray(INIT_STD * jax.random.normal(rng, (d, 1), np.float32)),
-             ("score", "bias"): np.zeros((1,), np.float32)}
+    fresh = {
+      ("score", "kernel"): np.asarray(INIT_STD * jax.random.normal(rng, (d, 1), np.float32)),
+      ("score", "bias"): np.zeros((1,), np.float32),
+    }
     for key, value in fresh.items():
       if key not in flat:
         flat[key] = _place(value.astype(np_dtype), sharding_of.get(key))
@@ -547,9 +635,11 @@ def _unflatten(flat: dict[tuple[str, ...], Any]):
 
 # ----- writing -----------------------------------------------------------------------------------
 
+
 def _to_host(array) -> np.ndarray:
   if isinstance(array, jax.Array) and not array.is_fully_addressable:
     from jax.experimental import multihost_utils
+
     array = multihost_utils.process_allgather(array, tiled=True)
   return np.asarray(jax.device_get(array))
 
@@ -571,16 +661,25 @@ def hf_state_dict(params, config: DecoderConfig, head: str = "lm", dtype: str | 
       host = {spec.path: _to_host(flat[spec.path])}
     value = host[spec.path]
     if tuple(value.shape) != expected:
-      raise CheckpointError(f"param {'/'.join(spec.path)} has shape {list(value.shape)}, but the config "
-                            f"expects {list(expected)}")
+      raise CheckpointError(
+        f"param {'/'.join(spec.path)} has shape {list(value.shape)}, but the config expects {list(expected)}"
+      )
     if spec.layer is not None:
       value = value[spec.layer]
     tensors[spec.hf_name] = np.ascontiguousarray(_to_hf(spec, value).astype(np_dtype))
   return tensors
 
 
-def save_hf_checkpoint(params, config: DecoderConfig, out_dir: str, *, head: str = "lm", dtype: str | None = None,
-                       source_dir: str | None = None, max_shard_size: int = 5 * 2**30) -> str:
+def save_hf_checkpoint(
+  params,
+  config: DecoderConfig,
+  out_dir: str,
+  *,
+  head: str = "lm",
+  dtype: str | None = None,
+  source_dir: str | None = None,
+  max_shard_size: int = 5 * 2**30,
+) -> str:
   """Writes config.json + model.safetensors (sharded with an index above `max_shard_size` bytes).
 
   `transformers.AutoModelForCausalLM` (head="lm"), `AutoModelForTokenClassification` ("value") or
@@ -589,6 +688,7 @@ def save_hf_checkpoint(params, config: DecoderConfig, out_dir: str, *, head: str
   and generation_config files are copied. Only process 0 writes. Returns `out_dir`.
   """
   from safetensors.numpy import save_file
+
   tensors = hf_state_dict(params, config, head, dtype)
   if jax.process_index() != 0:
     return out_dir
@@ -616,8 +716,9 @@ def save_hf_checkpoint(params, config: DecoderConfig, out_dir: str, *, head: str
       save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
       weight_map.update({name: file for name in shard})
     with open(os.path.join(out_dir, _INDEX_FILE), "w") as f:
-      json.dump({"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map},
-                f, indent=2)
+      json.dump(
+        {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map}, f, indent=2
+      )
 
   if source_dir:
     copy_tokenizer_files(source_dir, out_dir)

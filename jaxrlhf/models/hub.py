@@ -45,6 +45,7 @@ def parse_hub_id(path: str) -> tuple[str, str | None] | None:
   """(repo id, revision or None) when `path` has the form of a Hub model id `org/name[@revision]`, else None."""
   from huggingface_hub.errors import HFValidationError
   from huggingface_hub.utils import validate_repo_id
+
   repo_id, at, revision = path.partition("@")
   if repo_id.count("/") != 1 or (at and not revision):
     return None
@@ -65,8 +66,10 @@ def _hub_settings() -> tuple[str, bool]:
   """(cache directory, offline), read at each call: huggingface_hub reads them once, when first imported, so a
   process (a notebook, a test) that sets them later would otherwise be ignored."""
   from huggingface_hub import constants
-  cache_dir = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub")
-                                                 if os.environ.get("HF_HOME") else constants.HF_HUB_CACHE)
+
+  cache_dir = os.environ.get("HF_HUB_CACHE") or (
+    os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else constants.HF_HUB_CACHE
+  )
   offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
   return os.path.expanduser(cache_dir), offline
 
@@ -87,50 +90,72 @@ def resolve_model_path(path: str, key: str, *, weights: bool = True) -> str:
     return path
   org = parsed[0].split("/")[0]
   if os.path.isdir(org):
-    raise UserError(f"{key}={path!r} does not exist (read as a local path since ./{org} is a directory; a "
-                    "Hugging Face Hub id org/name is looked up only when ./org is not a local directory)")
+    raise UserError(
+      f"{key}={path!r} does not exist (read as a local path since ./{org} is a directory; a "
+      "Hugging Face Hub id org/name is looked up only when ./org is not a local directory)"
+    )
   return _download(*parsed, key, path, weights)
 
 
 def _download(repo_id: str, revision: str | None, key: str, path: str, weights: bool) -> str:
   """`repo_id`'s snapshot directory, from the cache or downloaded; a UserError naming `key` and the id if neither."""
-  from huggingface_hub import errors as hub_errors, snapshot_download
+  from huggingface_hub import errors as hub_errors
+  from huggingface_hub import snapshot_download
+
   incomplete = getattr(hub_errors, "IncompleteSnapshotError", ())  # huggingface_hub >= 1.x: a partial cached snapshot
   cache_dir, offline = _hub_settings()
   named = f"{key}={path!r}"
   hub_model = f"Hugging Face Hub model {repo_id!r}" + (f" at revision {revision!r}" if revision else "")
   why = "HF_HUB_OFFLINE=1" if offline else "the Hub cannot be reached"
-  download_hint = (f"a local path: check its spelling; a Hub id: "
-                   + ("unset HF_HUB_OFFLINE, or " if offline else "")
-                   + f"download it where the Hub is reachable (`hf download {repo_id}"
-                   + (f" --revision {revision}" if revision else "") + f"`) into {cache_dir}")
+  download_hint = (
+    "a local path: check its spelling; a Hub id: "
+    + ("unset HF_HUB_OFFLINE, or " if offline else "")
+    + f"download it where the Hub is reachable (`hf download {repo_id}"
+    + (f" --revision {revision}" if revision else "")
+    + f"`) into {cache_dir}"
+  )
   allow_patterns, ignore_patterns = download_patterns(weights)
   try:
-    directory = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline,
-                                  allow_patterns=allow_patterns, ignore_patterns=ignore_patterns)
+    directory = snapshot_download(
+      repo_id,
+      revision=revision,
+      cache_dir=cache_dir,
+      local_files_only=offline,
+      allow_patterns=allow_patterns,
+      ignore_patterns=ignore_patterns,
+    )
   except hub_errors.GatedRepoError:
-    raise UserError(f"{named}: the {hub_model} is gated", hint="accept its terms on huggingface.co, then log in "
-                    "(`hf auth login`) or set HF_TOKEN") from None
+    raise UserError(
+      f"{named}: the {hub_model} is gated",
+      hint="accept its terms on huggingface.co, then log in (`hf auth login`) or set HF_TOKEN",
+    ) from None
   except hub_errors.RepositoryNotFoundError:
-    raise UserError(f"{named} is neither a local directory nor a model on the Hugging Face Hub",
-                    hint="a local path: check its spelling; a private Hub model: log in (`hf auth login`) or set "
-                         "HF_TOKEN") from None
+    raise UserError(
+      f"{named} is neither a local directory nor a model on the Hugging Face Hub",
+      hint="a local path: check its spelling; a private Hub model: log in (`hf auth login`) or set HF_TOKEN",
+    ) from None
   except hub_errors.RevisionNotFoundError:
     raise UserError(f"{named}: the Hugging Face Hub model {repo_id!r} has no revision {revision!r}") from None
   except hub_errors.LocalEntryNotFoundError as e:
     if isinstance(e, incomplete):
-      raise UserError(f"{named}: the cached snapshot of the {hub_model} in {cache_dir} lacks some of the files "
-                      f"a run reads ({why})", hint=download_hint) from None
-    raise UserError(f"{named} is neither a local directory nor a {hub_model} in the cache {cache_dir} ({why})",
-                    hint=download_hint) from None
+      raise UserError(
+        f"{named}: the cached snapshot of the {hub_model} in {cache_dir} lacks some of the files a run reads ({why})",
+        hint=download_hint,
+      ) from None
+    raise UserError(
+      f"{named} is neither a local directory nor a {hub_model} in the cache {cache_dir} ({why})", hint=download_hint
+    ) from None
   except (hub_errors.HfHubHTTPError, OSError) as e:
-    raise UserError(f"{named}: downloading the {hub_model} failed: {type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}", hint=download_hint) from None
+    raise UserError(
+      f"{named}: downloading the {hub_model} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+      hint=download_hint,
+    ) from None
   if weights and not glob.glob(os.path.join(directory, "*.safetensors")):
-    raise UserError(f"{named}: the {hub_model} has no *.safetensors weights in {directory} (jaxrlhf never loads "
-                    "pickled .bin/.pt weights)" + ("; offline, only the files already in the cache are seen"
-                                                   if offline else ""),
-                    hint=download_hint if offline else None)
+    raise UserError(
+      f"{named}: the {hub_model} has no *.safetensors weights in {directory} (jaxrlhf never loads "
+      "pickled .bin/.pt weights)" + ("; offline, only the files already in the cache are seen" if offline else ""),
+      hint=download_hint if offline else None,
+    )
   return directory
 
 

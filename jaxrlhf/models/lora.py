@@ -34,9 +34,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrlhf.checkpoint import unstack_layers
+
 # The names are jax-free (the config validates target_modules without loading jax).
-from jaxrlhf.config import (ATTENTION_TARGETS, EMBED_TARGET, HEAD_TARGET, LORA_TARGETS,  # noqa: F401
-                             MLP_TARGETS, resolve_target_modules)
+from jaxrlhf.config import (  # noqa: F401
+  ATTENTION_TARGETS,
+  EMBED_TARGET,
+  HEAD_TARGET,
+  LORA_TARGETS,
+  MLP_TARGETS,
+  resolve_target_modules,
+)
 from jaxrlhf.models.projection import project
 
 COLLECTION = "lora"
@@ -52,6 +59,7 @@ class Linear(nn.Module):
   """x @ kernel (+ bias), contracting x's last len(in_names) dims (`projection.project`: fp32 accumulation);
   with `lora_rank` > 0 plus the adapter's delta whenever the "lora" collection is given (always at init).
   `kernel_init` / `bias_init` are boxed with logical axes in_names + out_names (`bias`: out_names)."""
+
   features: tuple[int, ...]
   in_names: tuple[str, ...]
   out_names: tuple[str, ...]
@@ -65,21 +73,27 @@ class Linear(nn.Module):
   @nn.compact
   def __call__(self, x):
     n_in = len(self.in_names)
-    in_shape = x.shape[x.ndim - n_in:]
+    in_shape = x.shape[x.ndim - n_in :]
     names = self.in_names + self.out_names
-    kernel = self.param("kernel", nn.with_logical_partitioning(self.kernel_init, names),
-                        in_shape + self.features, self.param_dtype)
+    kernel = self.param(
+      "kernel", nn.with_logical_partitioning(self.kernel_init, names), in_shape + self.features, self.param_dtype
+    )
     y = project(x.astype(self.dtype), kernel.astype(self.dtype), n_in)
     if self.use_bias:
-      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), self.out_names),
-                        self.features, self.param_dtype)
+      bias = self.param(
+        "bias",
+        nn.with_logical_partitioning(nn.initializers.zeros_init(), self.out_names),
+        self.features,
+        self.param_dtype,
+      )
       y = y + bias.astype(self.dtype)
     if self.lora_rank and (self.is_initializing() or self.has_variable(COLLECTION, "lora_A")):
       rank = self.lora_rank
       init_A = nn.with_logical_partitioning(_kaiming_uniform_A(int(np.prod(in_shape))), self.in_names + (RANK_AXIS,))
       init_B = nn.with_logical_partitioning(nn.initializers.zeros_init(), (RANK_AXIS,) + self.out_names)
-      lora_A = self.variable(COLLECTION, "lora_A", lambda: init_A(self.make_rng("params"), in_shape + (rank,),
-                                                                  jnp.float32)).value
+      lora_A = self.variable(
+        COLLECTION, "lora_A", lambda: init_A(self.make_rng("params"), in_shape + (rank,), jnp.float32)
+      ).value
       lora_B = self.variable(COLLECTION, "lora_B", lambda: init_B(None, (rank,) + self.features, jnp.float32)).value
       xa = project(x.astype(self.dtype), nn.unbox(lora_A).astype(self.dtype), n_in)
       delta = project(xa, nn.unbox(lora_B).astype(self.dtype), 1)
@@ -93,6 +107,7 @@ class Embed(nn.Module):
 
   Init as PEFT's embedding adapter, the reverse of a Linear's: A zeros, B standard normal (a fresh adapter changes
   nothing either way). `embedding_init` is boxed with its logical axes by the caller."""
+
   num_embeddings: int
   features: int
   dtype: Any
@@ -103,17 +118,18 @@ class Embed(nn.Module):
 
   @nn.compact
   def __call__(self, ids_BxL):
-    embedding_VxD = self.param("embedding", self.embedding_init, (self.num_embeddings, self.features),
-                               self.param_dtype)
+    embedding_VxD = self.param("embedding", self.embedding_init, (self.num_embeddings, self.features), self.param_dtype)
     x_BxLxD = jnp.take(embedding_VxD.astype(self.dtype), ids_BxL, axis=0)
     if self.lora_rank and (self.is_initializing() or self.has_variable(COLLECTION, "lora_A")):
       rank = self.lora_rank
       init_A = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab", RANK_AXIS))
       init_B = nn.with_logical_partitioning(nn.initializers.normal(1.0), (RANK_AXIS, "embed"))
-      lora_A_Vxr = self.variable(COLLECTION, "lora_A", lambda: init_A(None, (self.num_embeddings, rank),
-                                                                      jnp.float32)).value
-      lora_B_rxD = self.variable(COLLECTION, "lora_B", lambda: init_B(self.make_rng("params"), (rank, self.features),
-                                                                      jnp.float32)).value
+      lora_A_Vxr = self.variable(
+        COLLECTION, "lora_A", lambda: init_A(None, (self.num_embeddings, rank), jnp.float32)
+      ).value
+      lora_B_rxD = self.variable(
+        COLLECTION, "lora_B", lambda: init_B(self.make_rng("params"), (rank, self.features), jnp.float32)
+      ).value
       rows_BxLxr = jnp.take(nn.unbox(lora_A_Vxr).astype(self.dtype), ids_BxL, axis=0)
       delta_BxLxD = project(rows_BxLxr, nn.unbox(lora_B_rxD).astype(self.dtype))
       x_BxLxD = x_BxLxD + (delta_BxLxD * (self.lora_alpha / rank)).astype(x_BxLxD.dtype)
@@ -121,6 +137,7 @@ class Embed(nn.Module):
 
 
 # ----- the adapter trees ------------------------------------------------------------------------
+
 
 def _adapter_nodes(tree, path=()):
   """(path, node) of every dict in `tree` holding lora_A / lora_B."""
@@ -161,8 +178,9 @@ def merge_adapters(params, adapters, lora_alpha: float):
     name = "embedding" if path[-1] == EMBED_TARGET else "kernel"
     weight = target[name]
     scale = lora_alpha / node["lora_A"].shape[-1]
-    target[name] = (weight.astype(jnp.float32) + _delta(node["lora_A"], node["lora_B"], weight.shape, scale)
-                    ).astype(weight.dtype)
+    target[name] = (weight.astype(jnp.float32) + _delta(node["lora_A"], node["lora_B"], weight.shape, scale)).astype(
+      weight.dtype
+    )
   return merged
 
 
@@ -202,11 +220,19 @@ def expected_adapter_params(config, head: str = "lm") -> int:
   del head
   D, F = config.hidden_size, config.intermediate_size
   QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
-  sizes = {"q_proj": (D, QH), "k_proj": (D, KH), "v_proj": (D, KH), "o_proj": (QH, D),
-           "gate_proj": (D, F), "up_proj": (D, F), "down_proj": (F, D)}
+  sizes = {
+    "q_proj": (D, QH),
+    "k_proj": (D, KH),
+    "v_proj": (D, KH),
+    "o_proj": (QH, D),
+    "gate_proj": (D, F),
+    "up_proj": (D, F),
+    "down_proj": (F, D),
+  }
   per_layer = sum(config.lora_rank * sum(sizes[name]) for name in config.lora_targets if name in sizes)
-  outer = sum(config.lora_rank * (config.vocab_size + D) for name in (EMBED_TARGET, HEAD_TARGET)
-              if name in config.lora_targets)
+  outer = sum(
+    config.lora_rank * (config.vocab_size + D) for name in (EMBED_TARGET, HEAD_TARGET) if name in config.lora_targets
+  )
   return per_layer * config.num_hidden_layers + outer
 
 
@@ -226,8 +252,10 @@ def peft_state_dict(adapters, prefix: str = "base_model.model") -> dict[str, np.
   for path, node in _adapter_nodes(host):
     module = path[-1]
     rank = node["lora_A"].shape[-1]
-    lora_A, lora_B = (np.ascontiguousarray(node["lora_A"].reshape(-1, rank).T),
-                      np.ascontiguousarray(node["lora_B"].reshape(rank, -1).T))
+    lora_A, lora_B = (
+      np.ascontiguousarray(node["lora_A"].reshape(-1, rank).T),
+      np.ascontiguousarray(node["lora_B"].reshape(rank, -1).T),
+    )
     if module == EMBED_TARGET:  # PEFT's embedding adapter: parameters, not Linears (no ".weight")
       tensors[f"{prefix}.model.{EMBED_TARGET}.lora_embedding_A"] = lora_A  # [r, V]
       tensors[f"{prefix}.model.{EMBED_TARGET}.lora_embedding_B"] = lora_B  # [D, r]
@@ -246,12 +274,23 @@ def save_peft_adapter(adapters, config, out_dir: str, base_model_name_or_path: s
   """`adapter_config.json` + `adapter_model.safetensors` that `peft.PeftModel.from_pretrained` loads onto the
   base model (a causal LM)."""
   from safetensors.numpy import save_file  # noqa: PLC0415  (only export needs it)
+
   os.makedirs(out_dir, exist_ok=True)
   adapter_config = {
-      "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": config.lora_rank, "lora_alpha": config.lora_alpha,
-      "target_modules": list(config.lora_targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-      "use_rslora": False, "use_dora": False, "init_lora_weights": True, "inference_mode": True,
-      "modules_to_save": None, "base_model_name_or_path": base_model_name_or_path or None,
+    "peft_type": "LORA",
+    "task_type": "CAUSAL_LM",
+    "r": config.lora_rank,
+    "lora_alpha": config.lora_alpha,
+    "target_modules": list(config.lora_targets),
+    "lora_dropout": 0.0,
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "use_rslora": False,
+    "use_dora": False,
+    "init_lora_weights": True,
+    "inference_mode": True,
+    "modules_to_save": None,
+    "base_model_name_or_path": base_model_name_or_path or None,
   }
   with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
     json.dump(adapter_config, f, indent=2)

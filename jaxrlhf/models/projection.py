@@ -28,8 +28,9 @@ PROJECTION = "projection"  # checkpoint name of every projection's output
 
 
 def _contract(lhs, rhs, lhs_dims, rhs_dims, dtype):
-  out = jax.lax.dot_general(lhs, rhs, ((tuple(lhs_dims), tuple(rhs_dims)), ((), ())),
-                            preferred_element_type=jnp.float32)
+  out = jax.lax.dot_general(
+    lhs, rhs, ((tuple(lhs_dims), tuple(rhs_dims)), ((), ())), preferred_element_type=jnp.float32
+  )
   return out.astype(dtype)
 
 

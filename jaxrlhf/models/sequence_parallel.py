@@ -52,7 +52,7 @@ class SequenceParallel(ActivationLayout):
   def sequence_axes(self) -> tuple[str, ...]:
     """The fsdp sub-axes a sequence is split over: ("sp",), or ("sp", "rollout_tp") (`parallel.mesh`)."""
     axes = self.fsdp_axes
-    return axes[axes.index(SEQUENCE_AXIS):]
+    return axes[axes.index(SEQUENCE_AXIS) :]
 
   @property
   def size(self) -> int:
@@ -61,7 +61,7 @@ class SequenceParallel(ActivationLayout):
   @property
   def row_axes(self) -> tuple[str, ...]:
     """A sequence-parallel group's rows: the mesh's data-parallel part (data and fsdp's outer sub-axes)."""
-    return ("data",) + self.fsdp_axes[:self.fsdp_axes.index(SEQUENCE_AXIS)]
+    return ("data",) + self.fsdp_axes[: self.fsdp_axes.index(SEQUENCE_AXIS)]
 
   @property
   def _sequence_spec(self):
@@ -77,8 +77,9 @@ class SequenceParallel(ActivationLayout):
       return self._sequence_spec if dim % self.size == 0 else None
     return super()._axis(name, dim)
 
-  def attention(self, core: Callable, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL,
-                window_on):
+  def attention(
+    self, core: Callable, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL, window_on
+  ):
     """`core(q, k, v, kv_mask, segment_ids, window_on) -> out [B, L, K, G, H]` on whole sequences and
     K / (tensor * sp) heads per device, between the two all-to-alls."""
     B, L, K, G, H = q_BxLxKxGxH.shape
@@ -89,8 +90,7 @@ class SequenceParallel(ActivationLayout):
       q_BxLxKxGxH = q_BxLxKxGxH.reshape(B, L, K * repeat, G // repeat, H)
       keys_BxLxKxH = jnp.repeat(keys_BxLxKxH, repeat, axis=2)
       values_BxLxKxH = jnp.repeat(values_BxLxKxH, repeat, axis=2)
-      out = self.attention(core, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL,
-                           window_on)
+      out = self.attention(core, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL, window_on)
       return out.reshape(B, L, K, G, H)
 
     def local(q, k, v, kv_mask, segment_ids, window_on):
@@ -100,8 +100,9 @@ class SequenceParallel(ActivationLayout):
       return jax.lax.all_to_all(out, self.sequence_axes, 1, 2, tiled=True)
 
     length_split = PartitionSpec(self._rows(q_BxLxKxGxH.shape[0]), self._sequence_spec, "tensor")
-    return self._shard_attention(local, length_split, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL,
-                                 segment_ids_BxL, window_on)
+    return self._shard_attention(
+      local, length_split, q_BxLxKxGxH, keys_BxLxKxH, values_BxLxKxH, kv_mask_BxL, segment_ids_BxL, window_on
+    )
 
 
 def training_layout(mesh, sequence_parallel: int) -> ActivationLayout | None:

@@ -18,6 +18,7 @@ def load_tokenizer(path: str):
   if not os.path.isdir(path):
     raise CheckpointError(f"tokenizer path {path!r} is not a directory")
   from transformers import AutoTokenizer
+
   return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
@@ -40,8 +41,9 @@ def generation_eos_ids(path: str | None, tokenizer) -> tuple[int, ...]:
     ids += _as_ids(generation_config.get("eos_token_id"))
   ids = tuple(dict.fromkeys(ids))  # de-duplicated, order kept
   if not ids:
-    raise CheckpointError(f"no eos token id: neither the tokenizer nor {config_path or 'a generation_config.json'} "
-                     "defines eos_token_id")
+    raise CheckpointError(
+      f"no eos token id: neither the tokenizer nor {config_path or 'a generation_config.json'} defines eos_token_id"
+    )
   return ids
 
 

@@ -27,8 +27,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrlhf.errors import UserError
-from jaxrlhf.parallel.mesh import (ROLLOUT_TP_KEY, fsdp_axes, rollout_dp_axes, rollout_tensor_parallel_size,
-                                   rollout_tp_axes)
+from jaxrlhf.parallel.mesh import (
+  ROLLOUT_TP_KEY,
+  fsdp_axes,
+  rollout_dp_axes,
+  rollout_tensor_parallel_size,
+  rollout_tp_axes,
+)
 
 ROLLOUT_TP = "fsdp:rollout_tp"  # the fsdp devices generation splits heads / mlp / vocab over, with tensor
 ROLLOUT_DP = "fsdp:rollout_dp"  # the other fsdp devices: with data they split generation's batch
@@ -37,27 +42,27 @@ _PARTS = {"fsdp": fsdp_axes, ROLLOUT_TP: rollout_tp_axes, ROLLOUT_DP: rollout_dp
 BATCH_AXES = ("data", "fsdp")
 
 TRAIN_RULES = (
-    ("batch", BATCH_AXES),
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("length", None),
-    ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
+  ("batch", BATCH_AXES),
+  ("embed", "fsdp"),
+  ("vocab", "tensor"),
+  ("mlp", "tensor"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("head_dim", None),
+  ("length", None),
+  ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
 )
 
 GENERATION_RULES = (
-    ("batch", ("data", ROLLOUT_DP)),
-    ("embed", None),
-    ("vocab", (ROLLOUT_TP, "tensor")),
-    ("mlp", (ROLLOUT_TP, "tensor")),
-    ("heads", (ROLLOUT_TP, "tensor")),
-    ("kv_heads", (ROLLOUT_TP, "tensor")),
-    ("head_dim", None),
-    ("length", None),
-    ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
+  ("batch", ("data", ROLLOUT_DP)),
+  ("embed", None),
+  ("vocab", (ROLLOUT_TP, "tensor")),
+  ("mlp", (ROLLOUT_TP, "tensor")),
+  ("heads", (ROLLOUT_TP, "tensor")),
+  ("kv_heads", (ROLLOUT_TP, "tensor")),
+  ("head_dim", None),
+  ("length", None),
+  ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
 )
 
 
@@ -86,8 +91,9 @@ def generation_rules(mesh: Mesh, tensor_model_parallel_size: int):
   k, tensor = int(tensor_model_parallel_size), mesh.shape["tensor"]
   if rollout_tensor_parallel_size(mesh) != max(k, tensor):
     raise ShardingError(
-        f"{ROLLOUT_TP_KEY}={k}: the mesh {dict(mesh.shape)} splits generation over "
-        f"{rollout_tensor_parallel_size(mesh)} devices; build it with make_mesh(..., rollout_tensor_parallel={k})")
+      f"{ROLLOUT_TP_KEY}={k}: the mesh {dict(mesh.shape)} splits generation over "
+      f"{rollout_tensor_parallel_size(mesh)} devices; build it with make_mesh(..., rollout_tensor_parallel={k})"
+    )
   return GENERATION_RULES
 
 
@@ -98,9 +104,11 @@ def generation_kv_repeat(mesh: Mesh, num_attention_heads: int, num_key_value_hea
   query heads must split k ways (then the copies divide each query group)."""
   k = rollout_tensor_parallel_size(mesh)
   if num_attention_heads % k:
-    raise ShardingError(f"{ROLLOUT_TP_KEY}: generation splits the model's num_attention_heads="
-                        f"{num_attention_heads} over {k} devices (mesh {dict(mesh.shape)}); choose a size that "
-                        "divides them")
+    raise ShardingError(
+      f"{ROLLOUT_TP_KEY}: generation splits the model's num_attention_heads="
+      f"{num_attention_heads} over {k} devices (mesh {dict(mesh.shape)}); choose a size that "
+      "divides them"
+    )
   return k // math.gcd(num_key_value_heads, k)
 
 
@@ -156,16 +164,19 @@ def logical_to_shardings(logical_tree, shape_tree, mesh: Mesh, rules):
   Raises ShardingError naming the parameter, logical axis, mesh axes and sizes when a mesh axis
   does not divide the dimension it is assigned to.
   """
+
   def one(path, logical_axes, shaped):
     spec = mesh_spec(logical_to_mesh_spec(logical_axes, rules), mesh)
     for dim, name, axes in zip(shaped.shape, logical_axes, spec):
       size = _axis_size(mesh, axes)
       if dim % size:
         raise ShardingError(
-            f"parameter '{_path_name(path)}' dimension '{name}' of size {dim} is not divisible by mesh axis "
-            f"{'*'.join(_as_tuple(axes))} of size {size} (shape {tuple(shaped.shape)}); choose a mesh whose "
-            f"{'/'.join(_as_tuple(axes))} size divides {dim}")
+          f"parameter '{_path_name(path)}' dimension '{name}' of size {dim} is not divisible by mesh axis "
+          f"{'*'.join(_as_tuple(axes))} of size {size} (shape {tuple(shaped.shape)}); choose a mesh whose "
+          f"{'/'.join(_as_tuple(axes))} size divides {dim}"
+        )
     return NamedSharding(mesh, spec)
+
   return jax.tree_util.tree_map_with_path(one, logical_tree, shape_tree, is_leaf=lambda x: isinstance(x, tuple))
 
 

@@ -56,14 +56,18 @@ def resolve_mesh_shape(requested: Sequence[int], num_devices: int) -> tuple[int,
   known = math.prod(x for x in requested if x != -1)
   if fills:
     if num_devices % known:
-      raise MeshError(f"mesh {dict(zip(MESH_AXES, requested))}: {num_devices} devices are not divisible "
-                      f"by the fixed axes' product {known}")
+      raise MeshError(
+        f"mesh {dict(zip(MESH_AXES, requested))}: {num_devices} devices are not divisible "
+        f"by the fixed axes' product {known}"
+      )
     shape = list(requested)
     shape[fills[0]] = num_devices // known
     return tuple(shape)
   if known != num_devices:
-    raise MeshError(f"mesh {dict(zip(MESH_AXES, requested))} has {known} devices in all, "
-                    f"but {num_devices} devices are available (mesh.data*mesh.fsdp*mesh.tensor must equal it)")
+    raise MeshError(
+      f"mesh {dict(zip(MESH_AXES, requested))} has {known} devices in all, "
+      f"but {num_devices} devices are available (mesh.data*mesh.fsdp*mesh.tensor must equal it)"
+    )
   return requested
 
 
@@ -76,23 +80,30 @@ def rollout_fsdp_part(shape: Sequence[int], rollout_tensor_parallel: int) -> int
   if k <= tensor:
     return 1
   if k % tensor or fsdp % (k // tensor):
-    raise MeshError(f"{ROLLOUT_TP_KEY}={k} must be a multiple of mesh.tensor={tensor} that divides "
-                    f"mesh.fsdp*mesh.tensor={fsdp * tensor} (generation splits heads over tensor and a part of fsdp)")
+    raise MeshError(
+      f"{ROLLOUT_TP_KEY}={k} must be a multiple of mesh.tensor={tensor} that divides "
+      f"mesh.fsdp*mesh.tensor={fsdp * tensor} (generation splits heads over tensor and a part of fsdp)"
+    )
   return k // tensor
 
 
-def mesh_axes(shape: Sequence[int], sequence_parallel: int = 1,
-              rollout_tensor_parallel: int = 1) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def mesh_axes(
+  shape: Sequence[int], sequence_parallel: int = 1, rollout_tensor_parallel: int = 1
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
   """(sizes, names) of the mesh for a resolved `(data, fsdp, tensor)` shape (the module docstring's table)."""
   data, fsdp, tensor = shape
   sp, r = sequence_parallel, rollout_fsdp_part(shape, rollout_tensor_parallel)
   if fsdp % sp:
-    raise MeshError(f"ulysses_sequence_parallel_size={sp} must divide mesh.fsdp={fsdp} "
-                    "(a sequence-parallel group is part of the fsdp axis)")
+    raise MeshError(
+      f"ulysses_sequence_parallel_size={sp} must divide mesh.fsdp={fsdp} "
+      "(a sequence-parallel group is part of the fsdp axis)"
+    )
   if sp > 1 and r > 1 and max(sp, r) % min(sp, r):
-    raise MeshError(f"ulysses_sequence_parallel_size={sp} and {ROLLOUT_TP_KEY}={rollout_tensor_parallel} / "
-                    f"mesh.tensor={tensor} = {r} must nest (one divides the other): both are blocks of "
-                    "neighbouring fsdp devices")
+    raise MeshError(
+      f"ulysses_sequence_parallel_size={sp} and {ROLLOUT_TP_KEY}={rollout_tensor_parallel} / "
+      f"mesh.tensor={tensor} = {r} must nest (one divides the other): both are blocks of "
+      "neighbouring fsdp devices"
+    )
   if r == 1:
     fsdp_part = (("fsdp", fsdp),) if sp == 1 else (("fsdp", fsdp // sp), (SEQUENCE_AXIS, sp))
   elif r <= sp:
@@ -103,8 +114,12 @@ def mesh_axes(shape: Sequence[int], sequence_parallel: int = 1,
   return tuple(size for _, size in axes), tuple(name for name, _ in axes)
 
 
-def make_mesh(shape: Sequence[int] | None = None, devices: Sequence[jax.Device] | None = None,
-              sequence_parallel: int = 1, rollout_tensor_parallel: int = 1) -> Mesh:
+def make_mesh(
+  shape: Sequence[int] | None = None,
+  devices: Sequence[jax.Device] | None = None,
+  sequence_parallel: int = 1,
+  rollout_tensor_parallel: int = 1,
+) -> Mesh:
   """A mesh with Auto axis types (with_sharding_constraint refuses Explicit axes); its fsdp axis refined for
   `sequence_parallel` > 1 and `rollout_tensor_parallel` > tensor (the module docstring)."""
   devices = list(devices) if devices is not None else jax.devices()
@@ -131,7 +146,7 @@ def fsdp_axes(mesh) -> tuple[str, ...]:
 def _from(axis: str, mesh) -> tuple[str, ...]:
   """The fsdp sub-axes from `axis` inward; none when the mesh has no such axis."""
   axes = fsdp_axes(mesh)
-  return axes[axes.index(axis):] if axis in axes else ()
+  return axes[axes.index(axis) :] if axis in axes else ()
 
 
 def sequence_axes(mesh) -> tuple[str, ...]:
@@ -169,7 +184,9 @@ def mesh_from_config(config, devices: Sequence[jax.Device] | None = None) -> Mes
   sizes = sequence_parallel_sizes(config)
   role, size = max(sizes.items(), key=lambda item: item[1])
   if shape[1] % size:
-    raise ConfigError(f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} must divide mesh.fsdp={shape[1]} "
-                      f"(mesh {dict(zip(MESH_AXES, shape))} on {len(devices)} devices): a sequence-parallel group "
-                      "is part of the fsdp axis")
+    raise ConfigError(
+      f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} must divide mesh.fsdp={shape[1]} "
+      f"(mesh {dict(zip(MESH_AXES, shape))} on {len(devices)} devices): a sequence-parallel group "
+      "is part of the fsdp axis"
+    )
   return make_mesh(shape, devices, size, config.actor_rollout_ref.rollout.tensor_model_parallel_size)

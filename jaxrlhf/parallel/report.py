@@ -55,8 +55,8 @@ def layout_report(mesh: Mesh, shardings_by_layout: dict, byte_counts: dict[str, 
   layouts = list(shardings_by_layout)
   groups = _groups(shardings_by_layout)
   width = max(len(name) for name in groups)
-  lines.append("  " + "param".ljust(width) + "  " + "  ".join(l.ljust(28) for l in layouts))
+  lines.append("  " + "param".ljust(width) + "  " + "  ".join(layout.ljust(28) for layout in layouts))
   for name, specs in groups.items():
-    lines.append("  " + name.ljust(width) + "  " + "  ".join(specs.get(l, "-").ljust(28) for l in layouts))
+    lines.append("  " + name.ljust(width) + "  " + "  ".join(specs.get(layout, "-").ljust(28) for layout in layouts))
   lines.append("per-device memory: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in byte_counts.items()))
   return "\n".join(lines)

@@ -12,7 +12,8 @@ One step's round trip (docs/architecture.md "Mesh and layouts"):
                                                    generation copy dies with the rollout
 Offload (`memory_kind='pinned_host'`): `fetch(tree, layouts.ref_device)` brings the reference, the
 actor's parameters or its optimizer state into device memory for a phase that uses them,
-`fetch(tree, layouts.actor_opt_host)` returns the updated state; between phases they stay on the host. `StepLayouts()` (no mesh) constrains nothing: the single-device step.
+`fetch(tree, layouts.actor_opt_host)` returns the updated state; between phases they stay on the host.
+`StepLayouts()` (no mesh) constrains nothing: the single-device step.
 """
 
 from __future__ import annotations
@@ -24,12 +25,26 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from jaxrlhf.models.decoder import (CACHE_LOGICAL_AXES, Decoder, abstract_adapters, abstract_params,
-                                    kv_heads_repeated, repeat_kv_heads)
+from jaxrlhf.models.decoder import (
+  CACHE_LOGICAL_AXES,
+  Decoder,
+  abstract_adapters,
+  abstract_params,
+  kv_heads_repeated,
+  repeat_kv_heads,
+)
 from jaxrlhf.models.lora import critic_trained, split_value_head
-from jaxrlhf.parallel.layouts import (GENERATION_KV_STAGING_RULES, GENERATION_STAGING_RULES, TRAIN_RULES,
-                                      ShardingError, activation_sharding, batch_sharding, generation_kv_repeat,
-                                      generation_rules, logical_to_shardings)
+from jaxrlhf.parallel.layouts import (
+  GENERATION_KV_STAGING_RULES,
+  GENERATION_STAGING_RULES,
+  TRAIN_RULES,
+  ShardingError,
+  activation_sharding,
+  batch_sharding,
+  generation_kv_repeat,
+  generation_rules,
+  logical_to_shardings,
+)
 from jaxrlhf.parallel.mesh import ROLLOUT_TP_KEY
 
 
@@ -79,8 +94,9 @@ class StepLayouts:
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape, dict(self.generation_rules)["batch"]))
 
   def constrain_cache(self, cache):
-    return self._constrain(cache, lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape,
-                                                                    self.generation_rules))
+    return self._constrain(
+      cache, lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.generation_rules)
+    )
 
   def to_train(self, tree):
     """Batch-major arrays in the train batch layout (leading dim over data x fsdp where it divides)."""
@@ -91,8 +107,11 @@ class StepLayouts:
     LoRA its adapters (and the critic's value head). `update_loop.minibatch_gradients` pins each
     micro-batch's and their sum: with the activations split by rows XLA otherwise sums each layer's weight
     gradient whole on every device."""
-    shardings = self.critic_optimized if role == "critic" else (
-        self.actor_train if self.actor_adapters is None else self.actor_adapters)
+    shardings = (
+      self.critic_optimized
+      if role == "critic"
+      else (self.actor_train if self.actor_adapters is None else self.actor_adapters)
+    )
     if self.mesh is None or shardings is None:
       return grads
     return jax.lax.with_sharding_constraint(grads, shardings)
@@ -105,16 +124,22 @@ class StepLayouts:
   def with_offload(self, config, actor_opt_shardings) -> StepLayouts:
     """Adds the pairs the `param_offload` / `optimizer_offload` keys ask for, where the devices can."""
     rollout_ref = config.actor_rollout_ref
-    wanted = {"ref": rollout_ref.ref.fsdp_config.param_offload,
-              "actor": rollout_ref.actor.fsdp_config.param_offload,
-              "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload}
+    wanted = {
+      "ref": rollout_ref.ref.fsdp_config.param_offload,
+      "actor": rollout_ref.actor.fsdp_config.param_offload,
+      "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload,
+    }
     if not any(wanted.values()):
       return self
     kinds = {m.kind for m in self.mesh.devices.flat[0].addressable_memories()}
     if "pinned_host" not in kinds:
-      logging.warning("offload requested (%s) but %s devices have no 'pinned_host' memory (only %s); "
-                      "keeping everything in device memory", [k for k, v in wanted.items() if v],
-                      self.mesh.devices.flat[0].platform, sorted(kinds))
+      logging.warning(
+        "offload requested (%s) but %s devices have no 'pinned_host' memory (only %s); "
+        "keeping everything in device memory",
+        [k for k, v in wanted.items() if v],
+        self.mesh.devices.flat[0].platform,
+        sorted(kinds),
+      )
       return self
     on = lambda tree, kind: jax.tree.map(lambda s: s.with_memory_kind(kind), tree)
     offload = {}
@@ -153,6 +178,7 @@ class StepLayouts:
 
 def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, reward_model_config) -> StepLayouts:
   """Train and generation shardings of every model of `config` on `mesh` (offload is added by `with_offload`)."""
+
   def train_shardings(decoder_config, head):
     shapes, logical = abstract_params(Decoder(decoder_config, head=head))
     return logical_to_shardings(logical, shapes, mesh, TRAIN_RULES)
@@ -164,14 +190,20 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
   try:
     actor_generation = logical_to_shardings(rollout_logical, rollout_shapes, mesh, gen_rules)
   except ShardingError as e:
-    raise ShardingError(f"{e} (the generation layout of {ROLLOUT_TP_KEY}="
-                        f"{config.actor_rollout_ref.rollout.tensor_model_parallel_size})") from None
+    raise ShardingError(
+      f"{e} (the generation layout of {ROLLOUT_TP_KEY}={config.actor_rollout_ref.rollout.tensor_model_parallel_size})"
+    ) from None
   actor_train = logical_to_shardings(actor_logical, actor_shapes, mesh, TRAIN_RULES)
   actor_kv_staging = None
   if kv_repeat > 1:
     kv_gathered = logical_to_shardings(actor_logical, actor_shapes, mesh, GENERATION_KV_STAGING_RULES)
-    actor_kv_staging = jax.tree.map(lambda names, gathered, train: gathered if "kv_heads" in names else train,
-                                    actor_logical, kv_gathered, actor_train, is_leaf=lambda x: isinstance(x, tuple))
+    actor_kv_staging = jax.tree.map(
+      lambda names, gathered, train: gathered if "kv_heads" in names else train,
+      actor_logical,
+      kv_gathered,
+      actor_train,
+      is_leaf=lambda x: isinstance(x, tuple),
+    )
   # Adapters follow their kernel's rules (A [D, r] over fsdp like the kernel's D); the rank is replicated.
   adapter_shapes, adapter_logical = abstract_adapters(Decoder(model_config, head="lm"))
   critic_train = train_shardings(critic_model_config, "value")
@@ -179,17 +211,20 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
   if config.critic.enable and critic_model_config.lora_rank:
     critic_adapter_shapes, critic_adapter_logical = abstract_adapters(Decoder(critic_model_config, head="value"))
     critic_adapters = critic_trained(
-        logical_to_shardings(critic_adapter_logical, critic_adapter_shapes, mesh, TRAIN_RULES), critic_train)
+      logical_to_shardings(critic_adapter_logical, critic_adapter_shapes, mesh, TRAIN_RULES), critic_train
+    )
   return StepLayouts(
-      actor_adapters=(logical_to_shardings(adapter_logical, adapter_shapes, mesh, TRAIN_RULES)
-                      if adapter_shapes is not None else None),
-      mesh=mesh,
-      actor_train=actor_train,
-      actor_generation=actor_generation,
-      actor_kv_staging=actor_kv_staging,
-      actor_generation_staging=logical_to_shardings(rollout_logical, rollout_shapes, mesh, GENERATION_STAGING_RULES),
-      critic_train=critic_train,
-      critic_adapters=critic_adapters,
-      reward_train=train_shardings(reward_model_config, "reward") if reward_model_config is not None else None,
-      generation_rules=gen_rules,
-      generation_kv_repeat=kv_repeat)
+    actor_adapters=(
+      logical_to_shardings(adapter_logical, adapter_shapes, mesh, TRAIN_RULES) if adapter_shapes is not None else None
+    ),
+    mesh=mesh,
+    actor_train=actor_train,
+    actor_generation=actor_generation,
+    actor_kv_staging=actor_kv_staging,
+    actor_generation_staging=logical_to_shardings(rollout_logical, rollout_shapes, mesh, GENERATION_STAGING_RULES),
+    critic_train=critic_train,
+    critic_adapters=critic_adapters,
+    reward_train=train_shardings(reward_model_config, "reward") if reward_model_config is not None else None,
+    generation_rules=gen_rules,
+    generation_kv_repeat=kv_repeat,
+  )

@@ -7,30 +7,30 @@ callback, in plain scripts and in reward worker processes alike.
 
 from jaxrlhf.rewards.batch import ERROR_KEY, RewardFunctionError, RewardScorer, score_batch
 from jaxrlhf.rewards.custom import RewardSource, get_compute_score_fn, load_custom_reward_function
-from jaxrlhf.rewards.workers import RewardWorkerError, default_num_workers
 from jaxrlhf.rewards.registry import (
-    UnknownDataSourceError,
-    default_compute_score,
-    get_reward_fn,
-    register_reward,
-    registered_data_sources,
-    unregister_reward,
+  UnknownDataSourceError,
+  default_compute_score,
+  get_reward_fn,
+  register_reward,
+  registered_data_sources,
+  unregister_reward,
 )
+from jaxrlhf.rewards.workers import RewardWorkerError, default_num_workers
 
 __all__ = [
-    "ERROR_KEY",
-    "RewardFunctionError",
-    "RewardScorer",
-    "RewardSource",
-    "RewardWorkerError",
-    "UnknownDataSourceError",
-    "default_compute_score",
-    "default_num_workers",
-    "get_compute_score_fn",
-    "get_reward_fn",
-    "load_custom_reward_function",
-    "register_reward",
-    "registered_data_sources",
-    "score_batch",
-    "unregister_reward",
+  "ERROR_KEY",
+  "RewardFunctionError",
+  "RewardScorer",
+  "RewardSource",
+  "RewardWorkerError",
+  "UnknownDataSourceError",
+  "default_compute_score",
+  "default_num_workers",
+  "get_compute_score_fn",
+  "get_reward_fn",
+  "load_custom_reward_function",
+  "register_reward",
+  "registered_data_sources",
+  "score_batch",
+  "unregister_reward",
 ]

@@ -47,16 +47,23 @@ class RewardScorer:
   function the workers cannot import (one defined in `__main__` or a notebook); each is said once.
   """
 
-  def __init__(self, compute_score_fn: Optional[Callable[..., Any]] = None, *, num_workers: Optional[int] = 0,
-               timeout_s: Optional[float] = None):
+  def __init__(
+    self,
+    compute_score_fn: Optional[Callable[..., Any]] = None,
+    *,
+    num_workers: Optional[int] = 0,
+    timeout_s: Optional[float] = None,
+  ):
     self.fn = default_compute_score if compute_score_fn is None else compute_score_fn
     self.source = source_of(compute_score_fn)
     if num_workers is None:
       num_workers = default_num_workers() if self.source is not None and self.source.path else 0
     if num_workers and self.source is None:
-      _log.warning("reward: %s cannot be loaded by worker processes (not the registry's, not from "
-                   "custom_reward_function.path): scoring it in this process, without a time limit",
-                   function_name(self.fn))
+      _log.warning(
+        "reward: %s cannot be loaded by worker processes (not the registry's, not from "
+        "custom_reward_function.path): scoring it in this process, without a time limit",
+        function_name(self.fn),
+      )
       num_workers = 0
     self.num_workers, self.timeout_s = num_workers, timeout_s
     self._pool: Optional[WorkerPool] = None
@@ -91,8 +98,9 @@ class RewardScorer:
       in_process = [i for i, sample in enumerate(samples) if served is not None and sample[0] not in served]
       self._say_in_process({samples[i][0] for i in in_process})
       in_workers = [(i, sample) for i, sample in enumerate(samples) if served is None or sample[0] in served]
-      for index, result in self._pool.score(in_workers, stop_at_error,
-                                            on_progress=lambda done: progress.update(results, done)).items():
+      for index, result in self._pool.score(
+        in_workers, stop_at_error, on_progress=lambda done: progress.update(results, done)
+      ).items():
         results[index] = result
       if _stops(results, stop_at_error):
         return results
@@ -109,9 +117,12 @@ class RewardScorer:
   def _say_in_process(self, data_sources: set[str]) -> None:
     for data_source in sorted(data_sources - self._said_in_process):
       self._said_in_process.add(data_source)
-      _log.warning("reward: data_source %r is scored in this process, without reward_model.timeout_s: the worker "
-                   "processes cannot import its registered function (defined in __main__, a notebook or a config "
-                   "file?); register it in an importable module", data_source)
+      _log.warning(
+        "reward: data_source %r is scored in this process, without reward_model.timeout_s: the worker "
+        "processes cannot import its registered function (defined in __main__, a notebook or a config "
+        "file?); register it in an importable module",
+        data_source,
+      )
 
 
 def _stops(results: Sequence[Optional[SampleResult]], stop_at_error: bool) -> bool:
@@ -134,8 +145,15 @@ class _Progress:
     scored = [r for r in results if r is not None] + list((more or {}).values())
     timed_out = sum(1 for r in scored if r.timed_out)
     failed = sum(1 for r in scored if r.error) - timed_out
-    _log.warning("reward: scored %d/%d samples in %.0f s (%s; %d timed out, %d failed)", len(scored), self.total,
-                 now - self.start, self.where, timed_out, failed)
+    _log.warning(
+      "reward: scored %d/%d samples in %.0f s (%s; %d timed out, %d failed)",
+      len(scored),
+      self.total,
+      now - self.start,
+      self.where,
+      timed_out,
+      failed,
+    )
 
 
 def function_name(fn: Any) -> str:
@@ -143,15 +161,15 @@ def function_name(fn: Any) -> str:
 
 
 def score_batch(
-    compute_score_fn: Optional[Callable[..., Any] | RewardScorer],
-    data_sources: Sequence[str],
-    solution_strs: Sequence[str],
-    ground_truths: Sequence[Any],
-    extra_infos: Optional[Sequence[Optional[dict]]] = None,
-    *,
-    extra_keys: Optional[Sequence[str]] = None,
-    require_extra_keys: bool = False,
-    on_error: str = "raise",
+  compute_score_fn: Optional[Callable[..., Any] | RewardScorer],
+  data_sources: Sequence[str],
+  solution_strs: Sequence[str],
+  ground_truths: Sequence[Any],
+  extra_infos: Optional[Sequence[Optional[dict]]] = None,
+  *,
+  extra_keys: Optional[Sequence[str]] = None,
+  require_extra_keys: bool = False,
+  on_error: str = "raise",
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
   """Scores every sample; returns ``(scores float32[B], extras {key: float32[B]})``.
 
@@ -175,10 +193,10 @@ def score_batch(
   if extra_infos is None:
     extra_infos = [None] * batch_size
   lengths = {
-      "data_sources": len(data_sources),
-      "solution_strs": batch_size,
-      "ground_truths": len(ground_truths),
-      "extra_infos": len(extra_infos),
+    "data_sources": len(data_sources),
+    "solution_strs": batch_size,
+    "ground_truths": len(ground_truths),
+    "extra_infos": len(extra_infos),
   }
   if len(set(lengths.values())) != 1:
     raise ValueError(f"score_batch inputs must all have the batch size; got lengths {lengths}")
@@ -203,8 +221,10 @@ def score_batch(
         if result.timed_out:
           hint = "raise reward_model.timeout_s, or " + hint
         raise RewardFunctionError(
-            f"reward function {function_name(scorer.fn)!r} failed on sample {index} "
-            f"(data_source={data_source!r}): {result.error}", hint=hint)
+          f"reward function {function_name(scorer.fn)!r} failed on sample {index} "
+          f"(data_source={data_source!r}): {result.error}",
+          hint=hint,
+        )
       errors[index] = 1.0
       extra_rows.append({})
       continue
@@ -213,9 +233,10 @@ def score_batch(
     missing = [key for key in extra_keys or () if not isinstance(result.extras.get(key), float)]
     if require_extra_keys and missing:
       raise RewardFunctionError(
-          f"reward function {function_name(scorer.fn)!r} returned no number for {missing} on sample {index} "
-          f"(data_source={data_source!r}); it returned {sorted(['score', *result.extras])}",
-          hint="algorithm.gdpo_reward_keys names entries of the dict the reward function returns")
+        f"reward function {function_name(scorer.fn)!r} returned no number for {missing} on sample {index} "
+        f"(data_source={data_source!r}); it returned {sorted(['score', *result.extras])}",
+        hint="algorithm.gdpo_reward_keys names entries of the dict the reward function returns",
+      )
 
   if extra_keys is not None:
     keys = list(extra_keys)

@@ -22,6 +22,7 @@ from jaxrlhf.rewards.registry import default_compute_score
 class RewardSource:
   """Where a reward function comes from: a file's `path` and function `name` (custom_reward_function),
   or, with `path` "", the registry (by data_source); `reward_kwargs` bound to it, as sorted items."""
+
   path: str = ""
   name: str = "compute_score"
   reward_kwargs: tuple = ()
@@ -47,7 +48,7 @@ def source_of(fn: Optional[Callable[..., Any]]) -> Optional[RewardSource]:
 
 
 def load_custom_reward_function(
-    path: str, name: str = "compute_score", reward_kwargs: Optional[dict[str, Any]] = None
+  path: str, name: str = "compute_score", reward_kwargs: Optional[dict[str, Any]] = None
 ) -> Callable[..., Any]:
   """Imports the file at ``path`` and returns its callable ``name``.
 
@@ -61,8 +62,8 @@ def load_custom_reward_function(
   if not os.path.isfile(resolved):
     raise FileNotFoundError(f"custom_reward_function.path: reward file {resolved!r} does not exist")
 
-# A stable module name per file keeps pickling/dataclasses in the user's file working, and two
-# custom files never collide.
+  # A stable module name per file keeps pickling/dataclasses in the user's file working, and two
+  # custom files never collide.
   module_name = "jaxrlhf_custom_reward_" + hashlib.sha1(resolved.encode()).hexdigest()[:12]
   loader = importlib.machinery.SourceFileLoader(module_name, resolved)  # any suffix, not just .py
   spec = importlib.util.spec_from_loader(module_name, loader)
@@ -73,24 +74,22 @@ def load_custom_reward_function(
   except Exception as error:
     sys.modules.pop(module_name, None)
     raise ImportError(
-        f"custom_reward_function.path: importing reward file {resolved!r} failed: "
-        f"{type(error).__name__}: {error}"
+      f"custom_reward_function.path: importing reward file {resolved!r} failed: {type(error).__name__}: {error}"
     ) from error
 
   if not hasattr(module, name):
     defined = sorted(
-        attr for attr, value in vars(module).items()
-        if callable(value) and not attr.startswith("_") and getattr(value, "__module__", None) == module_name
+      attr
+      for attr, value in vars(module).items()
+      if callable(value) and not attr.startswith("_") and getattr(value, "__module__", None) == module_name
     )
     raise AttributeError(
-        f"custom_reward_function.name: reward file {resolved!r} defines no {name!r}; "
-        f"functions it defines: {defined}"
+      f"custom_reward_function.name: reward file {resolved!r} defines no {name!r}; functions it defines: {defined}"
     )
   fn = getattr(module, name)
   if not callable(fn):
     raise TypeError(
-        f"custom_reward_function.name: {name!r} in reward file {resolved!r} is a "
-        f"{type(fn).__name__}, not a function"
+      f"custom_reward_function.name: {name!r} in reward file {resolved!r} is a {type(fn).__name__}, not a function"
     )
   if reward_kwargs:
     fn = functools.partial(fn, **dict(reward_kwargs))
@@ -99,7 +98,7 @@ def load_custom_reward_function(
 
 
 def get_compute_score_fn(
-    path: Optional[str] = None, name: str = "compute_score", reward_kwargs: Optional[dict[str, Any]] = None
+  path: Optional[str] = None, name: str = "compute_score", reward_kwargs: Optional[dict[str, Any]] = None
 ) -> Callable[..., Any]:
   """The reward function a run uses: the custom one when ``path`` is set, else the registry's."""
   if path:

@@ -8,12 +8,12 @@ from typing import Any
 
 
 def compute_score(
-    solution_str: str,
-    ground_truth: Any,
-    case_sensitive: bool = True,
-    score: float = 1.0,
+  solution_str: str,
+  ground_truth: Any,
+  case_sensitive: bool = True,
+  score: float = 1.0,
 ) -> float:
-    # parquet list columns come back as lists or numpy arrays; anything else is one answer.
+  # parquet list columns come back as lists or numpy arrays; anything else is one answer.
   is_many = hasattr(ground_truth, "__iter__") and not isinstance(ground_truth, (str, bytes, dict))
   candidates = list(ground_truth) if is_many else [ground_truth]
   response = solution_str.strip()

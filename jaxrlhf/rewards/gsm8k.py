@@ -39,13 +39,13 @@ def extract_solution(solution_str: str, method: str = "strict") -> Optional[str]
 
 
 def compute_score(
-    solution_str: str,
-    ground_truth: str,
-    method: str = "strict",
-    format_score: float = 0.0,
-    score: float = 1.0,
+  solution_str: str,
+  ground_truth: str,
+  method: str = "strict",
+  format_score: float = 0.0,
+  score: float = 1.0,
 ) -> float:
-    # A ground truth read back from parquet/jsonl as a number still compares as its string.
+  # A ground truth read back from parquet/jsonl as a number still compares as its string.
   answer = extract_solution(solution_str, method=method)
   if answer is None:
     return 0.0

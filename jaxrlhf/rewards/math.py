@@ -30,11 +30,11 @@ def last_boxed_only_string(string: str) -> Optional[str]:
   if start < 0:
     return None
   command = next(c for c in _BOX_COMMANDS if string.startswith(c, start))
-  rest = string[start + len(command):]
+  rest = string[start + len(command) :]
   body = rest.lstrip(" ")
   if not body.startswith("{"):
     if command == "\\boxed" and rest.startswith(" "):
-        # "\boxed 5$": the argument runs to the closing math delimiter, as in verl.
+      # "\boxed 5$": the argument runs to the closing math delimiter, as in verl.
       return "\\boxed " + rest[1:].split("$")[0]
     return None
   depth = 0
@@ -51,11 +51,11 @@ def last_boxed_only_string(string: str) -> Optional[str]:
 def remove_boxed(boxed: str) -> str:
   """``\\boxed{x}`` / ``\\fbox{x}`` / ``\\boxed x`` -> ``x``."""
   if boxed.startswith("\\boxed "):
-    return boxed[len("\\boxed "):]
+    return boxed[len("\\boxed ") :]
   for command in _BOX_COMMANDS:
     left = command + "{"
     if boxed.startswith(left) and boxed.endswith("}"):
-      return boxed[len(left):-1]
+      return boxed[len(left) : -1]
   raise ValueError(f"not a boxed expression: {boxed!r}")
 
 
@@ -123,11 +123,11 @@ def _fix_sqrt(string: str) -> str:
 
 
 def _remove_right_units(string: str) -> str:
-    # In MATH, "\text{ " (with a space) only ever introduces units: "5\text{ inches}".
+  # In MATH, "\text{ " (with a space) only ever introduces units: "5\text{ inches}".
   if "\\text{ " in string:
     return string.split("\\text{ ")[0]
-# A trailing \text{...}/\mbox{...} after a value is a unit too ("12\text{cm}"); a string that is
-# only text ("\text{(A)}") is the answer itself and stays.
+  # A trailing \text{...}/\mbox{...} after a value is a unit too ("12\text{cm}"); a string that is
+  # only text ("\text{(A)}") is the answer itself and stays.
   without_unit = re.sub(r"\\(?:text|mbox)\{[^{}]*\}$", "", string).strip()
   return without_unit if without_unit else string
 
@@ -156,7 +156,7 @@ def strip_string(string: str) -> str:
   if string[0] == ".":
     string = "0" + string
 
-# "k = 5" -> "5"; a short left side is a variable name, a long one is an equation to keep.
+  # "k = 5" -> "5"; a short left side is a variable name, a long one is an equation to keep.
   sides = string.split("=")
   if len(sides) == 2 and len(sides[0]) <= 2:
     string = sides[1]

@@ -48,8 +48,8 @@ def register_reward(*data_sources: str, overwrite: bool = False) -> Callable[[Re
       existing = _REGISTRY.get(name)
       if existing is not None and existing is not fn and not overwrite:
         raise ValueError(
-            f"data_source {name!r} already has reward function {_qualname(existing)}; "
-            f"pass overwrite=True to replace it with {_qualname(fn)}"
+          f"data_source {name!r} already has reward function {_qualname(existing)}; "
+          f"pass overwrite=True to replace it with {_qualname(fn)}"
         )
     for name in data_sources:
       _REGISTRY[name] = fn
@@ -78,15 +78,15 @@ def get_reward_fn(data_source: str) -> RewardFn:
   if fn is None:
     what = "an empty data_source" if not data_source else f"data_source {data_source!r}"
     raise UnknownDataSourceError(
-        f"no reward function is registered for {what}; registered data_sources: "
-        f"{registered_data_sources()}. Register one with @jaxrlhf.rewards.register_reward(...) "
-        "or set custom_reward_function.path"
+      f"no reward function is registered for {what}; registered data_sources: "
+      f"{registered_data_sources()}. Register one with @jaxrlhf.rewards.register_reward(...) "
+      "or set custom_reward_function.path"
     )
   return fn
 
 
 def default_compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None
+  data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None
 ) -> RewardResult:
   """Scores one response with the function registered for ``data_source``.
 
@@ -101,8 +101,8 @@ def normalize_result(result: Any, data_source: str) -> RewardResult:
   if isinstance(result, dict):
     if "score" not in result:
       raise ValueError(
-          f"reward function for data_source {data_source!r} returned a dict without a 'score' key "
-          f"(keys: {sorted(result)})"
+        f"reward function for data_source {data_source!r} returned a dict without a 'score' key "
+        f"(keys: {sorted(result)})"
       )
     return result
   if isinstance(result, str):
@@ -111,8 +111,8 @@ def normalize_result(result: Any, data_source: str) -> RewardResult:
     return float(result)
   except (TypeError, ValueError):
     raise TypeError(
-        f"reward function for data_source {data_source!r} returned {type(result).__name__} {result!r}, "
-        "expected a number or a dict with a 'score' key"
+      f"reward function for data_source {data_source!r} returned {type(result).__name__} {result!r}, "
+      "expected a number or a dict with a 'score' key"
     ) from None
 
 

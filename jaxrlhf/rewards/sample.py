@@ -21,6 +21,7 @@ class SampleResult(NamedTuple):
   happened ("ValueError: ...", "timed out after 5.0 s", "exited with status 1"), and score 0.
   `unknown_data_source`: the registry's message for a data_source nothing scores (a data error, never a
   sample's: it always raises)."""
+
   score: float = 0.0
   extras: dict = {}
   error: Optional[str] = None
@@ -42,16 +43,16 @@ def timed_out(seconds: float) -> SampleResult:
   return failed(f"{_TIMED_OUT} after {seconds:g} s (reward_model.timeout_s)")
 
 
-def score_sample(fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any,
-                 extra_info: Optional[dict]) -> SampleResult:
+def score_sample(
+  fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict]
+) -> SampleResult:
   """Calls `fn` as verl calls a reward function (keywords) and checks its result.
 
   An exception, `sys.exit` or a result that is not a finite number (or a dict with one under "score")
   gives `error`; KeyboardInterrupt propagates (Ctrl-C stops the run, it is not the sample's failure).
   """
   try:
-    result = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                extra_info=extra_info)
+    result = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
     score, extras = _split_result(result, data_source)
   except UnknownDataSourceError as error:
     return SampleResult(unknown_data_source=str(error))
@@ -68,8 +69,11 @@ def _split_result(result: Any, data_source: str) -> tuple[float, dict]:
     score = normalize_result(result["score"], data_source)
     if isinstance(score, dict):
       raise TypeError(f"reward function for data_source {data_source!r} returned a dict as its 'score'")
-    extras = {key: float(value) if _is_number(value) else value for key, value in result.items()
-              if key != "score" and (_is_number(value) or isinstance(value, str))}
+    extras = {
+      key: float(value) if _is_number(value) else value
+      for key, value in result.items()
+      if key != "score" and (_is_number(value) or isinstance(value, str))
+    }
   else:
     score, extras = result, {}
   if not math.isfinite(score):

@@ -73,9 +73,19 @@ class WorkerPool:
     self.source, self.num_workers, self.timeout_s = source, num_workers, timeout_s
     self._context = _context()
     # Registry: modules whose import registers the functions (the built-in ones register with jaxrlhf.rewards).
-    self._modules = () if source.path else tuple(sorted(
-        {fn.__module__ for fn in registered_functions().values()
-         if getattr(fn, "__module__", "") not in ("__main__", "__mp_main__")}))
+    self._modules = (
+      ()
+      if source.path
+      else tuple(
+        sorted(
+          {
+            fn.__module__
+            for fn in registered_functions().values()
+            if getattr(fn, "__module__", "") not in ("__main__", "__mp_main__")
+          }
+        )
+      )
+    )
     self._served: Optional[frozenset] = None  # registry: the data sources the workers score alike
     self._batch = 0
     self._workers: list[_Worker] = []
@@ -89,8 +99,9 @@ class WorkerPool:
     while len(self._workers) < self.num_workers:
       parent_conn, child_conn = self._context.Pipe()
       # Not daemonic: a reward function may start processes of its own (a sandbox, a pool with timeouts).
-      process = self._context.Process(target=_serve, args=(child_conn, self.source, self._modules),
-                                      name="jaxrlhf-reward-worker")
+      process = self._context.Process(
+        target=_serve, args=(child_conn, self.source, self._modules), name="jaxrlhf-reward-worker"
+      )
       process.start()
       child_conn.close()  # the worker holds the only other end: its exit reads as EOF here
       self._workers.append(_Worker(process, parent_conn))
@@ -125,15 +136,18 @@ class WorkerPool:
       on_wait()
     return self._served
 
-  def score(self, items: list[tuple[int, Sample]], stop_at_error: bool,
-            on_progress: Callable[[dict[int, SampleResult]], None] = lambda results: None,
-            ) -> dict[int, SampleResult]:
+  def score(
+    self,
+    items: list[tuple[int, Sample]],
+    stop_at_error: bool,
+    on_progress: Callable[[dict[int, SampleResult]], None] = lambda results: None,
+  ) -> dict[int, SampleResult]:
     """{index: result} for `items` ((index, sample) pairs). With `stop_at_error` it returns at the first
     failed sample, without the samples not scored yet; an unknown data_source always stops it."""
     self._batch += 1
     results: dict[int, SampleResult] = {}
     size = max(1, min(_MAX_CHUNK, len(items) // (_CHUNKS_PER_WORKER * self.num_workers)))
-    pending = collections.deque(collections.deque(items[k:k + size]) for k in range(0, len(items), size))
+    pending = collections.deque(collections.deque(items[k : k + size]) for k in range(0, len(items), size))
     try:
       while len(results) < len(items):
         self._fill()
@@ -192,10 +206,11 @@ class WorkerPool:
         self._fail_head(worker, failed(_exit_text(worker.process.exitcode)), results, pending)
         if not worker.ready:
           raise RewardWorkerError(
-              f"a reward worker process {_exit_text(worker.process.exitcode)} while loading the reward function "
-              f"({self.source.describe()})",
-              hint="a worker imports the script that started training: guard its top level with "
-                   "`if __name__ == '__main__':`, or set reward_model.num_workers=0 to score in the trainer's process")
+            f"a reward worker process {_exit_text(worker.process.exitcode)} while loading the reward function "
+            f"({self.source.describe()})",
+            hint="a worker imports the script that started training: guard its top level with "
+            "`if __name__ == '__main__':`, or set reward_model.num_workers=0 to score in the trainer's process",
+          )
         self._retire(worker)
     return stop
 
@@ -209,8 +224,9 @@ class WorkerPool:
         self._served = frozenset(ds for ds, name in here.items() if identities.get(ds) == name)
       return False
     if kind == "load_error":
-      raise RewardWorkerError(f"the reward worker processes cannot load the reward function "
-                              f"({self.source.describe()}): {message[1]}")
+      raise RewardWorkerError(
+        f"the reward worker processes cannot load the reward function ({self.source.describe()}): {message[1]}"
+      )
     if kind == "interrupted":
       raise KeyboardInterrupt  # Ctrl-C reached the workers; the trainer stops with them
     batch, index, result = message
@@ -221,8 +237,9 @@ class WorkerPool:
     results[index] = result
     return result.unknown_data_source is not None
 
-  def _fail_head(self, worker: _Worker, result: SampleResult, results: dict,
-                 pending: Optional[collections.deque]) -> None:
+  def _fail_head(
+    self, worker: _Worker, result: SampleResult, results: dict, pending: Optional[collections.deque]
+  ) -> None:
     """The running sample of `worker` failed (`result`); the rest of its chunk goes back to the queue."""
     if not worker.chunk:
       return
@@ -287,6 +304,7 @@ def _context():
 
 
 # ----- the worker process ---------------------------------------------------------------------------
+
 
 def _serve(conn, source: RewardSource, modules: tuple[str, ...]) -> None:
   """A worker's life: load the reward function, then score chunks until the pipe closes.

@@ -28,8 +28,13 @@ def pick_bucket(size: int, buckets: Sequence[int], what: str = "prompt length") 
   if fitting:
     return fitting[0]
   fallback = 1 << max(size - 1, 0).bit_length()
-  logger.warning("%s %d is larger than every bucket %s: compiling an extra program for %d "
-                 "(add a larger bucket to avoid this)", what, size, sorted(buckets), fallback)
+  logger.warning(
+    "%s %d is larger than every bucket %s: compiling an extra program for %d (add a larger bucket to avoid this)",
+    what,
+    size,
+    sorted(buckets),
+    fallback,
+  )
   return fallback
 
 
@@ -45,6 +50,7 @@ def prompt_length_buckets(max_prompt_length: int, buckets: Sequence[int] = DEFAU
 @dataclasses.dataclass(frozen=True)
 class PaddedPrompts:
   """A left-padded batch; rows >= num_prompts are batch padding (all-zero mask, `active_B` False)."""
+
   prompt_ids_BxP: np.ndarray  # int32
   prompt_mask_BxP: np.ndarray  # int32
   num_prompts: int
@@ -54,9 +60,12 @@ class PaddedPrompts:
     return np.arange(self.prompt_ids_BxP.shape[0]) < self.num_prompts
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_token_id: int,
-                length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
-                batch_buckets: Sequence[int] | None = DEFAULT_BATCH_BUCKETS) -> PaddedPrompts:
+def pad_prompts(
+  prompts: Sequence[Sequence[int]],
+  pad_token_id: int,
+  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+  batch_buckets: Sequence[int] | None = DEFAULT_BATCH_BUCKETS,
+) -> PaddedPrompts:
   """Left-pads token lists to the smallest fitting length bucket and the batch to a batch bucket.
 
   batch_buckets=None keeps the batch size as it is.
@@ -70,8 +79,8 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_token_id: int,
   ids_BxP = np.full((batch, length), pad_token_id, np.int32)
   mask_BxP = np.zeros((batch, length), np.int32)
   for row, tokens in enumerate(prompts):
-    ids_BxP[row, length - len(tokens):] = tokens
-    mask_BxP[row, length - len(tokens):] = 1
+    ids_BxP[row, length - len(tokens) :] = tokens
+    mask_BxP[row, length - len(tokens) :] = 1
   return PaddedPrompts(ids_BxP, mask_BxP, len(prompts))
 
 

@@ -41,6 +41,7 @@ from jaxrlhf.rollout.sampler import SamplingParams, decode_step, prefill_cache, 
 @struct.dataclass
 class SlotData:
   """One slot's view of a `ResultTokens`: tokens and validity [samples, 1], lengths [samples]."""
+
   tokens: Any
   valid: Any
   lengths: Any
@@ -53,6 +54,7 @@ class ResultTokens:
   `log_probs` [batch, 1] fp32 (beyond JetStream) holds the sampled tokens' log-probs under
   softmax(logits / T), the same numbers the rollout gives the trainer.
   """
+
   data: Any
   tokens_idx: tuple[int, int] = struct.field(pytree_node=False, default=(0, 1))
   valid_idx: tuple[int, int] = struct.field(pytree_node=False, default=(1, 2))
@@ -66,14 +68,17 @@ class ResultTokens:
         array.copy_to_host_async()
 
   def convert_to_numpy(self) -> "ResultTokens":
-    return self.replace(data=np.asarray(self.data),
-                        log_probs=None if self.log_probs is None else np.asarray(self.log_probs))
+    return self.replace(
+      data=np.asarray(self.data), log_probs=None if self.log_probs is None else np.asarray(self.log_probs)
+    )
 
   def get_result_at_slot(self, slot: int) -> SlotData:
     rows = slice(slot * self.samples_per_slot, (slot + 1) * self.samples_per_slot)
-    return SlotData(tokens=self.data[rows, self.tokens_idx[0]:self.tokens_idx[1]],
-                    valid=self.data[rows, self.valid_idx[0]:self.valid_idx[1]],
-                    lengths=self.data[rows, self.length_idx[0]:self.length_idx[1]][:, 0])
+    return SlotData(
+      tokens=self.data[rows, self.tokens_idx[0] : self.tokens_idx[1]],
+      valid=self.data[rows, self.valid_idx[0] : self.valid_idx[1]],
+      lengths=self.data[rows, self.length_idx[0] : self.length_idx[1]][:, 0],
+    )
 
 
 def _result(token_B, valid_B, length_B, log_prob_B) -> ResultTokens:
@@ -84,6 +89,7 @@ def _result(token_B, valid_B, length_B, log_prob_B) -> ResultTokens:
 @struct.dataclass
 class Prefix:
   """A prefilled request: its KV cache over a left-padded prompt bucket and its first sampled token."""
+
   cache: Any  # {"k","v"}: [layers, 1, kv_heads, P, head_dim] (`init_cache`), P = max_prefill_length
   mask_1xP: jax.Array  # int32, left padding
   token: jax.Array  # [1] int32: the first generated token (not yet in the cache)
@@ -95,6 +101,7 @@ class Prefix:
 @struct.dataclass
 class DecodeState:
   """Everything `generate` transforms, for `max_concurrent_decodes` slots (B, one row each) and cache length S."""
+
   cache: Any  # {"k","v"}: [layers, B, kv_heads, S, head_dim] (`init_cache`)
   kv_mask_BxS: jax.Array  # int32: valid cache columns per slot
   index: jax.Array  # int32 scalar: the column the next generate step writes (shared by all slots)
@@ -113,20 +120,32 @@ class Engine:
   prompts up to `max_prefill_length` (default: the largest bucket) are accepted.
   """
 
-  def __init__(self, model_config: DecoderConfig, sampling: SamplingParams, *, max_concurrent_decodes: int = 8,
-               prefill_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, max_prefill_length: int | None = None,
-               cache_length: int | None = None, apply_fn: Callable | None = None, mesh=None, seed: int = 0):
+  def __init__(
+    self,
+    model_config: DecoderConfig,
+    sampling: SamplingParams,
+    *,
+    max_concurrent_decodes: int = 8,
+    prefill_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+    max_prefill_length: int | None = None,
+    cache_length: int | None = None,
+    apply_fn: Callable | None = None,
+    mesh=None,
+    seed: int = 0,
+  ):
     self.model_config = model_config
     self.sampling = sampling
     self._slots = int(max_concurrent_decodes)
     self._max_prefill_length = int(max_prefill_length or max(prefill_buckets))
     self.prefill_buckets = tuple(sorted(b for b in prefill_buckets if b < self._max_prefill_length)) + (
-        self._max_prefill_length,)
+      self._max_prefill_length,
+    )
     self._keep = self._max_prefill_length + sampling.max_new_tokens
     self.cache_length = int(cache_length or self._keep + max(8, self._keep // 4))
     if self.cache_length <= self._keep:
-      raise ValueError(f"cache_length={self.cache_length} must exceed max_prefill_length + max_new_tokens "
-                       f"= {self._keep}")
+      raise ValueError(
+        f"cache_length={self.cache_length} must exceed max_prefill_length + max_new_tokens = {self._keep}"
+      )
     if apply_fn is None:
       model = Decoder(model_config)
       apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
@@ -175,17 +194,19 @@ class Engine:
     # Empty slots draw tokens that are never reported; any valid key does.
     key_data = jax.random.key_data(jax.random.key(self._seed))
     return DecodeState(
-        cache=init_cache(self.model_config, self._slots, self.cache_length),
-        kv_mask_BxS=jnp.zeros((self._slots, self.cache_length), jnp.int32),
-        index=jnp.int32(self._max_prefill_length),
-        tokens_B=jnp.full((self._slots,), self.sampling.pad_token_id, jnp.int32),
-        positions_B=jnp.zeros((self._slots,), jnp.int32),
-        lengths_B=jnp.zeros((self._slots,), jnp.int32),
-        done_B=jnp.ones((self._slots,), bool),
-        key_data_B=jnp.broadcast_to(key_data, (self._slots,) + key_data.shape))
+      cache=init_cache(self.model_config, self._slots, self.cache_length),
+      kv_mask_BxS=jnp.zeros((self._slots, self.cache_length), jnp.int32),
+      index=jnp.int32(self._max_prefill_length),
+      tokens_B=jnp.full((self._slots,), self.sampling.pad_token_id, jnp.int32),
+      positions_B=jnp.zeros((self._slots,), jnp.int32),
+      lengths_B=jnp.zeros((self._slots,), jnp.int32),
+      done_B=jnp.ones((self._slots,), bool),
+      key_data_B=jnp.broadcast_to(key_data, (self._slots,) + key_data.shape),
+    )
 
-  def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int, sampler=None,
-              rng=None) -> tuple[Prefix, ResultTokens]:
+  def prefill(
+    self, *, params, existing_prefix=None, padded_tokens, true_length: int, sampler=None, rng=None
+  ) -> tuple[Prefix, ResultTokens]:
     """KV cache of one prompt and its first token.
 
     padded_tokens: 1-D ids, right-padded as JetStream's tokenizer pads (`true_length` real tokens).
@@ -200,11 +221,13 @@ class Engine:
     true_length = int(true_length)
     tokens = np.asarray(padded_tokens).reshape(-1)[:true_length]
     if not 1 <= true_length <= self._max_prefill_length or len(tokens) < true_length:
-      raise ValueError(f"prompt of {true_length} tokens: expected 1..{self._max_prefill_length} "
-                       f"(max_prefill_length) and at most len(padded_tokens)={np.asarray(padded_tokens).size}")
+      raise ValueError(
+        f"prompt of {true_length} tokens: expected 1..{self._max_prefill_length} "
+        f"(max_prefill_length) and at most len(padded_tokens)={np.asarray(padded_tokens).size}"
+      )
     bucket = pick_bucket(true_length, self.prefill_buckets)
     ids_1xP = np.full((1, bucket), self.sampling.pad_token_id, np.int32)
-    ids_1xP[0, bucket - true_length:] = tokens
+    ids_1xP[0, bucket - true_length :] = tokens
     mask_1xP = (np.arange(bucket) >= bucket - true_length).astype(np.int32)[None]
     if rng is None:
       rng = request_key(self._seed, self._num_prefills, 0)
@@ -233,15 +256,30 @@ class Engine:
     prompt_len = ids_1xP.shape[1]
     cache, kv_mask_1xP = prefill_cache(self._apply_fn, params, self.model_config, ids_1xP, mask_1xP, prompt_len)
     position_1 = mask_1xP.sum(axis=1) - 1
-    token_1, log_prob_1, cache = decode_step(self._apply_fn, params, ids_1xP[:, -1], position_1, kv_mask_1xP, cache,
-                                             jnp.int32(prompt_len - 1), token_keys(rng[None], 0), self.sampling)
+    token_1, log_prob_1, cache = decode_step(
+      self._apply_fn,
+      params,
+      ids_1xP[:, -1],
+      position_1,
+      kv_mask_1xP,
+      cache,
+      jnp.int32(prompt_len - 1),
+      token_keys(rng[None], 0),
+      self.sampling,
+    )
     length_1 = jnp.ones((1,), jnp.int32)
     done_1 = self._finished(token_1, length_1)
     # Left-padded to max_prefill_length so that one compiled `insert` serves every bucket.
     pad = self._max_prefill_length - prompt_len
     cache = jax.tree.map(lambda x: jnp.pad(x, _length_widths(x.ndim, (pad, 0))), cache)
-    prefix = Prefix(cache=cache, mask_1xP=jnp.pad(kv_mask_1xP, ((0, 0), (pad, 0))), token=token_1,
-                    position=position_1 + 1, done=done_1, key_data=jax.random.key_data(rng)[None])
+    prefix = Prefix(
+      cache=cache,
+      mask_1xP=jnp.pad(kv_mask_1xP, ((0, 0), (pad, 0))),
+      token=token_1,
+      position=position_1 + 1,
+      done=done_1,
+      key_data=jax.random.key_data(rng)[None],
+    )
     return prefix, _result(token_1, jnp.ones((1,), bool), length_1, log_prob_1)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
@@ -249,42 +287,63 @@ class Engine:
     start = state.index - prompt_len
     zero = jnp.int32(0)
     at = tuple(slot if axis == "batch" else start if axis == "length" else zero for axis in CACHE_LOGICAL_AXES)
-    cache = jax.tree.map(lambda old, new: jax.lax.dynamic_update_slice(old, new.astype(old.dtype), at),
-                         state.cache, prefix.cache)
+    cache = jax.tree.map(
+      lambda old, new: jax.lax.dynamic_update_slice(old, new.astype(old.dtype), at), state.cache, prefix.cache
+    )
     row_S = jax.lax.dynamic_update_slice(jnp.zeros((self.cache_length,), jnp.int32), prefix.mask_1xP[0], (start,))
     return state.replace(
-        cache=cache,
-        kv_mask_BxS=jax.lax.dynamic_update_slice(state.kv_mask_BxS, row_S[None], (slot, zero)),
-        tokens_B=state.tokens_B.at[slot].set(prefix.token[0]),
-        positions_B=state.positions_B.at[slot].set(prefix.position[0]),
-        lengths_B=state.lengths_B.at[slot].set(1),
-        done_B=state.done_B.at[slot].set(prefix.done[0]),
-        key_data_B=state.key_data_B.at[slot].set(prefix.key_data[0]))
+      cache=cache,
+      kv_mask_BxS=jax.lax.dynamic_update_slice(state.kv_mask_BxS, row_S[None], (slot, zero)),
+      tokens_B=state.tokens_B.at[slot].set(prefix.token[0]),
+      positions_B=state.positions_B.at[slot].set(prefix.position[0]),
+      lengths_B=state.lengths_B.at[slot].set(1),
+      done_B=state.done_B.at[slot].set(prefix.done[0]),
+      key_data_B=state.key_data_B.at[slot].set(prefix.key_data[0]),
+    )
 
   def _compact(self, state: DecodeState) -> DecodeState:
     shift = self.cache_length - self._keep
+
     def left(x, axis):
       kept = jax.lax.slice_in_dim(x, shift, x.shape[axis], axis=axis)
       return jnp.concatenate([kept, jnp.zeros_like(jax.lax.slice_in_dim(x, 0, shift, axis=axis))], axis=axis)
+
     length_axis = CACHE_LOGICAL_AXES.index("length")
-    return state.replace(cache=jax.tree.map(lambda x: left(x, length_axis), state.cache),
-                         kv_mask_BxS=left(state.kv_mask_BxS, 1),
-                         index=state.index - shift)
+    return state.replace(
+      cache=jax.tree.map(lambda x: left(x, length_axis), state.cache),
+      kv_mask_BxS=left(state.kv_mask_BxS, 1),
+      index=state.index - shift,
+    )
 
   def _generate_impl(self, params, state: DecodeState):
     state = jax.lax.cond(state.index >= self.cache_length, self._compact, lambda s: s, state)
     index = state.index
-    kv_mask_BxS = jax.lax.dynamic_update_slice(state.kv_mask_BxS, jnp.ones((self._slots, 1), jnp.int32),
-                                               (jnp.int32(0), index))
+    kv_mask_BxS = jax.lax.dynamic_update_slice(
+      state.kv_mask_BxS, jnp.ones((self._slots, 1), jnp.int32), (jnp.int32(0), index)
+    )
     token_B, log_prob_B, cache = decode_step(
-        self._apply_fn, params, state.tokens_B, state.positions_B, kv_mask_BxS, state.cache, index,
-        token_keys(jax.random.wrap_key_data(state.key_data_B), state.lengths_B), self.sampling)
+      self._apply_fn,
+      params,
+      state.tokens_B,
+      state.positions_B,
+      kv_mask_BxS,
+      state.cache,
+      index,
+      token_keys(jax.random.wrap_key_data(state.key_data_B), state.lengths_B),
+      self.sampling,
+    )
     valid_B = ~state.done_B
     token_B = jnp.where(valid_B, token_B, self.sampling.pad_token_id)
     lengths_B = state.lengths_B + valid_B.astype(jnp.int32)
     new_state = state.replace(
-        cache=cache, kv_mask_BxS=kv_mask_BxS, index=index + 1, tokens_B=token_B, positions_B=state.positions_B + 1,
-        lengths_B=lengths_B, done_B=state.done_B | self._finished(token_B, lengths_B))
+      cache=cache,
+      kv_mask_BxS=kv_mask_BxS,
+      index=index + 1,
+      tokens_B=token_B,
+      positions_B=state.positions_B + 1,
+      lengths_B=lengths_B,
+      done_B=state.done_B | self._finished(token_B, lengths_B),
+    )
     return new_state, _result(token_B, valid_B, lengths_B, jnp.where(valid_B, log_prob_B, 0.0))
 
   # --- continuous batching in-process ---------------------------------------------------------------
@@ -296,8 +355,9 @@ class Engine:
     EOS), 'log_probs': [...]}."""
     if n < 1:
       raise ValueError(f"n={n}: expected at least 1 sample per prompt")
-    pending = collections.deque((i * n + sample, prompt, request_key(seed, i, sample))
-                                for i, prompt in enumerate(prompts) for sample in range(n))
+    pending = collections.deque(
+      (i * n + sample, prompt, request_key(seed, i, sample)) for i, prompt in enumerate(prompts) for sample in range(n)
+    )
     free_slots = list(range(self._slots))[::-1]
     running: dict[int, int] = {}  # slot -> output row
     outputs = [{"token_ids": [], "log_probs": []} for _ in range(len(prompts) * n)]
@@ -316,8 +376,9 @@ class Engine:
     while pending or running:
       while pending and free_slots:
         row, prompt, key = pending.popleft()
-        prefix, first = self.prefill(params=params, padded_tokens=np.asarray(prompt, np.int32),
-                                     true_length=len(prompt), rng=key)
+        prefix, first = self.prefill(
+          params=params, padded_tokens=np.asarray(prompt, np.int32), true_length=len(prompt), rng=key
+        )
         if not record(row, first.convert_to_numpy(), 0):
           slot = free_slots.pop()
           state = self.insert(prefix, state, slot)

@@ -28,8 +28,9 @@ INSTALL_HINT = "JetStreamEngine needs the optional `jetstream` extra: pip instal
 
 def to_jetstream_result(result: ResultTokens):
   """Our ResultTokens (same layout) as JetStream's class; versions before `samples_per_slot` are accepted."""
-  fields = dict(data=result.data, tokens_idx=result.tokens_idx, valid_idx=result.valid_idx,
-                length_idx=result.length_idx)
+  fields = dict(
+    data=result.data, tokens_idx=result.tokens_idx, valid_idx=result.valid_idx, length_idx=result.length_idx
+  )
   try:
     return _engine_api.ResultTokens(**fields, samples_per_slot=result.samples_per_slot)
   except TypeError:
@@ -49,7 +50,7 @@ class HFTokenizer:
     buckets = kwargs.get("prefill_lengths")
     length = min((b for b in buckets or () if b >= len(ids)), default=len(ids))
     padded = np.full((length,), self._pad_id, np.int32)
-    padded[:len(ids)] = ids[:length]
+    padded[: len(ids)] = ids[:length]
     return padded, min(len(ids), length)
 
   def decode(self, token_ids) -> str:
@@ -77,8 +78,13 @@ class JetStreamEngine(_Base):
     self.tokenizer_path = tokenizer_path
 
   def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length, sampler=None, **unused):
-    prefix, result = self.engine.prefill(params=params, existing_prefix=existing_prefix,
-                                         padded_tokens=padded_tokens, true_length=true_length, sampler=sampler)
+    prefix, result = self.engine.prefill(
+      params=params,
+      existing_prefix=existing_prefix,
+      padded_tokens=padded_tokens,
+      true_length=true_length,
+      sampler=sampler,
+    )
     return prefix, to_jetstream_result(result)
 
   def insert(self, prefix, decode_state, slot: int, **unused):

@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from jaxrlhf.models.decoder import MASK_VALUE, init_cache, positions_from_mask
 
 
-
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
   """Static sampling settings (hashable: part of the compiled program)."""
+
   max_new_tokens: int
   eos_token_ids: tuple[int, ...]
   pad_token_id: int
@@ -43,12 +43,19 @@ class SamplingParams:
   decode_segments: int | None = None
 
   @classmethod
-  def from_rollout_config(cls, rollout, max_new_tokens: int, eos_token_ids: Sequence[int], pad_token_id: int,
-                          validation: bool = False) -> "SamplingParams":
+  def from_rollout_config(
+    cls, rollout, max_new_tokens: int, eos_token_ids: Sequence[int], pad_token_id: int, validation: bool = False
+  ) -> "SamplingParams":
     source = rollout.val_kwargs if validation else rollout
-    return cls(max_new_tokens=int(max_new_tokens), eos_token_ids=tuple(int(e) for e in eos_token_ids),
-               pad_token_id=int(pad_token_id), temperature=float(source.temperature), top_k=int(source.top_k),
-               top_p=float(source.top_p), do_sample=bool(source.do_sample))
+    return cls(
+      max_new_tokens=int(max_new_tokens),
+      eos_token_ids=tuple(int(e) for e in eos_token_ids),
+      pad_token_id=int(pad_token_id),
+      temperature=float(source.temperature),
+      top_k=int(source.top_k),
+      top_p=float(source.top_p),
+      do_sample=bool(source.do_sample),
+    )
 
   @property
   def segment_ends(self) -> list[int]:
@@ -146,8 +153,9 @@ def token_keys(rng, index):
   return jax.vmap(jax.random.fold_in)(rng, jnp.broadcast_to(index, rng.shape))
 
 
-def decode_step(apply_fn: Callable, params, tokens_B, positions_B, kv_mask_BxS, cache, cache_index, keys,
-                sampling: SamplingParams):
+def decode_step(
+  apply_fn: Callable, params, tokens_B, positions_B, kv_mask_BxS, cache, cache_index, keys, sampling: SamplingParams
+):
   """One decode step, shared by `generate` and the serving engine: feed each row's last token (written
   at cache column `cache_index`), choose the next with `keys` (`token_keys`) and score it.
 
@@ -159,8 +167,16 @@ def decode_step(apply_fn: Callable, params, tokens_B, positions_B, kv_mask_BxS, 
   return token_B, token_log_probs(logits_BxV, token_B, sampling.logprob_temperature), cache
 
 
-def prefill_cache(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_mask_BxP, cache_length: int,
-                  constrain_cache: Callable | None = None, visible_length: int | None = None):
+def prefill_cache(
+  apply_fn: Callable,
+  params,
+  model_config,
+  prompt_ids_BxP,
+  prompt_mask_BxP,
+  cache_length: int,
+  constrain_cache: Callable | None = None,
+  visible_length: int | None = None,
+):
   """KV cache of every prompt token but the last, whose forward is the first decode step.
 
   Only the cache of this call is used, so XLA drops its language-model head: no [B, P, V] logits.
@@ -173,18 +189,27 @@ def prefill_cache(apply_fn: Callable, params, model_config, prompt_ids_BxP, prom
   constrain_cache = constrain_cache or (lambda cache: cache)
   cache = constrain_cache(init_cache(model_config, batch, cache_length))
   prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
-  kv_mask_BxS = jnp.concatenate(
-      [prompt_mask_BxP, jnp.zeros((batch, visible_length - prompt_len), jnp.int32)], axis=1)
+  kv_mask_BxS = jnp.concatenate([prompt_mask_BxP, jnp.zeros((batch, visible_length - prompt_len), jnp.int32)], axis=1)
   if prompt_len > 1:
     # Causal masking keeps these queries off column P-1, which the first decode step writes.
-    _, cache = apply_fn(params, prompt_ids_BxP[:, :-1], positions_from_mask(prompt_mask_BxP)[:, :-1],
-                        kv_mask_BxS, cache, jnp.int32(0))
+    _, cache = apply_fn(
+      params, prompt_ids_BxP[:, :-1], positions_from_mask(prompt_mask_BxP)[:, :-1], kv_mask_BxS, cache, jnp.int32(0)
+    )
     cache = constrain_cache(cache)
   return cache, kv_mask_BxS
 
 
-def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_mask_BxP, rng,
-             sampling: SamplingParams, constrain_cache: Callable | None = None, active_B=None):
+def generate(
+  apply_fn: Callable,
+  params,
+  model_config,
+  prompt_ids_BxP,
+  prompt_mask_BxP,
+  rng,
+  sampling: SamplingParams,
+  constrain_cache: Callable | None = None,
+  active_B=None,
+):
   """Samples up to `max_new_tokens` per left-padded prompt.
 
   `apply_fn(params, ids_BxL, positions_BxL, kv_mask_BxS, cache, cache_index) -> (logits, cache)`.
@@ -202,34 +227,54 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
   prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
   constrain_cache = constrain_cache or (lambda cache: cache)
   ends = sampling.segment_ends
-  cache, kv_mask_BxS = prefill_cache(apply_fn, params, model_config, prompt_ids_BxP, prompt_mask_BxP,
-                                     cache_length(prompt_len, response_len, ends[-1]), constrain_cache,
-                                     visible_length=cache_length(prompt_len, response_len, ends[0]))
+  cache, kv_mask_BxS = prefill_cache(
+    apply_fn,
+    params,
+    model_config,
+    prompt_ids_BxP,
+    prompt_mask_BxP,
+    cache_length(prompt_len, response_len, ends[-1]),
+    constrain_cache,
+    visible_length=cache_length(prompt_len, response_len, ends[0]),
+  )
   last_position_B = jnp.maximum(prompt_mask_BxP.sum(axis=1) - 1, 0)
 
   def body(carry):
     step, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, input_B = carry
-    token_B, log_prob_B, cache = decode_step(apply_fn, params, input_B, last_position_B + step, kv_mask_BxS, cache,
-                                             prompt_len - 1 + step, token_keys(rng, step), sampling)
+    token_B, log_prob_B, cache = decode_step(
+      apply_fn,
+      params,
+      input_B,
+      last_position_B + step,
+      kv_mask_BxS,
+      cache,
+      prompt_len - 1 + step,
+      token_keys(rng, step),
+      sampling,
+    )
     cache = constrain_cache(cache)
     token_B = jnp.where(done_B, sampling.pad_token_id, token_B)
     tokens_BxR = jax.lax.dynamic_update_slice(tokens_BxR, token_B[:, None], (0, step))
-    log_probs_BxR = jax.lax.dynamic_update_slice(log_probs_BxR, jnp.where(done_B, 0.0, log_prob_B)[:, None],
-                                                 (0, step))
+    log_probs_BxR = jax.lax.dynamic_update_slice(log_probs_BxR, jnp.where(done_B, 0.0, log_prob_B)[:, None], (0, step))
     valid_BxR = jax.lax.dynamic_update_slice(valid_BxR, (~done_B).astype(jnp.int32)[:, None], (0, step))
     done_B = done_B | jnp.isin(token_B, eos_E)
     # The next input lands in column P + step; the last step's update falls off the end (clamped, unused).
-    kv_mask_BxS = jax.lax.dynamic_update_slice(kv_mask_BxS, jnp.ones((batch, 1), jnp.int32),
-                                               (0, jnp.minimum(prompt_len + step, kv_mask_BxS.shape[1] - 1)))
+    kv_mask_BxS = jax.lax.dynamic_update_slice(
+      kv_mask_BxS, jnp.ones((batch, 1), jnp.int32), (0, jnp.minimum(prompt_len + step, kv_mask_BxS.shape[1] - 1))
+    )
     return step + 1, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, token_B
 
   done_B = jnp.zeros((batch,), bool) if active_B is None else ~jnp.asarray(active_B, bool)
-  carry = (jnp.int32(0),
-           jnp.full((batch, response_len), sampling.pad_token_id, jnp.int32),
-           jnp.zeros((batch, response_len), jnp.float32),
-           done_B,
-           jnp.zeros((batch, response_len), jnp.int32),
-           cache, kv_mask_BxS, prompt_ids_BxP[:, -1].astype(jnp.int32))
+  carry = (
+    jnp.int32(0),
+    jnp.full((batch, response_len), sampling.pad_token_id, jnp.int32),
+    jnp.zeros((batch, response_len), jnp.float32),
+    done_B,
+    jnp.zeros((batch, response_len), jnp.int32),
+    cache,
+    kv_mask_BxS,
+    prompt_ids_BxP[:, -1].astype(jnp.int32),
+  )
   for index, end in enumerate(ends):
     if index:  # this segment sees more cache columns: masked until written
       *head, kv_mask_BxS, input_B = carry
@@ -238,8 +283,13 @@ def generate(apply_fn: Callable, params, model_config, prompt_ids_BxP, prompt_ma
     cond = lambda c, end=end: (c[0] < end) & ~jnp.all(c[3])
     carry = jax.lax.while_loop(cond, body, carry)
   steps, tokens_BxR, log_probs_BxR, _, valid_BxR, *_ = carry
-  return {"responses": tokens_BxR, "response_mask": valid_BxR, "rollout_log_probs": log_probs_BxR,
-          "response_lengths": valid_BxR.sum(axis=1), "num_steps": steps}
+  return {
+    "responses": tokens_BxR,
+    "response_mask": valid_BxR,
+    "rollout_log_probs": log_probs_BxR,
+    "response_lengths": valid_BxR.sum(axis=1),
+    "num_steps": steps,
+  }
 
 
 def cache_length(prompt_len: int, response_len: int, end: int) -> int:

@@ -24,12 +24,20 @@ def _format(value: float) -> str:
 class ConsoleLogger:
   def __init__(self, *, total_steps: int, experiment: str, start_step: int = 0):
     from tqdm.auto import tqdm
+
     self._total = total_steps
     self._start_step = start_step
     self._start_time = time.monotonic()
     # disable=None: no bar when stderr is not a TTY (the per-step lines carry the progress there).
-    self._bar = tqdm(total=total_steps, initial=start_step, desc=experiment, unit="step", dynamic_ncols=True,
-                     mininterval=0.5, disable=None)
+    self._bar = tqdm(
+      total=total_steps,
+      initial=start_step,
+      desc=experiment,
+      unit="step",
+      dynamic_ncols=True,
+      mininterval=0.5,
+      disable=None,
+    )
 
   def _headline(self, record: dict) -> dict[str, str]:
     fields = {}
@@ -66,10 +74,16 @@ class ConsoleLogger:
     else:
       parts.append(f"step {step}")
     # Validation scores and guard events are rare and matter, so they join the line when present.
-    parts += [f"{key.removeprefix('val-core/')} {_format(value)}" for key, value in record.items()
-              if key.startswith("val-core/") and is_number(value)]
-    parts += [f"{key} {_format(value)}" for key, value in record.items()
-              if _is_guard_event(key) and is_number(value) and value != 0]
+    parts += [
+      f"{key.removeprefix('val-core/')} {_format(value)}"
+      for key, value in record.items()
+      if key.startswith("val-core/") and is_number(value)
+    ]
+    parts += [
+      f"{key} {_format(value)}"
+      for key, value in record.items()
+      if _is_guard_event(key) and is_number(value) and value != 0
+    ]
     if len(parts) > 1 or "training/global_step" in record:
       self.write(" | ".join(parts))
 

@@ -28,7 +28,7 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
 
 
 def _chunks(items: list, size: int):
-  return (items[i:i + size] for i in range(0, len(items), size))
+  return (items[i : i + size] for i in range(0, len(items), size))
 
 
 class MlflowLogger:
@@ -39,6 +39,7 @@ class MlflowLogger:
       os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
+
     self._metric = Metric
     self.client = MlflowClient(tracking_uri=tracking_uri)
     found = self.client.get_experiment_by_name(project)

@@ -7,11 +7,11 @@ import math
 from jaxrlhf.tracking.jsonl import read_metrics
 
 _PANELS = (
-    ("reward", ("critic/score/mean", "val-core/")),
-    ("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
-    ("losses", ("actor/pg_loss", "critic/vf_loss")),
-    ("response length", ("response_length/mean",)),
-    ("throughput (tokens/s/device)", ("perf/throughput",)),
+  ("reward", ("critic/score/mean", "val-core/")),
+  ("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
+  ("losses", ("actor/pg_loss", "critic/vf_loss")),
+  ("response length", ("response_length/mean",)),
+  ("throughput (tokens/s/device)", ("perf/throughput",)),
 )
 
 
@@ -23,6 +23,7 @@ def _finite_number(value) -> bool:
 def plot_metrics(metrics_path: str, out_path: str) -> str:
   """One PNG with a panel per group: reward (train and validation), KL, losses, length, throughput."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 

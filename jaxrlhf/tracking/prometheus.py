@@ -9,23 +9,39 @@ from jaxrlhf.tracking.record import is_number, kl, tokens_per_second
 
 # (gauge name, help, how to read it from a step's record)
 _GAUGES = (
-    ("jaxrlhf_tokens_per_second", "Prompt+response tokens per second over the whole step, all devices",
-     tokens_per_second),
-    ("jaxrlhf_tokens_per_second_per_device", "perf/throughput: tokens per second per device",
-     lambda record: record.get("perf/throughput")),
-    ("jaxrlhf_step_time_seconds", "perf/time_per_step: wall time of the last step",
-     lambda record: record.get("perf/time_per_step")),
-    ("jaxrlhf_reward_mean", "critic/score/mean: mean sequence score of the last rollout",
-     lambda record: record.get("critic/score/mean")),
-    ("jaxrlhf_kl", "actor/kl_loss, else actor/reward_kl_penalty", kl),
-    ("jaxrlhf_global_step", "training/global_step of the last logged step",
-     lambda record: record.get("training/global_step")),
+  (
+    "jaxrlhf_tokens_per_second",
+    "Prompt+response tokens per second over the whole step, all devices",
+    tokens_per_second,
+  ),
+  (
+    "jaxrlhf_tokens_per_second_per_device",
+    "perf/throughput: tokens per second per device",
+    lambda record: record.get("perf/throughput"),
+  ),
+  (
+    "jaxrlhf_step_time_seconds",
+    "perf/time_per_step: wall time of the last step",
+    lambda record: record.get("perf/time_per_step"),
+  ),
+  (
+    "jaxrlhf_reward_mean",
+    "critic/score/mean: mean sequence score of the last rollout",
+    lambda record: record.get("critic/score/mean"),
+  ),
+  ("jaxrlhf_kl", "actor/kl_loss, else actor/reward_kl_penalty", kl),
+  (
+    "jaxrlhf_global_step",
+    "training/global_step of the last logged step",
+    lambda record: record.get("training/global_step"),
+  ),
 )
 
 
 class PrometheusExporter:
   def __init__(self, port: int, addr: str = "0.0.0.0"):
     from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
     # A private registry: several runs (or tests) in one process must not collide on gauge names.
     self.registry = CollectorRegistry()
     self._gauges = [(Gauge(name, doc, registry=self.registry), read) for name, doc, read in _GAUGES]

@@ -10,6 +10,7 @@ from jaxrlhf.tracking.record import restricted_name, scalars
 class TensorboardLogger:
   def __init__(self, log_dir: str, *, config: dict | None, start_step: int = 0):
     from tensorboardX import SummaryWriter
+
     # A resumed run writes the steps after its checkpoint again: TensorBoard hides the old events of
     # steps >= purge_step, so each step shows once.
     self._writer = SummaryWriter(logdir=log_dir, purge_step=start_step + 1 if start_step > 0 else None)

@@ -30,9 +30,18 @@ class Tracking:
   port 0 picks a free port, readable afterwards as `tracking.prometheus_port`.
   """
 
-  def __init__(self, loggers: Sequence[str], run_dir: str, *, total_steps: int, config=None,
-               project: str = "jaxrlhf", experiment: str = "run", prometheus_port: int | None = None,
-               start_step: int = 0):
+  def __init__(
+    self,
+    loggers: Sequence[str],
+    run_dir: str,
+    *,
+    total_steps: int,
+    config=None,
+    project: str = "jaxrlhf",
+    experiment: str = "run",
+    prometheus_port: int | None = None,
+    start_step: int = 0,
+  ):
     unknown = [name for name in loggers if name not in LOGGERS]
     if unknown:
       raise ValueError(f"config key 'trainer.logger' has unknown logger(s) {unknown}; known: {LOGGERS}")
@@ -49,10 +58,19 @@ class Tracking:
     config_dict = _config_dict(config)
     try:
       for name in self.loggers:
-        self._backends.append(self._open(name, total_steps=total_steps, config=config_dict, project=project,
-                                         experiment=experiment, start_step=start_step))
+        self._backends.append(
+          self._open(
+            name,
+            total_steps=total_steps,
+            config=config_dict,
+            project=project,
+            experiment=experiment,
+            start_step=start_step,
+          )
+        )
       if prometheus_port is not None:
         from jaxrlhf.tracking.prometheus import PrometheusExporter
+
         exporter = PrometheusExporter(prometheus_port)
         self.prometheus_port = exporter.port
         self._backends.append(exporter)
@@ -64,18 +82,23 @@ class Tracking:
     # Imports are local so that a run pays only for the backends it selected.
     if name == "console":
       from jaxrlhf.tracking.console import ConsoleLogger
+
       self._console = ConsoleLogger(total_steps=total_steps, experiment=experiment, start_step=start_step)
       return self._console
     if name == "jsonl":
       from jaxrlhf.tracking.jsonl import JsonlLogger
+
       return JsonlLogger(self.metrics_path, start_step=start_step)
     if name == "wandb":
       from jaxrlhf.tracking.wandb_logger import WandbLogger
+
       return WandbLogger(self.run_dir, project=project, experiment=experiment, config=config)
     if name == "tensorboard":
       from jaxrlhf.tracking.tensorboard_logger import TensorboardLogger
+
       return TensorboardLogger(os.path.join(self.run_dir, "tensorboard"), config=config, start_step=start_step)
     from jaxrlhf.tracking.mlflow_logger import MlflowLogger
+
     return MlflowLogger(self.run_dir, project=project, experiment=experiment, config=config)
 
   def log(self, metrics: Mapping[str, object], step: int) -> None:

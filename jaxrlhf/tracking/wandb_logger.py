@@ -11,6 +11,7 @@ from jaxrlhf.tracking.record import scalars
 class WandbLogger:
   def __init__(self, run_dir: str, *, project: str, experiment: str, config: dict | None):
     import wandb
+
     self._run = wandb.init(project=project, name=experiment, dir=run_dir, config=config)
 
   def log(self, record: dict, step: int) -> None:

@@ -14,13 +14,21 @@ def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
   if mask is None:
     return {f"{prefix}/mean": jnp.mean(x), f"{prefix}/max": jnp.max(x), f"{prefix}/min": jnp.min(x)}
   valid = mask > 0
-  return {f"{prefix}/mean": algos.masked_mean(x, mask),
-          f"{prefix}/max": jnp.max(jnp.where(valid, x, -jnp.inf)),
-          f"{prefix}/min": jnp.min(jnp.where(valid, x, jnp.inf))}
+  return {
+    f"{prefix}/mean": algos.masked_mean(x, mask),
+    f"{prefix}/max": jnp.max(jnp.where(valid, x, -jnp.inf)),
+    f"{prefix}/min": jnp.min(jnp.where(valid, x, jnp.inf)),
+  }
 
 
-def batch_metrics(rollout: dict, scored: dict, adv: dict, values, max_prompt_length: int | None = None,
-                  component_keys: tuple[str, ...] = ()) -> dict[str, jax.Array]:
+def batch_metrics(
+  rollout: dict,
+  scored: dict,
+  adv: dict,
+  values,
+  max_prompt_length: int | None = None,
+  component_keys: tuple[str, ...] = (),
+) -> dict[str, jax.Array]:
   """From the rollout, its scores (`PPOStep.score`), the advantage phase's output and the values (or None).
 
   GDPO's reward components (`scored["reward_components"]`, named by `component_keys`) give verl's
@@ -45,12 +53,17 @@ def batch_metrics(rollout: dict, scored: dict, adv: dict, values, max_prompt_len
   metrics["response_length/clip_ratio"] = jnp.mean((lengths_N == mask_f.shape[1]).astype(jnp.float32))
   metrics.update(_stats("prompt_length", prompt_lengths_N))
   metrics["prompt_length/clip_ratio"] = jnp.mean(
-      (prompt_lengths_N == (max_prompt_length or rollout["prompt_mask"].shape[1])).astype(jnp.float32))
+    (prompt_lengths_N == (max_prompt_length or rollout["prompt_mask"].shape[1])).astype(jnp.float32)
+  )
   metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + lengths_N.sum()).astype(jnp.float32)
   metrics["perf/decode_steps"] = jnp.asarray(rollout["decode_steps"], jnp.float32)
   metrics["reward/num_errors"] = scored["reward_errors"].sum()
   metrics["reward/num_null_ground_truth"] = scored["null_ground_truths"].sum()
   for key, component_N in zip(component_keys, scored.get("reward_components", ())):
-    metrics.update({f"gdpo/{key}/{name}": fn(component_N)
-                    for name, fn in (("mean", jnp.mean), ("std", jnp.std), ("max", jnp.max), ("min", jnp.min))})
+    metrics.update(
+      {
+        f"gdpo/{key}/{name}": fn(component_N)
+        for name, fn in (("mean", jnp.mean), ("std", jnp.std), ("max", jnp.max), ("min", jnp.min))
+      }
+    )
   return metrics

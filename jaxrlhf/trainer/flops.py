@@ -22,29 +22,49 @@ from jaxrlhf.rollout.sampler import cache_length
 
 # Dense bf16 peak FLOP/s per device, by substrings of `device_kind` (lower case).
 PEAK_FLOPS = (
-    ("h200", 989e12), ("h100", 989e12), ("a100", 312e12), ("l4", 121e12), ("a10", 125e12),
-    ("v6", 918e12), ("v5p", 459e12), ("v5 lite", 197e12), ("v5e", 197e12), ("v4", 275e12),
+  ("h200", 989e12),
+  ("h100", 989e12),
+  ("a100", 312e12),
+  ("l4", 121e12),
+  ("a10", 125e12),
+  ("v6", 918e12),
+  ("v5p", 459e12),
+  ("v5 lite", 197e12),
+  ("v5e", 197e12),
+  ("v4", 275e12),
 )
 
 
-def forward_flops_per_token(num_params: int, embedding_params: int, num_layers: int, hidden: int,
-                            context: float) -> float:
+def forward_flops_per_token(
+  num_params: int, embedding_params: int, num_layers: int, hidden: int, context: float
+) -> float:
   return 2.0 * (num_params - embedding_params) + 4.0 * num_layers * hidden * context
 
 
-def actor_step_flops(model_config, num_params: int, *, prompt_tokens: float, response_tokens: float,
-                     num_sequences: int, ppo_epochs: int, use_reference: bool, old_forward: bool = True) -> float:
+def actor_step_flops(
+  model_config,
+  num_params: int,
+  *,
+  prompt_tokens: float,
+  response_tokens: float,
+  num_sequences: int,
+  ppo_epochs: int,
+  use_reference: bool,
+  old_forward: bool = True,
+) -> float:
   embedding = model_config.vocab_size * model_config.hidden_size
   tokens = prompt_tokens + response_tokens
   context = tokens / max(num_sequences, 1) / 2.0  # causal: each token sees half the sequence on average
-  per_token = forward_flops_per_token(num_params, embedding, model_config.num_hidden_layers,
-                                      model_config.hidden_size, context)
+  per_token = forward_flops_per_token(
+    num_params, embedding, model_config.num_hidden_layers, model_config.hidden_size, context
+  )
   forwards = 1 + (1 if old_forward else 0) + (1 if use_reference else 0)  # rollout, old log-prob, reference
   return per_token * tokens * (forwards + 3 * ppo_epochs)
 
 
-def update_flops(config, *, prompt_tokens: float, response_tokens: float, num_sequences: int, epochs: int,
-                 head: str) -> float:
+def update_flops(
+  config, *, prompt_tokens: float, response_tokens: float, num_sequences: int, epochs: int, head: str
+) -> float:
   """Model FLOPs of an update phase: `epochs` passes of forward + backward (3 forwards) over the real tokens.
 
   As verl's `perf/mfu/*`: tokens in the batch, not padding; rematerialisation is not model work. The
@@ -88,6 +108,7 @@ def count_params(params) -> int:
 
 # ----- the step's FLOPs by phase, as the compiled program does the work (`jaxrlhf.aot`) -------------
 
+
 def layer_matmul_flops_per_token(config) -> float:
   """q/k/v/o projections and the SwiGLU MLP of one decoder layer, one token."""
   d, head_dim = config.hidden_size, config.resolved_head_dim
@@ -101,8 +122,12 @@ def forward_flops(config, tokens: float, keys: float, head: str | None) -> float
   `head`: "lm" (the vocabulary projection at every token), "value"/"reward" (one output), None (cache only).
   """
   attention = 4.0 * config.num_attention_heads * config.resolved_head_dim * keys
-  head_flops = {"lm": 2.0 * config.hidden_size * config.vocab_size, "value": 2.0 * config.hidden_size,
-                "reward": 2.0 * config.hidden_size, None: 0.0}[head]
+  head_flops = {
+    "lm": 2.0 * config.hidden_size * config.vocab_size,
+    "value": 2.0 * config.hidden_size,
+    "reward": 2.0 * config.hidden_size,
+    None: 0.0,
+  }[head]
   return tokens * (config.num_hidden_layers * (layer_matmul_flops_per_token(config) + attention) + head_flops)
 
 
@@ -124,8 +149,11 @@ def generation_flops(config, rows: int, prompt_len: int, segment_cache_lengths: 
   if prompt_len > 1:
     # Only the cache is kept: the last layer's query, attention, output projection and MLP are dead code.
     prefill_tokens = rows * (prompt_len - 1)
-    total = forward_flops(config, prefill_tokens, first_cache, None) * (config.num_hidden_layers - 1) / max(
-        config.num_hidden_layers, 1)
+    total = (
+      forward_flops(config, prefill_tokens, first_cache, None)
+      * (config.num_hidden_layers - 1)
+      / max(config.num_hidden_layers, 1)
+    )
     total += prefill_tokens * 2.0 * config.hidden_size * 2 * config.num_key_value_heads * config.resolved_head_dim
   for steps, cache_columns in segment_cache_lengths:
     total += forward_flops(config, rows * steps, cache_columns, "lm")
@@ -146,8 +174,7 @@ def step_phase_flops(ppo, *, batch_size: int, prompt_len: int, response_len: int
   rows, seq_len = batch_size * n, prompt_len + response_len
   actor, critic = ppo.actor.config, ppo.critic.config
   ends = ppo.sampling.segment_ends
-  segments = [(end - start, cache_length(prompt_len, response_len, end))
-              for start, end in zip([0] + ends[:-1], ends)]
+  segments = [(end - start, cache_length(prompt_len, response_len, end)) for start, end in zip([0] + ends[:-1], ends)]
   phases = {"gen": generation_flops(actor, rows, prompt_len, segments)}
   if config.algorithm.adv_estimator == "remax":  # one greedy rollout per prompt as the baseline
     phases["gen"] += generation_flops(actor, batch_size, prompt_len, segments)

@@ -22,8 +22,10 @@ class Generation:
     self.rollout_dtype = config.actor_rollout_ref.rollout.dtype or model_config.dtype
     self.model_config = model_config
     # With more rollout TP devices than key/value heads, the rollout model has copies of them (`StepLayouts`).
-    self.rollout_actor = Decoder(dataclasses.replace(kv_heads_repeated(model_config, layouts.generation_kv_repeat),
-                                                     dtype=self.rollout_dtype), head="lm")
+    self.rollout_actor = Decoder(
+      dataclasses.replace(kv_heads_repeated(model_config, layouts.generation_kv_repeat), dtype=self.rollout_dtype),
+      head="lm",
+    )
     self.sampling = sampling
     self.layouts = layouts
     self.lora_alpha = model_config.lora_alpha
@@ -43,9 +45,15 @@ class Generation:
   def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
     """`generate` with the rollout model, the prompts in the generation layout and the cache pinned."""
     apply = lambda params, *inputs: self.rollout_actor.apply({"params": params}, *inputs)
-    return generate(apply, generation_params, self.rollout_actor.config,
-                    *self.layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP)), rng, sampling,
-                    constrain_cache=self.layouts.constrain_cache)
+    return generate(
+      apply,
+      generation_params,
+      self.rollout_actor.config,
+      *self.layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP)),
+      rng,
+      sampling,
+      constrain_cache=self.layouts.constrain_cache,
+    )
 
   def rollout(self, actor_params, batch, rng, actor_adapters=None) -> dict:
     """Prompts x n (interleaved, group ids) -> responses and the sampler's log-probs of them (what rollout
@@ -60,13 +68,19 @@ class Generation:
     generation_params = self.generation_params(actor_params, actor_adapters)
     out = self.sample(generation_params, prompts_NxP, prompt_mask_NxP, rng, self.sampling)
     responses_NxR, response_mask_NxR, rollout_log_probs_NxR = self.layouts.to_train(
-        (out["responses"], out["response_mask"], out["rollout_log_probs"]))
+      (out["responses"], out["response_mask"], out["rollout_log_probs"])
+    )
     prompts_NxP, prompt_mask_NxP = self.layouts.to_train((prompts_NxP, prompt_mask_NxP))
-    rollout = {"prompts": prompts_NxP, "prompt_mask": prompt_mask_NxP, "responses": responses_NxR,
-               "response_mask": response_mask_NxR, "rollout_log_probs": rollout_log_probs_NxR,
-               "sample_index": jnp.repeat(batch["sample_index"], n, axis=0),
-               "group_index": jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
-               "decode_steps": out["num_steps"]}
+    rollout = {
+      "prompts": prompts_NxP,
+      "prompt_mask": prompt_mask_NxP,
+      "responses": responses_NxR,
+      "response_mask": response_mask_NxR,
+      "rollout_log_probs": rollout_log_probs_NxR,
+      "sample_index": jnp.repeat(batch["sample_index"], n, axis=0),
+      "group_index": jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
+      "decode_steps": out["num_steps"],
+    }
     if self.config.algorithm.adv_estimator == "remax":
       greedy = dataclasses.replace(self.sampling, do_sample=False)
       baseline = self.sample(generation_params, batch["input_ids"], batch["attention_mask"], rng, greedy)

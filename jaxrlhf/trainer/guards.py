@@ -39,8 +39,10 @@ class Guard:
       if len(self._rewards) == self._rewards.maxlen:
         average = sum(self._rewards) / len(self._rewards)
         if reward < average - self.config.reward_drop * abs(average):
-          return (f"critic/score/mean={reward:.4g} dropped more than trainer.guard.reward_drop="
-                  f"{self.config.reward_drop:.0%} below its {len(self._rewards)}-step average {average:.4g}")
+          return (
+            f"critic/score/mean={reward:.4g} dropped more than trainer.guard.reward_drop="
+            f"{self.config.reward_drop:.0%} below its {len(self._rewards)}-step average {average:.4g}"
+          )
       self._rewards.append(reward)
     return None
 
@@ -48,5 +50,7 @@ class Guard:
     self.rollbacks += 1
     self._rewards.clear()
     if self.rollbacks > self.config.max_rollbacks:
-      raise GuardError(f"stopping: {self.rollbacks} rollbacks exceed trainer.guard.max_rollbacks="
-                       f"{self.config.max_rollbacks}; last cause: {reason}")
+      raise GuardError(
+        f"stopping: {self.rollbacks} rollbacks exceed trainer.guard.max_rollbacks="
+        f"{self.config.max_rollbacks}; last cause: {reason}"
+      )

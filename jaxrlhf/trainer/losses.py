@@ -13,8 +13,19 @@ from jaxrlhf.trainer.model_outputs import ModelOutputs
 from jaxrlhf.trainer.update_loop import ROWS_PREFIX
 
 
-def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, actor, on_policy: bool,
-               rollout_correction=None, first_epoch: bool = False):
+def actor_loss(
+  params,
+  aux,
+  micro,
+  normalizers,
+  rng,
+  *,
+  outputs: ModelOutputs,
+  actor,
+  on_policy: bool,
+  rollout_correction=None,
+  first_epoch: bool = False,
+):
   """Policy loss - entropy bonus (+ KL loss to the reference). `actor`: the actor's config section.
 
   aux: per-step values; `kl_gate` is 0 during the KL warm-up, else 1; with LoRA `base_params` is the
@@ -31,29 +42,43 @@ def actor_loss(params, aux, micro, normalizers, rng, *, outputs: ModelOutputs, a
   mask = micro["response_mask"]
   base, adapters = (aux["base_params"], params) if "base_params" in aux else (params, None)
   full_kl = actor.use_kl_loss and actor.kl_loss_type == "full"
-  out = outputs.token_outputs(base, micro, ("entropy",), adapters=adapters,
-                              ref_params=aux["ref_params"] if full_kl else None)
+  out = outputs.token_outputs(
+    base, micro, ("entropy",), adapters=adapters, ref_params=aux["ref_params"] if full_kl else None
+  )
   log_prob, entropy = out["log_prob"], out["entropy"]
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy or first_epoch else micro["old_log_probs"]
-  correction = {} if rollout_correction is None else {
-      key: rollout_correction[key] for key in algos.ROLLOUT_CORRECTION_CONFIG_KEYS}
+  correction = (
+    {} if rollout_correction is None else {key: rollout_correction[key] for key in algos.ROLLOUT_CORRECTION_CONFIG_KEYS}
+  )
   pg_loss, pg_metrics = algos.compute_policy_loss(
-      old_log_prob, log_prob, micro["advantages"], mask,
-      loss_mode="bypass_mode" if rollout_correction is not None else actor.policy_loss.loss_mode,
-      clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low,
-      clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
-      loss_agg_mode=actor.loss_agg_mode, rng=rng, rollout_is_weights=micro.get("rollout_is_weights"),
-      **normalizers, **correction,
-      **{key: actor.policy_loss[key] for key in algos.POLICY_LOSS_CONFIG_KEYS},
-      **{key: actor[key] for key in algos.ACTOR_LOSS_CONFIG_KEYS})
+    old_log_prob,
+    log_prob,
+    micro["advantages"],
+    mask,
+    loss_mode="bypass_mode" if rollout_correction is not None else actor.policy_loss.loss_mode,
+    clip_ratio=actor.clip_ratio,
+    clip_ratio_low=actor.clip_ratio_low,
+    clip_ratio_high=actor.clip_ratio_high,
+    clip_ratio_c=actor.clip_ratio_c,
+    loss_agg_mode=actor.loss_agg_mode,
+    rng=rng,
+    rollout_is_weights=micro.get("rollout_is_weights"),
+    **normalizers,
+    **correction,
+    **{key: actor.policy_loss[key] for key in algos.POLICY_LOSS_CONFIG_KEYS},
+    **{key: actor[key] for key in algos.ACTOR_LOSS_CONFIG_KEYS},
+  )
   entropy_loss = algos.agg_loss(entropy, mask, actor.loss_agg_mode, **normalizers)
   loss = pg_loss - actor.entropy_coeff * entropy_loss
-  metrics = {"actor/pg_loss": pg_loss, "actor/entropy_loss": entropy_loss,
-             "actor/pg_clipfrac": pg_metrics["pg_clipfrac"],
-             "actor/pg_clipfrac_lower": pg_metrics["pg_clipfrac_lower"],
-             "actor/ppo_kl": pg_metrics["ppo_kl"],
-             # bypass mode: verl's rollout_corr/ family, each a mean over this micro-batch (see update_loop)
-             **{key: value for key, value in pg_metrics.items() if key.startswith("rollout_corr/")}}
+  metrics = {
+    "actor/pg_loss": pg_loss,
+    "actor/entropy_loss": entropy_loss,
+    "actor/pg_clipfrac": pg_metrics["pg_clipfrac"],
+    "actor/pg_clipfrac_lower": pg_metrics["pg_clipfrac_lower"],
+    "actor/ppo_kl": pg_metrics["ppo_kl"],
+    # bypass mode: verl's rollout_corr/ family, each a mean over this micro-batch (see update_loop)
+    **{key: value for key, value in pg_metrics.items() if key.startswith("rollout_corr/")},
+  }
   if first_epoch:
     metrics.update({"actor/entropy": entropy_loss, ROWS_PREFIX + "old_log_probs": old_log_prob})
   if actor.use_kl_loss:
@@ -72,9 +97,16 @@ def critic_loss(params, aux, micro, normalizers, unused_rng, *, outputs: ModelOu
   base, trained = (aux["base_params"], params) if aux and "base_params" in aux else (params, None)
   vpreds = outputs.values(base, micro, trained)
   vf_loss, vf_clipfrac = algos.compute_value_loss(
-      vpreds, micro["values"], micro["returns"], micro["response_mask"], critic.cliprange_value,
-      loss_agg_mode=critic.loss_agg_mode, **normalizers)
+    vpreds,
+    micro["values"],
+    micro["returns"],
+    micro["response_mask"],
+    critic.cliprange_value,
+    loss_agg_mode=critic.loss_agg_mode,
+    **normalizers,
+  )
   # vpred_mean is a per-token mean: normalise it like the loss so micro-batches add up.
-  vpred_mean = algos.agg_loss(vpreds, micro["response_mask"], "token-mean",
-                              global_token_count=normalizers["global_token_count"])
+  vpred_mean = algos.agg_loss(
+    vpreds, micro["response_mask"], "token-mean", global_token_count=normalizers["global_token_count"]
+  )
   return vf_loss, {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac, "critic/vpred_mean": vpred_mean}

@@ -47,9 +47,18 @@ def chunk_length(rows: int, length: int, chunk_tokens: int, num_batch_shards: in
 TOKEN_STATISTICS = {"entropy": algos.entropy_from_logits, "sum_pi_squared": algos.sum_pi_squared_from_logits}
 
 
-def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: float, statistics: tuple[str, ...],
-                     chunk_len: int, constrain: Callable = lambda x, logical_axes: x, ref=None,
-                     adapters=None) -> dict:
+def lm_token_outputs(
+  config,
+  params,
+  hidden_BxLxD,
+  tokens_BxL,
+  temperature: float,
+  statistics: tuple[str, ...],
+  chunk_len: int,
+  constrain: Callable = lambda x, logical_axes: x,
+  ref=None,
+  adapters=None,
+) -> dict:
   """{"log_prob": [B, L], and each of `statistics` (TOKEN_STATISTICS names): [B, L]} of `tokens` under
   softmax(head(hidden) / T), fp32.
 
@@ -62,19 +71,25 @@ def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: floa
   each chunk's logits are recomputed in the backward instead of kept. `constrain(x, logical_axes)`
   pins the chunk's hidden states and logits to the train layout (`ActivationLayout.constrain`).
   """
+
   def logits(head_params, h_BxCxD, head_adapters=None):
     h_BxCxD = constrain(h_BxCxD, ("batch", "length", None))
-    return constrain(head_outputs(config, "lm", head_params, h_BxCxD, head_adapters),
-                     ("batch", "length", "vocab")) / temperature
+    return (
+      constrain(head_outputs(config, "lm", head_params, h_BxCxD, head_adapters), ("batch", "length", "vocab"))
+      / temperature
+    )
 
   def outputs(h_BxCxD, tokens_BxC, ref_h_BxCxD=None):
     z_BxCxV = logits(params, h_BxCxD, adapters)
-    out = {"log_prob": token_log_probs(z_BxCxV, tokens_BxC, 1.0),
-           **{name: TOKEN_STATISTICS[name](z_BxCxV) for name in statistics}}
+    out = {
+      "log_prob": token_log_probs(z_BxCxV, tokens_BxC, 1.0),
+      **{name: TOKEN_STATISTICS[name](z_BxCxV) for name in statistics},
+    }
     if ref_h_BxCxD is not None:
       ref_z_BxCxV = logits(ref[0], ref_h_BxCxD)
-      out.update(ref_log_prob=token_log_probs(ref_z_BxCxV, tokens_BxC, 1.0),
-                 full_kl=algos.full_kl(z_BxCxV, ref_z_BxCxV))
+      out.update(
+        ref_log_prob=token_log_probs(ref_z_BxCxV, tokens_BxC, 1.0), full_kl=algos.full_kl(z_BxCxV, ref_z_BxCxV)
+      )
     return out
 
   rows, length = tokens_BxL.shape
@@ -84,12 +99,13 @@ def lm_token_outputs(config, params, hidden_BxLxD, tokens_BxL, temperature: floa
   num_chunks = -(-length // chunk_len)
   pad = num_chunks * chunk_len - length
   to_chunks = lambda x: jnp.moveaxis(
-      jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape((rows, num_chunks, chunk_len) + x.shape[2:]),
-      1, 0)
+    jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape((rows, num_chunks, chunk_len) + x.shape[2:]), 1, 0
+  )
   chunk_outputs = jax.checkpoint(lambda _, chunk: (None, outputs(*chunk)), prevent_cse=False)
   _, out_KxBxC = jax.lax.scan(chunk_outputs, None, tuple(to_chunks(x) for x in inputs))
-  return jax.tree.map(lambda x_KxBxC: jnp.moveaxis(x_KxBxC, 0, 1).reshape(rows, num_chunks * chunk_len)[:, :length],
-                      out_KxBxC)
+  return jax.tree.map(
+    lambda x_KxBxC: jnp.moveaxis(x_KxBxC, 0, 1).reshape(rows, num_chunks * chunk_len)[:, :length], out_KxBxC
+  )
 
 
 class ModelOutputs:
@@ -99,8 +115,15 @@ class ModelOutputs:
   LM head's chunks.
   """
 
-  def __init__(self, actor: Decoder, critic: Decoder, temperature: float, chunk_tokens: int = 0,
-               num_batch_shards: int = 1, constrain: Callable = lambda x, logical_axes: x):
+  def __init__(
+    self,
+    actor: Decoder,
+    critic: Decoder,
+    temperature: float,
+    chunk_tokens: int = 0,
+    num_batch_shards: int = 1,
+    constrain: Callable = lambda x, logical_axes: x,
+  ):
     self.actor = actor
     self.critic = critic
     self.temperature = temperature  # the rollout's: log-probs are those of the distribution sampled from
@@ -113,24 +136,30 @@ class ModelOutputs:
     [B, S, D] of a packed slot's rows (every position: `packing.response_outputs` reads them back)."""
     if "packed" in micro:
       packed = micro["packed"]
-      return model.apply(model_variables(params, adapters), packed["input_ids"], packed["positions"],
-                         (packed["segment_ids"] > 0).astype(jnp.int32), segment_ids_BxL=packed["segment_ids"],
-                         return_hidden=True)[0]
+      return model.apply(
+        model_variables(params, adapters),
+        packed["input_ids"],
+        packed["positions"],
+        (packed["segment_ids"] > 0).astype(jnp.int32),
+        segment_ids_BxL=packed["segment_ids"],
+        return_hidden=True,
+      )[0]
     prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
     ids_NxS, positions_NxS, mask_NxS = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
-    hidden_NxSxD, _ = model.apply(model_variables(params, adapters), ids_NxS, positions_NxS, mask_NxS,
-                                  return_hidden=True)
-    return hidden_NxSxD[:, prompt_len - 1:prompt_len + response_len - 1]
+    hidden_NxSxD, _ = model.apply(
+      model_variables(params, adapters), ids_NxS, positions_NxS, mask_NxS, return_hidden=True
+    )
+    return hidden_NxSxD[:, prompt_len - 1 : prompt_len + response_len - 1]
 
   def _to_responses(self, per_token, micro: dict):
     """A packed slot's per-position outputs [B, S] as [N, R]; padded outputs are [N, R] already."""
     if "packed" not in micro:
       return per_token
-    return packing.response_outputs(per_token, micro["packed"], micro["prompts"].shape[1],
-                                    micro["responses"].shape[1])
+    return packing.response_outputs(per_token, micro["packed"], micro["prompts"].shape[1], micro["responses"].shape[1])
 
-  def token_outputs(self, params, micro: dict, statistics: tuple[str, ...] = (), adapters=None,
-                    ref_params=None) -> dict:
+  def token_outputs(
+    self, params, micro: dict, statistics: tuple[str, ...] = (), adapters=None, ref_params=None
+  ) -> dict:
     """{"log_prob": [N, R] of the response tokens, and each of `statistics` (TOKEN_STATISTICS): [N, R]}.
 
     `adapters`: LoRA adapters on `params` (None: the model as `params` has it, e.g. the reference).
@@ -145,8 +174,18 @@ class ModelOutputs:
       ref = (ref_params, self._hidden(self.actor, ref_params, micro))
     tokens_BxL = packing.next_tokens(micro["packed"]["input_ids"]) if "packed" in micro else micro["responses"]
     chunk_len = chunk_length(tokens_BxL.shape[0], tokens_BxL.shape[1], self.chunk_tokens, self.num_batch_shards)
-    out = lm_token_outputs(self.actor.config, params, hidden_BxLxD, tokens_BxL, self.temperature, statistics,
-                           chunk_len, self.constrain, ref, adapters)
+    out = lm_token_outputs(
+      self.actor.config,
+      params,
+      hidden_BxLxD,
+      tokens_BxL,
+      self.temperature,
+      statistics,
+      chunk_len,
+      self.constrain,
+      ref,
+      adapters,
+    )
     return {name: self._to_responses(x, micro) for name, x in out.items()}
 
   def log_probs(self, params, micro: dict, with_entropy: bool = True, adapters=None):

@@ -41,6 +41,7 @@ class MicroBatching:
   it does unpacked without a micro-batch size) instead of in micro-batches of `rows`; never under a
   token budget (`use_dynamic_bsz`), which bounds every micro-batch.
   """
+
   rows: int
   num_micro: int
   shards: int
@@ -49,8 +50,9 @@ class MicroBatching:
   padded_at_once: bool = False
 
 
-def micro_batching(num_sequences: int, seq_len: int, shards: int, *, rows_per_shard: int | None,
-                   max_token_len: int | None, packed: bool) -> MicroBatching:
+def micro_batching(
+  num_sequences: int, seq_len: int, shards: int, *, rows_per_shard: int | None, max_token_len: int | None, packed: bool
+) -> MicroBatching:
   """`max_token_len` (token budget per device, `use_dynamic_bsz`) wins over `rows_per_shard`."""
   per_shard_needed = math.ceil(num_sequences / shards)
   if max_token_len is not None:
@@ -63,9 +65,11 @@ def micro_batching(num_sequences: int, seq_len: int, shards: int, *, rows_per_sh
 
 def pad_rows(tree, num_rows: int):
   """Appends all-zero rows (masks 0: they count nowhere) up to `num_rows`."""
+
   def pad(x):
     extra = num_rows - x.shape[0]
     return x if extra == 0 else jnp.concatenate([x, jnp.zeros((extra,) + x.shape[1:], x.dtype)])
+
   return jax.tree.map(pad, tree)
 
 
@@ -78,8 +82,9 @@ def first_fit_decreasing(lengths_N, num_bins: int, capacity: int):
     offset = capacity - remaining_B[bin_index]
     return remaining_B.at[bin_index].add(-length), (bin_index, offset)
 
-  _, (bins, offsets) = jax.lax.scan(place, jnp.full((num_bins,), capacity, jnp.int32),
-                                    lengths_N[order_N].astype(jnp.int32))
+  _, (bins, offsets) = jax.lax.scan(
+    place, jnp.full((num_bins,), capacity, jnp.int32), lengths_N[order_N].astype(jnp.int32)
+  )
   bin_N = jnp.zeros_like(bins).at[order_N].set(bins)
   offset_N = jnp.zeros_like(offsets).at[order_N].set(offsets)
   return bin_N, offset_N
@@ -106,13 +111,23 @@ def pack(input_ids_NxS, valid_NxS, batching: MicroBatching) -> dict:
   column_NxS = offset_N[:, None] + index_NxS
   flat_size = slots * rows * seq_len
   destination_NxS = jnp.where(valid_NxS > 0, ((slot_N * rows + row_N) * seq_len)[:, None] + column_NxS, flat_size)
-  scatter = lambda values_NxS: jnp.zeros((flat_size,), jnp.int32).at[destination_NxS.reshape(-1)].set(
-      values_NxS.reshape(-1).astype(jnp.int32), mode="drop").reshape(slots, rows, seq_len)
+  scatter = lambda values_NxS: (
+    jnp.zeros((flat_size,), jnp.int32)
+    .at[destination_NxS.reshape(-1)]
+    .set(values_NxS.reshape(-1).astype(jnp.int32), mode="drop")
+    .reshape(slots, rows, seq_len)
+  )
   sequence_NxS = jnp.broadcast_to(jnp.arange(1, num_sequences + 1, dtype=jnp.int32)[:, None], valid_NxS.shape)
   used_M = jnp.zeros((slots,), bool).at[slot_N].max(lengths_N > 0)
-  return {"input_ids": scatter(input_ids_NxS), "positions": scatter(jnp.maximum(index_NxS, 0)),
-          "segment_ids": scatter(sequence_NxS), "used": used_M,
-          "slot_N": slot_N, "row_N": row_N, "column_NxS": column_NxS}
+  return {
+    "input_ids": scatter(input_ids_NxS),
+    "positions": scatter(jnp.maximum(index_NxS, 0)),
+    "segment_ids": scatter(sequence_NxS),
+    "used": used_M,
+    "slot_N": slot_N,
+    "row_N": row_N,
+    "column_NxS": column_NxS,
+  }
 
 
 def packing_pays(plan: dict, batching: MicroBatching, prompt_len: int, response_len: int):
@@ -132,14 +147,19 @@ def packing_pays(plan: dict, batching: MicroBatching, prompt_len: int, response_
 
 def slot(plan: dict, k) -> dict:
   """The packed rows of slot `k` and the gather indices of every sequence (valid for slot k's own)."""
-  return {"input_ids": plan["input_ids"][k], "positions": plan["positions"][k],
-          "segment_ids": plan["segment_ids"][k], "row_N": plan["row_N"], "column_NxS": plan["column_NxS"]}
+  return {
+    "input_ids": plan["input_ids"][k],
+    "positions": plan["positions"][k],
+    "segment_ids": plan["segment_ids"][k],
+    "row_N": plan["row_N"],
+    "column_NxS": plan["column_NxS"],
+  }
 
 
 def response_outputs(per_token_BxS, packed: dict, prompt_len: int, response_len: int):
   """[N, R] from per-token outputs of packed rows, read (as in the padded path) at the token before
   each response token; rows of sequences outside the slot hold garbage, to be masked by the caller."""
-  column_NxR = packed["column_NxS"][:, prompt_len - 1:prompt_len + response_len - 1]
+  column_NxR = packed["column_NxS"][:, prompt_len - 1 : prompt_len + response_len - 1]
   column_NxR = jnp.clip(column_NxR, 0, per_token_BxS.shape[1] - 1)
   return per_token_BxS[packed["row_N"][:, None], column_NxR]
 

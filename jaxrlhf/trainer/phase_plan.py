@@ -70,21 +70,26 @@ class PhasePlan:
     one_mini_batch = actor.ppo_mini_batch_size == config.data.train_batch_size
     actor_warmup_steps = max(config.trainer.critic_warmup - 1, 0) if config.critic.enable else 0
     return cls(
-        use_critic=bool(config.critic.enable),
-        use_reference=use_reference,
-        actor_lora=actor_lora,
-        critic_lora=critic_lora and bool(config.critic.enable),
-        stores_reference=use_reference and not actor_lora,
-        full_kl_in_reward=full_kl_in_reward,
-        full_kl_loss=bool(actor.use_kl_loss and actor.kl_loss_type == "full"),
-        ref_phase=use_reference and not full_kl_in_reward,
-        bypass=bypass,
-        decoupled_correction=decoupled_correction,
-        old_forward=not bypass or full_kl_in_reward or sum_pi_squared,
-        sum_pi_squared=sum_pi_squared,
-        actor_packed=actor_packed,
-        critic_packed=actor_packed or bool(config.critic.model.use_remove_padding),
-        on_policy=actor.ppo_epochs == 1 and one_mini_batch and not bypass,
-        old_in_update=(one_mini_batch and not (bypass or decoupled_correction or sum_pi_squared or actor_packed)
-                       and not algo.use_kl_in_reward and actor_warmup_steps == 0),
-        actor_warmup_steps=actor_warmup_steps)
+      use_critic=bool(config.critic.enable),
+      use_reference=use_reference,
+      actor_lora=actor_lora,
+      critic_lora=critic_lora and bool(config.critic.enable),
+      stores_reference=use_reference and not actor_lora,
+      full_kl_in_reward=full_kl_in_reward,
+      full_kl_loss=bool(actor.use_kl_loss and actor.kl_loss_type == "full"),
+      ref_phase=use_reference and not full_kl_in_reward,
+      bypass=bypass,
+      decoupled_correction=decoupled_correction,
+      old_forward=not bypass or full_kl_in_reward or sum_pi_squared,
+      sum_pi_squared=sum_pi_squared,
+      actor_packed=actor_packed,
+      critic_packed=actor_packed or bool(config.critic.model.use_remove_padding),
+      on_policy=actor.ppo_epochs == 1 and one_mini_batch and not bypass,
+      old_in_update=(
+        one_mini_batch
+        and not (bypass or decoupled_correction or sum_pi_squared or actor_packed)
+        and not algo.use_kl_in_reward
+        and actor_warmup_steps == 0
+      ),
+      actor_warmup_steps=actor_warmup_steps,
+    )

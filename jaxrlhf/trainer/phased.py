@@ -44,13 +44,24 @@ class PhasedStep:
     """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""
     ppo = self.ppo
     keys = ppo.split_rng(rng)
-    old = (ppo.old_log_prob(state.actor_params, rollout) if ppo.plan.old_in_update  # the update gives them
-           else run("old_log_prob", self.old_log_prob, state.actor_params, rollout, state.actor_adapters,
-                    ppo.reference_params(state) if ppo.plan.full_kl_in_reward else None))
-    ref = (run("ref", self.ref, ppo.reference_params(state), rollout) if ppo.plan.ref_phase
-           else old[1].get("ref_log_prob"))
-    values = (run("values", self.values, state.critic_params, rollout, state.critic_adapters) if ppo.plan.use_critic
-              else None)
+    old = (
+      ppo.old_log_prob(state.actor_params, rollout)
+      if ppo.plan.old_in_update  # the update gives them
+      else run(
+        "old_log_prob",
+        self.old_log_prob,
+        state.actor_params,
+        rollout,
+        state.actor_adapters,
+        ppo.reference_params(state) if ppo.plan.full_kl_in_reward else None,
+      )
+    )
+    ref = (
+      run("ref", self.ref, ppo.reference_params(state), rollout) if ppo.plan.ref_phase else old[1].get("ref_log_prob")
+    )
+    values = (
+      run("values", self.values, state.critic_params, rollout, state.critic_adapters) if ppo.plan.use_critic else None
+    )
     adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values, old[1])
     data = run(None, self.data, rollout, old[0], ref, adv)
     critic = None
@@ -66,6 +77,7 @@ def timed(timings: dict):
   Phases named None (small glue programs) run untimed. `jaxrlhf.aot` passes a runner that compiles
   each program for a target instead of running it.
   """
+
   def run(name, program, *args):
     if name is None:
       return program(*args)
@@ -73,6 +85,7 @@ def timed(timings: dict):
     out = jax.block_until_ready(program(*args))
     timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
     return out
+
   return run
 
 
@@ -91,8 +104,11 @@ def left_pad_prompts(rollout: dict, width: int, pad_token_id: int) -> dict:
   columns = width - rollout["prompts"].shape[1]
   if columns == 0:
     return rollout
-  return dict(rollout, prompts=np.pad(rollout["prompts"], ((0, 0), (columns, 0)), constant_values=pad_token_id),
-              prompt_mask=np.pad(rollout["prompt_mask"], ((0, 0), (columns, 0))))
+  return dict(
+    rollout,
+    prompts=np.pad(rollout["prompts"], ((0, 0), (columns, 0)), constant_values=pad_token_id),
+    prompt_mask=np.pad(rollout["prompt_mask"], ((0, 0), (columns, 0))),
+  )
 
 
 def select_groups(rounds: list[tuple[dict, dict]], num_groups: int, metric: str, pad_token_id: int = 0):

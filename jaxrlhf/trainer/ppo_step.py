@@ -42,10 +42,22 @@ ACTOR, CRITIC = "actor_rollout_ref.actor", "critic"  # config paths of the two t
 class PPOStep:
   """Builds the step's phases from a resolved config; holds only static things (models, sizes)."""
 
-  def __init__(self, config, model_config: DecoderConfig, reward_fn: Callable, *, eos_token_ids, pad_token_id,
-               lr_schedules: dict[str, Callable], optimizers: dict[str, Any], layouts: StepLayouts,
-               num_batch_shards: int = 1, kl_warmup_steps: int = 0,
-               critic_model_config: DecoderConfig | None = None, reward_model_config: DecoderConfig | None = None):
+  def __init__(
+    self,
+    config,
+    model_config: DecoderConfig,
+    reward_fn: Callable,
+    *,
+    eos_token_ids,
+    pad_token_id,
+    lr_schedules: dict[str, Callable],
+    optimizers: dict[str, Any],
+    layouts: StepLayouts,
+    num_batch_shards: int = 1,
+    kl_warmup_steps: int = 0,
+    critic_model_config: DecoderConfig | None = None,
+    reward_model_config: DecoderConfig | None = None,
+  ):
     self.config = config
     actor = config.actor_rollout_ref.actor
     # Every train-layout forward pins its activations to the batch layout, and under Ulysses splits sequences
@@ -55,36 +67,48 @@ class PPOStep:
     self.actor = Decoder(model_config, head="lm", layout=layout("actor"))
     self.critic = Decoder(critic_model_config or model_config, head="value", layout=layout("critic"))
     self.reward_fn = reward_fn
-    self.reward_model = (Decoder(reward_model_config, head="reward", layout=layout("reward"))
-                         if reward_model_config else None)
+    self.reward_model = (
+      Decoder(reward_model_config, head="reward", layout=layout("reward")) if reward_model_config else None
+    )
     self.lr_schedules = lr_schedules
     self.optimizers = optimizers
     self.layouts = layouts
     self.kl_warmup_steps = kl_warmup_steps
     self.sampling = SamplingParams.from_rollout_config(
-        config.actor_rollout_ref.rollout, config.data.max_response_length, eos_token_ids, pad_token_id)
+      config.actor_rollout_ref.rollout, config.data.max_response_length, eos_token_ids, pad_token_id
+    )
     self.generation = Generation(config, model_config, self.sampling, layouts)
     # The LM head's chunks keep the forward's split: by rows (and length under sequence parallelism).
-    self.outputs = ModelOutputs(self.actor, self.critic, self.sampling.logprob_temperature,
-                                config.actor_rollout_ref.model.logits_chunk_size, num_batch_shards,
-                                self.actor.layout.constrain if self.actor.layout else (lambda x, logical_axes: x))
+    self.outputs = ModelOutputs(
+      self.actor,
+      self.critic,
+      self.sampling.logprob_temperature,
+      config.actor_rollout_ref.model.logits_chunk_size,
+      num_batch_shards,
+      self.actor.layout.constrain if self.actor.layout else (lambda x, logical_axes: x),
+    )
     # A sequence-parallel group shares its rows: batch shards (verl's data-parallel size) are devices / sp.
     # Packing pays only when it saves more backbone work than its heads add (`packing.packing_pays`).
     seq_len = config.data.max_prompt_length + config.data.max_response_length
     self.batcher = update_loop.MicroBatcher(
-        config, num_batch_shards, {ACTOR: sp_sizes["actor"], CRITIC: sp_sizes["critic"]},
-        head_costs={ACTOR: flops.head_cost(model_config, "lm", seq_len),
-                    CRITIC: flops.head_cost(critic_model_config or model_config, "value", seq_len)})
+      config,
+      num_batch_shards,
+      {ACTOR: sp_sizes["actor"], CRITIC: sp_sizes["critic"]},
+      head_costs={
+        ACTOR: flops.head_cost(model_config, "lm", seq_len),
+        CRITIC: flops.head_cost(critic_model_config or model_config, "value", seq_len),
+      },
+    )
     self.plan = plan = PhasePlan.from_config(config, model_config, critic_model_config or model_config)
     # The two trained roles: (config path, config section, packed).
     self.sections = {"actor": (ACTOR, actor, plan.actor_packed), "critic": (CRITIC, config.critic, plan.critic_packed)}
     # The reference's weights are fetched like the actor's base with LoRA, else like its own copy.
     self.ref_device = layouts.actor_device if plan.actor_lora else layouts.ref_device
     correction = config.algorithm.rollout_correction if plan.bypass else None
-    self.actor_loss = functools.partial(losses.actor_loss, outputs=self.outputs, actor=actor,
-                                        on_policy=plan.on_policy, rollout_correction=correction)
-    self.first_epoch_actor_loss = (functools.partial(self.actor_loss, first_epoch=True) if plan.old_in_update
-                                   else None)
+    self.actor_loss = functools.partial(
+      losses.actor_loss, outputs=self.outputs, actor=actor, on_policy=plan.on_policy, rollout_correction=correction
+    )
+    self.first_epoch_actor_loss = functools.partial(self.actor_loss, first_epoch=True) if plan.old_in_update else None
     self.critic_loss = functools.partial(losses.critic_loss, outputs=self.outputs, critic=config.critic)
     self.actor_update_metric_names: tuple[str, ...] = ()
 
@@ -103,8 +127,9 @@ class PPOStep:
   def _forward_phase(self, outputs_fn, rollout, role: str, phase: str):
     path, section, packed = self.sections[role]
     seq_len = rollout["prompts"].shape[1] + rollout["responses"].shape[1]
-    batching = self.batcher.phase_plan(section, path, rollout["responses"].shape[0], seq_len, packed,
-                                       self.batcher.forward_micro_per_device[phase])
+    batching = self.batcher.phase_plan(
+      section, path, rollout["responses"].shape[0], seq_len, packed, self.batcher.forward_micro_per_device[phase]
+    )
     return update_loop.forward_phase(outputs_fn, rollout, batching, self.layouts.to_train)
 
   def old_log_prob(self, actor_params, rollout: dict, actor_adapters=None, ref_params=None):
@@ -122,11 +147,21 @@ class PPOStep:
     if ref_params is not None:
       ref_params = self.layouts.fetch(ref_params, self.ref_device)
     actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
-    out = jax.lax.stop_gradient(self._forward_phase(
+    out = jax.lax.stop_gradient(
+      self._forward_phase(
         lambda micro: self.outputs.token_outputs(actor_params, micro, statistics, actor_adapters, ref_params),
-        rollout, "actor", "old_log_prob"))
-    aux = {"metrics": {"actor/entropy": algos.agg_loss(out["entropy"], rollout["response_mask"], actor.loss_agg_mode,
-                                                       loss_scale_factor=actor.loss_scale_factor)}}
+        rollout,
+        "actor",
+        "old_log_prob",
+      )
+    )
+    aux = {
+      "metrics": {
+        "actor/entropy": algos.agg_loss(
+          out["entropy"], rollout["response_mask"], actor.loss_agg_mode, loss_scale_factor=actor.loss_scale_factor
+        )
+      }
+    }
     aux.update({key: out[key] for key in ("sum_pi_squared", "full_kl", "ref_log_prob") if key in out})
     return (rollout["rollout_log_probs"] if self.plan.bypass else out["log_prob"]), aux
 
@@ -136,8 +171,9 @@ class PPOStep:
 
   def ref_log_prob(self, ref_params, rollout: dict):
     ref_params = self.layouts.fetch(ref_params, self.ref_device)
-    return self._forward_phase(lambda micro: self.outputs.token_outputs(ref_params, micro), rollout, "actor",
-                               "ref")["log_prob"]
+    return self._forward_phase(lambda micro: self.outputs.token_outputs(ref_params, micro), rollout, "actor", "ref")[
+      "log_prob"
+    ]
 
   def critic_values(self, critic_params, rollout: dict, critic_adapters=None):
     """Phase `values`; `critic_adapters`: a LoRA critic's adapters and value head (None: full params)."""
@@ -150,34 +186,65 @@ class PPOStep:
     """0.0 during the KL warm-up (no KL term in reward or loss), else 1.0."""
     return (step >= self.kl_warmup_steps).astype(jnp.float32)
 
-  def advantages(self, state: TrainState, rollout: dict, scored: dict, old_log_probs, ref_log_probs, values,
-                 old_aux=None):
+  def advantages(
+    self, state: TrainState, rollout: dict, scored: dict, old_log_probs, ref_log_probs, values, old_aux=None
+  ):
     """Phase `adv` (`advantage.advantages`); `old_aux`: `old_log_prob`'s aux."""
     return advantage.advantages(
-        self.config.algorithm, decoupled_correction=self.plan.decoupled_correction, kl_coef=state.kl_coef,
-        kl_gate=self.kl_gate(state.step), rollout=rollout, scored=scored, old_log_probs=old_log_probs,
-        ref_log_probs=ref_log_probs, values=values, old_aux=old_aux or {})
+      self.config.algorithm,
+      decoupled_correction=self.plan.decoupled_correction,
+      kl_coef=state.kl_coef,
+      kl_gate=self.kl_gate(state.step),
+      rollout=rollout,
+      scored=scored,
+      old_log_probs=old_log_probs,
+      ref_log_probs=ref_log_probs,
+      values=values,
+      old_aux=old_aux or {},
+    )
 
   def _update(self, loss_fn, role: str, params, opt_state, aux, data, rng, lr, first_epoch_loss_fn=None):
     path, section, packed = self.sections[role]
     seq_len = data["prompts"].shape[1] + data["responses"].shape[1]
     return update_loop.ppo_update(
-        loss_fn, params, opt_state, aux, data, rng, tx=self.optimizers[role], lr=lr,
-        batching=self.batcher.update_plan(section, path, seq_len, packed),
-        mini_batch_rows=section.ppo_mini_batch_size * self.batcher.n, epochs=section.ppo_epochs,
-        shuffle=section.shuffle, loss_agg_mode=section.loss_agg_mode, prefix=role, to_train=self.layouts.to_train,
-        loss_scale_factor=section.loss_scale_factor, pin_grads=functools.partial(self.layouts.pin_gradients,
-                                                                               role=role),
-        first_epoch_loss_fn=first_epoch_loss_fn)
+      loss_fn,
+      params,
+      opt_state,
+      aux,
+      data,
+      rng,
+      tx=self.optimizers[role],
+      lr=lr,
+      batching=self.batcher.update_plan(section, path, seq_len, packed),
+      mini_batch_rows=section.ppo_mini_batch_size * self.batcher.n,
+      epochs=section.ppo_epochs,
+      shuffle=section.shuffle,
+      loss_agg_mode=section.loss_agg_mode,
+      prefix=role,
+      to_train=self.layouts.to_train,
+      loss_scale_factor=section.loss_scale_factor,
+      pin_grads=functools.partial(self.layouts.pin_gradients, role=role),
+      first_epoch_loss_fn=first_epoch_loss_fn,
+    )
 
   def update_critic(self, state: TrainState, data: dict, values, returns, rng):
     """Phase `update_critic`: PPO epochs of clipped value loss; trains the critic's params, or with LoRA its
     adapters and value head (the backbone then rides in aux, frozen). -> (trained, opt_state, metrics)"""
-    trained, aux = ((state.critic_adapters, {"base_params": state.critic_params}) if self.plan.critic_lora
-                    else (state.critic_params, None))
-    return self._update(self.critic_loss, "critic", trained, state.critic_opt_state, aux,
-                        dict(data, values=values, returns=returns), rng,
-                        self.lr_schedules["critic"](state.step) * state.lr_scale)
+    trained, aux = (
+      (state.critic_adapters, {"base_params": state.critic_params})
+      if self.plan.critic_lora
+      else (state.critic_params, None)
+    )
+    return self._update(
+      self.critic_loss,
+      "critic",
+      trained,
+      state.critic_opt_state,
+      aux,
+      dict(data, values=values, returns=returns),
+      rng,
+      self.lr_schedules["critic"](state.step) * state.lr_scale,
+    )
 
   def update_actor(self, state: TrainState, data: dict, rng):
     """Phase `update_actor`: PPO epochs of the policy loss (skipped during `critic_warmup`).
@@ -198,8 +265,16 @@ class PPOStep:
       if self.plan.full_kl_loss:
         aux["ref_params"] = self.layouts.fetch(self.reference_params(state), self.ref_device)
       trained, opt_state, metrics = self._update(
-          self.actor_loss, "actor", trained, opt_state, aux, data, rng,
-          self.lr_schedules["actor"](actor_updates_done) * state.lr_scale, self.first_epoch_actor_loss)
+        self.actor_loss,
+        "actor",
+        trained,
+        opt_state,
+        aux,
+        data,
+        rng,
+        self.lr_schedules["actor"](actor_updates_done) * state.lr_scale,
+        self.first_epoch_actor_loss,
+      )
       if actor.use_kl_loss:
         metrics["actor/kl_coef"] = kl_gate * actor.kl_loss_coef
       if not self.plan.actor_lora:
@@ -209,7 +284,8 @@ class PPOStep:
     trained = state.actor_adapters if self.plan.actor_lora else state.actor_params
     # Recorded when traced: the host drops these in warm-up steps (verl logs no actor update metrics).
     result, self.actor_update_metric_names = update_loop.update_after_warmup(
-        run, warmup_steps, state.step, trained, state.actor_opt_state)
+      run, warmup_steps, state.step, trained, state.actor_opt_state
+    )
     return result
 
   # ----- composition --------------------------------------------------------------------------
@@ -220,17 +296,22 @@ class PPOStep:
 
   def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng) -> tuple[TrainState, dict]:
     """Everything after the reward, in one program (used by the fused step and by DAPO's rounds)."""
-    old = self.old_log_prob(state.actor_params, rollout, state.actor_adapters,
-                            self.reference_params(state) if self.plan.full_kl_in_reward else None)
-    ref_log_probs = (self.ref_log_prob(self.reference_params(state), rollout) if self.plan.ref_phase
-                     else old[1].get("ref_log_prob"))
-    values = (self.critic_values(state.critic_params, rollout, state.critic_adapters) if self.plan.use_critic
-              else None)
+    old = self.old_log_prob(
+      state.actor_params,
+      rollout,
+      state.actor_adapters,
+      self.reference_params(state) if self.plan.full_kl_in_reward else None,
+    )
+    ref_log_probs = (
+      self.ref_log_prob(self.reference_params(state), rollout) if self.plan.ref_phase else old[1].get("ref_log_prob")
+    )
+    values = self.critic_values(state.critic_params, rollout, state.critic_adapters) if self.plan.use_critic else None
     adv = self.advantages(state, rollout, scored, old[0], ref_log_probs, values, old[1])
     return self.finish(state, rollout, scored, old, ref_log_probs, values, adv, self.split_rng(rng))
 
-  def finish(self, state, rollout, scored, old, ref_log_probs, values, adv, rngs, critic_result=None,
-             actor_result=None):
+  def finish(
+    self, state, rollout, scored, old, ref_log_probs, values, adv, rngs, critic_result=None, actor_result=None
+  ):
     """Updates (unless given, as in phased mode) and the new state + metrics. `old`: `old_log_prob`'s output."""
     old_log_probs, old_aux = old
     data = update_loop.update_data(rollout, old_log_probs, ref_log_probs, adv)
@@ -244,12 +325,14 @@ class PPOStep:
       lora = self.plan.actor_lora if role == "actor" else self.plan.critic_lora
       fields.update({f"{role}_adapters" if lora else f"{role}_params": trained, f"{role}_opt_state": opt_state})
       metrics.update(role_metrics)
-    metrics.update(batch_metrics(rollout, scored, adv, values, self.config.data.max_prompt_length,
-                                 self.config.algorithm.gdpo_reward_keys or ()))
+    metrics.update(
+      batch_metrics(
+        rollout, scored, adv, values, self.config.data.max_prompt_length, self.config.algorithm.gdpo_reward_keys or ()
+      )
+    )
     return state.replace(step=state.step + 1, kl_coef=adv["kl_coef"], **fields), metrics
 
   def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
     """The fused step: every phase in one program."""
     rollout = self.rollout(state.actor_params, batch, self.split_rng(rng)["gen"], state.actor_adapters)
     return self.train_on_rollout(state, rollout, self.score(rollout, state.reward_params), rng)
-

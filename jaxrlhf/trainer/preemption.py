@@ -49,4 +49,5 @@ class StopSignal:
     if jax.process_count() == 1:
       return self._received
     from jax.experimental import multihost_utils
+
     return bool(np.any(multihost_utils.process_allgather(np.int32(self._received))))

@@ -18,8 +18,14 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jaxrlhf.config import SEQUENCE_PARALLEL_KEYS, ConfigError, sequence_parallel_sizes
-from jaxrlhf.models import (Decoder, DecoderConfig, abstract_params, critic_config_from, load_hf_config,
-                            model_config_from)
+from jaxrlhf.models import (
+  Decoder,
+  DecoderConfig,
+  abstract_params,
+  critic_config_from,
+  load_hf_config,
+  model_config_from,
+)
 from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, abstract_adapters
 from jaxrlhf.models.lora import critic_trained, split_value_head
 from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
@@ -33,6 +39,7 @@ from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, 
 @dataclasses.dataclass
 class StepProgram:
   """Everything static about a config's step on a mesh; `abstract_state` has the trainer's shardings."""
+
   config: Any
   mesh: Mesh
   model_config: DecoderConfig
@@ -55,8 +62,12 @@ class StepProgram:
   def jit_step(self):
     """The fused step, jitted with the state donated (the trainer's `jitted_step`)."""
     state_shardings, replicated_sharding = self.state_shardings, replicated(self.mesh)
-    return jax.jit(self.ppo, in_shardings=(state_shardings, None, replicated_sharding),
-                   out_shardings=(state_shardings, replicated_sharding), donate_argnums=0)
+    return jax.jit(
+      self.ppo,
+      in_shardings=(state_shardings, None, replicated_sharding),
+      out_shardings=(state_shardings, replicated_sharding),
+      donate_argnums=0,
+    )
 
   def abstract_batch(self, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
     """A batch of `rows` prompts as the data path delivers it (`data.batch_arrays`), in the batch layout.
@@ -65,10 +76,15 @@ class StepProgram:
     compile smaller programs, so this is the worst case.
     """
     prompt_len = self.config.data.max_prompt_length
-    shapes = {"input_ids": ((rows, prompt_len), jnp.int32), "attention_mask": ((rows, prompt_len), jnp.int32),
-              "sample_index": ((rows,), jnp.int32)}
-    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, shape))
-            for k, (shape, dtype) in shapes.items()}
+    shapes = {
+      "input_ids": ((rows, prompt_len), jnp.int32),
+      "attention_mask": ((rows, prompt_len), jnp.int32),
+      "sample_index": ((rows,), jnp.int32),
+    }
+    return {
+      k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(self.mesh, shape))
+      for k, (shape, dtype) in shapes.items()
+    }
 
   def abstract_rng(self) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated(self.mesh))
@@ -77,12 +93,11 @@ class StepProgram:
     """Mesh, per-layout sharding of each parameter group, per-device bytes (the trainer's start-up report)."""
     state = self.abstract_state
     counts = {
-        "actor params": per_device_bytes(state.actor_params),
-        "actor params (generation copy)": per_device_bytes(self._generation_copy(), self.layouts.actor_generation),
-        "actor optimizer": per_device_bytes(state.actor_opt_state),
-        **({"actor LoRA adapters": per_device_bytes(state.actor_adapters)} if state.actor_adapters is not None
-           else {}),
-        "KV cache": self.kv_cache_bytes_per_device(),
+      "actor params": per_device_bytes(state.actor_params),
+      "actor params (generation copy)": per_device_bytes(self._generation_copy(), self.layouts.actor_generation),
+      "actor optimizer": per_device_bytes(state.actor_opt_state),
+      **({"actor LoRA adapters": per_device_bytes(state.actor_adapters)} if state.actor_adapters is not None else {}),
+      "KV cache": self.kv_cache_bytes_per_device(),
     }
     if state.ref_params is not None:
       counts["ref params"] = per_device_bytes(state.ref_params)
@@ -91,8 +106,9 @@ class StepProgram:
       counts["critic optimizer"] = per_device_bytes(state.critic_opt_state)
     if state.critic_adapters is not None:
       counts["critic LoRA adapters + value head"] = per_device_bytes(state.critic_adapters)
-    return layout_report(self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation},
-                         counts)
+    return layout_report(
+      self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation}, counts
+    )
 
   def _generation_copy(self):
     """The rollout model's parameters as generation holds them: in the rollout dtype, key/value heads repeated."""
@@ -104,12 +120,18 @@ class StepProgram:
     """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout."""
     data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
     # DAPO's dynamic sampling generates gen_batch_size prompts a round.
-    prompts = (data_cfg.gen_batch_size or data_cfg.train_batch_size) if self.config.algorithm.filter_groups.enable \
-        else data_cfg.train_batch_size
-    sizes = dict(layers=self.model_config.num_hidden_layers, batch=prompts * n,
-                 length=data_cfg.max_prompt_length + data_cfg.max_response_length,
-                 kv_heads=self.ppo.generation.rollout_actor.config.num_key_value_heads,  # copies included
-                 head_dim=self.model_config.resolved_head_dim)
+    prompts = (
+      (data_cfg.gen_batch_size or data_cfg.train_batch_size)
+      if self.config.algorithm.filter_groups.enable
+      else data_cfg.train_batch_size
+    )
+    sizes = dict(
+      layers=self.model_config.num_hidden_layers,
+      batch=prompts * n,
+      length=data_cfg.max_prompt_length + data_cfg.max_response_length,
+      kv_heads=self.ppo.generation.rollout_actor.config.num_key_value_heads,  # copies included
+      head_dim=self.model_config.resolved_head_dim,
+    )
     shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
     sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
     cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.generation.rollout_dtype))
@@ -140,18 +162,24 @@ def check_micro_batches(config, ppo: PPOStep, num_batch_shards: int) -> None:
     try:
       ppo.batcher.micro_rows(section, path)
     except ValueError as e:
-      raise ConfigError(f"{e} ({path}.ppo_mini_batch_size={section.ppo_mini_batch_size} prompts x "
-                        f"rollout.n={config.actor_rollout_ref.rollout.n}; mesh data*fsdp={num_batch_shards})") from None
+      raise ConfigError(
+        f"{e} ({path}.ppo_mini_batch_size={section.ppo_mini_batch_size} prompts x "
+        f"rollout.n={config.actor_rollout_ref.rollout.n}; mesh data*fsdp={num_batch_shards})"
+      ) from None
 
 
-def check_sequence_parallel(config, mesh: Mesh, model_config: DecoderConfig,
-                            critic_model_config: DecoderConfig) -> None:
+def check_sequence_parallel(
+  config, mesh: Mesh, model_config: DecoderConfig, critic_model_config: DecoderConfig
+) -> None:
   """Start-up check: each sequence-parallel model's query heads split over tensor x sp, and its key/value
   heads over tensor (the all-to-all gives each device whole heads; key/value heads fewer than sp per
   tensor shard are repeated, `models.sequence_parallel`)."""
   tensor = mesh.shape["tensor"]
-  models = {"actor": ("actor_rollout_ref.model", model_config), "ref": ("actor_rollout_ref.model", model_config),
-            "critic": ("critic.model", critic_model_config)}
+  models = {
+    "actor": ("actor_rollout_ref.model", model_config),
+    "ref": ("actor_rollout_ref.model", model_config),
+    "critic": ("critic.model", critic_model_config),
+  }
   for role, size in sequence_parallel_sizes(config).items():
     model_path, model = models[role]
     if size == 1:
@@ -159,15 +187,16 @@ def check_sequence_parallel(config, mesh: Mesh, model_config: DecoderConfig,
     for name, split in (("num_attention_heads", size * tensor), ("num_key_value_heads", tensor)):
       heads = getattr(model, name)
       if heads % split:
-        over = f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} x mesh.tensor={tensor}" if split > tensor else (
-            f"mesh.tensor={tensor} (with {SEQUENCE_PARALLEL_KEYS[role]}={size})")
-        raise ConfigError(f"{over} must divide {name}={heads} of {model_path} (Ulysses gives each device whole "
-                          "heads)")
+        over = (
+          f"config key {SEQUENCE_PARALLEL_KEYS[role]}={size} x mesh.tensor={tensor}"
+          if split > tensor
+          else (f"mesh.tensor={tensor} (with {SEQUENCE_PARALLEL_KEYS[role]}={size})")
+        )
+        raise ConfigError(f"{over} must divide {name}={heads} of {model_path} (Ulysses gives each device whole heads)")
 
 
 def _abstract(shapes, shardings):
-  return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                      shapes, shardings)
+  return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings)
 
 
 def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState:
@@ -179,8 +208,9 @@ def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState
   adapter_shapes = abstract_adapters(actor)[0]
   actor_adapters = _abstract(adapter_shapes, layouts.actor_adapters) if adapter_shapes is not None else None
   trained_shapes = actor_shapes if adapter_shapes is None else adapter_shapes
-  actor_opt_state = _abstract(jax.eval_shape(optimizers["actor"].init, trained_shapes),
-                              layouts.actor_opt_host or opt_shardings["actor"])
+  actor_opt_state = _abstract(
+    jax.eval_shape(optimizers["actor"].init, trained_shapes), layouts.actor_opt_host or opt_shardings["actor"]
+  )
   ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.plan.stores_reference else None
   critic_params = critic_opt_state = critic_adapters = None
   if ppo.plan.use_critic:
@@ -192,48 +222,86 @@ def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState
       critic_adapters = _abstract(critic_trained_shapes, layouts.critic_adapters)
       critic_shapes = split_value_head(critic_shapes)[0]
     critic_params = _abstract(critic_shapes, layouts.critic_params)
-    critic_opt_state = _abstract(jax.eval_shape(optimizers["critic"].init, critic_trained_shapes),
-                                 opt_shardings["critic"])
+    critic_opt_state = _abstract(
+      jax.eval_shape(optimizers["critic"].init, critic_trained_shapes), opt_shardings["critic"]
+    )
   reward_params = None
   if program_parts["reward_model_config"] is not None:
     reward_shapes = abstract_params(Decoder(program_parts["reward_model_config"], head="reward"))[0]
     reward_params = _abstract(reward_shapes, layouts.reward_train)
   scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated(mesh))
-  return TrainState(step=scalar(jnp.int32), actor_params=actor_params, actor_opt_state=actor_opt_state,
-                    actor_adapters=actor_adapters, critic_params=critic_params, critic_opt_state=critic_opt_state,
-                    critic_adapters=critic_adapters, ref_params=ref_params, reward_params=reward_params,
-                    kl_coef=scalar(jnp.float32), lr_scale=scalar(jnp.float32))
+  return TrainState(
+    step=scalar(jnp.int32),
+    actor_params=actor_params,
+    actor_opt_state=actor_opt_state,
+    actor_adapters=actor_adapters,
+    critic_params=critic_params,
+    critic_opt_state=critic_opt_state,
+    critic_adapters=critic_adapters,
+    ref_params=ref_params,
+    reward_params=reward_params,
+    kl_coef=scalar(jnp.float32),
+    lr_scale=scalar(jnp.float32),
+  )
 
 
-def build_program(config, mesh: Mesh, *, model_config: DecoderConfig, critic_model_config: DecoderConfig,
-                  reward_model_config: DecoderConfig | None, reward_fn: Callable, eos_token_ids, pad_token_id: int,
-                  total_steps: int) -> StepProgram:
+def build_program(
+  config,
+  mesh: Mesh,
+  *,
+  model_config: DecoderConfig,
+  critic_model_config: DecoderConfig,
+  reward_model_config: DecoderConfig | None,
+  reward_fn: Callable,
+  eos_token_ids,
+  pad_token_id: int,
+  total_steps: int,
+) -> StepProgram:
   """The step of a resolved `config` on `mesh` (see the module docstring)."""
   # attention_impl="auto" follows the mesh's devices: ahead of time they are not this host's.
   platform = mesh.devices.flat[0].platform
   model_config, critic_model_config = model_config.for_platform(platform), critic_model_config.for_platform(platform)
   reward_model_config = reward_model_config.for_platform(platform) if reward_model_config is not None else None
   actor_cfg = config.actor_rollout_ref.actor
-  optimizers = {"actor": make_optimizer(actor_cfg.optim, actor_cfg.grad_clip),
-                "critic": make_optimizer(config.critic.optim, config.critic.grad_clip)}
-  schedules = {"actor": make_lr_schedule(actor_cfg.optim, total_steps),
-               "critic": make_lr_schedule(config.critic.optim, total_steps)}
+  optimizers = {
+    "actor": make_optimizer(actor_cfg.optim, actor_cfg.grad_clip),
+    "critic": make_optimizer(config.critic.optim, config.critic.grad_clip),
+  }
+  schedules = {
+    "actor": make_lr_schedule(actor_cfg.optim, total_steps),
+    "critic": make_lr_schedule(config.critic.optim, total_steps),
+  }
   layouts = build_step_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
   # With LoRA the actor's optimizer tracks the adapters only (the critic's: its adapters and value head).
   actor_trained = layouts.actor_train if layouts.actor_adapters is None else layouts.actor_adapters
-  opt_shardings = {"actor": opt_state_shardings(optimizers["actor"], actor_trained, replicated(mesh)),
-                   "critic": opt_state_shardings(optimizers["critic"], layouts.critic_optimized, replicated(mesh))}
+  opt_shardings = {
+    "actor": opt_state_shardings(optimizers["actor"], actor_trained, replicated(mesh)),
+    "critic": opt_state_shardings(optimizers["critic"], layouts.critic_optimized, replicated(mesh)),
+  }
   layouts = layouts.with_offload(config, opt_shardings["actor"])
   check_sequence_parallel(config, mesh, model_config, critic_model_config)
   num_batch_shards = mesh.shape["data"] * fsdp_size(mesh)
-  ppo = PPOStep(config, model_config, reward_fn, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                    lr_schedules=schedules, optimizers=optimizers, layouts=layouts,
-                    num_batch_shards=num_batch_shards,
-                    kl_warmup_steps=int(config.trainer.guard.kl_warmup_steps_ratio * total_steps),
-                    critic_model_config=critic_model_config, reward_model_config=reward_model_config)
+  ppo = PPOStep(
+    config,
+    model_config,
+    reward_fn,
+    eos_token_ids=eos_token_ids,
+    pad_token_id=pad_token_id,
+    lr_schedules=schedules,
+    optimizers=optimizers,
+    layouts=layouts,
+    num_batch_shards=num_batch_shards,
+    kl_warmup_steps=int(config.trainer.guard.kl_warmup_steps_ratio * total_steps),
+    critic_model_config=critic_model_config,
+    reward_model_config=reward_model_config,
+  )
   check_micro_batches(config, ppo, num_batch_shards)
-  parts = dict(layouts=layouts, optimizers=optimizers, opt_shardings=opt_shardings,
-               model_config=model_config, critic_model_config=critic_model_config,
-               reward_model_config=reward_model_config)
-  return StepProgram(config=config, mesh=mesh, ppo=ppo,
-                     abstract_state=_abstract_state(parts, ppo, mesh), **parts)
+  parts = dict(
+    layouts=layouts,
+    optimizers=optimizers,
+    opt_shardings=opt_shardings,
+    model_config=model_config,
+    critic_model_config=critic_model_config,
+    reward_model_config=reward_model_config,
+  )
+  return StepProgram(config=config, mesh=mesh, ppo=ppo, abstract_state=_abstract_state(parts, ppo, mesh), **parts)

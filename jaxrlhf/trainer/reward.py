@@ -27,10 +27,9 @@ import numpy as np
 
 from jaxrlhf import algos, rewards
 from jaxrlhf.data import PromptDataset
+from jaxrlhf.errors import UserError
 from jaxrlhf.models.decoder import Decoder, reward_model_scores
 from jaxrlhf.trainer.model_outputs import sequence_inputs
-from jaxrlhf.errors import UserError
-
 
 # Exceptions raised by reward callbacks (Ctrl-C too), newest last; callbacks run on XLA's threads, hence the lock.
 _callback_errors: list[BaseException] = []
@@ -67,8 +66,9 @@ def host_callback_errors():
 def reward_scorer(reward_model_config, compute_score_fn: Callable | None) -> rewards.RewardScorer:
   """Where the rule reward runs (`reward_model.num_workers`, `reward_model.timeout_s`); its worker processes
   start at the first batch, and `close()` stops them."""
-  return rewards.RewardScorer(compute_score_fn, num_workers=reward_model_config.num_workers,
-                              timeout_s=reward_model_config.timeout_s)
+  return rewards.RewardScorer(
+    compute_score_fn, num_workers=reward_model_config.num_workers, timeout_s=reward_model_config.timeout_s
+  )
 
 
 def _is_null(ground_truth) -> bool:
@@ -89,9 +89,15 @@ def warn_null_ground_truths(dataset: PromptDataset) -> None:
     return
   named = ", ".join(f"row {i} (data_source {dataset.data_sources[i]!r})" for i in rows[:_ROWS_NAMED])
   more = f" and {len(rows) - _ROWS_NAMED} more" if len(rows) > _ROWS_NAMED else ""
-  logging.warning("reward: %d of %d data rows have a null reward_model.ground_truth: %s%s. The reward function gets "
-                  "None for them (the built-in rules score 0); each step counts them in "
-                  "reward/num_null_ground_truth", len(rows), len(dataset), named, more)
+  logging.warning(
+    "reward: %d of %d data rows have a null reward_model.ground_truth: %s%s. The reward function gets "
+    "None for them (the built-in rules score 0); each step counts them in "
+    "reward/num_null_ground_truth",
+    len(rows),
+    len(dataset),
+    named,
+    more,
+  )
 
 
 def decode_responses(tokenizer, responses_NxR: np.ndarray, response_mask_NxR: np.ndarray) -> list[str]:
@@ -99,9 +105,17 @@ def decode_responses(tokenizer, responses_NxR: np.ndarray, response_mask_NxR: np
   return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
-def score_on_host(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | rewards.RewardScorer | None,
-                  on_error: str, responses_NxR, response_mask_NxR, sample_index_N, extra_keys=None,
-                  require_extra_keys=False):
+def score_on_host(
+  tokenizer,
+  dataset: PromptDataset,
+  compute_score_fn: Callable | rewards.RewardScorer | None,
+  on_error: str,
+  responses_NxR,
+  response_mask_NxR,
+  sample_index_N,
+  extra_keys=None,
+  require_extra_keys=False,
+):
   """(scores_N, extras) of decoded responses by the rule reward (`rewards.score_batch`; a `RewardScorer`
   says where it runs), each row looked up by its `sample_index` in `dataset`. Validation calls it directly
   (every extra the reward returns); the step through `make_reward_fn`'s callback."""
@@ -109,13 +123,24 @@ def score_on_host(tokenizer, dataset: PromptDataset, compute_score_fn: Callable 
   texts = decode_responses(tokenizer, responses_NxR, response_mask_NxR)
   rows = np.asarray(sample_index_N).tolist()
   return rewards.score_batch(
-      compute_score_fn, [dataset.data_sources[i] for i in rows], texts, [dataset.ground_truths[i] for i in rows],
-      [dataset.extra_infos[i] for i in rows], extra_keys=extra_keys, require_extra_keys=require_extra_keys,
-      on_error=on_error)
+    compute_score_fn,
+    [dataset.data_sources[i] for i in rows],
+    texts,
+    [dataset.ground_truths[i] for i in rows],
+    [dataset.extra_infos[i] for i in rows],
+    extra_keys=extra_keys,
+    require_extra_keys=require_extra_keys,
+    on_error=on_error,
+  )
 
 
-def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable | rewards.RewardScorer | None = None,
-                   on_error: str = "raise", component_keys: tuple[str, ...] = ()):
+def make_reward_fn(
+  tokenizer,
+  dataset: PromptDataset,
+  compute_score_fn: Callable | rewards.RewardScorer | None = None,
+  on_error: str = "raise",
+  component_keys: tuple[str, ...] = (),
+):
   """Returns `reward_fn(responses_NxR, response_mask_NxR, sample_index_N) -> (scores_N, errors_N,
   null_ground_truths_N, components_KxN)` (jittable).
 
@@ -129,27 +154,44 @@ def make_reward_fn(tokenizer, dataset: PromptDataset, compute_score_fn: Callable
 
   def host_score(responses_NxR, response_mask_NxR, sample_index_N):
     try:
-      scores_N, extras = score_on_host(tokenizer, dataset, compute_score_fn, on_error, responses_NxR,
-                                       response_mask_NxR, sample_index_N, extra_keys=component_keys,
-                                       require_extra_keys=True)
+      scores_N, extras = score_on_host(
+        tokenizer,
+        dataset,
+        compute_score_fn,
+        on_error,
+        responses_NxR,
+        response_mask_NxR,
+        sample_index_N,
+        extra_keys=component_keys,
+        require_extra_keys=True,
+      )
     except BaseException as error:  # KeyboardInterrupt too: Ctrl-C during scoring stops the run as Ctrl-C
       with _callback_errors_lock:
         _callback_errors.append(error)
       raise
     errors_N = extras.get(rewards.ERROR_KEY, np.zeros_like(scores_N))
-    null_ground_truths_N = np.array([_is_null(dataset.ground_truths[i]) for i in np.asarray(sample_index_N)],
-                                    np.float32)
-    components_KxN = np.stack([extras[key] for key in component_keys]) if component_keys else (
-        np.zeros((0, len(scores_N)), np.float32))
-    return (scores_N.astype(np.float32), errors_N.astype(np.float32), null_ground_truths_N,
-            components_KxN.astype(np.float32))
+    null_ground_truths_N = np.array(
+      [_is_null(dataset.ground_truths[i]) for i in np.asarray(sample_index_N)], np.float32
+    )
+    components_KxN = (
+      np.stack([extras[key] for key in component_keys])
+      if component_keys
+      else (np.zeros((0, len(scores_N)), np.float32))
+    )
+    return (
+      scores_N.astype(np.float32),
+      errors_N.astype(np.float32),
+      null_ground_truths_N,
+      components_KxN.astype(np.float32),
+    )
 
   def reward_fn(responses_NxR, response_mask_NxR, sample_index_N):
     num_rows = responses_NxR.shape[0]
     row = jax.ShapeDtypeStruct((num_rows,), jnp.float32)
     result = (row, row, row, jax.ShapeDtypeStruct((len(component_keys), num_rows), jnp.float32))
-    return jax.pure_callback(host_score, result, responses_NxR, response_mask_NxR, sample_index_N,
-                             vmap_method="sequential")
+    return jax.pure_callback(
+      host_score, result, responses_NxR, response_mask_NxR, sample_index_N, vmap_method="sequential"
+    )
 
   return reward_fn
 
@@ -159,8 +201,15 @@ def uses_rule_reward(reward_model_config) -> bool:
   return not reward_model_config.enable or reward_model_config.combine_with_rule
 
 
-def model_scores(reward_model_config, reward_model: Decoder | None, reward_params, prompts_NxP, prompt_mask_NxP,
-                 responses_NxR, response_mask_NxR):
+def model_scores(
+  reward_model_config,
+  reward_model: Decoder | None,
+  reward_params,
+  prompts_NxP,
+  prompt_mask_NxP,
+  responses_NxR,
+  response_mask_NxR,
+):
   """The reward model's score of each sequence [N] (zeros without a reward model)."""
   if not reward_model_config.enable:
     return jnp.zeros(responses_NxR.shape[:1], jnp.float32)
@@ -169,8 +218,17 @@ def model_scores(reward_model_config, reward_model: Decoder | None, reward_param
   return reward_model_scores(reward_model, reward_params, ids_NxS, mask_NxS)
 
 
-def sequence_scores(reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params,
-                    prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR, sample_index_N):
+def sequence_scores(
+  reward_model_config,
+  reward_fn: Callable,
+  reward_model: Decoder | None,
+  reward_params,
+  prompts_NxP,
+  prompt_mask_NxP,
+  responses_NxR,
+  response_mask_NxR,
+  sample_index_N,
+):
   """(scores_N, errors_N, null_ground_truths_N, components_KxN): the rule reward, the reward model's score,
   or (combine_with_rule) their sum; the rule reward's failed samples, rows with a null ground truth and
   components (GDPO), K = 0 without.
@@ -181,34 +239,51 @@ def sequence_scores(reward_model_config, reward_fn: Callable, reward_model: Deco
   scores_N, errors_N, null_ground_truths_N = zeros_N, zeros_N, zeros_N
   components_KxN = jnp.zeros((0,) + zeros_N.shape, jnp.float32)
   if uses_rule_reward(reward_model_config):
-    scores_N, errors_N, null_ground_truths_N, components_KxN = reward_fn(responses_NxR, response_mask_NxR,
-                                                                         sample_index_N)
-  scores_N = scores_N + model_scores(reward_model_config, reward_model, reward_params, prompts_NxP, prompt_mask_NxP,
-                                     responses_NxR, response_mask_NxR)
+    scores_N, errors_N, null_ground_truths_N, components_KxN = reward_fn(
+      responses_NxR, response_mask_NxR, sample_index_N
+    )
+  scores_N = scores_N + model_scores(
+    reward_model_config, reward_model, reward_params, prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR
+  )
   return scores_N, errors_N, null_ground_truths_N, components_KxN
 
 
-def score_rollout(reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params,
-                  rollout: dict) -> dict:
+def score_rollout(
+  reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params, rollout: dict
+) -> dict:
   """The step's reward phase: sequence scores (+ DAPO overlong penalty) placed on the last valid token.
 
   Returns `scores` [N], `reward_errors` [N], `null_ground_truths` [N], `token_level_scores` [N, R], for GDPO
   the rule reward's `reward_components` [K, N], and for ReMax the greedy baseline's `reward_baselines` [N].
   """
   responses_NxR, response_mask_NxR = rollout["responses"], rollout["response_mask"]
-  score = functools.partial(sequence_scores, reward_model_config, reward_fn, reward_model, reward_params,
-                            rollout["prompts"], rollout["prompt_mask"])
-  scores_N, errors_N, null_ground_truths_N, components_KxN = score(responses_NxR, response_mask_NxR,
-                                                                   rollout["sample_index"])
+  score = functools.partial(
+    sequence_scores,
+    reward_model_config,
+    reward_fn,
+    reward_model,
+    reward_params,
+    rollout["prompts"],
+    rollout["prompt_mask"],
+  )
+  scores_N, errors_N, null_ground_truths_N, components_KxN = score(
+    responses_NxR, response_mask_NxR, rollout["sample_index"]
+  )
   overlong = reward_model_config.overlong_buffer
   if overlong.enable:
-    scores_N = scores_N + algos.overlong_penalty(response_mask_NxR.sum(axis=1), responses_NxR.shape[1],
-                                                 overlong.len, overlong.penalty_factor)
-  out = {"scores": scores_N, "reward_errors": errors_N, "null_ground_truths": null_ground_truths_N,
-         "token_level_scores": algos.place_scores_on_last_token(scores_N, response_mask_NxR)}
+    scores_N = scores_N + algos.overlong_penalty(
+      response_mask_NxR.sum(axis=1), responses_NxR.shape[1], overlong.len, overlong.penalty_factor
+    )
+  out = {
+    "scores": scores_N,
+    "reward_errors": errors_N,
+    "null_ground_truths": null_ground_truths_N,
+    "token_level_scores": algos.place_scores_on_last_token(scores_N, response_mask_NxR),
+  }
   if components_KxN.shape[0]:
     out["reward_components"] = components_KxN
   if "baseline_responses" in rollout:
-    out["reward_baselines"] = score(rollout["baseline_responses"], rollout["baseline_response_mask"],
-                                    rollout["sample_index"])[0]
+    out["reward_baselines"] = score(
+      rollout["baseline_responses"], rollout["baseline_response_mask"], rollout["sample_index"]
+    )[0]
   return out

@@ -107,17 +107,21 @@ class RunLock:
         return self  # this process's earlier Trainer on the same directory (a notebook, a resume in tests)
       if holder.host != me.host or holder.pid < 0 or _is_running(holder):
         raise RunDirectoryLocked(
-            f"run directory {self.run_dir} is in use by another run ({holder.describe()}); give this run its "
-            "own trainer.experiment_name or trainer.default_local_dir",
-            hint=f"if that run has ended, delete {self.path}")
-      print(f"run directory {self.run_dir}: taking over the lock of {holder.describe()}, which is no longer "
-            "running", flush=True)
+          f"run directory {self.run_dir} is in use by another run ({holder.describe()}); give this run its "
+          "own trainer.experiment_name or trainer.default_local_dir",
+          hint=f"if that run has ended, delete {self.path}",
+        )
+      print(
+        f"run directory {self.run_dir}: taking over the lock of {holder.describe()}, which is no longer running",
+        flush=True,
+      )
       try:
         os.remove(self.path)
       except FileNotFoundError:
         pass
-    raise RunDirectoryLocked(f"run directory {self.run_dir}: could not take {self.path} (other runs keep "
-                             "starting on it)")
+    raise RunDirectoryLocked(
+      f"run directory {self.run_dir}: could not take {self.path} (other runs keep starting on it)"
+    )
 
   def release(self) -> None:
     """Removes the lock if this process holds it."""

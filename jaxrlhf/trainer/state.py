@@ -37,9 +37,9 @@ class TrainState:
 def make_optimizer(optim, grad_clip: float) -> optax.GradientTransformation:
   b1, b2 = optim.betas
   return optax.chain(
-      optax.clip_by_global_norm(grad_clip),
-      optax.scale_by_adam(b1=b1, b2=b2, eps=optim.eps),
-      optax.add_decayed_weights(optim.weight_decay),
+    optax.clip_by_global_norm(grad_clip),
+    optax.scale_by_adam(b1=b1, b2=b2, eps=optim.eps),
+    optax.add_decayed_weights(optim.weight_decay),
   )
 
 
@@ -62,8 +62,9 @@ def make_lr_schedule(optim, total_steps: int):
     warm = step / max(warmup, 1)
     if optim.lr_scheduler_type == "cosine":
       progress = (step - warmup) / max(total_steps - warmup, 1)
-      after = jnp.maximum(min_ratio, jnp.cos(math.pi * num_cycles * 2.0 * progress) * (1.0 - min_ratio) * 0.5
-                          + (1.0 + min_ratio) * 0.5)
+      after = jnp.maximum(
+        min_ratio, jnp.cos(math.pi * num_cycles * 2.0 * progress) * (1.0 - min_ratio) * 0.5 + (1.0 + min_ratio) * 0.5
+      )
     else:
       after = jnp.ones_like(step)
     return base * jnp.where(step < warmup, warm, after)
@@ -75,8 +76,13 @@ def opt_state_shardings(tx, param_shardings, replicated_sharding):
   """Optimizer state laid out like the params it tracks (moments); scalars (count) replicated."""
   abstract_params = jax.tree.map(lambda s: jax.ShapeDtypeStruct((1,), jnp.float32), param_shardings)
   abstract_state = jax.eval_shape(tx.init, abstract_params)
-  return optax.tree_map_params(tx, lambda _, sharding: sharding, abstract_state, param_shardings,
-                               transform_non_params=lambda _: replicated_sharding)
+  return optax.tree_map_params(
+    tx,
+    lambda _, sharding: sharding,
+    abstract_state,
+    param_shardings,
+    transform_non_params=lambda _: replicated_sharding,
+  )
 
 
 def apply_gradients(tx, params, opt_state, grads, lr):

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
 from jaxrlhf import rewards
+from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
 from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
@@ -37,11 +37,17 @@ from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
 from jaxrlhf.trainer.program import build_program, model_configs
+from jaxrlhf.trainer.reward import (
+  decode_responses,
+  host_callback_errors,
+  make_reward_fn,
+  reward_scorer,
+  score_on_host,
+  uses_rule_reward,
+)
 from jaxrlhf.trainer.run_lock import RunLock
-from jaxrlhf.trainer.reward import (decode_responses, host_callback_errors, make_reward_fn, reward_scorer,
-                                    score_on_host, uses_rule_reward)
-from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
 from jaxrlhf.trainer.state import TrainState
+from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
 from jaxrlhf.validate import check_data_sources_known, validate_run
 
 
@@ -108,23 +114,40 @@ class Trainer:
     # GDPO's reward components: entries of the dict the reward function returns, one advantage each.
     components = tuple(config.algorithm.gdpo_reward_keys or ()) if config.algorithm.adv_estimator == "gdpo" else ()
     self.reward_scorer = reward_scorer(config.reward_model, compute_score)  # in this process or in workers
-    reward_fn = make_reward_fn(self.tokenizer, self.train_data, self.reward_scorer, config.reward_model.on_error,
-                               components)
-    self.program = build_program(config, self.mesh, model_config=self.model_config,
-                                 critic_model_config=self.critic_model_config,
-                                 reward_model_config=self.reward_model_config, reward_fn=reward_fn,
-                                 eos_token_ids=eos_ids, pad_token_id=pad_id, total_steps=self.total_steps)
+    reward_fn = make_reward_fn(
+      self.tokenizer, self.train_data, self.reward_scorer, config.reward_model.on_error, components
+    )
+    self.program = build_program(
+      config,
+      self.mesh,
+      model_config=self.model_config,
+      critic_model_config=self.critic_model_config,
+      reward_model_config=self.reward_model_config,
+      reward_fn=reward_fn,
+      eos_token_ids=eos_ids,
+      pad_token_id=pad_id,
+      total_steps=self.total_steps,
+    )
     self.ppo, self.layouts = self.program.ppo, self.program.layouts
     state_shardings = self.program.state_shardings
     self.state = self._init_state(state_shardings)
     self.jitted_step = self.program.jit_step()
     if self.val_data is not None:
       val_sampling = SamplingParams.from_rollout_config(
-          config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True)
+        config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True
+      )
       validate = make_validation_fn(self.ppo, val_sampling)
-      self.validate_fn = jax.jit(validate, in_shardings=(state_shardings.actor_params, state_shardings.actor_adapters,
-                                                         state_shardings.reward_params, None, replicated(self.mesh)),
-                                 out_shardings=replicated(self.mesh))
+      self.validate_fn = jax.jit(
+        validate,
+        in_shardings=(
+          state_shardings.actor_params,
+          state_shardings.actor_adapters,
+          state_shardings.reward_params,
+          None,
+          replicated(self.mesh),
+        ),
+        out_shardings=replicated(self.mesh),
+      )
     self.phased = PhasedStep(self.ppo, state_shardings, replicated(self.mesh))
     self.filter_groups = config.algorithm.filter_groups.enable
     self.gen_cursor = 0  # generation rounds drawn so far (dynamic sampling); saved in checkpoints
@@ -138,12 +161,17 @@ class Trainer:
     """Tokenizer, datasets and batch schedules: every data error before anything is built or compiled."""
     data_cfg, trainer_cfg = config.data, config.trainer
     self.tokenizer = tokenizer_from_config(config, os.path.join(self.run_dir, "tokenizer"))
-    dataset_kwargs = dict(max_prompt_length=data_cfg.max_prompt_length, prompt_key=data_cfg.prompt_key,
-                          reward_fn_key=data_cfg.reward_fn_key, truncation=data_cfg.truncation,
-                          filter_overlong_prompts=data_cfg.filter_overlong_prompts)
+    dataset_kwargs = dict(
+      max_prompt_length=data_cfg.max_prompt_length,
+      prompt_key=data_cfg.prompt_key,
+      reward_fn_key=data_cfg.reward_fn_key,
+      truncation=data_cfg.truncation,
+      filter_overlong_prompts=data_cfg.filter_overlong_prompts,
+    )
     self.train_data = build_dataset(data_cfg.train_files, self.tokenizer, **dataset_kwargs)
-    self.val_data = build_dataset(data_cfg.val_files, self.tokenizer, **dataset_kwargs) \
-        if any(data_cfg.val_files) else None
+    self.val_data = (
+      build_dataset(data_cfg.val_files, self.tokenizer, **dataset_kwargs) if any(data_cfg.val_files) else None
+    )
     for key, dataset in (("data.train_files", self.train_data), ("data.val_files", self.val_data)):
       if dataset is not None and dataset.filtering_note(key):
         print(dataset.filtering_note(key), flush=True)
@@ -152,12 +180,19 @@ class Trainer:
       check_data_sources_known(self.train_data.data_sources, "data.train_files")
       if self.val_data is not None:
         check_data_sources_known(self.val_data.data_sources, "data.val_files")
-    schedule = lambda key, batch_size: BatchSchedule(len(self.train_data), batch_size, seed=data_cfg.seed,
-                                                     shuffle=data_cfg.shuffle, key=key,
-                                                     num_dropped=self.train_data.num_filtered)
+    schedule = lambda key, batch_size: BatchSchedule(
+      len(self.train_data),
+      batch_size,
+      seed=data_cfg.seed,
+      shuffle=data_cfg.shuffle,
+      key=key,
+      num_dropped=self.train_data.num_filtered,
+    )
     self.schedule = schedule("data.train_batch_size", data_cfg.train_batch_size)
-    self.gen_schedule = schedule("data.gen_batch_size" if data_cfg.gen_batch_size else "data.train_batch_size",
-                                 data_cfg.gen_batch_size or data_cfg.train_batch_size)
+    self.gen_schedule = schedule(
+      "data.gen_batch_size" if data_cfg.gen_batch_size else "data.train_batch_size",
+      data_cfg.gen_batch_size or data_cfg.train_batch_size,
+    )
     self.total_steps = trainer_cfg.total_training_steps or self.schedule.batches_per_epoch * trainer_cfg.total_epochs
 
   def layout_report(self) -> str:
@@ -172,10 +207,12 @@ class Trainer:
     actor_params = actor_base_params(config, self.model_config, actor_train)
     actor_adapters = None
     if self.ppo.plan.actor_lora:  # fresh adapters (B = 0: the policy starts as the base); only they train
-      actor_adapters = jax.jit(lambda key: init_adapters(Decoder(self.model_config, head="lm"), key)[0],
-                               out_shardings=shardings.actor_adapters)(jax.random.fold_in(actor_key, 1))
+      actor_adapters = jax.jit(
+        lambda key: init_adapters(Decoder(self.model_config, head="lm"), key)[0], out_shardings=shardings.actor_adapters
+      )(jax.random.fold_in(actor_key, 1))
     actor_opt_state = jax.jit(optimizers["actor"].init, out_shardings=shardings.actor_opt_state)(
-        actor_params if actor_adapters is None else actor_adapters)
+      actor_params if actor_adapters is None else actor_adapters
+    )
     ref_params = None
     if self.ppo.plan.stores_reference:
       ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings.ref_params)(actor_params)
@@ -185,28 +222,41 @@ class Trainer:
       critic_params = critic_base_params(config, self.critic_model_config, self.layouts.critic_train)
       if self.ppo.plan.critic_lora:  # fresh adapters (B = 0) and the value head train; the backbone is frozen
         critic = Decoder(self.critic_model_config, head="value")
-        adapters = jax.jit(lambda key: init_adapters(critic, key)[0],
-                           out_shardings=shardings.critic_adapters["lora"])(jax.random.fold_in(critic_key, 1))
+        adapters = jax.jit(lambda key: init_adapters(critic, key)[0], out_shardings=shardings.critic_adapters["lora"])(
+          jax.random.fold_in(critic_key, 1)
+        )
         critic_adapters = critic_trained(adapters, critic_params)
         critic_params = split_value_head(critic_params)[0]
       critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=shardings.critic_opt_state)(
-          critic_params if critic_adapters is None else critic_adapters)
+        critic_params if critic_adapters is None else critic_adapters
+      )
     reward_params = None
     if self.reward_model_config is not None:
-      reward_params = load_hf_params(config.reward_model.model.path, self.reward_model_config, head="reward",
-                                     shardings=shardings.reward_params)
+      reward_params = load_hf_params(
+        config.reward_model.model.path, self.reward_model_config, head="reward", shardings=shardings.reward_params
+      )
     put = lambda x: jax.device_put(x, replicated(self.mesh))
     actor_params = jax.device_put(actor_params, shardings.actor_params)  # to the host with param_offload
-    return TrainState(reward_params=reward_params, step=put(jnp.int32(0)), actor_params=actor_params,
-                      actor_opt_state=actor_opt_state, actor_adapters=actor_adapters,
-                      critic_params=critic_params, critic_opt_state=critic_opt_state, critic_adapters=critic_adapters,
-                      ref_params=ref_params,
-                      kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)), lr_scale=put(jnp.float32(1.0)))
+    return TrainState(
+      reward_params=reward_params,
+      step=put(jnp.int32(0)),
+      actor_params=actor_params,
+      actor_opt_state=actor_opt_state,
+      actor_adapters=actor_adapters,
+      critic_params=critic_params,
+      critic_opt_state=critic_opt_state,
+      critic_adapters=critic_adapters,
+      ref_params=ref_params,
+      kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)),
+      lr_scale=put(jnp.float32(1.0)),
+    )
 
   def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """Global host arrays -> arrays in the batch layout (scalars replicated)."""
-    return {k: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh))
-            for k, v in arrays.items()}
+    return {
+      k: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh))
+      for k, v in arrays.items()
+    }
 
   def _prompt_width(self, dataset, indices: np.ndarray) -> int:
     """`data.bucket_prompt_lengths`: the batch's longest prompt rounded up to a bucket; else max_prompt_length."""
@@ -224,9 +274,12 @@ class Trainer:
     if jax.process_count() == 1:
       return self._device_batch(batch_arrays(dataset, indices, width))
     local = batch_arrays(dataset, process_rows(indices, jax.process_index(), jax.process_count()), width)
-    return {k: jax.make_array_from_process_local_data(batch_sharding(self.mesh, (len(indices),) + v.shape[1:]), v,
-                                                      (len(indices),) + v.shape[1:])
-            for k, v in local.items()}
+    return {
+      k: jax.make_array_from_process_local_data(
+        batch_sharding(self.mesh, (len(indices),) + v.shape[1:]), v, (len(indices),) + v.shape[1:]
+      )
+      for k, v in local.items()
+    }
 
   def train_batch(self, step: int) -> dict[str, jax.Array]:
     """Batch `step` of the training schedule, on the mesh: what `train_step` feeds the step (notebooks run
@@ -286,10 +339,18 @@ class Trainer:
     n, peak = self._num_sequences, self.mesh.size * self.peak_flops
     tokens = dict(prompt_tokens=metrics["prompt_length/mean"] * n, response_tokens=metrics["response_length/mean"] * n)
     if "update_actor" not in timings:
-      return {"perf/mfu/step": actor_step_flops(
-          self.model_config, self.actor_num_params, **tokens, num_sequences=n,
+      return {
+        "perf/mfu/step": actor_step_flops(
+          self.model_config,
+          self.actor_num_params,
+          **tokens,
+          num_sequences=n,
           ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
-          use_reference=self.ppo.plan.use_reference, old_forward=not self.ppo.plan.old_in_update) / (elapsed * peak)}
+          use_reference=self.ppo.plan.use_reference,
+          old_forward=not self.ppo.plan.old_in_update,
+        )
+        / (elapsed * peak)
+      }
     mfu = {}
     phases = [("critic", self.critic_model_config, self.config.critic, "value")] if self.ppo.plan.use_critic else []
     if actor_updated:
@@ -310,16 +371,18 @@ class Trainer:
       batch = self._load_batch(self.train_data, indices)
       round_rng = jax.random.fold_in(rng, len(rounds))
       rounds.append(self.phased.generate_and_score(self.state, batch, round_rng, timed(timings)))
-      selected = select_groups(rounds, config.data.train_batch_size, filter_groups.metric,
-                               self.ppo.sampling.pad_token_id)
+      selected = select_groups(
+        rounds, config.data.train_batch_size, filter_groups.metric, self.ppo.sampling.pad_token_id
+      )
       if selected is not None:
         break
       if 0 < filter_groups.max_num_gen_batches <= len(rounds):
         raise RuntimeError(
-            f"dynamic sampling: {len(rounds)} generation rounds (algorithm.filter_groups.max_num_gen_batches="
-            f"{filter_groups.max_num_gen_batches}) gave fewer than data.train_batch_size="
-            f"{config.data.train_batch_size} groups with non-identical {filter_groups.metric}; every group is "
-            "solved or failed alike: check the data, or raise max_num_gen_batches")
+          f"dynamic sampling: {len(rounds)} generation rounds (algorithm.filter_groups.max_num_gen_batches="
+          f"{filter_groups.max_num_gen_batches}) gave fewer than data.train_batch_size="
+          f"{config.data.train_batch_size} groups with non-identical {filter_groups.metric}; every group is "
+          "solved or failed alike: check the data, or raise max_num_gen_batches"
+        )
     rollout, scored = (self._device_batch(part) for part in selected)
     run = timed(timings)
     if config.trainer.fuse_step:
@@ -331,8 +394,14 @@ class Trainer:
   # ----- checkpoints and guards -------------------------------------------------------------------
 
   def save(self, checkpointer: Checkpointer, step: int) -> None:
-    meta = {"step": step, "epoch": self.schedule.epoch_of(step), "data_seed": self.config.data.seed,
-            "seed": self.config.trainer.seed, "gen_cursor": self.gen_cursor, "config": self.config.to_json()}
+    meta = {
+      "step": step,
+      "epoch": self.schedule.epoch_of(step),
+      "data_seed": self.config.data.seed,
+      "seed": self.config.trainer.seed,
+      "gen_cursor": self.gen_cursor,
+      "config": self.config.to_json(),
+    }
     checkpointer.save(step, self.state, meta)
     if self.config.trainer.save_hf:
       self.export_hf(os.path.join(self.run_dir, "huggingface", f"global_step_{step}"))
@@ -343,8 +412,10 @@ class Trainer:
     if self.config.trainer.save_freq <= 0:
       latest = checkpointer.latest_step()
       kept = f"the last checkpoint is step {latest}" if latest is not None else "the run has no checkpoint"
-      return (f"SIGTERM after step {step}: not saved because trainer.save_freq={self.config.trainer.save_freq} "
-              f"turns checkpoints off; {kept}")
+      return (
+        f"SIGTERM after step {step}: not saved because trainer.save_freq={self.config.trainer.save_freq} "
+        f"turns checkpoints off; {kept}"
+      )
     if checkpointer.latest_step() != step:
       self.save(checkpointer, step)
     checkpointer.wait()
@@ -354,10 +425,16 @@ class Trainer:
     """The current actor as an HF causal LM in `out_dir` (the critic in `out_dir`/critic); with LoRA the
     adapters merged in, and alone in PEFT's layout in `out_dir`/lora_adapter."""
     has_critic = self.state.critic_params is not None
-    write_hf(self.state.actor_params, self.config, out_dir, actor_adapters=self.state.actor_adapters,
-             critic_params=self.state.critic_params, critic_adapters=self.state.critic_adapters,
-             critic_out=os.path.join(out_dir, "critic") if has_critic else None,
-             tokenizer_dir=os.path.join(self.run_dir, "tokenizer"))
+    write_hf(
+      self.state.actor_params,
+      self.config,
+      out_dir,
+      actor_adapters=self.state.actor_adapters,
+      critic_params=self.state.critic_params,
+      critic_adapters=self.state.critic_adapters,
+      critic_out=os.path.join(out_dir, "critic") if has_critic else None,
+      tokenizer_dir=os.path.join(self.run_dir, "tokenizer"),
+    )
 
   def resume(self, checkpointer: Checkpointer) -> int:
     """Restores per `trainer.resume_mode`; returns the step to continue from (0 for a fresh run).
@@ -387,14 +464,16 @@ class Trainer:
       else:
         if unreadable:
           raise CheckpointError(
-              f"no checkpoint in {self.run_dir} can be restored; the newest: {unreadable[0][1]}",
-              hint="if the model or optimizer config changed, start a new trainer.experiment_name (or "
-                   "trainer.resume_mode=disable)") from unreadable[0][1]
+            f"no checkpoint in {self.run_dir} can be restored; the newest: {unreadable[0][1]}",
+            hint="if the model or optimizer config changed, start a new trainer.experiment_name (or "
+            "trainer.resume_mode=disable)",
+          ) from unreadable[0][1]
         return 0
       for bad_step, error in unreadable:
         kept = checkpointer.set_aside(bad_step)
-        logging.warning("%s; kept it as %s and resuming from step %d, the newest checkpoint that reads back",
-                        error, kept, step)
+        logging.warning(
+          "%s; kept it as %s and resuming from step %d, the newest checkpoint that reads back", error, kept, step
+        )
     self.gen_cursor = int(meta.get("gen_cursor", 0))
     step_dir = config.resume_from_path if config.resume_mode == "resume_path" else checkpointer.step_dir(step)
     print(f"resumed from step {step}: {step_dir}", flush=True)
@@ -409,8 +488,14 @@ class Trainer:
     self.state, meta = checkpointer.restore(step, self.state)
     self.gen_cursor = int(meta.get("gen_cursor", 0))
     self.state = self.state.replace(lr_scale=jax.device_put(jnp.float32(lr_scale), self.state.lr_scale.sharding))
-    metrics.update({"guard/rollback": 1.0, "guard/rollback_to_step": float(step), "guard/lr_scale": lr_scale,
-                    "guard/rollbacks": float(guard.rollbacks)})
+    metrics.update(
+      {
+        "guard/rollback": 1.0,
+        "guard/rollback_to_step": float(step),
+        "guard/lr_scale": lr_scale,
+        "guard/rollbacks": float(guard.rollbacks),
+      }
+    )
     tracking.log(metrics, step=int(metrics["training/global_step"]))
     tracking.write(f"guard: {reason}; rolled back to step {step}, lr scale now {lr_scale:g}")
     return int(step)
@@ -430,11 +515,17 @@ class Trainer:
     # A fresh key per validation (and per batch), from a stream the training steps' keys never use.
     val_rng = jax.random.fold_in(jax.random.fold_in(self.rng, _VALIDATION_STREAM), step)
     for b in range(num_batches):
-      indices = order[b * batch_size:(b + 1) * batch_size]
+      indices = order[b * batch_size : (b + 1) * batch_size]
       batch = self._load_batch(data, indices)
-      batch_scores, batch_responses, batch_masks = jax.device_get(self.validate_fn(
-          self.state.actor_params, self.state.actor_adapters, self.state.reward_params, batch,
-          jax.random.fold_in(val_rng, b)))
+      batch_scores, batch_responses, batch_masks = jax.device_get(
+        self.validate_fn(
+          self.state.actor_params,
+          self.state.actor_adapters,
+          self.state.reward_params,
+          batch,
+          jax.random.fold_in(val_rng, b),
+        )
+      )
       scores.append(batch_scores)
       responses.append(batch_responses)
       masks.append(batch_masks)
@@ -443,25 +534,42 @@ class Trainer:
     variables = {}
     if uses_rule_reward(self.config.reward_model):
       # On the host, with every entry the reward function returns (verl's validation variables).
-      rule_scores, variables = score_on_host(self.tokenizer, data, self.reward_scorer,
-                                             self.config.reward_model.on_error, responses, masks,
-                                             np.repeat(np.arange(len(data)), n))
+      rule_scores, variables = score_on_host(
+        self.tokenizer,
+        data,
+        self.reward_scorer,
+        self.config.reward_model.on_error,
+        responses,
+        masks,
+        np.repeat(np.arange(len(data)), n),
+      )
       variables.pop(rewards.ERROR_KEY, None)
       scores = scores + rule_scores
     variables = {"reward": scores, **{name: v for name, v in variables.items() if name != "reward"}}
-    metrics = validation_metrics(data.data_sources, {name: v.reshape(len(data), n) for name, v in variables.items()},
-                                 masks)
+    metrics = validation_metrics(
+      data.data_sources, {name: v.reshape(len(data), n) for name, v in variables.items()}, masks
+    )
     scores = scores.reshape(len(data), n)
     num_logged = min(self.config.trainer.log_val_generations, valid)
     if num_logged and jax.process_index() == 0:
       texts = decode_responses(self.tokenizer, responses[:num_logged], masks[:num_logged])
       prompts = self.tokenizer.batch_decode(
-          [row[m > 0].tolist() for row, m in zip(data.input_ids, data.attention_mask)][:-(-num_logged // n)])
+        [row[m > 0].tolist() for row, m in zip(data.input_ids, data.attention_mask)][: -(-num_logged // n)]
+      )
       with open(os.path.join(self.run_dir, "val_generations.jsonl"), "a") as f:
         for i, text in enumerate(texts):
-          f.write(json.dumps({"step": step, "prompt": prompts[i // n], "response": text,
-                              "ground_truth": str(data.ground_truths[i // n]),
-                              "score": float(scores.reshape(-1)[i])}) + "\n")
+          f.write(
+            json.dumps(
+              {
+                "step": step,
+                "prompt": prompts[i // n],
+                "response": text,
+                "ground_truth": str(data.ground_truths[i // n]),
+                "score": float(scores.reshape(-1)[i]),
+              }
+            )
+            + "\n"
+          )
     return metrics
 
   def fit(self) -> list[dict]:
@@ -487,18 +595,28 @@ class Trainer:
     start_step = self.resume(checkpointer)
     if start_step >= self.total_steps:
       checkpointer.close()
-      print(f"{self.run_dir}: already complete: the checkpoint at step {start_step} is at or past "
-            f"trainer.total_training_steps={self.total_steps}; nothing to train (raise total_training_steps "
-            "to continue it)", flush=True)
+      print(
+        f"{self.run_dir}: already complete: the checkpoint at step {start_step} is at or past "
+        f"trainer.total_training_steps={self.total_steps}; nothing to train (raise total_training_steps "
+        "to continue it)",
+        flush=True,
+      )
       return []
     if jax.process_index() == 0:
       # Steps after the checkpoint are written again (all of them on a fresh start): keep each step once.
       truncate_jsonl(os.path.join(self.run_dir, "val_generations.jsonl"), start_step if start_step > 0 else -1)
     if jax.process_index() == 0 and "console" in config.logger:
       print(self.layout_report(), flush=True)
-    tracking = Tracking(config.logger, self.run_dir, total_steps=self.total_steps, config=self.config,
-                        project=config.project_name, experiment=config.experiment_name,
-                        prometheus_port=config.prometheus_port, start_step=start_step)
+    tracking = Tracking(
+      config.logger,
+      self.run_dir,
+      total_steps=self.total_steps,
+      config=self.config,
+      project=config.project_name,
+      experiment=config.experiment_name,
+      prometheus_port=config.prometheus_port,
+      start_step=start_step,
+    )
     guard = Guard(config.guard)
     if guard.enabled and checkpointer.latest_step() is None:
       self.save(checkpointer, start_step)  # a rollback needs somewhere to go back to

@@ -29,8 +29,13 @@ class MicroBatcher:
   backbone's} (`packing.packing_pays`).
   """
 
-  def __init__(self, config, num_batch_shards: int, sequence_parallel: dict[str, int] | None = None,
-               head_costs: dict[str, float] | None = None):
+  def __init__(
+    self,
+    config,
+    num_batch_shards: int,
+    sequence_parallel: dict[str, int] | None = None,
+    head_costs: dict[str, float] | None = None,
+  ):
     self.head_costs = head_costs or {}
     self.n = config.actor_rollout_ref.rollout.n
     actor = config.actor_rollout_ref.actor
@@ -43,8 +48,11 @@ class MicroBatcher:
     log_prob = config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
     ref = config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
     values = config.critic.forward_micro_batch_size_per_gpu
-    self.forward_micro_per_device = {"old_log_prob": log_prob, "ref": log_prob if ref is None else ref,
-                                     "values": log_prob if values is None else values}
+    self.forward_micro_per_device = {
+      "old_log_prob": log_prob,
+      "ref": log_prob if ref is None else ref,
+      "values": log_prob if values is None else values,
+    }
 
   def shards(self, section_path: str) -> int:
     """Batch shards of a section's micro-batches: devices over the rows."""
@@ -58,8 +66,10 @@ class MicroBatcher:
       return mini_batch_rows
     rows = per_device * self.shards(section_path)
     if mini_batch_rows % rows:
-      raise ValueError(f"{section_path}.ppo_micro_batch_size_per_gpu={per_device} x {self.shards(section_path)} "
-                       f"batch shards = {rows} rows does not divide the mini-batch of {mini_batch_rows} sequences")
+      raise ValueError(
+        f"{section_path}.ppo_micro_batch_size_per_gpu={per_device} x {self.shards(section_path)} "
+        f"batch shards = {rows} rows does not divide the mini-batch of {mini_batch_rows} sequences"
+      )
     return rows
 
   def update_plan(self, section, section_path: str, seq_len: int, packed: bool) -> packing.MicroBatching:
@@ -69,15 +79,23 @@ class MicroBatcher:
     if self.max_token_len is not None:
       # A group of sp devices holds one row's tokens: the per-device budget counts S / sp per row.
       max_token_len = self.max_token_len * self.sequence_parallel.get(section_path, 1)
-      plan = packing.micro_batching(mini_batch_rows, seq_len, shards, rows_per_shard=None,
-                                    max_token_len=max_token_len, packed=packed)
+      plan = packing.micro_batching(
+        mini_batch_rows, seq_len, shards, rows_per_shard=None, max_token_len=max_token_len, packed=packed
+      )
     else:
       rows = self.micro_rows(section, section_path)
       plan = packing.MicroBatching(rows=rows, num_micro=mini_batch_rows // rows, shards=shards, packed=packed)
     return dataclasses.replace(plan, head_cost=self.head_costs.get(section_path, 0.0))
 
-  def phase_plan(self, section, section_path: str, num_sequences: int, seq_len: int, packed: bool,
-                 micro_per_device: int | None = None) -> packing.MicroBatching | None:
+  def phase_plan(
+    self,
+    section,
+    section_path: str,
+    num_sequences: int,
+    seq_len: int,
+    packed: bool,
+    micro_per_device: int | None = None,
+  ) -> packing.MicroBatching | None:
     """Micro-batches of a forward-only phase over the whole batch (old/ref log-probs, values).
 
     `micro_per_device` (verl's `log_prob_micro_batch_size_per_gpu` / `forward_micro_batch_size_per_gpu`)
@@ -86,15 +104,21 @@ class MicroBatcher:
     if micro_per_device is not None:
       shards = self.shards(section_path)
       rows = micro_per_device * shards
-      return packing.MicroBatching(rows=rows, num_micro=-(-num_sequences // rows), shards=shards, packed=packed,
-                                   head_cost=self.head_costs.get(section_path, 0.0))
+      return packing.MicroBatching(
+        rows=rows,
+        num_micro=-(-num_sequences // rows),
+        shards=shards,
+        packed=packed,
+        head_cost=self.head_costs.get(section_path, 0.0),
+      )
     if not packed:
       return None
     mini = self.update_plan(section, section_path, seq_len, packed=True)
     # Packing that does not pay falls back to padded rows all at once, as the unpacked phase runs, unless
     # a token budget (use_dynamic_bsz) bounds the micro-batches.
-    return dataclasses.replace(mini, num_micro=-(-num_sequences // mini.rows),
-                               padded_at_once=self.max_token_len is None)
+    return dataclasses.replace(
+      mini, num_micro=-(-num_sequences // mini.rows), padded_at_once=self.max_token_len is None
+    )
 
 
 def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
@@ -113,8 +137,9 @@ MICRO_MEAN_PREFIXES = ("rollout_corr/",)
 ROWS_PREFIX = "rows/"
 
 
-def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None,
-                  to_train: Callable = lambda tree: tree):
+def forward_phase(
+  outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None, to_train: Callable = lambda tree: tree
+):
   """`outputs_fn(micro) -> [N, R]` (or a tree of them) over the rollout: at once on padded rows
   (`batching` None), by micro-batches of padded rows, or slot by slot on packed rows (an empty slot is
   skipped; 0 off the response mask) when packing pays (`packing.packing_pays`; else padded micro-batches
@@ -130,8 +155,10 @@ def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBa
       return outputs_fn(sequences)
     rows = packing.pad_rows(sequences, batching.num_micro * batching.rows)
     micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), rows)
-    return jax.tree.map(lambda out_MxBxR: out_MxBxR.reshape((-1,) + out_MxBxR.shape[2:])[:num_rows],
-                        jax.lax.map(lambda micro: outputs_fn(to_train(micro)), micro_batches))
+    return jax.tree.map(
+      lambda out_MxBxR: out_MxBxR.reshape((-1,) + out_MxBxR.shape[2:])[:num_rows],
+      jax.lax.map(lambda micro: outputs_fn(to_train(micro)), micro_batches),
+    )
 
   if not batching.packed:
     return padded()
@@ -149,14 +176,26 @@ def forward_phase(outputs_fn: Callable, rollout: dict, batching: packing.MicroBa
     out, _ = jax.lax.scan(run_slot, zeros, jnp.arange(batching.num_micro))
     return out
 
-  out = jax.lax.cond(packing.packing_pays(plan, batching, rollout["prompts"].shape[1], mask_NxR.shape[1]),
-                     packed, lambda: jax.tree.map(lambda x: x.astype(jnp.float32), padded()))
+  out = jax.lax.cond(
+    packing.packing_pays(plan, batching, rollout["prompts"].shape[1], mask_NxR.shape[1]),
+    packed,
+    lambda: jax.tree.map(lambda x: x.astype(jnp.float32), padded()),
+  )
   return jax.tree.map(lambda out_NxR: out_NxR * mask_NxR.astype(jnp.float32), out)
 
 
-def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, batching: packing.MicroBatching,
-                        loss_agg_mode: str, to_train: Callable = lambda tree: tree,
-                        loss_scale_factor: float | None = None, pin_grads: Callable = lambda tree: tree):
+def minibatch_gradients(
+  loss_fn: Callable,
+  params,
+  aux,
+  minibatch: dict,
+  rng,
+  batching: packing.MicroBatching,
+  loss_agg_mode: str,
+  to_train: Callable = lambda tree: tree,
+  loss_scale_factor: float | None = None,
+  pin_grads: Callable = lambda tree: tree,
+):
   """Summed gradients and metrics of one mini-batch over its micro-batches (padded rows or packed slots).
 
   `loss_fn(params, aux, micro, normalizers, rng) -> (loss, metrics)`; `to_train` pins a micro-batch to
@@ -181,8 +220,9 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
     # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
     def reduce(key, v):
       if key.startswith(ROWS_PREFIX):
-        return v.reshape((-1,) + v.shape[2:])[:minibatch["responses"].shape[0]]
+        return v.reshape((-1,) + v.shape[2:])[: minibatch["responses"].shape[0]]
       return v.sum() / micro_batches_run if key.startswith(MICRO_MEAN_PREFIXES) else v.sum()
+
     return grads, {k: reduce(k, v) for k, v in micro_metrics.items()}
 
   def padded():
@@ -203,8 +243,11 @@ def minibatch_gradients(loss_fn: Callable, params, aux, minibatch: dict, rng, ba
     def packed_step(grads_acc, inputs):
       k, micro_rng = inputs
       in_slot_N = plan["slot_N"] == k
-      micro = dict(minibatch, response_mask=minibatch["response_mask"] * in_slot_N[:, None].astype(
-          minibatch["response_mask"].dtype), packed=packing.slot(plan, k))
+      micro = dict(
+        minibatch,
+        response_mask=minibatch["response_mask"] * in_slot_N[:, None].astype(minibatch["response_mask"].dtype),
+        packed=packing.slot(plan, k),
+      )
       run = lambda: gradients(micro, micro_rng)
       skip_shapes = jax.eval_shape(run)
       skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), skip_shapes)
@@ -233,10 +276,27 @@ def update_data(rollout: dict, old_log_probs, ref_log_probs, adv: dict) -> dict:
   return data
 
 
-def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx, lr, batching: packing.MicroBatching,
-               mini_batch_rows: int, epochs: int, shuffle: bool, loss_agg_mode: str, prefix: str,
-               to_train: Callable = lambda tree: tree, loss_scale_factor: float | None = None,
-               pin_grads: Callable = lambda tree: tree, first_epoch_loss_fn: Callable | None = None):
+def ppo_update(
+  loss_fn: Callable,
+  params,
+  opt_state,
+  aux,
+  data: dict,
+  rng,
+  *,
+  tx,
+  lr,
+  batching: packing.MicroBatching,
+  mini_batch_rows: int,
+  epochs: int,
+  shuffle: bool,
+  loss_agg_mode: str,
+  prefix: str,
+  to_train: Callable = lambda tree: tree,
+  loss_scale_factor: float | None = None,
+  pin_grads: Callable = lambda tree: tree,
+  first_epoch_loss_fn: Callable | None = None,
+):
   """`epochs` x mini-batches of `mini_batch_rows` (one optimizer step each) x micro-batches (`batching`).
 
   `first_epoch_loss_fn` (one mini-batch of padded rows): the first epoch's loss instead of `loss_fn`; its
@@ -247,8 +307,10 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
   num_rows = data["responses"].shape[0]
   num_mini = num_rows // mini_batch_rows
   if first_epoch_loss_fn is not None and (num_mini != 1 or batching.packed):
-    raise ValueError(f"{prefix}: a first-epoch loss needs one mini-batch of padded rows, got {num_mini} "
-                     f"mini-batches{' of packed rows' if batching.packed else ''}")
+    raise ValueError(
+      f"{prefix}: a first-epoch loss needs one mini-batch of padded rows, got {num_mini} "
+      f"mini-batches{' of packed rows' if batching.packed else ''}"
+    )
 
   def split(tree, parts):
     return jax.tree.map(lambda x: x.reshape((parts, x.shape[0] // parts) + x.shape[1:]), tree)
@@ -256,8 +318,9 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
   def minibatch_step(loss_fn, carry, inputs):
     params, opt_state = carry
     minibatch, minibatch_rng = inputs
-    grads, metrics = minibatch_gradients(loss_fn, params, aux, minibatch, minibatch_rng, batching, loss_agg_mode,
-                                         to_train, loss_scale_factor, pin_grads)
+    grads, metrics = minibatch_gradients(
+      loss_fn, params, aux, minibatch, minibatch_rng, batching, loss_agg_mode, to_train, loss_scale_factor, pin_grads
+    )
     params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
     metrics[f"{prefix}/grad_norm"] = grad_norm
     metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied
@@ -270,8 +333,11 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
     perm_rng, mini_rng = jax.random.split(epoch_rng)
     order = jax.random.permutation(perm_rng, num_rows) if shuffle else jnp.arange(num_rows)
     epoch_data = jax.tree.map(lambda x: x[order], data)
-    carry, metrics = jax.lax.scan(lambda c, inputs: minibatch_step(loss_fn, c, inputs), carry,
-                                  (split(epoch_data, num_mini), jax.random.split(mini_rng, num_mini)))
+    carry, metrics = jax.lax.scan(
+      lambda c, inputs: minibatch_step(loss_fn, c, inputs),
+      carry,
+      (split(epoch_data, num_mini), jax.random.split(mini_rng, num_mini)),
+    )
     return carry, metrics, order
 
   def epochs_of(loss_fn, data, carry, epoch_rngs):
@@ -283,11 +349,12 @@ def ppo_update(loss_fn: Callable, params, opt_state, aux, data: dict, rng, *, tx
     metrics = {k: v.mean() for k, v in metrics.items()}
   else:
     carry, first, order = epoch(first_epoch_loss_fn, data, (params, opt_state), epoch_rngs[0])
-    rows = {k[len(ROWS_PREFIX):]: first.pop(k)[0] for k in [k for k in first if k.startswith(ROWS_PREFIX)]}
+    rows = {k[len(ROWS_PREFIX) :]: first.pop(k)[0] for k in [k for k in first if k.startswith(ROWS_PREFIX)]}
     data = dict(data, **{k: jnp.zeros_like(v).at[order].set(v) for k, v in rows.items()})  # back to row order
     (params, opt_state), rest = epochs_of(loss_fn, data, carry, epoch_rngs[1:]) if epochs > 1 else (carry, {})
-    metrics = {k: (v.sum() + rest[k].sum()) / (v.size + rest[k].size) if k in rest else v.mean()
-               for k, v in first.items()}
+    metrics = {
+      k: (v.sum() + rest[k].sum()) / (v.size + rest[k].size) if k in rest else v.mean() for k, v in first.items()
+    }
   metrics[f"{prefix}/lr"] = lr
   return params, opt_state, metrics
 
@@ -299,6 +366,9 @@ def update_after_warmup(update: Callable, warmup_steps: int, step, params, opt_s
   if warmup_steps == 0:
     return update(params, opt_state), ()
   metric_shapes = jax.eval_shape(update, params, opt_state)[2]
-  skip = lambda params, opt_state: (params, opt_state, jax.tree.map(
-      lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes))
+  skip = lambda params, opt_state: (
+    params,
+    opt_state,
+    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
+  )
   return jax.lax.cond(step >= warmup_steps, update, skip, params, opt_state), tuple(metric_shapes)

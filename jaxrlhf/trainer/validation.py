@@ -33,10 +33,18 @@ def make_validation_fn(ppo: PPOStep, sampling: SamplingParams):
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
     generation = ppo.generation
-    rollout = generation.sample(generation.generation_params(actor_params, actor_adapters), prompts_NxP,
-                                prompt_mask_NxP, rng, sampling)
-    scores_N = reward.model_scores(ppo.config.reward_model, ppo.reward_model, reward_params, prompts_NxP,
-                                   prompt_mask_NxP, rollout["responses"], rollout["response_mask"])
+    rollout = generation.sample(
+      generation.generation_params(actor_params, actor_adapters), prompts_NxP, prompt_mask_NxP, rng, sampling
+    )
+    scores_N = reward.model_scores(
+      ppo.config.reward_model,
+      ppo.reward_model,
+      reward_params,
+      prompts_NxP,
+      prompt_mask_NxP,
+      rollout["responses"],
+      rollout["response_mask"],
+    )
     return scores_N, rollout["responses"], rollout["response_mask"]
 
   return validate
@@ -77,16 +85,25 @@ def _prompt_metrics(values_K: np.ndarray, preds_K=None) -> dict[str, float]:
     for k in _subset_sizes(n):
       draws_DxS = _bootstrap_draws(n, k)
       best_D, worst_D = values_K[draws_DxS].max(axis=1), values_K[draws_DxS].min(axis=1)
-      metrics.update({f"best@{k}/mean": float(best_D.mean()), f"best@{k}/std": float(best_D.std()),
-                      f"worst@{k}/mean": float(worst_D.mean()), f"worst@{k}/std": float(worst_D.std())})
+      metrics.update(
+        {
+          f"best@{k}/mean": float(best_D.mean()),
+          f"best@{k}/std": float(best_D.std()),
+          f"worst@{k}/mean": float(worst_D.mean()),
+          f"worst@{k}/std": float(worst_D.std()),
+        }
+      )
       if preds_K is not None:
         majority_D = np.array([_majority_value(values_K[d], [preds_K[i] for i in d]) for d in draws_DxS])
         metrics.update({f"maj@{k}/mean": float(majority_D.mean()), f"maj@{k}/std": float(majority_D.std())})
   return metrics
 
 
-def validation_metrics(data_sources: Sequence[str], variables: dict[str, np.ndarray], response_mask_NxR: np.ndarray,
-                       ) -> dict[str, float]:
+def validation_metrics(
+  data_sources: Sequence[str],
+  variables: dict[str, np.ndarray],
+  response_mask_NxR: np.ndarray,
+) -> dict[str, float]:
   """verl's validation metrics, per data source, averaged over its prompts, for each variable: `reward`
   (the score) and every number the reward function returned beside it (e.g. `acc`). The core variable is
   `acc` when there is one, else `reward`: its mean/maj/best at the largest n are `val-core/<source>/<var>/...`,
@@ -98,8 +115,9 @@ def validation_metrics(data_sources: Sequence[str], variables: dict[str, np.ndar
   missing); data_sources: one per prompt.
   """
   preds = variables.get("pred")
-  numeric = {name: np.asarray(values, np.float64) for name, values in variables.items()
-             if np.asarray(values).dtype != object}
+  numeric = {
+    name: np.asarray(values, np.float64) for name, values in variables.items() if np.asarray(values).dtype != object
+  }
   core = "acc" if "acc" in numeric else "reward"
   by_source = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
   for p, source in enumerate(data_sources):

@@ -126,8 +126,10 @@ def policy_vanilla(old, lp, adv, m, lo, hi, c, mode="token-mean"):
       clip[b, t] = float(l2 > l1)
       lower[b, t] = float(lc > l3 and a < 0)
   return agg_loss(loss, m, mode), dict(
-      pg_clipfrac=masked_mean(clip, m), pg_clipfrac_lower=masked_mean(lower, m),
-      ppo_kl=masked_mean(-np.clip(lp - old, -20, 20), m))
+    pg_clipfrac=masked_mean(clip, m),
+    pg_clipfrac_lower=masked_mean(lower, m),
+    ppo_kl=masked_mean(-np.clip(lp - old, -20, 20), m),
+  )
 
 
 def policy_gspo(old, lp, adv, m, lo, hi, mode="seq-mean-token-mean"):
@@ -168,7 +170,7 @@ def policy_geo_mean(old, lp, adv, m, lo, hi):
       x = min(max(lp[b, t] - old[b, t], -20), 20)
       a = adv[b, t]
       if a > 0:
-        x = min(x, hi)        # only the upside is clipped for a good action
+        x = min(x, hi)  # only the upside is clipped for a good action
       elif a < 0:
         x = max(x, -lo)
       else:
@@ -288,8 +290,7 @@ def optimal_token_baseline(r, m, index, old, sum_pi_sq, rollout_w=None, tail=Tru
     base = {b: np.zeros(slots) for b in rows}
     if len(rows) > 1:
       for k in range(slots):
-        num = sum(G[b, positions[b][k]] * W[b, positions[b][k]] for b in rows
-                  if k < len(positions[b]) and valid[b][k])
+        num = sum(G[b, positions[b][k]] * W[b, positions[b][k]] for b in rows if k < len(positions[b]) and valid[b][k])
         den = sum(W[b, positions[b][k]] for b in rows if k < len(positions[b]) and valid[b][k]) + eps
         for b in rows:
           base[b][k] = num / den
@@ -297,7 +298,7 @@ def optimal_token_baseline(r, m, index, old, sum_pi_sq, rollout_w=None, tail=Tru
       ordered = sorted(lengths.values())
       longest = [b for b in rows if lengths[b] == ordered[-1]]
       if tail and len(longest) == 1 and ordered[-1] > ordered[-2]:
-        base[longest[0]][int(ordered[-2]):] = 0.0
+        base[longest[0]][int(ordered[-2]) :] = 0.0
     for b in rows:
       for k, t in enumerate(positions[b]):
         if m[b, t]:
@@ -312,7 +313,7 @@ def grpo_passk(r, m, index, norm=True, eps=1e-6):
     if len(rows) < 2:
       continue
     vals = [s[b] for b in rows]
-    best = rows[int(np.argmax(vals))]          # first of the tied maxima
+    best = rows[int(np.argmax(vals))]  # first of the tied maxima
     second = max(s[b] for b in rows if b != best)
     a = s[best] - second
     if norm:

@@ -1,20 +1,20 @@
 """Advantage estimators, their registry and `compute_advantage` (docs/algorithms.md §3)."""
 
+import algos_numpy_reference as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import algos_numpy_reference as ref
 from jaxrlhf import algos
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 # (B, T, group ids): singletons, a group of 3 with a padding row, ties, unsorted and large ids
 CASES = [
-    (1, 1, [0]),
-    (6, 5, [3, 3, 7, 7, 7, 1]),
-    (8, 12, [0, 0, 0, 0, 1, 1, 1, 1]),
-    (9, 7, [5, 900, 5, 2, 900, 5, 2, 2, 11]),
+  (1, 1, [0]),
+  (6, 5, [3, 3, 7, 7, 7, 1]),
+  (8, 12, [0, 0, 0, 0, 1, 1, 1, 1]),
+  (9, 7, [5, 900, 5, 2, 900, 5, 2, 2, 11]),
 ]
 
 
@@ -45,10 +45,19 @@ def _run_all(r, values, m, index, baselines, gamma=0.9, lam=0.8, norm=True):
   for name in algos.ADV_ESTIMATORS.names():
     if name.startswith("test_only"):
       continue
-    out[name] = algos.compute_advantage(name, token_level_rewards=r, response_mask=m, values=values,
-                                        index=index, reward_baselines=baselines, gamma=gamma, lam=lam,
-                                        norm_adv_by_std_in_grpo=norm, old_log_probs=old,
-                                        sum_pi_squared=sum_pi_sq)
+    out[name] = algos.compute_advantage(
+      name,
+      token_level_rewards=r,
+      response_mask=m,
+      values=values,
+      index=index,
+      reward_baselines=baselines,
+      gamma=gamma,
+      lam=lam,
+      norm_adv_by_std_in_grpo=norm,
+      old_log_probs=old,
+      sum_pi_squared=sum_pi_sq,
+    )
   return out
 
 
@@ -56,20 +65,20 @@ def _reference_all(r, values, m, index, baselines, gamma=0.9, lam=0.8, norm=True
   same = lambda a: (a, a)  # noqa: E731
   old, sum_pi_sq = _token_inputs(values)
   return dict(
-      grpo_vectorized=same(ref.grpo(r, m, index, norm)),
-      rloo_vectorized=same(ref.rloo_vectorized(r, m, index)),
-      gdpo=same(ref.gdpo(r, m, index, norm=norm)),
-      optimal_token_baseline=ref.optimal_token_baseline(r, m, index, old, sum_pi_sq),
-      tir_optimal_token_baseline=ref.optimal_token_baseline(r, m, index, old, sum_pi_sq, tir=True),
-      gae=ref.gae(r, values, m, gamma, lam),
-      grpo=same(ref.grpo(r, m, index, norm)),
-      grpo_passk=same(ref.grpo_passk(r, m, index, norm)),
-      rloo=same(ref.rloo(r, m, index)),
-      reinforce_plus_plus=ref.reinforce_pp(r, m, gamma),
-      reinforce_plus_plus_baseline=same(ref.reinforce_pp_baseline(r, m, index)),
-      remax=ref.remax(r, m, baselines),
-      opo=same(ref.opo(r, m, index)),
-      gpg=same(ref.gpg(r, m, index)),
+    grpo_vectorized=same(ref.grpo(r, m, index, norm)),
+    rloo_vectorized=same(ref.rloo_vectorized(r, m, index)),
+    gdpo=same(ref.gdpo(r, m, index, norm=norm)),
+    optimal_token_baseline=ref.optimal_token_baseline(r, m, index, old, sum_pi_sq),
+    tir_optimal_token_baseline=ref.optimal_token_baseline(r, m, index, old, sum_pi_sq, tir=True),
+    gae=ref.gae(r, values, m, gamma, lam),
+    grpo=same(ref.grpo(r, m, index, norm)),
+    grpo_passk=same(ref.grpo_passk(r, m, index, norm)),
+    rloo=same(ref.rloo(r, m, index)),
+    reinforce_plus_plus=ref.reinforce_pp(r, m, gamma),
+    reinforce_plus_plus_baseline=same(ref.reinforce_pp_baseline(r, m, index)),
+    remax=ref.remax(r, m, baselines),
+    opo=same(ref.opo(r, m, index)),
+    gpg=same(ref.gpg(r, m, index)),
   )
 
 
@@ -82,21 +91,26 @@ def test_estimators_match_numpy(B, T, index, binary):
   got = _run_all(r, values, m, index, baselines)
   want = _reference_all(r, values, m, index, baselines)
   assert set(got) == set(want)
-  for name, fn, ref_fn in (("grpo", algos.compute_grpo_outcome_advantage, ref.grpo),
-                           ("grpo_passk", algos.compute_grpo_passk_outcome_advantage, ref.grpo_passk)):
+  for name, fn, ref_fn in (
+    ("grpo", algos.compute_grpo_outcome_advantage, ref.grpo),
+    ("grpo_passk", algos.compute_grpo_passk_outcome_advantage, ref.grpo_passk),
+  ):
     got[name + "_no_std"] = fn(r, m, index, norm_adv_by_std_in_grpo=False)
     want[name + "_no_std"] = (ref_fn(r, m, index, norm=False),) * 2
   for name in want:
     for g, w in zip(got[name], want[name]):
-        # whitened estimators divide by a batch std: allow fp32 rounding of that division
-      tol = dict(rtol=2e-6, atol=2e-6) if name in ("gae", "reinforce_plus_plus", "gdpo",
-                                                   "reinforce_plus_plus_baseline") else TOL
+      # whitened estimators divide by a batch std: allow fp32 rounding of that division
+      tol = (
+        dict(rtol=2e-6, atol=2e-6)
+        if name in ("gae", "reinforce_plus_plus", "gdpo", "reinforce_plus_plus_baseline")
+        else TOL
+      )
       assert g.shape == (B, T) and g.dtype == jnp.float32
       np.testing.assert_allclose(g, w, err_msg=name, **tol)
 
 
 def test_gae_hand_computed():
-    # one row, T=3, reward 1 at the end, values .5 .5 .5, gamma=lam=1, last token masked
+  # one row, T=3, reward 1 at the end, values .5 .5 .5, gamma=lam=1, last token masked
   r = np.array([[0.0, 1.0, 9.0]], np.float32)
   v = np.array([[0.5, 0.5, 9.0]], np.float32)
   m = np.array([[1.0, 1.0, 0.0]], np.float32)
@@ -114,8 +128,9 @@ def test_grpo_hand_computed():
   r = np.array([[1.0], [0.0], [1.0], [0.5]], np.float32)
   m = np.ones((4, 1), np.float32)
   adv, ret = algos.compute_grpo_outcome_advantage(r, m, np.array([0, 0, 1, 2], np.int32))
-  np.testing.assert_allclose(adv[:, 0], [0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6),
-                                         1.0 / (1 + 1e-6), 0.5 / (1 + 1e-6)], **TOL)
+  np.testing.assert_allclose(
+    adv[:, 0], [0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6), 1.0 / (1 + 1e-6), 0.5 / (1 + 1e-6)], **TOL
+  )
   adv, _ = algos.compute_grpo_outcome_advantage(r, m, np.array([0, 0, 1, 2]), norm_adv_by_std_in_grpo=False)
   np.testing.assert_allclose(adv[:, 0], [0.5, -0.5, 1.0, 0.5], **TOL)
   adv, _ = algos.compute_grpo_passk_outcome_advantage(r, m, np.array([0, 0, 0, 0]), norm_adv_by_std_in_grpo=False)
@@ -164,15 +179,19 @@ def test_jit_vmap_grad_bf16():
   grads = jax.jit(jax.grad(lambda rr: sum(jnp.sum(v) for v in run(rr, values, m, index).values())))(r)
   assert np.all(np.asarray(grads) == 0)  # advantages are constants of the update
   bf16 = run(jnp.asarray(r, jnp.bfloat16), jnp.asarray(values, jnp.bfloat16), m, index)
-  want = run(np.asarray(jnp.asarray(r, jnp.bfloat16), np.float32),
-             np.asarray(jnp.asarray(values, jnp.bfloat16), np.float32), m, index)
+  want = run(
+    np.asarray(jnp.asarray(r, jnp.bfloat16), np.float32),
+    np.asarray(jnp.asarray(values, jnp.bfloat16), np.float32),
+    m,
+    index,
+  )
   for name in eager:
     assert bf16[name].dtype == jnp.float32
     np.testing.assert_allclose(bf16[name], want[name], err_msg=name, **TOL)
 
 
 def test_reinforce_plus_plus_carries_the_return_through_masked_spans():
-    # multi-turn: token 1 is an observation (mask 0); the final reward must still reach token 0 (verl 0.9.1)
+  # multi-turn: token 1 is an observation (mask 0); the final reward must still reach token 0 (verl 0.9.1)
   r = np.array([[0.0, 0.0, 0.0, 1.0]], np.float32)
   m = np.array([[1.0, 0.0, 1.0, 1.0]], np.float32)
   _, returns = algos.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.5)
@@ -184,15 +203,26 @@ def test_new_estimators_need_their_inputs():
   with pytest.raises(ValueError, match="needs `old_log_probs`"):
     algos.compute_advantage("optimal_token_baseline", token_level_rewards=r, response_mask=m, index=np.zeros(4))
   with pytest.raises(ValueError, match="needs `sum_pi_squared`"):
-    algos.compute_advantage("tir_optimal_token_baseline", token_level_rewards=r, response_mask=m,
-                            index=np.zeros(4), old_log_probs=-np.ones((4, 3)))
+    algos.compute_advantage(
+      "tir_optimal_token_baseline",
+      token_level_rewards=r,
+      response_mask=m,
+      index=np.zeros(4),
+      old_log_probs=-np.ones((4, 3)),
+    )
   with pytest.raises(ValueError, match="gdpo_reward_weights"):
-    algos.compute_advantage("gdpo", token_level_rewards=r, response_mask=m, index=np.zeros(4),
-                            reward_components=np.ones((2, 4)), reward_weights=(1.0,))
+    algos.compute_advantage(
+      "gdpo",
+      token_level_rewards=r,
+      response_mask=m,
+      index=np.zeros(4),
+      reward_components=np.ones((2, 4)),
+      reward_weights=(1.0,),
+    )
 
 
 def test_gdpo_normalises_each_component_on_its_own():
-    # component "acc" is 100x larger than "format": summed first (GRPO) it would drown "format"
+  # component "acc" is 100x larger than "format": summed first (GRPO) it would drown "format"
   m = np.ones((4, 2), np.float32)
   index = np.zeros(4, np.int32)
   acc, fmt = np.array([100.0, 0.0, 100.0, 0.0]), np.array([0.0, 0.0, 1.0, 1.0])

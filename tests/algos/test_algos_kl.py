@@ -1,11 +1,11 @@
 """KL estimators, full KL, entropy and the KL controllers (docs/algorithms.md §2, §4)."""
 
+import algos_numpy_reference as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import algos_numpy_reference as ref
 from jaxrlhf import algos
 
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -23,8 +23,9 @@ def _logprobs(seed, shape=(4, 9), scale=1.0):
 def test_kl_estimators_match_numpy(name):
   for seed, scale in ((0, 1.0), (1, 30.0)):  # scale 30 exercises the k3 clips
     lp, ref_lp = _logprobs(seed, scale=scale)
-    np.testing.assert_allclose(algos.kl_penalty(lp, ref_lp, name), ref.kl_penalty(lp, ref_lp, name),
-                               rtol=1e-6, atol=1e-5 * scale)
+    np.testing.assert_allclose(
+      algos.kl_penalty(lp, ref_lp, name), ref.kl_penalty(lp, ref_lp, name), rtol=1e-6, atol=1e-5 * scale
+    )
 
 
 def test_kl_hand_computed():
@@ -45,7 +46,7 @@ def test_straight_through_value_of_base_gradient_of_k2(name):
     g_plus = jax.grad(lambda a, b: jnp.sum(weights * algos.kl_penalty(a, b, name + "+")), argnum)(lp, ref_lp)
     g_k2 = jax.grad(lambda a, b: jnp.sum(weights * algos.kl_penalty(a, b, "k2")), argnum)(lp, ref_lp)
     np.testing.assert_allclose(g_plus, g_k2, **TOL)
-# and k2's gradient is the log-ratio, independent of the estimator reported
+  # and k2's gradient is the log-ratio, independent of the estimator reported
   g = jax.grad(lambda a: jnp.sum(algos.kl_penalty(a, ref_lp, name + "+")))(lp)
   np.testing.assert_allclose(g, lp - ref_lp, **TOL)
 
@@ -67,8 +68,9 @@ def test_full_kl_equals_vocab_sum(shape):
   # E_pi[k1] over the vocabulary is the full KL: consistency with the sampled-token estimators
   logp = jax.nn.log_softmax(logits)
   logq = jax.nn.log_softmax(ref_logits)
-  np.testing.assert_allclose(jnp.sum(jnp.exp(logp) * algos.kl_penalty(logp, logq, "k1"), -1),
-                             algos.full_kl(logits, ref_logits), **TOL)
+  np.testing.assert_allclose(
+    jnp.sum(jnp.exp(logp) * algos.kl_penalty(logp, logq, "k1"), -1), algos.full_kl(logits, ref_logits), **TOL
+  )
 
 
 def test_full_kl_and_entropy_bf16_in_fp32():
@@ -78,8 +80,9 @@ def test_full_kl_and_entropy_bf16_in_fp32():
   kl = algos.full_kl(logits, ref_logits)
   ent = algos.entropy_from_logits(logits)
   assert kl.dtype == ent.dtype == jnp.float32
-  np.testing.assert_allclose(kl, ref.full_kl(np.asarray(logits, np.float32), np.asarray(ref_logits, np.float32)),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    kl, ref.full_kl(np.asarray(logits, np.float32), np.asarray(ref_logits, np.float32)), rtol=1e-5, atol=1e-5
+  )
   np.testing.assert_allclose(ent, ref.entropy(np.asarray(logits, np.float32)), rtol=1e-5, atol=1e-5)
 
 

@@ -1,11 +1,11 @@
 """Policy losses, value loss and their registry (docs/algorithms.md §4)."""
 
+import algos_numpy_reference as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import algos_numpy_reference as ref
 from jaxrlhf import algos
 
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -27,8 +27,9 @@ def test_vanilla_matches_numpy(shape, clips):
   old, lp, adv, m = _inputs(sum(shape), shape, spread=1.0)
   lo, hi, c = clips
   for mode in algos.LOSS_AGG_MODES:
-    loss, metrics = algos.compute_policy_loss(old, lp, adv, m, clip_ratio=0.2, clip_ratio_low=lo,
-                                              clip_ratio_high=hi, clip_ratio_c=c, loss_agg_mode=mode)
+    loss, metrics = algos.compute_policy_loss(
+      old, lp, adv, m, clip_ratio=0.2, clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c, loss_agg_mode=mode
+    )
     want, want_metrics = ref.policy_vanilla(old, lp, adv, m, lo, hi, c, mode)
     np.testing.assert_allclose(loss, want, err_msg=mode, **TOL)
     for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
@@ -52,13 +53,14 @@ def test_vanilla_hand_computed():
 def test_vanilla_gradient_is_zero_exactly_where_clipped(lo, hi):
   old, lp, adv, m = _inputs(11, (8, 16), spread=1.0)
   c = 3.0
-  grad = jax.grad(lambda x: algos.compute_policy_loss(old, x, adv, m, clip_ratio_low=lo, clip_ratio_high=hi,
-                                                      clip_ratio_c=c)[0])(lp)
+  grad = jax.grad(
+    lambda x: algos.compute_policy_loss(old, x, adv, m, clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c)[0]
+  )(lp)
   ratio = np.exp(np.clip(lp.astype(np.float64) - old, -20, 20))
-  clipped_high = (adv > 0) & (ratio > 1 + hi)      # clip-higher: upside capped for good actions
+  clipped_high = (adv > 0) & (ratio > 1 + hi)  # clip-higher: upside capped for good actions
   clipped_low = (adv < 0) & (ratio < 1 - lo)
-  dual_clipped = (adv < 0) & (ratio > c)            # dual clip caps the loss of bad actions
-  no_grad = (clipped_high | clipped_low | dual_clipped | (m == 0))
+  dual_clipped = (adv < 0) & (ratio > c)  # dual clip caps the loss of bad actions
+  no_grad = clipped_high | clipped_low | dual_clipped | (m == 0)
   assert no_grad.any() and (~no_grad).any() and dual_clipped.any() and clipped_high.any()
   np.testing.assert_array_equal(np.asarray(grad)[no_grad], 0.0)
   assert np.all(np.asarray(grad)[~no_grad & (adv != 0)] != 0)
@@ -74,22 +76,33 @@ def test_other_modes_match_numpy(shape):
   common = dict(clip_ratio_low=lo, clip_ratio_high=hi)
   for mode in algos.LOSS_AGG_MODES:
     np.testing.assert_allclose(
-        algos.compute_policy_loss(old, lp, adv, m, loss_mode="gpg", loss_agg_mode=mode)[0],
-        ref.policy_gpg(old, lp, adv, m, mode), **TOL)
+      algos.compute_policy_loss(old, lp, adv, m, loss_mode="gpg", loss_agg_mode=mode)[0],
+      ref.policy_gpg(old, lp, adv, m, mode),
+      **TOL,
+    )
     np.testing.assert_allclose(
-        algos.compute_policy_loss(old, lp, adv, m, loss_mode="cispo", loss_agg_mode=mode, **common)[0],
-        ref.policy_cispo(old, lp, adv, m, lo, hi, mode), **TOL)
+      algos.compute_policy_loss(old, lp, adv, m, loss_mode="cispo", loss_agg_mode=mode, **common)[0],
+      ref.policy_cispo(old, lp, adv, m, lo, hi, mode),
+      **TOL,
+    )
     np.testing.assert_allclose(
-        algos.compute_policy_loss(old, lp, adv, m, loss_mode="kl_cov", loss_agg_mode=mode, kl_cov_ratio=0.1,
-                                  ppo_kl_coef=0.5)[0],
-        ref.policy_kl_cov(old, lp, adv, m, 0.1, 0.5, mode), **TOL)
+      algos.compute_policy_loss(
+        old, lp, adv, m, loss_mode="kl_cov", loss_agg_mode=mode, kl_cov_ratio=0.1, ppo_kl_coef=0.5
+      )[0],
+      ref.policy_kl_cov(old, lp, adv, m, 0.1, 0.5, mode),
+      **TOL,
+    )
     # gspo follows loss_agg_mode (verl 0.9.1); geo_mean aggregates by sequence whatever it says (as verl)
     np.testing.assert_allclose(
-        algos.compute_policy_loss(old, lp, adv, m, loss_mode="gspo", loss_agg_mode=mode, **common)[0],
-        ref.policy_gspo(old, lp, adv, m, lo, hi, mode), **TOL)
+      algos.compute_policy_loss(old, lp, adv, m, loss_mode="gspo", loss_agg_mode=mode, **common)[0],
+      ref.policy_gspo(old, lp, adv, m, lo, hi, mode),
+      **TOL,
+    )
     np.testing.assert_allclose(
-        algos.compute_policy_loss(old, lp, adv, m, loss_mode="geo_mean", loss_agg_mode=mode, **common)[0],
-        ref.policy_geo_mean(old, lp, adv, m, lo, hi), **TOL)
+      algos.compute_policy_loss(old, lp, adv, m, loss_mode="geo_mean", loss_agg_mode=mode, **common)[0],
+      ref.policy_geo_mean(old, lp, adv, m, lo, hi),
+      **TOL,
+    )
 
 
 def test_gspo_sequence_ratio_gradient():
@@ -134,7 +147,7 @@ def test_new_losses_hand_computed():
   np.testing.assert_allclose(loss, want.mean(), **TOL)
   with pytest.raises(ValueError, match="dro_beta"):
     algos.compute_policy_loss(old, lp, adv, m, loss_mode="dro")
-# dppo_tv: token 0 moved p by +0.3 > 0.2 with A > 0: masked; token 1 by -0.1 >= -0.2: kept
+  # dppo_tv: token 0 moved p by +0.3 > 0.2 with A > 0: masked; token 1 by -0.1 >= -0.2: kept
   loss, metrics = algos.compute_policy_loss(old, lp, adv, m, loss_mode="dppo_tv")
   np.testing.assert_allclose(loss, (0 + 1.0 * 0.8 * lp[0, 1]) / 2, **TOL)
   np.testing.assert_allclose(metrics["pg_clipfrac"], 0.5, **TOL)
@@ -145,7 +158,7 @@ def test_geo_mean_hand_computed():
   lp = np.array([[0.5, -0.1]], np.float32)
   adv = np.ones((1, 2), np.float32)
   loss, metrics = algos.compute_policy_loss(old, lp, adv, np.ones((1, 2)), loss_mode="geo_mean", clip_ratio=0.2)
-  np.testing.assert_allclose(loss, -np.exp((0.2 - 0.1) / 2), **TOL)   # 0.5 clipped to 0.2
+  np.testing.assert_allclose(loss, -np.exp((0.2 - 0.1) / 2), **TOL)  # 0.5 clipped to 0.2
   np.testing.assert_allclose(metrics["pg_clipfrac"], 0.5, **TOL)
 
 
@@ -154,8 +167,9 @@ def test_clip_cov_detaches_random_high_covariance_tokens():
   adv = adv * 4  # make covariances reach (lb, ub) = (1, 5)
   kwargs = dict(loss_mode="clip_cov", clip_cov_lb=1.0, clip_cov_ub=5.0)
   # with a large ratio every candidate is detached: deterministic, compare with numpy
-  loss_all, metrics_all = algos.compute_policy_loss(old, lp, adv, m, rng=jax.random.key(0), clip_cov_ratio=0.9,
-                                                    **kwargs)
+  loss_all, metrics_all = algos.compute_policy_loss(
+    old, lp, adv, m, rng=jax.random.key(0), clip_cov_ratio=0.9, **kwargs
+  )
   lp64, adv64 = lp.astype(np.float64), adv.astype(np.float64)
   ratio = np.exp(lp64 - old)
   l1, l2 = -adv64 * ratio, -adv64 * np.clip(ratio, 0.8, 1.2)
@@ -168,14 +182,12 @@ def test_clip_cov_detaches_random_high_covariance_tokens():
   n_detach = max(int(0.02 * m.sum()), 1)
   losses = set()
   for seed in range(6):
-    loss, metrics = algos.compute_policy_loss(old, lp, adv, m, rng=jax.random.key(seed), clip_cov_ratio=0.02,
-                                              **kwargs)
+    loss, metrics = algos.compute_policy_loss(old, lp, adv, m, rng=jax.random.key(seed), clip_cov_ratio=0.02, **kwargs)
     np.testing.assert_allclose(metrics["pg_clipfrac"] * m.sum(), n_detach, rtol=1e-6)
     losses.add(round(float(loss), 6))
   assert len(losses) > 1
   again = algos.compute_policy_loss(old, lp, adv, m, rng=jax.random.key(0), clip_cov_ratio=0.02, **kwargs)[0]
-  assert again == algos.compute_policy_loss(old, lp, adv, m, rng=jax.random.key(0), clip_cov_ratio=0.02,
-                                            **kwargs)[0]
+  assert again == algos.compute_policy_loss(old, lp, adv, m, rng=jax.random.key(0), clip_cov_ratio=0.02, **kwargs)[0]
   with pytest.raises(ValueError, match="rng"):
     algos.compute_policy_loss(old, lp, adv, m, loss_mode="clip_cov")
 
@@ -206,15 +218,26 @@ def test_value_loss_hand_computed():
   # token 0: vclip 0.5, max((2-1)^2, (0.5-1)^2) = 1; token 1: unclipped 0.01 -> 0.5 * mean = 0.2525
   np.testing.assert_allclose(loss, 0.5 * (1.0 + 0.01) / 2, **TOL)
   np.testing.assert_allclose(clipfrac, 0.0, **TOL)
-  loss, clipfrac = algos.compute_value_loss(np.array([[0.0]]), np.array([[1.0]]), np.array([[0.0]]),
-                                            np.ones((1, 1)), 0.2)
+  loss, clipfrac = algos.compute_value_loss(
+    np.array([[0.0]]), np.array([[1.0]]), np.array([[0.0]]), np.ones((1, 1)), 0.2
+  )
   np.testing.assert_allclose([loss, clipfrac], [0.5 * 0.64, 1.0], **TOL)
 
 
-@pytest.mark.parametrize("loss_mode,agg_mode", [("vanilla", mode) for mode in algos.LOSS_AGG_MODES] + [
-    ("cispo", "token-mean"), ("gspo", "seq-mean-token-sum-norm"), ("geo_mean", "token-mean"),
-    ("sapo", "token-mean"), ("dppo_kl", "seq-mean-token-mean"), ("dppo_tv", "token-sum"), ("dro", "token-mean"),
-    ("bypass_mode", "token-mean")])
+@pytest.mark.parametrize(
+  "loss_mode,agg_mode",
+  [("vanilla", mode) for mode in algos.LOSS_AGG_MODES]
+  + [
+    ("cispo", "token-mean"),
+    ("gspo", "seq-mean-token-sum-norm"),
+    ("geo_mean", "token-mean"),
+    ("sapo", "token-mean"),
+    ("dppo_kl", "seq-mean-token-mean"),
+    ("dppo_tv", "token-sum"),
+    ("dro", "token-mean"),
+    ("bypass_mode", "token-mean"),
+  ],
+)
 def test_micro_batches_sum_to_mini_batch_loss_grad_and_metrics(loss_mode, agg_mode):
   old, lp, adv, m = _inputs(13, (8, 10), spread=1.0)
   m[3] = 0
@@ -228,13 +251,14 @@ def test_micro_batches_sum_to_mini_batch_loss_grad_and_metrics(loss_mode, agg_mo
   def split(x):
     total, metrics = 0.0, {}
     for sl in (slice(0, 2), slice(2, 5), slice(5, 8)):  # uneven micro-batches
-      loss, mt = algos.compute_policy_loss(old[sl], x[sl], adv[sl], m[sl], loss_mode=loss_mode,
-                                           loss_agg_mode=agg_mode, **norms, **mode_kwargs)
+      loss, mt = algos.compute_policy_loss(
+        old[sl], x[sl], adv[sl], m[sl], loss_mode=loss_mode, loss_agg_mode=agg_mode, **norms, **mode_kwargs
+      )
       total = total + loss
       metrics = {k: metrics.get(k, 0.0) + v for k, v in mt.items()}
     return total, metrics
 
-# jitted: one compile each instead of eager op-by-op compiles of the gradient (test speed)
+  # jitted: one compile each instead of eager op-by-op compiles of the gradient (test speed)
   (loss_full, metrics_full), (loss_split, metrics_split) = jax.jit(full)(lp), jax.jit(split)(lp)
   np.testing.assert_allclose(loss_split, loss_full, **TOL)
   for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):  # rollout_corr/* are per-micro-batch means
@@ -244,8 +268,10 @@ def test_micro_batches_sum_to_mini_batch_loss_grad_and_metrics(loss_mode, agg_mo
 
   vpreds = lp * 2
   vfull = algos.compute_value_loss(vpreds, old, adv, m, 0.2, agg_mode)
-  vsplit = [algos.compute_value_loss(vpreds[s], old[s], adv[s], m[s], 0.2, agg_mode, **norms)
-            for s in (slice(0, 3), slice(3, 8))]
+  vsplit = [
+    algos.compute_value_loss(vpreds[s], old[s], adv[s], m[s], 0.2, agg_mode, **norms)
+    for s in (slice(0, 3), slice(3, 8))
+  ]
   np.testing.assert_allclose(np.sum(vsplit, axis=0), vfull, **TOL)
 
 
@@ -275,17 +301,18 @@ def test_all_modes_jit_vmap_grad_bf16(loss_mode):
 
 def test_registry_errors_and_custom_loss():
   with pytest.raises(ValueError, match="vanilla"):
-    algos.compute_policy_loss(jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)),
-                              loss_mode="nope")
+    algos.compute_policy_loss(
+      jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)), loss_mode="nope"
+    )
   with pytest.raises(ValueError, match="already registered"):
     algos.register_policy_loss("vanilla")(lambda *a, **k: None)
   with pytest.raises(ValueError, match="clip_ratio_c"):
-    algos.compute_policy_loss(jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)),
-                              clip_ratio_c=1.0)
+    algos.compute_policy_loss(
+      jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.zeros((1, 1)), jnp.ones((1, 1)), clip_ratio_c=1.0
+    )
 
   @algos.register_policy_loss("test_only_reinforce")
-  def reinforce(old_log_prob, log_prob, advantages, response_mask, *, loss_agg_mode, agg_kwargs, scale=1.0,
-                **unused):
+  def reinforce(old_log_prob, log_prob, advantages, response_mask, *, loss_agg_mode, agg_kwargs, scale=1.0, **unused):
     loss = algos.agg_loss(-scale * log_prob * advantages, response_mask, loss_agg_mode, **agg_kwargs)
     return loss, dict(pg_clipfrac=0.0, pg_clipfrac_lower=0.0, ppo_kl=0.0)
 

@@ -1,10 +1,10 @@
 """Sequence scores -> token-level rewards: DAPO's overlong penalty, score placement, KL in the reward
 (docs/algorithms.md §2-3)."""
 
+import algos_numpy_reference as ref
 import numpy as np
 import pytest
 
-import algos_numpy_reference as ref
 from jaxrlhf import algos
 
 
@@ -36,9 +36,18 @@ def test_apply_kl_penalty_matches_numpy(ctrl, name):
   lp = -np.abs(rng.normal(size=(4, 7))).astype(np.float32)
   ref_lp = -np.abs(rng.normal(size=(4, 7))).astype(np.float32)
   for scale in (1.0, 0.0):  # 0: the KL warm-up gate
-    rewards, coef, current = algos.apply_kl_penalty(scores_tok, lp, ref_lp, mask, np.float32(0.05),
-                                                    kl_penalty_type=name, kl_ctrl_type=ctrl, target_kl=0.1,
-                                                    horizon=100.0, kl_gate=scale)
+    rewards, coef, current = algos.apply_kl_penalty(
+      scores_tok,
+      lp,
+      ref_lp,
+      mask,
+      np.float32(0.05),
+      kl_penalty_type=name,
+      kl_ctrl_type=ctrl,
+      target_kl=0.1,
+      horizon=100.0,
+      kl_gate=scale,
+    )
     want = ref.apply_kl_penalty(scores_tok, lp, ref_lp, mask, 0.05, name, ctrl, 0.1, 100.0, scale)
     np.testing.assert_allclose(rewards, want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(coef, want[1], rtol=1e-6)
@@ -48,5 +57,12 @@ def test_apply_kl_penalty_matches_numpy(ctrl, name):
 
 def test_unknown_kl_controller_is_named():
   with pytest.raises(ValueError, match="kl_ctrl.type='pid'"):
-    algos.apply_kl_penalty(np.zeros((1, 2)), np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2)), 0.1,
-                           kl_penalty_type="kl", kl_ctrl_type="pid")
+    algos.apply_kl_penalty(
+      np.zeros((1, 2)),
+      np.zeros((1, 2)),
+      np.zeros((1, 2)),
+      np.ones((1, 2)),
+      0.1,
+      kl_penalty_type="kl",
+      kl_ctrl_type="pid",
+    )

@@ -1,11 +1,11 @@
 """masked_* statistics, agg_loss and the micro-batch global-normalisation contract (docs/algorithms.md §1, §4)."""
 
+import algos_numpy_reference as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import algos_numpy_reference as ref
 from jaxrlhf import algos
 
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -54,7 +54,7 @@ def test_empty_and_single_masks_give_zero_not_nan():
   np.testing.assert_array_equal(algos.masked_whiten(x, single)[0, 0], 0.0)
   for mode in algos.LOSS_AGG_MODES:
     assert algos.agg_loss(x, empty, mode) == 0
-# gradients stay finite for an all-masked batch and garbage padding
+  # gradients stay finite for an all-masked batch and garbage padding
   g = jax.grad(lambda y: algos.agg_loss(y, empty, "seq-mean-token-mean"))(x)
   assert np.all(np.isfinite(g))
 
@@ -66,8 +66,9 @@ def test_agg_loss_matches_numpy(mode, shape):
   loss = rng.normal(size=shape).astype(np.float32)
   m = ref.random_batch(rng, *shape, empty_rows=[1] if shape[0] > 2 else [])
   np.testing.assert_allclose(algos.agg_loss(loss, m, mode), ref.agg_loss(loss, m, mode), **TOL)
-  np.testing.assert_allclose(jax.jit(algos.agg_loss, static_argnums=2)(loss, m, mode),
-                             ref.agg_loss(loss, m, mode), **TOL)
+  np.testing.assert_allclose(
+    jax.jit(algos.agg_loss, static_argnums=2)(loss, m, mode), ref.agg_loss(loss, m, mode), **TOL
+  )
 
 
 def test_agg_loss_hand_computed():
@@ -118,8 +119,10 @@ def test_micro_batch_sum_equals_unsplit_loss_and_grad(mode, n_micro):
 
   def split_jnp(p):  # same as split but differentiable w.r.t. the whole array
     parts = jnp.split(p, n_micro)
-    return sum(algos.agg_loss(jnp.square(pp) * w, mm, mode, **norms)
-               for pp, w, mm in zip(parts, np.split(weight, n_micro), np.split(m, n_micro)))
+    return sum(
+      algos.agg_loss(jnp.square(pp) * w, mm, mode, **norms)
+      for pp, w, mm in zip(parts, np.split(weight, n_micro), np.split(m, n_micro))
+    )
 
   np.testing.assert_allclose(split(loss_param), full(loss_param), **TOL)
   np.testing.assert_allclose(jax.grad(split_jnp)(loss_param), jax.grad(full)(loss_param), **TOL)

@@ -3,7 +3,6 @@ on random masked inputs with a padding row, for every shared function (verl_pari
 
 import numpy as np
 import pytest
-
 import verl_parity_cases as parity
 
 SEEDS = (0, 1, 2)
@@ -33,12 +32,19 @@ def test_inputs_exercise_the_interesting_paths():
   assert labels["policy_loss/dppo_tv/token-mean/pg_clipfrac"] > 0
   rejected = [v for k, v in labels.items() if k.endswith("rollout_rs_masked_fraction")]
   assert rejected and all(0 < v < 1 for v in rejected), rejected
-  assert 0 < labels["rollout_correction/1:rollout_is=token,rollout_is_threshold=0.8_1.25,"
-                    "rollout_is_batch_normalize=True/rollout_corr/rollout_is_oob_ratio"] < 1
+  assert (
+    0
+    < labels[
+      "rollout_correction/1:rollout_is=token,rollout_is_threshold=0.8_1.25,"
+      "rollout_is_batch_normalize=True/rollout_corr/rollout_is_oob_ratio"
+    ]
+    < 1
+  )
 
 
 def test_inputs_reach_the_zero_tail_and_multi_turn_holes():
   from jaxrlhf import algos
+
   x = parity.inputs(0)
   args = (x["rewards"], x["m"], parity.INDEX, x["old"], x["sum_pi_sq"])
   otb = algos.get_adv_estimator("optimal_token_baseline")

@@ -47,8 +47,9 @@ def masked_whiten(values, mask, shift_mean=True):
 
 
 # ------------------------------------------------------------------ core_algos.agg_loss
-def agg_loss(loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_tokens=None, global_batch_size=None,
-             loss_scale_factor=None):
+def agg_loss(
+  loss_mat, loss_mask, loss_agg_mode, dp_size=1, batch_num_tokens=None, global_batch_size=None, loss_scale_factor=None
+):
   loss_mat, loss_mask = f64(loss_mat), f64(loss_mask)
   if loss_agg_mode == "token-mean":
     if batch_num_tokens is None:
@@ -104,9 +105,19 @@ def _apply_is(pg_losses, rollout_is_weights):
   return pg_losses if rollout_is_weights is None else pg_losses * f64(rollout_is_weights)
 
 
-def policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                        clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
-                        rollout_is_weights=None, **global_batch_info):
+def policy_loss_vanilla(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  clip_ratio_c=3.0,
+  rollout_is_weights=None,
+  **global_batch_info,
+):
   old_log_prob, log_prob, advantages = f64(old_log_prob), f64(log_prob), f64(advantages)
   low, high = _clip_ratios(clip_ratio, clip_ratio_low, clip_ratio_high)
   negative_approx_kl = np.clip(log_prob - old_log_prob, -20, 20)
@@ -124,8 +135,20 @@ def policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_
   return loss, dict(pg_clipfrac=pg_clipfrac, ppo_kl=ppo_kl, pg_clipfrac_lower=pg_clipfrac_lower)
 
 
-def _dppo(valid_fn, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio, clip_ratio_low,
-          clip_ratio_high, clip_ratio_c, rollout_is_weights, global_batch_info):
+def _dppo(
+  valid_fn,
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode,
+  clip_ratio,
+  clip_ratio_low,
+  clip_ratio_high,
+  clip_ratio_c,
+  rollout_is_weights,
+  global_batch_info,
+):
   old_log_prob, log_prob, advantages = f64(old_log_prob), f64(log_prob), f64(advantages)
   low, high = _clip_ratios(clip_ratio, clip_ratio_low, clip_ratio_high)
   negative_approx_kl = np.clip(log_prob - old_log_prob, -20, 20)
@@ -137,36 +160,93 @@ def _dppo(valid_fn, old_log_prob, log_prob, advantages, response_mask, loss_agg_
   valid = np.where(advantages > 0, valid_positive, valid_negative).astype(float)
   pg_losses = _apply_is(-advantages * truncated_ratio * log_prob * valid, rollout_is_weights)
   loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info)
-  return loss, dict(pg_clipfrac=masked_mean(1.0 - valid, response_mask), ppo_kl=ppo_kl,
-                    pg_clipfrac_lower=masked_mean((ratio > clip_ratio_c) * valid, response_mask))
+  return loss, dict(
+    pg_clipfrac=masked_mean(1.0 - valid, response_mask),
+    ppo_kl=ppo_kl,
+    pg_clipfrac_lower=masked_mean((ratio > clip_ratio_c) * valid, response_mask),
+  )
 
 
-def policy_loss_dppo_tv(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                        clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
-                        rollout_is_weights=None, **global_batch_info):
+def policy_loss_dppo_tv(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  clip_ratio_c=3.0,
+  rollout_is_weights=None,
+  **global_batch_info,
+):
   def valid(prob, old_prob, lp, old, low, high):
     return (prob - old_prob) <= high, (prob - old_prob) >= -low
 
-  return _dppo(valid, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio, clip_ratio_low,
-               clip_ratio_high, clip_ratio_c, rollout_is_weights, global_batch_info)
+  return _dppo(
+    valid,
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode,
+    clip_ratio,
+    clip_ratio_low,
+    clip_ratio_high,
+    clip_ratio_c,
+    rollout_is_weights,
+    global_batch_info,
+  )
 
 
-def policy_loss_dppo_kl(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                        clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
-                        rollout_is_weights=None, **global_batch_info):
+def policy_loss_dppo_kl(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  clip_ratio_c=3.0,
+  rollout_is_weights=None,
+  **global_batch_info,
+):
   def valid(prob, old_prob, lp, old, low, high):
     binary_kl = old_prob * (old - lp) + (1 - old_prob) * np.log((1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
     return (binary_kl <= high) | (prob <= old_prob), (binary_kl <= low) | (prob >= old_prob)
 
-  return _dppo(valid, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio, clip_ratio_low,
-               clip_ratio_high, clip_ratio_c, rollout_is_weights, global_batch_info)
+  return _dppo(
+    valid,
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode,
+    clip_ratio,
+    clip_ratio_low,
+    clip_ratio_high,
+    clip_ratio_c,
+    rollout_is_weights,
+    global_batch_info,
+  )
 
 
-def policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
-                     clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, rollout_is_weights=None,
-                     **global_batch_info):
-  old_log_prob, log_prob, advantages, response_mask = (f64(a) for a in (old_log_prob, log_prob, advantages,
-                                                                        response_mask))
+def policy_loss_gspo(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="seq-mean-token-mean",
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  rollout_is_weights=None,
+  **global_batch_info,
+):
+  old_log_prob, log_prob, advantages, response_mask = (
+    f64(a) for a in (old_log_prob, log_prob, advantages, response_mask)
+  )
   low, high = _clip_ratios(clip_ratio, clip_ratio_low, clip_ratio_high)
   negative_approx_kl = log_prob - old_log_prob
   seq_lengths = np.maximum(response_mask.sum(-1), 1)
@@ -177,12 +257,24 @@ def policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg
   pg_losses2 = -advantages * np.clip(seq_importance_ratio, 1 - low, 1 + high)
   pg_losses = _apply_is(np.maximum(pg_losses1, pg_losses2), rollout_is_weights)
   loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info)
-  return loss, dict(pg_clipfrac=masked_mean((pg_losses2 > pg_losses1).astype(float), response_mask),
-                    ppo_kl=masked_mean(-negative_approx_kl, response_mask), pg_clipfrac_lower=0.0)
+  return loss, dict(
+    pg_clipfrac=masked_mean((pg_losses2 > pg_losses1).astype(float), response_mask),
+    ppo_kl=masked_mean(-negative_approx_kl, response_mask),
+    pg_clipfrac_lower=0.0,
+  )
 
 
-def policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
-                     tau_pos=1.0, tau_neg=1.05, rollout_is_weights=None, **global_batch_info):
+def policy_loss_sapo(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="seq-mean-token-mean",
+  tau_pos=1.0,
+  tau_neg=1.05,
+  rollout_is_weights=None,
+  **global_batch_info,
+):
   old_log_prob, log_prob, advantages = f64(old_log_prob), f64(log_prob), f64(advantages)
   negative_approx_kl = np.clip(log_prob - old_log_prob, -20, 20)
   ratio = np.exp(negative_approx_kl)
@@ -193,18 +285,36 @@ def policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg
   return loss, dict(pg_clipfrac=0.0, ppo_kl=masked_mean(-negative_approx_kl, response_mask), pg_clipfrac_lower=0.0)
 
 
-def policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                    rollout_is_weights=None, **global_batch_info):
+def policy_loss_gpg(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  rollout_is_weights=None,
+  **global_batch_info,
+):
   pg_losses = _apply_is(-f64(log_prob) * f64(advantages), rollout_is_weights)
   return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info), {}
 
 
-def policy_loss_clip_cov_all(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                             clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_cov_lb=1.0,
-                             clip_cov_ub=5.0, **global_batch_info):
+def policy_loss_clip_cov_all(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  clip_cov_lb=1.0,
+  clip_cov_ub=5.0,
+  **global_batch_info,
+):
   """clip_cov with a clip_cov_ratio large enough that every candidate is detached (no random draw)."""
-  old_log_prob, log_prob, advantages, response_mask = (f64(a) for a in (old_log_prob, log_prob, advantages,
-                                                                        response_mask))
+  old_log_prob, log_prob, advantages, response_mask = (
+    f64(a) for a in (old_log_prob, log_prob, advantages, response_mask)
+  )
   low, high = _clip_ratios(clip_ratio, clip_ratio_low, clip_ratio_high)
   negative_approx_kl = log_prob - old_log_prob
   ratio = np.exp(negative_approx_kl)
@@ -217,14 +327,25 @@ def policy_loss_clip_cov_all(old_log_prob, log_prob, advantages, response_mask, 
   corr = np.where((cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (response_mask > 0), 0.0, 1.0)
   pg_losses = np.maximum(pg_losses1, pg_losses2) * corr
   loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info)
-  return loss, dict(pg_clipfrac=masked_mean((corr == 0).astype(float), response_mask),
-                    ppo_kl=masked_mean(-negative_approx_kl, response_mask))
+  return loss, dict(
+    pg_clipfrac=masked_mean((corr == 0).astype(float), response_mask),
+    ppo_kl=masked_mean(-negative_approx_kl, response_mask),
+  )
 
 
-def policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                       kl_cov_ratio=0.0002, ppo_kl_coef=1.0, **global_batch_info):
-  old_log_prob, log_prob, advantages, response_mask = (f64(a) for a in (old_log_prob, log_prob, advantages,
-                                                                        response_mask))
+def policy_loss_kl_cov(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  kl_cov_ratio=0.0002,
+  ppo_kl_coef=1.0,
+  **global_batch_info,
+):
+  old_log_prob, log_prob, advantages, response_mask = (
+    f64(a) for a in (old_log_prob, log_prob, advantages, response_mask)
+  )
   negative_approx_kl = log_prob - old_log_prob
   abs_kl = np.abs(negative_approx_kl)
   ratio = np.exp(negative_approx_kl)
@@ -242,10 +363,19 @@ def policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_a
   return loss, dict(ppo_kl=masked_mean(abs_kl, response_mask))
 
 
-def policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, clip_ratio=0.2, clip_ratio_low=None,
-                         clip_ratio_high=None, rollout_is_weights=None):
-  old_log_prob, log_prob, advantages, response_mask = (f64(a) for a in (old_log_prob, log_prob, advantages,
-                                                                        response_mask))
+def policy_loss_geo_mean(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  rollout_is_weights=None,
+):
+  old_log_prob, log_prob, advantages, response_mask = (
+    f64(a) for a in (old_log_prob, log_prob, advantages, response_mask)
+  )
   low, high = _clip_ratios(clip_ratio, clip_ratio_low, clip_ratio_high)
   negative_approx_kl = log_prob - old_log_prob
   sgn = np.sign(advantages)
@@ -256,28 +386,46 @@ def policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, clip
   advantage = (advantages * response_mask).sum(-1) / (lengths + 1e-8)
   pg_losses = -advantage * ratio
   if rollout_is_weights is not None:
-    pg_losses = pg_losses * np.exp((np.log(f64(rollout_is_weights) + 1e-10) * response_mask).sum(-1)
-                                   / (lengths + 1e-8))
+    pg_losses = pg_losses * np.exp((np.log(f64(rollout_is_weights) + 1e-10) * response_mask).sum(-1) / (lengths + 1e-8))
   clipped = negative_approx_kl != clamped
   return pg_losses.mean(), dict(
-      pg_clipfrac=masked_mean(clipped * (advantages > 0), response_mask),
-      ppo_kl=masked_mean(-negative_approx_kl, response_mask),
-      pg_clipfrac_lower=masked_mean(clipped * (advantages < 0), response_mask))
+    pg_clipfrac=masked_mean(clipped * (advantages > 0), response_mask),
+    ppo_kl=masked_mean(-negative_approx_kl, response_mask),
+    pg_clipfrac_lower=masked_mean(clipped * (advantages < 0), response_mask),
+  )
 
 
-def policy_loss_dro(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", dro_beta=None,
-                    rollout_is_weights=None, **global_batch_info):
+def policy_loss_dro(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  dro_beta=None,
+  rollout_is_weights=None,
+  **global_batch_info,
+):
   if dro_beta is None or dro_beta <= 0:
     raise ValueError("policy_loss.dro_beta must be a positive value when using DRO")
   log_ratio = f64(log_prob) - f64(old_log_prob)
-  pg_losses = _apply_is(-(f64(log_prob) * f64(advantages) - 0.5 * dro_beta * log_ratio ** 2), rollout_is_weights)
+  pg_losses = _apply_is(-(f64(log_prob) * f64(advantages) - 0.5 * dro_beta * log_ratio**2), rollout_is_weights)
   return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info), dict(
-      ppo_kl=masked_mean(-log_ratio, response_mask))
+    ppo_kl=masked_mean(-log_ratio, response_mask)
+  )
 
 
-def policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                      clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, rollout_is_weights=None,
-                      **global_batch_info):
+def policy_loss_cispo(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  rollout_is_weights=None,
+  **global_batch_info,
+):
   old_log_prob, log_prob, advantages = f64(old_log_prob), f64(log_prob), f64(advantages)
   low, high = _clip_ratios(clip_ratio, clip_ratio_low, clip_ratio_high)
   negative_approx_kl = np.clip(log_prob - old_log_prob, -20, 20)
@@ -285,19 +433,41 @@ def policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_ag
   clipped_ratio = np.clip(ratio, 1 - low, 1 + high)
   pg_losses = _apply_is(-clipped_ratio * advantages * log_prob, rollout_is_weights)
   return agg_loss(pg_losses, response_mask, loss_agg_mode, **global_batch_info), dict(
-      pg_clipfrac=masked_mean((ratio != clipped_ratio).astype(float), response_mask),
-      ppo_kl=masked_mean(-negative_approx_kl, response_mask), pg_clipfrac_lower=0.0)
+    pg_clipfrac=masked_mean((ratio != clipped_ratio).astype(float), response_mask),
+    ppo_kl=masked_mean(-negative_approx_kl, response_mask),
+    pg_clipfrac_lower=0.0,
+  )
 
 
-def policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                            loss_type="ppo_clip", rollout_is=None, rollout_is_threshold=2.0,
-                            rollout_is_batch_normalize=False, rollout_rs=None, rollout_rs_threshold=None,
-                            clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
-                            **global_batch_info):
+def policy_loss_bypass_mode(
+  old_log_prob,
+  log_prob,
+  advantages,
+  response_mask,
+  loss_agg_mode="token-mean",
+  loss_type="ppo_clip",
+  rollout_is=None,
+  rollout_is_threshold=2.0,
+  rollout_is_batch_normalize=False,
+  rollout_rs=None,
+  rollout_rs_threshold=None,
+  clip_ratio=0.2,
+  clip_ratio_low=None,
+  clip_ratio_high=None,
+  clip_ratio_c=3.0,
+  **global_batch_info,
+):
   rollout_log_prob = f64(old_log_prob)
   weights, effective_mask, corr_metrics = compute_rollout_correction_and_rejection_mask(
-      log_prob, rollout_log_prob, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize,
-      rollout_rs, rollout_rs_threshold)
+    log_prob,
+    rollout_log_prob,
+    response_mask,
+    rollout_is,
+    rollout_is_threshold,
+    rollout_is_batch_normalize,
+    rollout_rs,
+    rollout_rs_threshold,
+  )
   if loss_type == "reinforce":
     pg_losses = -f64(advantages) * f64(log_prob)
     if weights is not None:
@@ -305,14 +475,24 @@ def policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask, l
     loss = agg_loss(pg_losses, effective_mask, loss_agg_mode, **global_batch_info)
     metrics = dict(ppo_kl=masked_mean(rollout_log_prob - f64(log_prob), effective_mask))
   else:
-    loss, metrics = policy_loss_vanilla(rollout_log_prob, log_prob, advantages, effective_mask, loss_agg_mode,
-                                        clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-                                        **global_batch_info)
+    loss, metrics = policy_loss_vanilla(
+      rollout_log_prob,
+      log_prob,
+      advantages,
+      effective_mask,
+      loss_agg_mode,
+      clip_ratio,
+      clip_ratio_low,
+      clip_ratio_high,
+      clip_ratio_c,
+      **global_batch_info,
+    )
   return loss, {**metrics, **corr_metrics}
 
 
-def value_loss(vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode="token-mean",
-               **global_batch_info):
+def value_loss(
+  vpreds, returns, values, response_mask, cliprange_value, loss_agg_mode="token-mean", **global_batch_info
+):
   """verl's argument order: (vpreds, returns, values, ...)."""
   vpreds, returns, values = f64(vpreds), f64(returns), f64(values)
   vpredclipped = np.maximum(np.minimum(vpreds, values + cliprange_value), values - cliprange_value)
@@ -369,8 +549,9 @@ def grpo_vectorized(token_level_rewards, response_mask, index, epsilon=1e-6, nor
   return advantages, advantages
 
 
-def gdpo(token_level_rewards, response_mask, index, components=None, weights=None, epsilon=1e-6,
-         norm_adv_by_std_in_grpo=True):
+def gdpo(
+  token_level_rewards, response_mask, index, components=None, weights=None, epsilon=1e-6, norm_adv_by_std_in_grpo=True
+):
   """`components`: per-sequence scores, placed on each row's last valid token as verl does."""
   m = f64(response_mask)
   if components is None:
@@ -480,8 +661,16 @@ def gpg(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0):
   return advantages, advantages
 
 
-def optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
-                           rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8):
+def optimal_token_baseline(
+  token_level_rewards,
+  response_mask,
+  index,
+  old_log_probs,
+  sum_pi_squared,
+  rollout_is_weights=None,
+  handle_zero_tail=True,
+  epsilon=1e-8,
+):
   r, m = f64(token_level_rewards), f64(response_mask)
   returns = np.flip(np.cumsum(np.flip(r * m, -1), -1), -1)
   w = 1 - 2 * np.exp(f64(old_log_probs)) + f64(sum_pi_squared)
@@ -500,12 +689,20 @@ def optimal_token_baseline(token_level_rewards, response_mask, index, old_log_pr
       ordered = np.sort(lengths)
       longest = np.nonzero(lengths == ordered[-1])[0]
       if len(longest) == 1 and ordered[-1] > ordered[-2]:
-        baselines[rows[longest[0]], int(ordered[-2]):] = 0.0
+        baselines[rows[longest[0]], int(ordered[-2]) :] = 0.0
   return (returns - baselines) * m, returns
 
 
-def tir_optimal_token_baseline(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared,
-                               rollout_is_weights=None, handle_zero_tail=True, epsilon=1e-8):
+def tir_optimal_token_baseline(
+  token_level_rewards,
+  response_mask,
+  index,
+  old_log_probs,
+  sum_pi_squared,
+  rollout_is_weights=None,
+  handle_zero_tail=True,
+  epsilon=1e-8,
+):
   r, m = f64(token_level_rewards), f64(response_mask)
   token_returns = np.flip(np.cumsum(np.flip(r * m, -1), -1), -1)
   w = 1 - 2 * np.exp(f64(old_log_probs)) + f64(sum_pi_squared)
@@ -533,7 +730,7 @@ def tir_optimal_token_baseline(token_level_rewards, response_mask, index, old_lo
       ordered = np.sort(group_lengths)
       longest = np.nonzero(group_lengths == ordered[-1])[0]
       if len(longest) == 1 and ordered[-1] > ordered[-2]:
-        baselines[rows[longest[0]], int(ordered[-2]):] = 0.0
+        baselines[rows[longest[0]], int(ordered[-2]) :] = 0.0
   all_advantages = all_returns - baselines
   advantages = np.zeros_like(token_returns)
   for i, length in enumerate(lengths):
@@ -567,8 +764,9 @@ def _parse_rs_thresholds(options, spec):
   return out
 
 
-def compute_rollout_correction_weights(log_ratio, response_mask, rollout_is="token", rollout_is_threshold=2.0,
-                                       rollout_is_batch_normalize=False):
+def compute_rollout_correction_weights(
+  log_ratio, response_mask, rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=False
+):
   log_ratio, m = f64(log_ratio), f64(response_mask)
   upper, lower = _parse_is_threshold(rollout_is_threshold)
   if rollout_is == "token":
@@ -595,13 +793,13 @@ def compute_rollout_correction_weights(log_ratio, response_mask, rollout_is="tok
     metrics["rollout_is_min"] = np.where(m.astype(bool), weights, np.inf).min()
   if m.sum() > 1:
     clamped = np.clip(weights, 0.0, upper)
-    var = masked_mean(clamped ** 2, m) - masked_mean(clamped, m) ** 2
+    var = masked_mean(clamped**2, m) - masked_mean(clamped, m) ** 2
     metrics["rollout_is_std"] = math.sqrt(max(var, 0.0))
   else:
     metrics["rollout_is_std"] = 0.0
   for_ess = np.clip(weights, 0.0, upper)
   normalised = for_ess / (masked_mean(for_ess, m) + 1e-8)
-  metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(normalised ** 2, m)
+  metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(normalised**2, m)
   seq_mean = masked_mean(weights, m, axis=-1)
   metrics["rollout_is_seq_mean"] = seq_mean.mean()
   metrics["rollout_is_seq_std"] = seq_mean.std(ddof=1) if seq_mean.size > 1 else 0.0
@@ -633,7 +831,7 @@ def compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, rollout
   options = list(dict.fromkeys(o.strip() for o in rollout_rs.split(",") if o.strip()))
   thresholds = _parse_rs_thresholds(options, rollout_rs_threshold)
   safe = np.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)
-  stats = {"k1": -safe, "k2": 0.5 * safe ** 2, "k3": np.exp(safe) - 1.0 - safe}
+  stats = {"k1": -safe, "k2": 0.5 * safe**2, "k3": np.exp(safe) - 1.0 - safe}
   mask_bool = m.astype(bool)
   seq_valid = m.sum(-1) > 0
   combined = np.ones_like(m)
@@ -669,11 +867,10 @@ def compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, rollout
       metrics[f"{prefix}_max"] = np.where(mask_bool, per_token, -np.inf).max()
       metrics[f"{prefix}_min"] = np.where(mask_bool, per_token, np.inf).min()
       metrics[f"{prefix}_fraction_high"] = masked_mean((per_token > upper_threshold).astype(float), m)
-      metrics[f"{prefix}_fraction_low"] = (masked_mean((per_token < lower_threshold).astype(float), m)
-                                           if is_k1 else 0.0)
+      metrics[f"{prefix}_fraction_low"] = masked_mean((per_token < lower_threshold).astype(float), m) if is_k1 else 0.0
     if m.sum() > 1:
       clamped = np.clip(per_token, lower_threshold, upper_threshold)
-      var = masked_mean(clamped ** 2, m) - masked_mean(clamped, m) ** 2
+      var = masked_mean(clamped**2, m) - masked_mean(clamped, m) ** 2
       metrics[f"{prefix}_std"] = math.sqrt(max(var, 0.0))
     else:
       metrics[f"{prefix}_std"] = 0.0
@@ -704,25 +901,38 @@ def compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask):
   log_ppl_diff = mean_rollout - mean_lp
   log_ratio_sum = masked_sum(log_ratio, m, axis=-1)
   return {
-      "training_ppl": np.exp(-mean_lp).mean(), "training_log_ppl": (-mean_lp).mean(),
-      "kl": masked_mean(rollout - lp, m), "k3_kl": masked_mean(np.exp(log_ratio) - log_ratio - 1, m),
-      "rollout_ppl": np.exp(-mean_rollout).mean(), "rollout_log_ppl": (-mean_rollout).mean(),
-      "log_ppl_diff": log_ppl_diff.mean(), "log_ppl_abs_diff": np.abs(log_ppl_diff).mean(),
-      "log_ppl_diff_max": log_ppl_diff.max(), "log_ppl_diff_min": log_ppl_diff.min(),
-      "ppl_ratio": np.exp(log_ppl_diff).mean(),
-      "chi2_token": masked_mean(np.exp(np.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)) ** 2, m) - 1.0,
-      "chi2_seq": np.exp(2.0 * np.clip(log_ratio_sum, -SAFETY_BOUND, SAFETY_BOUND)).mean() - 1.0,
+    "training_ppl": np.exp(-mean_lp).mean(),
+    "training_log_ppl": (-mean_lp).mean(),
+    "kl": masked_mean(rollout - lp, m),
+    "k3_kl": masked_mean(np.exp(log_ratio) - log_ratio - 1, m),
+    "rollout_ppl": np.exp(-mean_rollout).mean(),
+    "rollout_log_ppl": (-mean_rollout).mean(),
+    "log_ppl_diff": log_ppl_diff.mean(),
+    "log_ppl_abs_diff": np.abs(log_ppl_diff).mean(),
+    "log_ppl_diff_max": log_ppl_diff.max(),
+    "log_ppl_diff_min": log_ppl_diff.min(),
+    "ppl_ratio": np.exp(log_ppl_diff).mean(),
+    "chi2_token": masked_mean(np.exp(np.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)) ** 2, m) - 1.0,
+    "chi2_seq": np.exp(2.0 * np.clip(log_ratio_sum, -SAFETY_BOUND, SAFETY_BOUND)).mean() - 1.0,
   }
 
 
-def compute_rollout_correction_and_rejection_mask(old_log_prob, rollout_log_prob, response_mask, rollout_is=None,
-                                                  rollout_is_threshold=2.0, rollout_is_batch_normalize=False,
-                                                  rollout_rs=None, rollout_rs_threshold=None):
+def compute_rollout_correction_and_rejection_mask(
+  old_log_prob,
+  rollout_log_prob,
+  response_mask,
+  rollout_is=None,
+  rollout_is_threshold=2.0,
+  rollout_is_batch_normalize=False,
+  rollout_rs=None,
+  rollout_rs_threshold=None,
+):
   log_ratio = f64(old_log_prob) - f64(rollout_log_prob)
   metrics, weights = {}, None
   if rollout_is is not None and rollout_is_threshold is not None:
-    weights, is_metrics = compute_rollout_correction_weights(log_ratio, response_mask, rollout_is,
-                                                             rollout_is_threshold, rollout_is_batch_normalize)
+    weights, is_metrics = compute_rollout_correction_weights(
+      log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
+    )
     metrics.update(is_metrics)
   mask = f64(response_mask).copy()
   if rollout_rs is not None:

@@ -17,6 +17,7 @@ from jaxrlhf.aot.targets import TargetError, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+
 def config_text(sizes, lengths, estimator: str, mesh, kl_loss: bool = True, scan_layers: bool = True) -> str:
   """A config file: model (vocab, hidden, mlp, layers, heads, kv heads), (prompts, prompt len, response
   len) with one mini-batch, the advantage estimator and the mesh (data, fsdp, tensor)."""
@@ -55,8 +56,14 @@ def run_aot(tmp_path, config_text: str, *args):
   config_path.write_text(textwrap.dedent(config_text))
   json_path = tmp_path / "report.json"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the target's devices, not 8 CPUs
-  result = subprocess.run([sys.executable, "-m", "jaxrlhf.aot", "--config", str(config_path), "--json",
-                           str(json_path), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  result = subprocess.run(
+    [sys.executable, "-m", "jaxrlhf.aot", "--config", str(config_path), "--json", str(json_path), *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   report = json.loads(json_path.read_text()) if json_path.exists() else None
   return result, report
 
@@ -117,8 +124,15 @@ def test_phases_report_every_phase_and_flops_match_xla(tmp_path):
   from jaxrlhf.models import DecoderConfig
   from jaxrlhf.rollout.sampler import cache_length
   from jaxrlhf.trainer.flops import generation_flops
-  model = DecoderConfig(vocab_size=512, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2)
+
+  model = DecoderConfig(
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+  )
   one_step = generation_flops(model, 4, 32, [(1, cache_length(32, 32, 32))])
   assert abs(programs["gen"]["xla_flops"] - one_step) / one_step < 0.05
   every_step = generation_flops(model, 4, 32, [(32, cache_length(32, 32, 32))])
@@ -128,7 +142,9 @@ def test_phases_report_every_phase_and_flops_match_xla(tmp_path):
 
 @pytest.mark.parametrize("target", ["h100x8", "v5e-8"])  # GPU: compiles, over memory; TPU: refused
 def test_config_that_cannot_fit_exits_1_naming_the_largest_buffer(tmp_path, target):
-  result, report = run_aot(tmp_path, TOO_BIG, "--target", target, "--config.actor_rollout_ref.model.logits_chunk_size=0")
+  result, report = run_aot(
+    tmp_path, TOO_BIG, "--target", target, "--config.actor_rollout_ref.model.logits_chunk_size=0"
+  )
   assert result.returncode == 1, result.stdout + result.stderr
   assert not report["fits"] and report["peak_bytes_per_device"] > report["target"]["device_memory_bytes"]
   assert "fits: NO" in result.stdout and "largest buffers" in result.stdout
@@ -148,8 +164,7 @@ def test_chunked_lm_head_makes_the_same_config_fit(tmp_path):
 
 
 def test_model_path_without_config_json_names_the_key(tmp_path):
-  result, _ = run_aot(tmp_path, STATE_HEAVY, "--target", "h100x8",
-                      f"--config.actor_rollout_ref.model.path={tmp_path}")
+  result, _ = run_aot(tmp_path, STATE_HEAVY, "--target", "h100x8", f"--config.actor_rollout_ref.model.path={tmp_path}")
   assert result.returncode != 0
   assert "actor_rollout_ref.model.path" in result.stderr and "config.json" in result.stderr
   assert "Traceback" not in result.stderr
@@ -157,8 +172,10 @@ def test_model_path_without_config_json_names_the_key(tmp_path):
 
 def test_dynamic_sampling_compiles_generation_and_training_apart(tmp_path):
   """DAPO's rounds leave the program between reward and training: gen + reward, then the rest in one."""
-  config = 'from jaxrlhf.config import load_config_file\n\ndef get_config():\n' \
-           f'  return load_config_file({os.path.join(ROOT, "configs", "quickstart_dapo.py")!r})\n'
+  config = (
+    'from jaxrlhf.config import load_config_file\n\ndef get_config():\n'
+    f'  return load_config_file({os.path.join(ROOT, "configs", "quickstart_dapo.py")!r})\n'
+  )
   result, report = run_aot(tmp_path, config, "--target", "v5e-8")
   assert result.returncode == 0, result.stdout + result.stderr
   assert [p["name"] for p in report["programs"]] == ["gen", "reward", "train"]

@@ -15,10 +15,19 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def _state(width: int, adapters: bool = False) -> TrainState:
   weights = {"w": jnp.ones((2, width))}
-  return TrainState(step=jnp.int32(3), actor_params=weights, actor_opt_state={"mu": weights},
-                    actor_adapters={"a": jnp.ones((2, 1))} if adapters else None, critic_params=None,
-                    critic_opt_state=None, critic_adapters=None, ref_params=None, reward_params=None,
-                    kl_coef=jnp.float32(0.1), lr_scale=jnp.float32(1.0))
+  return TrainState(
+    step=jnp.int32(3),
+    actor_params=weights,
+    actor_opt_state={"mu": weights},
+    actor_adapters={"a": jnp.ones((2, 1))} if adapters else None,
+    critic_params=None,
+    critic_opt_state=None,
+    critic_adapters=None,
+    ref_params=None,
+    reward_params=None,
+    kl_coef=jnp.float32(0.1),
+    lr_scale=jnp.float32(1.0),
+  )
 
 
 def _config(**changes):
@@ -42,18 +51,27 @@ def saved(tmp_path):
 
 
 def test_a_state_that_does_not_fit_lists_every_setting_that_differs(saved, tmp_path):
-  changed = _config(**{"actor_rollout_ref.model.override_config.hidden_size": 32,
-                       "actor_rollout_ref.actor.optim.weight_decay": 0.1, "trainer.resume_mode": "auto"})
+  changed = _config(
+    **{
+      "actor_rollout_ref.model.override_config.hidden_size": 32,
+      "actor_rollout_ref.actor.optim.weight_decay": 0.1,
+      "trainer.resume_mode": "auto",
+    }
+  )
   for target in (_state(3), _state(4, adapters=True)):  # another shape; another tree (LoRA switched on)
     with pytest.raises(CheckpointError) as error:
       saved.restore(3, target, config=changed)
     assert str(error.value) == (
-        f"checkpoint {tmp_path}/global_step_3 does not fit this run's state: 2 setting(s) differ from the "
-        "checkpoint's: actor_rollout_ref.actor.optim.weight_decay: 0.01 in the checkpoint, 0.1 now; "
-        "actor_rollout_ref.model.override_config.hidden_size: 64 in the checkpoint, 32 now")
+      f"checkpoint {tmp_path}/global_step_3 does not fit this run's state: 2 setting(s) differ from the "
+      "checkpoint's: actor_rollout_ref.actor.optim.weight_decay: 0.01 in the checkpoint, 0.1 now; "
+      "actor_rollout_ref.model.override_config.hidden_size: 64 in the checkpoint, 32 now"
+    )
     assert "damaged" not in str(error.value) and "new trainer.experiment_name" in error.value.hint
-  with pytest.raises(CheckpointError, match=r"2 array\(s\) differ: actor_opt_state/mu/w \(2, 4\) saved, \(2, 3\) now; "
-                                            r"actor_params/w \(2, 4\) saved, \(2, 3\) now$"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"2 array\(s\) differ: actor_opt_state/mu/w \(2, 4\) saved, \(2, 3\) now; "
+    r"actor_params/w \(2, 4\) saved, \(2, 3\) now$",
+  ):
     saved.restore(3, _state(3))  # no config to compare: the arrays say it
   restored, meta = saved.restore(3, _state(4), config=changed)  # what fits restores, whatever the settings
   assert int(restored.step) == 3 and meta["step"] == 3
@@ -64,5 +82,7 @@ def test_config_differences_name_added_and_removed_keys():
   saved = json.loads(_config().to_json())
   current = json.loads(_config(**{"data.max_prompt_length": 1024}).to_json())
   del current["data"]["seed"]
-  assert config_differences(saved, current) == ["data.max_prompt_length: 512 in the checkpoint, 1024 now",
-                                                "data.seed: 1 in the checkpoint, absent now"]
+  assert config_differences(saved, current) == [
+    "data.max_prompt_length: 512 in the checkpoint, 1024 now",
+    "data.seed: 1 in the checkpoint, absent now",
+  ]

@@ -22,8 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _leaves_equal(a, b):
-  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
-               jax.device_get(a), jax.device_get(b))
+  jax.tree.map(
+    lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), jax.device_get(a), jax.device_get(b)
+  )
 
 
 def test_round_trip_and_resume_onto_another_mesh(tmp_path):
@@ -65,11 +66,21 @@ def test_unfinished_checkpoint_is_ignored_and_bad_paths_are_named(tmp_path):
 
 
 def _train_cmd(run_root, *flags):
-  return [sys.executable, "train.py", "--config", "configs/quickstart.py",
-          f"--config.trainer.default_local_dir={run_root}", "--config.trainer.logger=('jsonl',)",
-          "--config.trainer.total_training_steps=6", "--config.trainer.save_freq=2",
-          "--config.trainer.test_freq=-1", "--config.trainer.val_before_train=False",
-          "--config.trainer.resume_mode=auto", "--config.trainer.plot=False", *flags]
+  return [
+    sys.executable,
+    "train.py",
+    "--config",
+    "configs/quickstart.py",
+    f"--config.trainer.default_local_dir={run_root}",
+    "--config.trainer.logger=('jsonl',)",
+    "--config.trainer.total_training_steps=6",
+    "--config.trainer.save_freq=2",
+    "--config.trainer.test_freq=-1",
+    "--config.trainer.val_before_train=False",
+    "--config.trainer.resume_mode=auto",
+    "--config.trainer.plot=False",
+    *flags,
+  ]
 
 
 def _records(run_root):
@@ -84,8 +95,9 @@ def test_sigkill_after_a_save_then_auto_resume_reproduces_the_run(tmp_path):
   subprocess.run(_train_cmd(straight), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
 
   killed = tmp_path / "killed"
-  process = subprocess.Popen(_train_cmd(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+  process = subprocess.Popen(
+    _train_cmd(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
   run_dir = killed / "quickstart" / "recall_ppo"
   deadline = time.time() + 600
   while not (run_dir / "global_step_2").is_dir() and process.poll() is None and time.time() < deadline:
@@ -128,10 +140,19 @@ def test_non_finite_gradients_skip_the_update(tmp_path):
 
 
 def test_kl_blow_up_rolls_back_with_halved_lr_then_stops(tmp_path):
-  config = small_config(tmp_path, **{
-      "trainer.total_training_steps": 6, "trainer.save_freq": 1, "trainer.test_freq": -1,
-      "trainer.val_before_train": False, "trainer.guard.enable": True, "trainer.guard.kl_max": 1e-4,
-      "trainer.guard.max_rollbacks": 2, "actor_rollout_ref.actor.optim.lr": 0.05})
+  config = small_config(
+    tmp_path,
+    **{
+      "trainer.total_training_steps": 6,
+      "trainer.save_freq": 1,
+      "trainer.test_freq": -1,
+      "trainer.val_before_train": False,
+      "trainer.guard.enable": True,
+      "trainer.guard.kl_max": 1e-4,
+      "trainer.guard.max_rollbacks": 2,
+      "actor_rollout_ref.actor.optim.lr": 0.05,
+    },
+  )
   trainer = Trainer(config, devices=jax.devices()[:1])
   with pytest.raises(GuardError, match="max_rollbacks=2"):
     trainer.fit()

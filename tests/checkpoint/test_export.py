@@ -23,10 +23,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def hf_checkpoint(tmp_path_factory):
   import torch
   import transformers
+
   path = tmp_path_factory.mktemp("qwen2")
-  config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-                                    max_position_embeddings=64, pad_token_id=0, eos_token_id=1)
+  config = transformers.Qwen2Config(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    eos_token_id=1,
+  )
   torch.manual_seed(0)
   model = transformers.Qwen2ForCausalLM(config)
   model.save_pretrained(path)
@@ -37,6 +47,7 @@ def hf_checkpoint(tmp_path_factory):
 def test_train_from_hf_checkpoint_export_and_reload_in_transformers(tmp_path, hf_checkpoint):
   import torch
   import transformers
+
   config = small_config(tmp_path)
   for key in config.actor_rollout_ref.model.override_config.keys():
     config.actor_rollout_ref.model.override_config[key] = None
@@ -51,20 +62,38 @@ def test_train_from_hf_checkpoint_export_and_reload_in_transformers(tmp_path, hf
 
   out, critic_out = tmp_path / "actor_hf", tmp_path / "critic_hf"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  result = subprocess.run([sys.executable, "-m", "jaxrlhf.export", "--checkpoint",
-                           os.path.join(trainer.run_dir, "global_step_1"), "--out", str(out),
-                           "--critic_out", str(critic_out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jaxrlhf.export",
+      "--checkpoint",
+      os.path.join(trainer.run_dir, "global_step_1"),
+      "--out",
+      str(out),
+      "--critic_out",
+      str(critic_out),
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 0, result.stderr[-2000:]
 
   ids = np.array([[3, 9, 12, 20, 7, 30, 4]], np.int64)
   mask = np.ones_like(ids)
-  ours = lambda model, params: np.asarray(model.apply(
-      {"params": params}, jnp.asarray(ids, jnp.int32), positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask))[0])
+  ours = lambda model, params: np.asarray(
+    model.apply(
+      {"params": params}, jnp.asarray(ids, jnp.int32), positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask)
+    )[0]
+  )
   with torch.no_grad():
     hf_logits = transformers.AutoModelForCausalLM.from_pretrained(out)(torch.tensor(ids)).logits.numpy()
     hf_values = transformers.AutoModelForTokenClassification.from_pretrained(critic_out)(
-        torch.tensor(ids)).logits.numpy()[..., 0]
+      torch.tensor(ids)
+    ).logits.numpy()[..., 0]
   actor_params = jax.device_get(trainer.state.actor_params)
   np.testing.assert_allclose(hf_logits, ours(Decoder(trainer.model_config), actor_params), atol=1e-4)
   critic_params = jax.device_get(trainer.state.critic_params)
@@ -73,6 +102,19 @@ def test_train_from_hf_checkpoint_export_and_reload_in_transformers(tmp_path, hf
 
 
 def test_export_of_a_missing_checkpoint_is_a_clear_error(tmp_path):
-  result = subprocess.run([sys.executable, "-m", "jaxrlhf.export", "--checkpoint", str(tmp_path / "global_step_9"),
-                           "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "jaxrlhf.export",
+      "--checkpoint",
+      str(tmp_path / "global_step_9"),
+      "--out",
+      str(tmp_path / "o"),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert result.returncode == 2 and "does not exist" in result.stderr

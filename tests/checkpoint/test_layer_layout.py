@@ -14,8 +14,9 @@ MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
 
 
 def _equal(a, b):
-  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
-               jax.device_get(a), jax.device_get(b))
+  jax.tree.map(
+    lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), jax.device_get(a), jax.device_get(b)
+  )
 
 
 @pytest.mark.parametrize("saved_scan", [False, True])

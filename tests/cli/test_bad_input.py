@@ -30,8 +30,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COUNTER = os.path.join(ROOT, "tests", "cli", "count_compiles.py")
 # The quickstart's model, as an HF directory (3 layers, to be read under a config.json that says 2).
-MODEL = DecoderConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=64)
+MODEL = DecoderConfig(
+  vocab_size=64,
+  hidden_size=64,
+  intermediate_size=128,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  tie_word_embeddings=True,
+  max_position_embeddings=64,
+)
 
 
 class Result:
@@ -49,8 +57,11 @@ class Result:
 def run_cli(*args, timeout=300):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  return Result(subprocess.run([sys.executable, COUNTER, *map(str, args)], cwd=ROOT, env=env, capture_output=True,
-                               text=True, timeout=timeout))
+  return Result(
+    subprocess.run(
+      [sys.executable, COUNTER, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+  )
 
 
 def assert_user_error(result, prog, *needles, compiled=0):
@@ -68,6 +79,7 @@ def assert_user_error(result, prog, *needles, compiled=0):
 
 def _write_hf_model(path, num_hidden_layers):
   import dataclasses
+
   config = dataclasses.replace(MODEL, num_hidden_layers=num_hidden_layers)
   params, _ = init_params(Decoder(config), jax.random.key(0))
   save_hf_checkpoint(params, config, str(path))
@@ -83,8 +95,12 @@ def files(tmp_path_factory):
   with open(root / "unknown_source.jsonl", "w") as f:
     for row in rows:
       f.write(json.dumps({**row, "data_source": "my/typo"}) + "\n")
-  table = pa.Table.from_pylist([{"question": r["prompt"][0]["content"], "data_source": r["data_source"],
-                                 "reward_model": r["reward_model"]} for r in rows])
+  table = pa.Table.from_pylist(
+    [
+      {"question": r["prompt"][0]["content"], "data_source": r["data_source"], "reward_model": r["reward_model"]}
+      for r in rows
+    ]
+  )
   pq.write_table(table, root / "no_prompt.parquet")
   pq.write_table(pa.Table.from_pylist(rows), root / "prompts.parquet")
   # 10 rows, 6 of them longer than 8 tokens (the chat template makes a 4-digit prompt 8 tokens).
@@ -108,89 +124,134 @@ def files(tmp_path_factory):
   (root / "pickled" / "pytorch_model.bin").write_bytes(b"not unpickled")
 
   (root / "raises.py").write_text(
-      "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-      "  raise ValueError(f'cannot parse ground truth {ground_truth!r} as a number')\n")
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "  raise ValueError(f'cannot parse ground truth {ground_truth!r} as a number')\n"
+  )
   (root / "no_fn.py").write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n  return 0.0\n")
   quickstart = os.path.join(ROOT, "configs", "quickstart.py")
   (root / "misspelt.py").write_text(
-      "from jaxrlhf.config import load_config_file\n\n\ndef get_config():\n"
-      f"  config = load_config_file({quickstart!r})\n  config.trainer.total_trainig_steps = 3\n  return config\n")
+    "from jaxrlhf.config import load_config_file\n\n\ndef get_config():\n"
+    f"  config = load_config_file({quickstart!r})\n  config.trainer.total_trainig_steps = 3\n  return config\n"
+  )
   (root / "with_arg.py").write_text(
-      "from jaxrlhf.config import load_config_file\n\n\ndef get_config(steps):\n"
-      f"  config = load_config_file({quickstart!r})\n  config.trainer.total_trainig_steps = int(steps)\n"
-      "  return config\n")
+    "from jaxrlhf.config import load_config_file\n\n\ndef get_config(steps):\n"
+    f"  config = load_config_file({quickstart!r})\n  config.trainer.total_trainig_steps = int(steps)\n"
+    "  return config\n"
+  )
   # The quickstart on an HF directory: override_config cleared, so config.json alone defines the model.
   (root / "quickstart_hf.py").write_text(
-      "from jaxrlhf.config import load_config_file\n\n\ndef get_config():\n"
-      f"  config = load_config_file({quickstart!r})\n"
-      "  for key in config.actor_rollout_ref.model.override_config.keys():\n"
-      "    config.actor_rollout_ref.model.override_config[key] = None\n  return config\n")
+    "from jaxrlhf.config import load_config_file\n\n\ndef get_config():\n"
+    f"  config = load_config_file({quickstart!r})\n"
+    "  for key in config.actor_rollout_ref.model.override_config.keys():\n"
+    "    config.actor_rollout_ref.model.override_config[key] = None\n  return config\n"
+  )
   return root
 
 
 # ----- train.py: config, data, model and reward-file errors, all before anything is compiled ---------
 
 TRAIN_CASES = {
-    # id: (extra flags, words the error line must hold); {files} / {tmp} are filled in per test.
-    "misspelt_override": (["--config.trainer.total_trainig_steps=3"],
-                          ["'trainer.total_trainig_steps'", "did you mean 'trainer.total_training_steps'"]),
-    "wrong_type": (["--config.trainer.total_training_steps=many"], ["total_training_steps", "many"]),
-    "adv_estimator": (["--config.algorithm.adv_estimator=gea"], ["'algorithm.adv_estimator'", "'gea'", "'gae'"]),
-    "loss_mode": (["--config.actor_rollout_ref.actor.policy_loss.loss_mode=ppo"],
-                  ["'actor_rollout_ref.actor.policy_loss.loss_mode'", "'ppo'", "'vanilla'"]),
-    "loss_agg_mode": (["--config.actor_rollout_ref.actor.loss_agg_mode=token_mean"],
-                      ["'actor_rollout_ref.actor.loss_agg_mode'", "'token_mean'", "'token-mean'"]),
-    "kl_loss_type": (["--config.actor_rollout_ref.actor.kl_loss_type=k4"],
-                     ["'actor_rollout_ref.actor.kl_loss_type'", "'k4'", "'low_var_kl'"]),
-    "kl_penalty": (["--config.algorithm.kl_penalty=k4"], ["'algorithm.kl_penalty'", "'k4'", "'kl'"]),
-    "critic_epochs": (["--config.critic.ppo_epochs=0"], ["'critic.ppo_epochs'", ">= 1", "got 0"]),
-    "micro_batch": (["--config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"],
-                    ["'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu'", ">= 1"]),
-    "temperature_nan": (["--config.actor_rollout_ref.rollout.temperature=nan"],
-                        ["'actor_rollout_ref.rollout.temperature'", "nan"]),
-    "top_p_zero": (["--config.actor_rollout_ref.rollout.top_p=0.0"], ["'actor_rollout_ref.rollout.top_p'", "(0, 1]"]),
-    "top_k": (["--config.actor_rollout_ref.rollout.top_k=-2"], ["'actor_rollout_ref.rollout.top_k'", ">= -1"]),
-    "rollout_name": (["--config.actor_rollout_ref.rollout.name=vllm"],
-                     ["'actor_rollout_ref.rollout.name'='vllm'", "not implemented", "JAX sampler"]),
-    "log_prob_micro_batch": (["--config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0"],
-                             ["'actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu'", ">= 1"]),
-    "max_num_batched_tokens": (["--config.actor_rollout_ref.rollout.max_num_batched_tokens=4096"],
-                               ["max_num_batched_tokens'=4096", "whole batch"]),
-    "critic_lora_on_lm_head": (["--config.critic.model.lora_rank=8",
-                                "--config.critic.model.target_modules=q_proj,lm_head"],
-                               ["'critic.model.target_modules'", "no LM head"]),
-    "lora_on_a_tied_head": (["--config.actor_rollout_ref.model.lora_rank=8",
-                             "--config.actor_rollout_ref.model.target_modules=q_proj,lm_head"],
-                            ["actor_rollout_ref.model.target_modules", "tie_word_embeddings=False"]),
-    "missing_data_file": (["--config.data.train_files=('{tmp}/gsm8k/train.parquet',)"],
-                          ["data.train_files", "gsm8k/train.parquet", "does not exist"]),
-    "missing_column": (["--config.data.train_files=('{files}/no_prompt.parquet',)"],
-                       ["data.train_files", "no_prompt.parquet", "column 'prompt'", "data.prompt_key"]),
-    "unknown_data_source": (["--config.data.train_files=('{files}/unknown_source.jsonl',)"],
-                            ["data.train_files", "unknown_source.jsonl", "'data_source'", "'my/typo'"]),
-    "missing_model_path": (["--config.actor_rollout_ref.model.path={tmp}/Qwen2.5-0.5B"],
-                           ["actor_rollout_ref.model.path", "Qwen2.5-0.5B", "does not exist"]),
-    "pickled_weights": (["--config.actor_rollout_ref.model.path={files}/pickled"],
-                        ["actor_rollout_ref.model.path", "pickled", "pytorch_model.bin"]),
-    "missing_tokenizer": (["--config.data.tokenizer={tmp}/tok"], ["data.tokenizer", "tok"]),
-    "missing_reward_file": (["--config.custom_reward_function.path={tmp}/my_reward.py"],
-                            ["custom_reward_function.path", "my_reward.py", "does not exist"]),
-    "missing_reward_function": (["--config.custom_reward_function.path={files}/no_fn.py"],
-                                ["custom_reward_function.name", "no_fn.py", "'compute_score'", "['score']"]),
-    "missing_resume_path": (["--config.trainer.resume_mode=resume_path",
-                             "--config.trainer.resume_from_path={tmp}/run/global_step_3"],
-                            ["trainer.resume_from_path", "global_step_3", "does not exist"]),
-    "resume_path_unset": (["--config.trainer.resume_mode=resume_path"], ["trainer.resume_from_path"]),
-    "run_dir_under_a_file": (["--config.trainer.default_local_dir={files}/prompts.parquet/runs"],
-                             ["trainer.default_local_dir", "prompts.parquet is a file, not a directory"]),
-    "lengths_beyond_the_model": (["--config.data.max_response_length=100000000"],
-                                 ["data.max_prompt_length + data.max_response_length = 12 + 100000000",
-                                  "max_position_embeddings=64"]),
-    # Within the positions of a model that claims 10**12: the rollout's KV cache, estimated before compiling.
-    "kv_cache_beyond_memory": (["--config.data.max_response_length=10000000000",
-                                "--config.actor_rollout_ref.model.override_config.max_position_embeddings="
-                                "1000000000000"],
-                               ["host memory", "KV cache (512 sequences of 10,000,000,012 tokens)", "PiB"]),
+  # id: (extra flags, words the error line must hold); {files} / {tmp} are filled in per test.
+  "misspelt_override": (
+    ["--config.trainer.total_trainig_steps=3"],
+    ["'trainer.total_trainig_steps'", "did you mean 'trainer.total_training_steps'"],
+  ),
+  "wrong_type": (["--config.trainer.total_training_steps=many"], ["total_training_steps", "many"]),
+  "adv_estimator": (["--config.algorithm.adv_estimator=gea"], ["'algorithm.adv_estimator'", "'gea'", "'gae'"]),
+  "loss_mode": (
+    ["--config.actor_rollout_ref.actor.policy_loss.loss_mode=ppo"],
+    ["'actor_rollout_ref.actor.policy_loss.loss_mode'", "'ppo'", "'vanilla'"],
+  ),
+  "loss_agg_mode": (
+    ["--config.actor_rollout_ref.actor.loss_agg_mode=token_mean"],
+    ["'actor_rollout_ref.actor.loss_agg_mode'", "'token_mean'", "'token-mean'"],
+  ),
+  "kl_loss_type": (
+    ["--config.actor_rollout_ref.actor.kl_loss_type=k4"],
+    ["'actor_rollout_ref.actor.kl_loss_type'", "'k4'", "'low_var_kl'"],
+  ),
+  "kl_penalty": (["--config.algorithm.kl_penalty=k4"], ["'algorithm.kl_penalty'", "'k4'", "'kl'"]),
+  "critic_epochs": (["--config.critic.ppo_epochs=0"], ["'critic.ppo_epochs'", ">= 1", "got 0"]),
+  "micro_batch": (
+    ["--config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"],
+    ["'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu'", ">= 1"],
+  ),
+  "temperature_nan": (
+    ["--config.actor_rollout_ref.rollout.temperature=nan"],
+    ["'actor_rollout_ref.rollout.temperature'", "nan"],
+  ),
+  "top_p_zero": (["--config.actor_rollout_ref.rollout.top_p=0.0"], ["'actor_rollout_ref.rollout.top_p'", "(0, 1]"]),
+  "top_k": (["--config.actor_rollout_ref.rollout.top_k=-2"], ["'actor_rollout_ref.rollout.top_k'", ">= -1"]),
+  "rollout_name": (
+    ["--config.actor_rollout_ref.rollout.name=vllm"],
+    ["'actor_rollout_ref.rollout.name'='vllm'", "not implemented", "JAX sampler"],
+  ),
+  "log_prob_micro_batch": (
+    ["--config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0"],
+    ["'actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu'", ">= 1"],
+  ),
+  "max_num_batched_tokens": (
+    ["--config.actor_rollout_ref.rollout.max_num_batched_tokens=4096"],
+    ["max_num_batched_tokens'=4096", "whole batch"],
+  ),
+  "critic_lora_on_lm_head": (
+    ["--config.critic.model.lora_rank=8", "--config.critic.model.target_modules=q_proj,lm_head"],
+    ["'critic.model.target_modules'", "no LM head"],
+  ),
+  "lora_on_a_tied_head": (
+    ["--config.actor_rollout_ref.model.lora_rank=8", "--config.actor_rollout_ref.model.target_modules=q_proj,lm_head"],
+    ["actor_rollout_ref.model.target_modules", "tie_word_embeddings=False"],
+  ),
+  "missing_data_file": (
+    ["--config.data.train_files=('{tmp}/gsm8k/train.parquet',)"],
+    ["data.train_files", "gsm8k/train.parquet", "does not exist"],
+  ),
+  "missing_column": (
+    ["--config.data.train_files=('{files}/no_prompt.parquet',)"],
+    ["data.train_files", "no_prompt.parquet", "column 'prompt'", "data.prompt_key"],
+  ),
+  "unknown_data_source": (
+    ["--config.data.train_files=('{files}/unknown_source.jsonl',)"],
+    ["data.train_files", "unknown_source.jsonl", "'data_source'", "'my/typo'"],
+  ),
+  "missing_model_path": (
+    ["--config.actor_rollout_ref.model.path={tmp}/Qwen2.5-0.5B"],
+    ["actor_rollout_ref.model.path", "Qwen2.5-0.5B", "does not exist"],
+  ),
+  "pickled_weights": (
+    ["--config.actor_rollout_ref.model.path={files}/pickled"],
+    ["actor_rollout_ref.model.path", "pickled", "pytorch_model.bin"],
+  ),
+  "missing_tokenizer": (["--config.data.tokenizer={tmp}/tok"], ["data.tokenizer", "tok"]),
+  "missing_reward_file": (
+    ["--config.custom_reward_function.path={tmp}/my_reward.py"],
+    ["custom_reward_function.path", "my_reward.py", "does not exist"],
+  ),
+  "missing_reward_function": (
+    ["--config.custom_reward_function.path={files}/no_fn.py"],
+    ["custom_reward_function.name", "no_fn.py", "'compute_score'", "['score']"],
+  ),
+  "missing_resume_path": (
+    ["--config.trainer.resume_mode=resume_path", "--config.trainer.resume_from_path={tmp}/run/global_step_3"],
+    ["trainer.resume_from_path", "global_step_3", "does not exist"],
+  ),
+  "resume_path_unset": (["--config.trainer.resume_mode=resume_path"], ["trainer.resume_from_path"]),
+  "run_dir_under_a_file": (
+    ["--config.trainer.default_local_dir={files}/prompts.parquet/runs"],
+    ["trainer.default_local_dir", "prompts.parquet is a file, not a directory"],
+  ),
+  "lengths_beyond_the_model": (
+    ["--config.data.max_response_length=100000000"],
+    ["data.max_prompt_length + data.max_response_length = 12 + 100000000", "max_position_embeddings=64"],
+  ),
+  # Within the positions of a model that claims 10**12: the rollout's KV cache, estimated before compiling.
+  "kv_cache_beyond_memory": (
+    [
+      "--config.data.max_response_length=10000000000",
+      "--config.actor_rollout_ref.model.override_config.max_position_embeddings=1000000000000",
+    ],
+    ["host memory", "KV cache (512 sequences of 10,000,000,012 tokens)", "PiB"],
+  ),
 }
 
 
@@ -198,8 +259,9 @@ TRAIN_CASES = {
 def test_train_refuses_bad_input_before_compiling(case, files, tmp_path):
   flags, needles = TRAIN_CASES[case]
   fill = lambda text: text.format(files=files, tmp=tmp_path)
-  result = run_cli("train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}",
-                   *map(fill, flags))
+  result = run_cli(
+    "train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}", *map(fill, flags)
+  )
   assert_user_error(result, "train.py", *map(fill, needles))
   assert not os.path.exists(tmp_path / "quickstart"), "refused input must not start a run directory"
 
@@ -217,23 +279,43 @@ def test_train_passes_a_config_argument_after_the_colon(files):
 
 
 def test_train_refuses_a_missing_config_file():
-  assert_user_error(run_cli("train.py", "--config", "configs/quickstart_ppo.py"), "train.py",
-                    "--config 'configs/quickstart_ppo.py'")
+  assert_user_error(
+    run_cli("train.py", "--config", "configs/quickstart_ppo.py"), "train.py", "--config 'configs/quickstart_ppo.py'"
+  )
 
 
 def test_train_refuses_a_config_json_with_fewer_layers_than_its_weights(files, tmp_path):
-  result = run_cli("train.py", "--config", files / "quickstart_hf.py", f"--config.trainer.default_local_dir={tmp_path}",
-                   f"--config.actor_rollout_ref.model.path={files}/hf_3_layers")
-  assert_user_error(result, "train.py", "actor_rollout_ref.model.path", "hf_3_layers", "3 decoder layers",
-                    "num_hidden_layers=2")
+  result = run_cli(
+    "train.py",
+    "--config",
+    files / "quickstart_hf.py",
+    f"--config.trainer.default_local_dir={tmp_path}",
+    f"--config.actor_rollout_ref.model.path={files}/hf_3_layers",
+  )
+  assert_user_error(
+    result, "train.py", "actor_rollout_ref.model.path", "hf_3_layers", "3 decoder layers", "num_hidden_layers=2"
+  )
 
 
 def test_a_reward_function_that_raises_reaches_the_user_as_its_own_message(files, tmp_path):
-  result = run_cli("train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}",
-                   f"--config.custom_reward_function.path={files}/raises.py", "--config.trainer.total_training_steps=1",
-                   "--config.trainer.val_before_train=False", "--config.trainer.logger=('jsonl',)")
-  assert_user_error(result, "train.py", "failed on sample", "data_source='jaxrlhf/recall'",
-                    "ValueError: cannot parse ground truth", compiled=None)
+  result = run_cli(
+    "train.py",
+    "--config",
+    "configs/quickstart.py",
+    f"--config.trainer.default_local_dir={tmp_path}",
+    f"--config.custom_reward_function.path={files}/raises.py",
+    "--config.trainer.total_training_steps=1",
+    "--config.trainer.val_before_train=False",
+    "--config.trainer.logger=('jsonl',)",
+  )
+  assert_user_error(
+    result,
+    "train.py",
+    "failed on sample",
+    "data_source='jaxrlhf/recall'",
+    "ValueError: cannot parse ground truth",
+    compiled=None,
+  )
   assert "reward_model.on_error=zero" in result.lines("train.py")[1]
   assert result.compiled > 0  # it failed inside the compiled step (and the counter does count)
   assert "JaxRuntimeError" not in result.stderr
@@ -241,60 +323,129 @@ def test_a_reward_function_that_raises_reaches_the_user_as_its_own_message(files
 
 def test_train_names_the_file_and_byte_offset_of_bytes_that_are_not_utf8(files, tmp_path):
   offset = (files / "latin1.jsonl").read_bytes().index(b"\xe9")
-  result = run_cli("train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}",
-                   f"--config.data.train_files=('{files}/latin1.jsonl',)")
+  result = run_cli(
+    "train.py",
+    "--config",
+    "configs/quickstart.py",
+    f"--config.trainer.default_local_dir={tmp_path}",
+    f"--config.data.train_files=('{files}/latin1.jsonl',)",
+  )
   assert_user_error(result, "train.py", f"{files}/latin1.jsonl", "not UTF-8", f"byte offset {offset} (line 2)")
 
 
 def test_filtered_rows_are_counted_and_a_dataset_too_small_after_filtering_leaves_no_run_directory(files, tmp_path):
-  result = run_cli("train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}",
-                   f"--config.data.train_files=('{files}/mixed_lengths.jsonl',)", "--config.data.max_prompt_length=8",
-                   "--config.data.filter_overlong_prompts=True")
-  assert_user_error(result, "train.py", "data.train_batch_size=128 is larger than the dataset (4 rows; 10 read, 6 "
-                    "dropped by data.filter_overlong_prompts)")
-  assert "data.train_files: data.filter_overlong_prompts dropped 6 of 10 rows (longer than " \
-         "data.max_prompt_length=8); 4 left" in result.stdout
+  result = run_cli(
+    "train.py",
+    "--config",
+    "configs/quickstart.py",
+    f"--config.trainer.default_local_dir={tmp_path}",
+    f"--config.data.train_files=('{files}/mixed_lengths.jsonl',)",
+    "--config.data.max_prompt_length=8",
+    "--config.data.filter_overlong_prompts=True",
+  )
+  assert_user_error(
+    result,
+    "train.py",
+    "data.train_batch_size=128 is larger than the dataset (4 rows; 10 read, 6 dropped by data.filter_overlong_prompts)",
+  )
+  assert (
+    "data.train_files: data.filter_overlong_prompts dropped 6 of 10 rows (longer than "
+    "data.max_prompt_length=8); 4 left" in result.stdout
+  )
   assert not os.path.exists(tmp_path / "quickstart")  # made for the tokenizer, removed with the refusal
 
 
 # ----- generate ------------------------------------------------------------------------------------
 
+
 def test_generate_names_the_byte_offset_of_bytes_that_are_not_utf8_in_the_prompts(files, tmp_path):
-  result = run_cli("-m", "jaxrlhf.generate", "--model", files / "hf_model", "--prompts", files / "latin1.txt",
-                   "--output", tmp_path / "out.jsonl")
-  assert_user_error(result, "python -m jaxrlhf.generate", f"--prompts {files}/latin1.txt", "not UTF-8",
-                    "byte 0xe9 at byte offset 15 (line 2)")
+  result = run_cli(
+    "-m",
+    "jaxrlhf.generate",
+    "--model",
+    files / "hf_model",
+    "--prompts",
+    files / "latin1.txt",
+    "--output",
+    tmp_path / "out.jsonl",
+  )
+  assert_user_error(
+    result,
+    "python -m jaxrlhf.generate",
+    f"--prompts {files}/latin1.txt",
+    "not UTF-8",
+    "byte 0xe9 at byte offset 15 (line 2)",
+  )
 
 
 def test_generate_checks_the_prompts_file_before_loading_the_model(tmp_path):
-  result = run_cli("-m", "jaxrlhf.generate", "--model", tmp_path / "no_model", "--prompts", tmp_path / "prompts.txt",
-                   "--output", tmp_path / "out.jsonl")
+  result = run_cli(
+    "-m",
+    "jaxrlhf.generate",
+    "--model",
+    tmp_path / "no_model",
+    "--prompts",
+    tmp_path / "prompts.txt",
+    "--output",
+    tmp_path / "out.jsonl",
+  )
   assert_user_error(result, "python -m jaxrlhf.generate", "--prompts", "prompts.txt")
 
 
 @pytest.mark.parametrize("temperature", ["-1", "nan"])
 def test_generate_refuses_a_temperature_that_is_not_a_sampling_or_greedy_one(temperature, files, tmp_path):
-  result = run_cli("-m", "jaxrlhf.generate", "--model", files / "hf_model", "--prompts", files / "prompts.parquet",
-                   "--output", tmp_path / "out.jsonl", "--temperature", temperature)
+  result = run_cli(
+    "-m",
+    "jaxrlhf.generate",
+    "--model",
+    files / "hf_model",
+    "--prompts",
+    files / "prompts.parquet",
+    "--output",
+    tmp_path / "out.jsonl",
+    "--temperature",
+    temperature,
+  )
   assert result.returncode == 2 and "Traceback" not in result.stderr and result.compiled == 0
   assert f"--temperature must be > 0 (sampling) or 0 (greedy), got {temperature}" in result.stderr
 
 
 def test_generate_reads_the_trainers_parquet_prompts_with_the_chat_template(files, tmp_path):
-  result = run_cli("-m", "jaxrlhf.generate", "--model", files / "hf_model", "--prompts", files / "prompts.parquet",
-                   "--output", tmp_path / "out.jsonl", "--temperature", "0", "--max_new_tokens", "3")
+  result = run_cli(
+    "-m",
+    "jaxrlhf.generate",
+    "--model",
+    files / "hf_model",
+    "--prompts",
+    files / "prompts.parquet",
+    "--output",
+    tmp_path / "out.jsonl",
+    "--temperature",
+    "0",
+    "--max_new_tokens",
+    "3",
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / "out.jsonl") as f:
     rows = [json.loads(line) for line in f]
   expected = [row["prompt"] for row in recall_rows("test")[:8]]
   assert [row["prompt"] for row in rows] == expected  # the chat messages of the `prompt` column, in order
   assert all(len(row["response_ids"]) <= 3 for row in rows)
-  missing = run_cli("-m", "jaxrlhf.generate", "--model", files / "hf_model", "--prompts", files / "no_prompt.parquet",
-                    "--output", tmp_path / "out2.jsonl")
+  missing = run_cli(
+    "-m",
+    "jaxrlhf.generate",
+    "--model",
+    files / "hf_model",
+    "--prompts",
+    files / "no_prompt.parquet",
+    "--output",
+    tmp_path / "out2.jsonl",
+  )
   assert_user_error(missing, "python -m jaxrlhf.generate", "no_prompt.parquet", "'prompt' column")
 
 
 # ----- export and checkpoints: nothing lost ---------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def trained_run(files, tmp_path_factory):
@@ -360,12 +511,14 @@ def test_resuming_at_or_past_the_last_step_says_the_run_is_complete(trained_run,
   config.trainer.total_training_steps = 1
   config.trainer.resume_mode = "auto"
   assert Trainer(config, devices=jax.devices()[:1]).fit() == []
-  assert "already complete: the checkpoint at step 2 is at or past trainer.total_training_steps=1" in \
-      capsys.readouterr().out
+  assert (
+    "already complete: the checkpoint at step 2 is at or past trainer.total_training_steps=1" in capsys.readouterr().out
+  )
 
 
-def test_auto_resume_sets_an_unreadable_latest_checkpoint_aside_and_takes_the_one_before(trained_run, tmp_path,
-                                                                                        caplog, capsys):
+def test_auto_resume_sets_an_unreadable_latest_checkpoint_aside_and_takes_the_one_before(
+  trained_run, tmp_path, caplog, capsys
+):
   config, step_dir = trained_run
   config = config.copy_and_resolve_references()
   config.trainer.default_local_dir = str(tmp_path)
@@ -387,15 +540,27 @@ def test_auto_resume_sets_an_unreadable_latest_checkpoint_aside_and_takes_the_on
 
 
 def _train_flags(run_root, steps):
-  return ["train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={run_root}",
-          "--config.trainer.logger=('jsonl',)", f"--config.trainer.total_training_steps={steps}",
-          "--config.trainer.save_freq=2", "--config.trainer.test_freq=-1", "--config.trainer.val_before_train=False",
-          "--config.trainer.resume_mode=auto", "--config.trainer.plot=False"]
+  return [
+    "train.py",
+    "--config",
+    "configs/quickstart.py",
+    f"--config.trainer.default_local_dir={run_root}",
+    "--config.trainer.logger=('jsonl',)",
+    f"--config.trainer.total_training_steps={steps}",
+    "--config.trainer.save_freq=2",
+    "--config.trainer.test_freq=-1",
+    "--config.trainer.val_before_train=False",
+    "--config.trainer.resume_mode=auto",
+    "--config.trainer.plot=False",
+  ]
 
 
 def _training_steps(run_dir):
-  return [int(r["training/global_step"]) for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-          if "training/global_step" in r]
+  return [
+    int(r["training/global_step"])
+    for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    if "training/global_step" in r
+  ]
 
 
 @pytest.mark.slow
@@ -407,15 +572,24 @@ def test_ctrl_c_after_a_save_then_resume_logs_each_step_once(tmp_path):
   # signal stays ignored across exec: the run would never stop. A handled one is reset to its default there.
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
-    process = subprocess.Popen([sys.executable, *_train_flags(tmp_path, 6)], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+      [sys.executable, *_train_flags(tmp_path, 6)],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
   finally:
     signal.signal(signal.SIGINT, previous)
   deadline = time.time() + 300
   # Interrupt once step 3 is logged after the save at step 2: step 3 is then in metrics.jsonl twice unless cut.
   while process.poll() is None and time.time() < deadline:
-    if (run_dir / "global_step_2").is_dir() and os.path.exists(run_dir / "metrics.jsonl") \
-        and 3 in _training_steps(run_dir):
+    if (
+      (run_dir / "global_step_2").is_dir()
+      and os.path.exists(run_dir / "metrics.jsonl")
+      and 3 in _training_steps(run_dir)
+    ):
       break
     time.sleep(0.05)
   process.send_signal(signal.SIGINT)
@@ -424,8 +598,9 @@ def test_ctrl_c_after_a_save_then_resume_logs_each_step_once(tmp_path):
   saved = max(int(name.rsplit("_", 1)[1]) for name in os.listdir(run_dir) if name.startswith("global_step_"))
   assert 3 in _training_steps(run_dir) and saved < max(_training_steps(run_dir))
 
-  resumed = subprocess.run([sys.executable, *_train_flags(tmp_path, 6)], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=600)
+  resumed = subprocess.run(
+    [sys.executable, *_train_flags(tmp_path, 6)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
   dropped = read_metrics(os.path.join(run_dir, "metrics.dropped.jsonl"))
@@ -434,8 +609,15 @@ def test_ctrl_c_after_a_save_then_resume_logs_each_step_once(tmp_path):
 
 @pytest.mark.slow
 def test_a_truncated_file_in_the_latest_checkpoint_resumes_from_the_previous_one(tmp_path, caplog):
-  config = small_config(tmp_path, **{"trainer.total_training_steps": 4, "trainer.save_freq": 2,
-                                     "trainer.resume_mode": "auto", "trainer.val_before_train": False})
+  config = small_config(
+    tmp_path,
+    **{
+      "trainer.total_training_steps": 4,
+      "trainer.save_freq": 2,
+      "trainer.resume_mode": "auto",
+      "trainer.val_before_train": False,
+    },
+  )
   Trainer(config, devices=jax.devices()[:1]).fit()
   run_dir = tmp_path / "quickstart" / "recall_ppo"
   data_files = [os.path.join(d, f) for d, _, names in os.walk(run_dir / "global_step_4" / "state") for f in names]

@@ -34,9 +34,14 @@ def _script(name):
 def _shell_words(command: str, env: dict | None = None) -> list[str]:
   """The arguments bash passes to `python train.py` for a printed command (with `env` as the shell's)."""
   assert command.startswith("python train.py"), command[:40]
-  args = command[len("python train.py"):]
-  result = subprocess.run(["bash", "-c", "printf '%s\\0' " + args], env={"PATH": "/usr/bin:/bin", **(env or {})},
-                          capture_output=True, text=True, check=True)
+  args = command[len("python train.py") :]
+  result = subprocess.run(
+    ["bash", "-c", "printf '%s\\0' " + args],
+    env={"PATH": "/usr/bin:/bin", **(env or {})},
+    capture_output=True,
+    text=True,
+    check=True,
+  )
   return result.stdout.split("\0")[:-1]
 
 
@@ -44,8 +49,7 @@ def _config_from_flags(args: list[str]):
   """What train.py's absl + ml_collections parsing makes of `--config FILE --config.key=value ...`."""
   flag_values = flags.FlagValues()
   argv = ["train.py", *[arg.replace("configs/", os.path.join(ROOT, "configs") + "/", 1) for arg in args]]
-  config = config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True,
-                                           sys_argv=argv)
+  config = config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True, sys_argv=argv)
   flag_values(argv)
   return config.value
 
@@ -65,57 +69,128 @@ def _via_overrides(script):
   return config
 
 
-@pytest.mark.parametrize("script, expected", [
-    ("ppo_gae_qwen2_7b.sh", {"algorithm.adv_estimator": "gae", "critic.optim.lr": 1e-5, "mesh.tensor": 1,
-                             "mesh.fsdp": 8, "data.train_files": ("/home/user/data/gsm8k/train.parquet",),
-                             "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
-                             "trainer.logger": ("console", "wandb"), "critic.enable": True}),
-    ("grpo_qwen2_7b.sh", {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 5,
-                          "actor_rollout_ref.ref.fsdp_config.param_offload": True, "critic.enable": False,
-                          "actor_rollout_ref.rollout.tensor_model_parallel_size": 2, "mesh.tensor": 1}),
-    ("dapo_qwen2_5_32b.sh", {"data.gen_batch_size": 1536, "data.max_response_length": 20480,
-                             "actor_rollout_ref.actor.clip_ratio_high": 0.28, "mesh.tensor": 1, "mesh.fsdp": 128,
-                             "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
-                             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 22528,
-                             "trainer.default_local_dir": "/home/user/verl/ckpts/DAPO/DAPO-Qwen2.5-32B",
-                             "algorithm.filter_groups.enable": True,
-                             "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8,
-                             "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 8}),
+@pytest.mark.parametrize(
+  "script, expected",
+  [
+    (
+      "ppo_gae_qwen2_7b.sh",
+      {
+        "algorithm.adv_estimator": "gae",
+        "critic.optim.lr": 1e-5,
+        "mesh.tensor": 1,
+        "mesh.fsdp": 8,
+        "data.train_files": ("/home/user/data/gsm8k/train.parquet",),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+        "trainer.logger": ("console", "wandb"),
+        "critic.enable": True,
+      },
+    ),
+    (
+      "grpo_qwen2_7b.sh",
+      {
+        "algorithm.adv_estimator": "grpo",
+        "actor_rollout_ref.rollout.n": 5,
+        "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+        "critic.enable": False,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+        "mesh.tensor": 1,
+      },
+    ),
+    (
+      "dapo_qwen2_5_32b.sh",
+      {
+        "data.gen_batch_size": 1536,
+        "data.max_response_length": 20480,
+        "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+        "mesh.tensor": 1,
+        "mesh.fsdp": 128,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 22528,
+        "trainer.default_local_dir": "/home/user/verl/ckpts/DAPO/DAPO-Qwen2.5-32B",
+        "algorithm.filter_groups.enable": True,
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8,
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 8,
+      },
+    ),
     # Generation TP is not training TP: verl's 72B GRPO (rollout TP 16 on 2 x 8 GPUs) trains FSDP on 16.
-    ("generation_tp.sh", {"mesh.tensor": 1, "mesh.fsdp": 16, "mesh.data": 1,
-                          "actor_rollout_ref.rollout.tensor_model_parallel_size": 16}),
-    ("reader_constructs.sh", {
+    (
+      "generation_tp.sh",
+      {"mesh.tensor": 1, "mesh.fsdp": 16, "mesh.data": 1, "actor_rollout_ref.rollout.tensor_model_parallel_size": 16},
+    ),
+    (
+      "reader_constructs.sh",
+      {
         "data.train_files": ("/home/user/data/math/train.parquet",),
         "data.val_files": ("/home/user/data/math/test.parquet", "/home/user/data/aime/test.parquet"),
-        "data.max_prompt_length": 2048, "data.max_response_length": 8192,
+        "data.max_prompt_length": 2048,
+        "data.max_response_length": 8192,
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 20480,  # $(( (a + b) * 2 ))
-        "actor_rollout_ref.model.path": "Qwen/Qwen2.5-3B-Instruct", "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
-        "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.rollout.temperature": 1.0,  # the elif; $SAMPLING split
-        "trainer.experiment_name": "gspo-Qwen2.5-3B-Instruct-n8", "mesh.fsdp": 16,
-        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean"}),  # `[ -z "$X" ] && X=...`
-    ("deprecated_micro_batch.sh", {  # 2 x 8 GPUs: verl divides by GPUs / Ulysses SP
+        "actor_rollout_ref.model.path": "Qwen/Qwen2.5-3B-Instruct",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+        "actor_rollout_ref.rollout.n": 8,
+        "actor_rollout_ref.rollout.temperature": 1.0,  # the elif; $SAMPLING split
+        "trainer.experiment_name": "gspo-Qwen2.5-3B-Instruct-n8",
+        "mesh.fsdp": 16,
+        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
+      },
+    ),  # `[ -z "$X" ] && X=...`
+    (
+      "deprecated_micro_batch.sh",
+      {  # 2 x 8 GPUs: verl divides by GPUs / Ulysses SP
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 64 // (16 // 2),
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 128 // (16 // 2),
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 256 // (16 // 2),  # ref's SP: the actor's
-        "critic.ppo_micro_batch_size_per_gpu": 32 // 16, "critic.forward_micro_batch_size_per_gpu": 64 // 16,
-        "actor_rollout_ref.actor.grad_clip": 0.5, "critic.grad_clip": 2.0}),
-    ("dapo_reward_kwargs.sh", {
-        "reward_model.overlong_buffer.enable": True, "reward_model.overlong_buffer.len": 4096,
-        "reward_model.overlong_buffer.penalty_factor": 1.0, "algorithm.filter_groups.metric": "score",
-        "actor_rollout_ref.actor.grad_clip": 1.0, "trainer.profile_steps": (1, 3),
-        "trainer.logger": ("console", "jsonl")}),
-    ("script_arguments.sh", {  # ${1:-4}; "${@:2}" and "${A[@]:1}" give what bash gives; `key=` is ''
+        "critic.ppo_micro_batch_size_per_gpu": 32 // 16,
+        "critic.forward_micro_batch_size_per_gpu": 64 // 16,
+        "actor_rollout_ref.actor.grad_clip": 0.5,
+        "critic.grad_clip": 2.0,
+      },
+    ),
+    (
+      "dapo_reward_kwargs.sh",
+      {
+        "reward_model.overlong_buffer.enable": True,
+        "reward_model.overlong_buffer.len": 4096,
+        "reward_model.overlong_buffer.penalty_factor": 1.0,
+        "algorithm.filter_groups.metric": "score",
+        "actor_rollout_ref.actor.grad_clip": 1.0,
+        "trainer.profile_steps": (1, 3),
+        "trainer.logger": ("console", "jsonl"),
+      },
+    ),
+    (
+      "script_arguments.sh",
+      {  # ${1:-4}; "${@:2}" and "${A[@]:1}" give what bash gives; `key=` is ''
         "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
-        "trainer.experiment_name": "trtllm-qwen2-7b-tp4-8gpus", "trainer.resume_from_path": "",
+        "trainer.experiment_name": "trtllm-qwen2-7b-tp4-8gpus",
+        "trainer.resume_from_path": "",
         "data.train_files": ("/home/user/data/gsm8k/train.parquet", "/home/user/data/math/train.parquet"),
-        "trainer.save_freq": 20, "trainer.test_freq": 5, "trainer.total_epochs": 15}),
-    ("hybrid_shard.sh", {  # fsdp_size=32 of 64 GPUs: groups of 32 (SP 4, rollout TP 4 inside), 2 replicas
-        "mesh.data": 2, "mesh.fsdp": 32, "mesh.tensor": 1,
+        "trainer.save_freq": 20,
+        "trainer.test_freq": 5,
+        "trainer.total_epochs": 15,
+      },
+    ),
+    (
+      "hybrid_shard.sh",
+      {  # fsdp_size=32 of 64 GPUs: groups of 32 (SP 4, rollout TP 4 inside), 2 replicas
+        "mesh.data": 2,
+        "mesh.fsdp": 32,
+        "mesh.tensor": 1,
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 4,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4}),
-    ("ppo_otb_keys.sh", {"algorithm.adv_estimator": "optimal_token_baseline", "mesh.data": 1, "mesh.fsdp": 8,
-                         "trainer.max_actor_ckpt_to_keep": 2}),  # one checkpoint holds actor and critic
-])
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+      },
+    ),
+    (
+      "ppo_otb_keys.sh",
+      {
+        "algorithm.adv_estimator": "optimal_token_baseline",
+        "mesh.data": 1,
+        "mesh.fsdp": 8,
+        "trainer.max_actor_ckpt_to_keep": 2,
+      },
+    ),  # one checkpoint holds actor and critic
+  ],
+)
 def test_verl_script_resolves_like_its_printed_command(script, expected):
   command, report, parsed = verl_compat.translate_script(_script(script), env=ENV)
   assert not parsed.missing and not report.unresolved and not report.deferred
@@ -131,8 +206,10 @@ def test_reader_reports_what_it_did_not_translate():
   assert script.script_args and not script.passthrough  # "$@"; `2>&1 | tee` is not part of the command
   assert any("$@" in note for note in report.notes)
   ignored = {key: raw for key, raw, _ in report.ignored}
-  assert ignored == {"data.return_raw_chat": "True",
-                     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "30720"}
+  assert ignored == {
+    "data.return_raw_chat": "True",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "30720",
+  }
 
 
 def test_verls_engine_switches_are_ignored_with_their_reasons():
@@ -140,33 +217,67 @@ def test_verls_engine_switches_are_ignored_with_their_reasons():
   ignored = {key: reason for key, _, reason in report.ignored}
   assert "optimal_token_baseline" in ignored["actor_rollout_ref.actor.calculate_sum_pi_squared"]
   assert "PrefixGrouper" in ignored["actor_rollout_ref.actor.use_prefix_grouper"]
-  assert {"actor_rollout_ref.model.mtp.enable", "actor_rollout_ref.model.mtp.enable_train",  # inert: mtp off
-          "actor_rollout_ref.model.lora_adapter_path", "data.custom_cls.path", "actor_rollout_ref.model.lora.merge",
-          "actor_rollout_ref.rollout.over_sample_rate", "critic.model.fsdp_config.fsdp_size"} <= set(ignored)
+  assert {
+    "actor_rollout_ref.model.mtp.enable",
+    "actor_rollout_ref.model.mtp.enable_train",  # inert: mtp off
+    "actor_rollout_ref.model.lora_adapter_path",
+    "data.custom_cls.path",
+    "actor_rollout_ref.model.lora.merge",
+    "actor_rollout_ref.rollout.over_sample_rate",
+    "critic.model.fsdp_config.fsdp_size",
+  } <= set(ignored)
   _, report, _ = verl_compat.translate_script(_script("hybrid_shard.sh"), env=ENV)
   ignored = {key for key, _, _ in report.ignored}
-  assert {"actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
-          "actor_rollout_ref.rollout.multi_stage_wake_up"} <= ignored
+  assert {
+    "actor_rollout_ref.ref.strategy",
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
+    "actor_rollout_ref.rollout.multi_stage_wake_up",
+  } <= ignored
 
 
-@pytest.mark.parametrize("overrides, mesh, reported", [
+@pytest.mark.parametrize(
+  "overrides, mesh, reported",
+  [
     # verl's hybrid sharding: groups of k GPUs -> mesh.fsdp = k, mesh.data = GPUs / k
-    (["trainer.n_gpus_per_node=8", "trainer.nnodes=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=8"],
-     {"mesh.data": 2, "mesh.fsdp": 8}, None),
-    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"],  # verl's default
-     {"mesh.data": 1, "mesh.fsdp": 8}, None),
-    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=16"],  # k >= GPUs: one group
-     {"mesh.data": 1, "mesh.fsdp": 8}, None),
+    (
+      ["trainer.n_gpus_per_node=8", "trainer.nnodes=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=8"],
+      {"mesh.data": 2, "mesh.fsdp": 8},
+      None,
+    ),
+    (
+      ["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"],  # verl's default
+      {"mesh.data": 1, "mesh.fsdp": 8},
+      None,
+    ),
+    (
+      ["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=16"],  # k >= GPUs: one group
+      {"mesh.data": 1, "mesh.fsdp": 8},
+      None,
+    ),
     (["actor_rollout_ref.actor.fsdp_config.fsdp_size=8"], {"mesh.data": -1, "mesh.fsdp": 8}, None),  # data fills
     (["actor_rollout_ref.actor.fsdp_config.fsdp_size=-1"], {"mesh.data": 1, "mesh.fsdp": -1}, None),  # untouched
     # Ulysses SP 8 does not fit in a group of 4: full sharding, reported
-    (["trainer.n_gpus_per_node=8", "trainer.nnodes=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
-      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8"], {"mesh.data": 1, "mesh.fsdp": 16},
-     "full sharding over 16 GPUs kept"),
-    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
-      "actor_rollout_ref.actor.fsdp_config.fsdp_size=2"], {"mesh.data": 1, "mesh.fsdp": 8},
-     "full sharding over 8 GPUs kept"),
-])
+    (
+      [
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=2",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8",
+      ],
+      {"mesh.data": 1, "mesh.fsdp": 16},
+      "full sharding over 16 GPUs kept",
+    ),
+    (
+      [
+        "trainer.n_gpus_per_node=8",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
+      ],
+      {"mesh.data": 1, "mesh.fsdp": 8},
+      "full sharding over 8 GPUs kept",
+    ),
+  ],
+)
 def test_hybrid_sharding_becomes_the_data_axis(overrides, mesh, reported):
   config = get_base_config()
   report = verl_compat.apply_overrides(config, overrides)
@@ -178,6 +289,7 @@ def test_hybrid_sharding_becomes_the_data_axis(overrides, mesh, reported):
 def test_checkpoints_to_keep_count_actor_and_critic_together():
   def kept(*overrides):
     return verl_compat.plan(list(overrides), get_base_config()).assignments["trainer.max_actor_ckpt_to_keep"]
+
   assert kept("trainer.max_actor_ckpt_to_keep=3", "trainer.max_critic_ckpt_to_keep=1") == 3
   assert kept("trainer.max_critic_ckpt_to_keep=2", "trainer.max_actor_ckpt_to_keep=1") == 2
   assert kept("trainer.max_critic_ckpt_to_keep=2") is None  # verl keeps every actor checkpoint then
@@ -188,8 +300,10 @@ def test_generation_tp_keeps_training_fsdp():
   assert "mesh.tensor" not in report.assignments
   assert ("actor_rollout_ref.rollout.multi_turn.format", "hermes") in {(k, raw) for k, raw, _ in report.ignored}
   with pytest.raises(UserError, match=r"tensor_model_parallel_size=3 must divide the 16 GPUs"):
-    verl_compat.apply_overrides(get_base_config(), ["actor_rollout_ref.rollout.tensor_model_parallel_size=3",
-                                                    "trainer.n_gpus_per_node=8", "trainer.nnodes=2"])
+    verl_compat.apply_overrides(
+      get_base_config(),
+      ["actor_rollout_ref.rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=8", "trainer.nnodes=2"],
+    )
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
@@ -200,9 +314,13 @@ def test_values_only_the_shell_knows_reach_the_command_and_translate_when_it_run
   assert 'trainer.default_local_dir="$CHECKPOINT_ROOT/gsm8k"' in command.split()
   assert "--config.mesh" not in command  # the mesh depends on the node count: train.py sizes it when it runs
   deferred = {key for key, _, _ in report.deferred}
-  assert {"trainer.nnodes", "trainer.n_gpus_per_node", "actor_rollout_ref.actor.ppo_micro_batch_size",
-          "actor_rollout_ref.rollout.log_prob_micro_batch_size",
-          "actor_rollout_ref.rollout.tensor_model_parallel_size"} <= deferred
+  assert {
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "actor_rollout_ref.actor.ppo_micro_batch_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size",
+  } <= deferred
   config = _config_from_command(command, {"SLURM_JOB_NUM_NODES": str(nodes), "CHECKPOINT_ROOT": "/ckpt"})
   gpus = 8 * nodes
   assert (config.mesh.fsdp, config.mesh.tensor) == (gpus, 1)
@@ -217,9 +335,15 @@ def test_null_reaches_train_py_as_none_for_every_type():
   assert "data.val_batch_size=null" in command.split() and "--config.data.val_batch_size" not in command
   config = _config_from_command(command)
   base = get_base_config()
-  keys = ["data.val_batch_size", "data.val_files", "actor_rollout_ref.rollout.dtype",
-          "actor_rollout_ref.actor.clip_ratio_high", "critic.enable", "trainer.total_training_steps",
-          "trainer.max_actor_ckpt_to_keep"]
+  keys = [
+    "data.val_batch_size",
+    "data.val_files",
+    "actor_rollout_ref.rollout.dtype",
+    "actor_rollout_ref.actor.clip_ratio_high",
+    "critic.enable",
+    "trainer.total_training_steps",
+    "trainer.max_actor_ckpt_to_keep",
+  ]
   assert get(base, "data.val_files") is not None  # a tuple with a default, not only placeholders
   for key in keys:
     assert get(config, key) is None, key
@@ -243,7 +367,9 @@ def test_refused_families_and_unknown_keys_in_one_message():
   assert "did you mean" not in unknown_pipeline
 
 
-@pytest.mark.parametrize("overrides, message", [
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
     (["reward_model.reward_manager=collabllm"], r"refused \(reward manager\): CollabLLM.*multi-turn rollouts: not yet"),
     (["reward_model.reward_manager=remote"], r"refused \(reward manager\): reward manager 'remote'"),
     (["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"], r"refused \(multi-turn\)"),
@@ -253,26 +379,40 @@ def test_refused_families_and_unknown_keys_in_one_message():
     (['trainer.logger=["console","wandb"'], r"'trainer.logger'.*an unclosed \[\] list"),
     (["trainer.logger='console"], r"'trainer.logger'.*an unclosed ' quote"),
     (["actor_rollout_ref.actor.ppo_micro_batch_size=4"], r"ppo_micro_batch_size=4 sequences over 8 data-parallel"),
-    (["actor_rollout_ref.actor.ppo_micro_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
-     r"both actor_rollout_ref.actor.ppo_micro_batch_size and .*_per_gpu are set"),
-    (["data.max_response_length=1024", "reward_model.reward_kwargs.max_resp_len=2048"],
-     r"max_resp_len=2048 differs from data.max_response_length=1024"),
-    (["actor_rollout_ref.model.lora_adapter_path=/ckpt/lora_adapter"], r"refused \(LoRA\): continuing from a saved "
-                                                                      r"PEFT adapter"),
+    (
+      ["actor_rollout_ref.actor.ppo_micro_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"],
+      r"both actor_rollout_ref.actor.ppo_micro_batch_size and .*_per_gpu are set",
+    ),
+    (
+      ["data.max_response_length=1024", "reward_model.reward_kwargs.max_resp_len=2048"],
+      r"max_resp_len=2048 differs from data.max_response_length=1024",
+    ),
+    (
+      ["actor_rollout_ref.model.lora_adapter_path=/ckpt/lora_adapter"],
+      r"refused \(LoRA\): continuing from a saved "
+      r"PEFT adapter",
+    ),
     (["actor_rollout_ref.model.exclude_modules=['o_proj']"], r"refused \(LoRA\): modules excluded"),
-    (["actor_rollout_ref.model.mtp.enable=True", "actor_rollout_ref.model.mtp.enable_train=True"],
-     r"refused \(multi-token prediction\).*\[actor_rollout_ref.model.mtp.enable=True and 1 more\]"),
+    (
+      ["actor_rollout_ref.model.mtp.enable=True", "actor_rollout_ref.model.mtp.enable_train=True"],
+      r"refused \(multi-token prediction\).*\[actor_rollout_ref.model.mtp.enable=True and 1 more\]",
+    ),
     (["data.custom_cls.path=my_dataset.py", "data.custom_cls.name=MyDataset"], r"refused \(custom dataset class\)"),
     (["+data.apply_chat_template_kwargs.enable_thinking=False"], r"refused \(chat template arguments\)"),
     (["actor_rollout_ref.actor.freeze_vision_tower=True"], r"refused \(vision-language\)"),
     (["actor_rollout_ref.rollout.over_sample_rate=0.1"], r"refused \(multi-turn\)"),
     (["actor_rollout_ref.ref.strategy=megatron"], r"refused \(Megatron-LM\)"),
-    (["actor_rollout_ref.model.lora.rank=64", "actor_rollout_ref.model.lora.alpha=64"],
-     r"refused \(Megatron-LM\): Megatron-Bridge's LoRA.*\[actor_rollout_ref.model.lora.rank=64 and 1 more\]"),
-    (["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"],
-     r"fsdp_size=3 must be -1 or divide the 8 GPUs"),
+    (
+      ["actor_rollout_ref.model.lora.rank=64", "actor_rollout_ref.model.lora.alpha=64"],
+      r"refused \(Megatron-LM\): Megatron-Bridge's LoRA.*\[actor_rollout_ref.model.lora.rank=64 and 1 more\]",
+    ),
+    (
+      ["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"],
+      r"fsdp_size=3 must be -1 or divide the 8 GPUs",
+    ),
     (["actor_rollout_ref.actor.fsdp_config.fsdp_size=auto"], r"fsdp_size expects an int \(-1: every GPU\), got 'auto'"),
-])
+  ],
+)
 def test_refusals_and_bad_values_name_the_key(overrides, message):
   with pytest.raises(UserError, match=message):
     verl_compat.apply_overrides(get_base_config(), overrides)
@@ -281,6 +421,7 @@ def test_refusals_and_bad_values_name_the_key(overrides, message):
 def test_a_refusal_that_depends_on_a_value_only_the_shell_knows():
   def plan(arg):
     return verl_compat.plan([arg], get_base_config(), shell_text={arg: arg.split("=", 1)[1]})
+
   with pytest.raises(UserError, match=r"refused \(multi-turn\)"):  # refused whatever the path
     plan("actor_rollout_ref.rollout.multi_turn.tool_config_path=$(pwd)/tools.yaml")
   with pytest.raises(UserError, match=r"'reward_model.reward_manager'=\$RM: jaxrlhf needs this value"):
@@ -289,19 +430,26 @@ def test_a_refusal_that_depends_on_a_value_only_the_shell_knows():
 
 def test_accepted_reward_managers_and_loggers():
   config = get_base_config()
-  report = verl_compat.apply_overrides(config, ["reward_model.reward_manager=batch",
-                                                "trainer.logger=['file','vemlp_wandb']",
-                                                "trainer.profile_steps=[2]"])
+  report = verl_compat.apply_overrides(
+    config, ["reward_model.reward_manager=batch", "trainer.logger=['file','vemlp_wandb']", "trainer.profile_steps=[2]"]
+  )
   assert config.trainer.logger == ("jsonl",) and config.trainer.profile_steps == (2,)
-  assert {(key, raw) for key, raw, _ in report.ignored} == {("reward_model.reward_manager", "batch"),
-                                                             ("trainer.logger", "vemlp_wandb")}
+  assert {(key, raw) for key, raw, _ in report.ignored} == {
+    ("reward_model.reward_manager", "batch"),
+    ("trainer.logger", "vemlp_wandb"),
+  }
 
 
 def test_the_dapo_recipes_older_spellings():
   config = get_base_config()
-  verl_compat.apply_overrides(config, ["custom_reward_function.overlong_buffer.enable=True",
-                                       "custom_reward_function.overlong_buffer.len=512",
-                                       "actor_rollout_ref.actor.use_token_level_loss=False"])
+  verl_compat.apply_overrides(
+    config,
+    [
+      "custom_reward_function.overlong_buffer.enable=True",
+      "custom_reward_function.overlong_buffer.len=512",
+      "actor_rollout_ref.actor.use_token_level_loss=False",
+    ],
+  )
   assert config.reward_model.overlong_buffer.enable and config.reward_model.overlong_buffer.len == 512
   assert config.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
   verl_compat.apply_overrides(config, ["actor_rollout_ref.actor.use_token_level_loss=True"])
@@ -317,26 +465,39 @@ def test_did_you_mean_only_when_close():
   candidates = list(verl_compat.base_tree_types()) + [k for k in verl_compat.TABLE if "*" not in k]
   assert verl_compat.did_you_mean("trainer.total_trainig_steps", candidates) == "trainer.total_training_steps"
   assert verl_compat.did_you_mean("actor_rollout_ref.rollout.tensor_model_paralel_size", candidates) == (
-      "actor_rollout_ref.rollout.tensor_model_parallel_size")
+    "actor_rollout_ref.rollout.tensor_model_parallel_size"
+  )
   assert verl_compat.did_you_mean("actor_rollout_ref.rollout.kl_loss_coef", candidates) == (
-      "actor_rollout_ref.actor.kl_loss_coef")
-  for far in ("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", "critic.pipeline_model_parallel_size",
-              "actor_rollout_ref.model.use_rmpad", "trainer.bench_steps"):
+    "actor_rollout_ref.actor.kl_loss_coef"
+  )
+  for far in (
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+    "critic.pipeline_model_parallel_size",
+    "actor_rollout_ref.model.use_rmpad",
+    "trainer.bench_steps",
+  ):
     assert verl_compat.did_you_mean(far, candidates) is None, far
 
 
-@pytest.mark.parametrize("script, line, message", [
+@pytest.mark.parametrize(
+  "script, line, message",
+  [
     ("if_on_a_file.sh", 7, r"uses \$LR, which is set inside an `if` whose test only the shell can decide \(line 2\)"),
     ("sweep_loop.sh", 3, r"inside a loop \(line 2\)"),
     ("indirect.sh", 4, r"indirect expansion"),
     ("unclosed_quote.sh", 3, r'unclosed " quote'),
     ("two_runs.sh", 2, r"runs verl 2 times \(lines 1, 2\)"),
     ("array_operation.sh", 2, r"an operation on a whole array"),
-    ("backslash_space.sh", 5, r"`\\ ` \(a backslash before a space, not before the end of the line\) passes ' ' to verl "
-                              r".*the command ends there"),
+    (
+      "backslash_space.sh",
+      5,
+      r"`\\ ` \(a backslash before a space, not before the end of the line\) passes ' ' to verl "
+      r".*the command ends there",
+    ),
     ("other_program.sh", 1, r"runs verl.trainer.main_generation \(verl's offline generation"),
     ("test_and_assign.sh", 3, r"uses \$LR, which is set inside a `&&` / `\|\|` whose test only the shell can decide"),
-])
+  ],
+)
 def test_a_script_the_reader_cannot_read_fails_naming_the_line(script, line, message):
   path = _script(os.path.join("unreadable", script))
   with pytest.raises(UserError, match=rf"^{path}:{line}: .*{message}"):
@@ -352,16 +513,25 @@ def test_values_follow_hydra():
   assert verl_compat.parse_value("'error'") == "error"
   assert verl_compat.parse_value("") == "" and verl_compat.parse_value("''") == ""  # `key=$EMPTY`
   config = get_base_config()
-  verl_compat.apply_overrides(config, ["+data.val_batch_size=null", "data.train_files=/d/train.parquet",
-                                       "actor_rollout_ref.actor.optim.lr=1", "trainer.experiment_name=123",
-                                       "data.seed=1", "data.seed=2"])
+  verl_compat.apply_overrides(
+    config,
+    [
+      "+data.val_batch_size=null",
+      "data.train_files=/d/train.parquet",
+      "actor_rollout_ref.actor.optim.lr=1",
+      "trainer.experiment_name=123",
+      "data.seed=1",
+      "data.seed=2",
+    ],
+  )
   assert config.data.val_batch_size is None and config.data.train_files == ("/d/train.parquet",)
   assert config.actor_rollout_ref.actor.optim.lr == 1.0 and config.trainer.experiment_name == "123"
   assert config.data.seed == 2  # a repeated key: the last wins
   with pytest.raises(UserError, match="'data.train_batch_size' expects int, got 'many'"):
     verl_compat.apply_overrides(get_base_config(), ["data.train_batch_size=many"])
-  with pytest.raises(UserError, match="unknown config key 'trainer.total_trainig_steps'.*did you mean "
-                                      "'trainer.total_training_steps'"):
+  with pytest.raises(
+    UserError, match="unknown config key 'trainer.total_trainig_steps'.*did you mean 'trainer.total_training_steps'"
+  ):
     verl_compat.apply_overrides(get_base_config(), ["trainer.total_trainig_steps=3"])
 
 
@@ -384,8 +554,10 @@ def _tiny_fixture(root):
   """A tiny HF model directory and recall-task parquet files (GSM8K's `####` answers, data_source)."""
   import pyarrow as pa
   import pyarrow.parquet as pq
-  from tests.cli.test_bad_input import _write_hf_model
+
   from jaxrlhf.data.builtin import recall_rows
+  from tests.cli.test_bad_input import _write_hf_model
+
   model = _write_hf_model(root / "model", MODEL.num_hidden_layers)
   pq.write_table(pa.Table.from_pylist(recall_rows("train")[:64]), root / "train.parquet")
   return model
@@ -426,12 +598,22 @@ def test_printed_command_and_verl_args_both_train(tmp_path):
   """The command jaxrlhf.verl_compat prints runs 1 step; so does train.py given the verl overrides as they are."""
   _tiny_fixture(tmp_path)
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+  env.update(
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=ROOT,
+    XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+  )
   script = tmp_path / "run_tiny.sh"
   script.write_text(VERL_TINY.format(root=tmp_path, name="translated"))
-  printed = subprocess.run([sys.executable, "-m", "jaxrlhf.verl_compat", str(script)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120)
+  printed = subprocess.run(
+    [sys.executable, "-m", "jaxrlhf.verl_compat", str(script)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert printed.returncode == 0, printed.stderr[-2000:]
   command = printed.stdout.split("\n\n")[0]
   assert command.startswith("python train.py \\\n    --config configs/verl_defaults.py")
@@ -439,14 +621,14 @@ def test_printed_command_and_verl_args_both_train(tmp_path):
   assert "--config.actor_rollout_ref.rollout.tensor_model_parallel_size=2" in command
   assert "--config.mesh.tensor" not in command  # generation TP 2 over the fsdp devices; training is FSDP
   assert "actor_rollout_ref.rollout.name=vllm  ->  vLLM" in printed.stdout
-  translated = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=600)
+  translated = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert translated.returncode == 0, translated.stderr[-3000:]
 
   _, _, parsed = verl_compat.translate_script(str(script))
   direct_args = [arg.replace("experiment_name=translated", "experiment_name=direct") for arg in parsed.overrides]
-  direct = subprocess.run([sys.executable, "train.py", *direct_args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+  direct = subprocess.run(
+    [sys.executable, "train.py", *direct_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
   assert direct.returncode == 0, direct.stderr[-3000:]
   assert "ignored 2 verl key(s)" in direct.stdout
   assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.6: vLLM's KV-cache share" in direct.stdout

@@ -13,19 +13,26 @@ from jaxrlhf.trainer.reward import decode_responses, make_reward_fn
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
   from transformers import AutoTokenizer
+
   path = tmp_path_factory.mktemp("tok")
   build_tokenizer(save_dir=str(path))
   return AutoTokenizer.from_pretrained(str(path))
 
 
 def _row(content, truth="7", source=RECALL_DATA_SOURCE):
-  return {"data_source": source, "prompt": [{"role": "user", "content": content}], "ability": "recall",
-          "reward_model": {"style": "rule", "ground_truth": truth}, "extra_info": {"index": 0}}
+  return {
+    "data_source": source,
+    "prompt": [{"role": "user", "content": content}],
+    "ability": "recall",
+    "reward_model": {"style": "rule", "ground_truth": truth},
+    "extra_info": {"index": 0},
+  }
 
 
 def test_tokenizer_round_trips_through_save_pretrained(tokenizer):
-  text = tokenizer.apply_chat_template([{"role": "user", "content": "last : 5 8 2 7"}], add_generation_prompt=True,
-                                       tokenize=False)
+  text = tokenizer.apply_chat_template(
+    [{"role": "user", "content": "last : 5 8 2 7"}], add_generation_prompt=True, tokenize=False
+  )
   ids = tokenizer(text, add_special_tokens=False)["input_ids"]
   assert tokenizer.convert_ids_to_tokens(ids) == ["<|user|>", "last", ":", "5", "8", "2", "7", "<|assistant|>"]
   assert tokenizer.decode(tokenizer("#### 7")["input_ids"]) == "#### 7"
@@ -60,11 +67,14 @@ def test_filtering_is_counted_and_a_too_small_dataset_counts_rows_before_and_aft
   path.write_text("".join(json.dumps(_row(text)) + "\n" for text in ["last : 1 2 3 4 5 6"] * 3 + ["first : 1"]))
   filtered = build_dataset(str(path), tokenizer, max_prompt_length=6, filter_overlong_prompts=True)
   assert filtered.filtering_note("data.train_files") == (
-      "data.train_files: data.filter_overlong_prompts dropped 3 of 4 rows (longer than data.max_prompt_length=6); "
-      "1 left")
+    "data.train_files: data.filter_overlong_prompts dropped 3 of 4 rows (longer than data.max_prompt_length=6); 1 left"
+  )
   assert build_dataset(str(path), tokenizer, max_prompt_length=20).filtering_note("data.train_files") is None
-  with pytest.raises(DataError, match=r"^data.gen_batch_size=2 is larger than the dataset \(1 rows; 4 read, 3 "
-                                      r"dropped by data.filter_overlong_prompts\)$"):
+  with pytest.raises(
+    DataError,
+    match=r"^data.gen_batch_size=2 is larger than the dataset \(1 rows; 4 read, 3 "
+    r"dropped by data.filter_overlong_prompts\)$",
+  ):
     BatchSchedule(len(filtered), 2, seed=0, key="data.gen_batch_size", num_dropped=filtered.num_filtered)
 
 
@@ -118,6 +128,7 @@ def test_batch_schedule_is_deterministic_and_reshuffles_each_epoch():
 def test_reward_callback_decodes_and_scores_by_sample_index(tmp_path, tokenizer):
   import jax
   import jax.numpy as jnp
+
   rows = [_row("last : 1 2 3 7"), _row("first : 4 1 1 1", truth="4")]
   path = tmp_path / "rows.jsonl"
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -127,13 +138,13 @@ def test_reward_callback_decodes_and_scores_by_sample_index(tmp_path, tokenizer)
   mask = np.ones_like(responses)
   assert decode_responses(tokenizer, responses, mask) == ["#### 7", "#### 5"]
   reward_fn = jax.jit(make_reward_fn(tokenizer, dataset))
-  scores, errors, null_ground_truths, components = reward_fn(jnp.asarray(responses), jnp.asarray(mask),
-                                                             jnp.asarray([0, 1], jnp.int32))
+  scores, errors, null_ground_truths, components = reward_fn(
+    jnp.asarray(responses), jnp.asarray(mask), jnp.asarray([0, 1], jnp.int32)
+  )
   np.testing.assert_array_equal(np.asarray(null_ground_truths), [0.0, 0.0])
   assert components.shape == (0, 2)  # no GDPO reward components asked for
   np.testing.assert_array_equal(np.asarray(errors), [0.0, 0.0])
   np.testing.assert_array_equal(np.asarray(scores), [1.0, 0.0])
-
 
 
 def test_a_restarted_schedule_continues_mid_epoch_with_the_same_rows():
@@ -147,6 +158,7 @@ def test_a_restarted_schedule_continues_mid_epoch_with_the_same_rows():
 
 def test_process_rows_split_a_global_batch():
   from jaxrlhf.data import process_rows
+
   indices = np.arange(10, 18)
   np.testing.assert_array_equal(np.concatenate([process_rows(indices, p, 4) for p in range(4)]), indices)
   with pytest.raises(DataError, match="does not split over 3 processes"):

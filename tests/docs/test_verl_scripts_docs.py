@@ -11,8 +11,9 @@ DOC = os.path.join(ROOT, "docs", "verl_scripts.md")
 
 
 def _generator():
-  spec = importlib.util.spec_from_file_location("gen_verl_scripts_md",
-                                                os.path.join(ROOT, "docs", "gen_verl_scripts_md.py"))
+  spec = importlib.util.spec_from_file_location(
+    "gen_verl_scripts_md", os.path.join(ROOT, "docs", "gen_verl_scripts_md.py")
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -21,7 +22,8 @@ def _generator():
 def test_the_checked_in_page_is_the_generator_output():
   with open(DOC) as f:
     assert f.read() == _generator().render(), (
-        "docs/verl_scripts.md is out of date: run python docs/gen_verl_scripts_md.py")
+      "docs/verl_scripts.md is out of date: run python docs/gen_verl_scripts_md.py"
+    )
 
 
 def test_every_table_key_and_grammar_row_is_on_the_page():
@@ -35,6 +37,9 @@ def test_every_table_key_and_grammar_row_is_on_the_page():
 
 
 def test_every_refusal_family_has_a_reason():
-  used = {entry.family for entry in verl_compat.TABLE.values()
-          if isinstance(entry, verl_compat.Refused) or (isinstance(entry, verl_compat.Ignored) and entry.refuse)}
+  used = {
+    entry.family
+    for entry in verl_compat.TABLE.values()
+    if isinstance(entry, verl_compat.Refused) or (isinstance(entry, verl_compat.Ignored) and entry.refuse)
+  }
   assert used <= set(verl_compat.FAMILIES), used - set(verl_compat.FAMILIES)

@@ -10,15 +10,24 @@ import numpy as np
 import pytest
 
 from jaxrlhf.models import Decoder, init_params, positions_from_mask
-from jaxrlhf.models.attention import (auto_attention_impl, blockwise_attention, choose_kernel, decode_attention,
-                                      xla_attention)
+from jaxrlhf.models.attention import (
+  auto_attention_impl,
+  blockwise_attention,
+  choose_kernel,
+  decode_attention,
+  xla_attention,
+)
 
 B, L, K, G, H = 2, 13, 2, 2, 8
 
 
 def _inputs(seed, keys=L):
-  q, k, v = (jax.random.normal(key, shape, jnp.float32) for key, shape in zip(
-      jax.random.split(jax.random.key(seed), 3), [(B, L, K, G, H), (B, keys, K, H), (B, keys, K, H)]))
+  q, k, v = (
+    jax.random.normal(key, shape, jnp.float32)
+    for key, shape in zip(
+      jax.random.split(jax.random.key(seed), 3), [(B, L, K, G, H), (B, keys, K, H), (B, keys, K, H)]
+    )
+  )
   return q, k, v
 
 
@@ -26,7 +35,7 @@ def _padded_mask(keys=L):
   # Row 0: 3 left pads, 2 right pads; row 1: no padding.
   mask = np.ones((B, keys), np.int32)
   mask[0, :3] = 0
-  mask[0, keys - 2:] = 0
+  mask[0, keys - 2 :] = 0
   return jnp.asarray(mask)
 
 
@@ -85,8 +94,9 @@ def test_decode_attention_in_the_cache_layout_equals_xla_at_one_query(window, wi
   mask, index = _padded_mask(), 9
   flag = None if window_on is None else jnp.asarray(window_on)
   want = xla_attention(q[:, :1], k, v, jnp.arange(index, index + 1), mask, None, window, flag)[:, 0]
-  got = decode_attention(q[:, 0], k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), jnp.int32(index), mask, window,
-                         flag)
+  got = decode_attention(
+    q[:, 0], k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), jnp.int32(index), mask, window, flag
+  )
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
@@ -102,8 +112,9 @@ def test_blockwise_in_bf16_stays_close():
 
 def test_decoder_blockwise_matches_xla_logits_and_gradients(tiny_model_config):
   # A partial sliding window (layers 1.. of 3) inside the layer scan: the per-layer flag path.
-  config = dataclasses.replace(tiny_model_config, num_hidden_layers=3, sliding_window=4, sliding_window_start_layer=1,
-                               attention_impl="xla")
+  config = dataclasses.replace(
+    tiny_model_config, num_hidden_layers=3, sliding_window=4, sliding_window_start_layer=1, attention_impl="xla"
+  )
   params, _ = init_params(Decoder(config), jax.random.key(0))
   ids = jax.random.randint(jax.random.key(1), (2, 11), 0, 64)
   mask = jnp.ones_like(ids).at[0, :3].set(0).at[1, 9:].set(0)
@@ -117,8 +128,9 @@ def test_decoder_blockwise_matches_xla_logits_and_gradients(tiny_model_config):
   (loss_b, logits_b), grads_b = jax.value_and_grad(loss, has_aux=True)(params, "blockwise")
   valid = np.asarray(mask, bool)
   np.testing.assert_allclose(np.asarray(logits_b)[valid], np.asarray(logits_x)[valid], atol=1e-5, rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5),
-               grads_b, grads_x)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5), grads_b, grads_x
+  )
 
 
 def test_kernel_choice_and_fallbacks():
@@ -147,10 +159,15 @@ def test_splash_kernel_matches_xla_in_interpret_mode(window, packed):
   # The TPU kernel run by Pallas' interpreter on CPU: padding (as segment ids), packing, a window, a length
   # its 128-wide tiles do not divide.
   from jaxrlhf.models.attention import splash_attention
+
   length, head_dim = 200, 128
-  q, k, v = (jax.random.normal(key, shape, jnp.float32) for key, shape in zip(
-      jax.random.split(jax.random.key(5), 3), [(B, length, K, G, head_dim), (B, length, K, head_dim)] + [
-          (B, length, K, head_dim)]))
+  q, k, v = (
+    jax.random.normal(key, shape, jnp.float32)
+    for key, shape in zip(
+      jax.random.split(jax.random.key(5), 3),
+      [(B, length, K, G, head_dim), (B, length, K, head_dim)] + [(B, length, K, head_dim)],
+    )
+  )
   mask = np.ones((B, length), np.int32)
   mask[0, :30], mask[0, 180:] = 0, 0
   segments = None

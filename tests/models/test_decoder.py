@@ -75,13 +75,15 @@ def test_kv_cache_decode_matches_full_forward(tiny_model_config, tied):
   kv_mask = jnp.concatenate([mask[:, :prompt_len], jnp.zeros((batch, total - prompt_len), jnp.int32)], axis=1)
   positions = positions_from_mask(mask)
   apply = jax.jit(model.apply)
-  prefill, cache = apply({"params": params}, ids[:, :prompt_len], positions[:, :prompt_len], kv_mask,
-                               cache, jnp.int32(0))
+  prefill, cache = apply(
+    {"params": params}, ids[:, :prompt_len], positions[:, :prompt_len], kv_mask, cache, jnp.int32(0)
+  )
   pieces = [prefill]
   for t in range(prompt_len, total):
     kv_mask = kv_mask.at[:, t].set(1)
-    step_logits, cache = apply({"params": params}, ids[:, t:t + 1], positions[:, t:t + 1], kv_mask,
-                                     cache, jnp.int32(t))
+    step_logits, cache = apply(
+      {"params": params}, ids[:, t : t + 1], positions[:, t : t + 1], kv_mask, cache, jnp.int32(t)
+    )
     pieces.append(step_logits)
   incremental = jnp.concatenate(pieces, axis=1)
   valid = np.asarray(mask, bool)
@@ -99,8 +101,17 @@ def test_value_head_shape(tiny_model_config):
 
 def test_config_errors_name_the_key():
   with pytest.raises(ValueError, match="num_key_value_heads"):
-    DecoderConfig.from_dict(dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                 num_attention_heads=2))
+    DecoderConfig.from_dict(
+      dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    )
   with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
-    DecoderConfig.from_dict(dict(vocab_size=8, hidden_size=12, intermediate_size=8, num_hidden_layers=1,
-                                 num_attention_heads=3, num_key_value_heads=2))
+    DecoderConfig.from_dict(
+      dict(
+        vocab_size=8,
+        hidden_size=12,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=3,
+        num_key_value_heads=2,
+      )
+    )

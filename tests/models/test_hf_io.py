@@ -15,17 +15,17 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxrlhf.models import (  # noqa: E402
-    CheckpointError,
-    Decoder,
-    DecoderConfig,
-    abstract_params,
-    init_params,
-    config_from_hf_dict,
-    load_hf_config,
-    load_hf_params,
-    positions_from_mask,
-    reward_model_scores,
-    save_hf_checkpoint,
+  CheckpointError,
+  Decoder,
+  DecoderConfig,
+  abstract_params,
+  config_from_hf_dict,
+  init_params,
+  load_hf_config,
+  load_hf_params,
+  positions_from_mask,
+  reward_model_scores,
+  save_hf_checkpoint,
 )
 from jaxrlhf.parallel import TRAIN_RULES, logical_to_shardings, make_mesh  # noqa: E402
 from tests.models.hf_fixtures import build_model, hf_forward, left_padded_batch, save_model  # noqa: E402
@@ -51,6 +51,7 @@ def qwen2(tmp_path_factory):
 
 # ----- files -------------------------------------------------------------------------------------
 
+
 def test_sharded_checkpoint_loads_like_a_single_file(qwen2, tmp_path):
   model, _, config, params = qwen2
   sharded = save_model(model, tmp_path / "sharded", max_shard_size="20KB")
@@ -63,8 +64,9 @@ def test_sharded_checkpoint_loads_like_a_single_file(qwen2, tmp_path):
   assert len([f for f in os.listdir(out) if f.endswith(".safetensors")]) > 1
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
   ids, mask, positions = left_padded_batch(seed=6)
-  np.testing.assert_allclose(hf_forward(reloaded, ids, mask, positions), hf_forward(model, ids, mask, positions),
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    hf_forward(reloaded, ids, mask, positions), hf_forward(model, ids, mask, positions), atol=1e-6
+  )
 
 
 @pytest.mark.parametrize("mesh_shape", [(1, 8, 1), (2, 2, 2)])
@@ -86,6 +88,7 @@ def test_loads_onto_mesh_with_the_train_layout(qwen2, mesh_shape):
 
 # ----- dtypes and config forms -------------------------------------------------------------------
 
+
 def test_bf16_checkpoint_and_bf16_params(qwen2, tmp_path):
   model, path, config, params = qwen2
   bf16_path = save_model(build_model("qwen2_untied", seed=5).to(torch.bfloat16), tmp_path / "bf16")
@@ -104,9 +107,17 @@ def test_bf16_checkpoint_and_bf16_params(qwen2, tmp_path):
 
 
 def test_rope_config_v4_and_v5_forms_agree():
-  base = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=16, hidden_size=16,
-              intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-              max_position_embeddings=1024)
+  base = dict(
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    vocab_size=16,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=1024,
+  )
   scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
   v4 = config_from_hf_dict({**base, "rope_theta": 5e5, "rope_scaling": {"type": "llama3", **scaling}})
   v5 = config_from_hf_dict({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, **scaling}})
@@ -137,6 +148,7 @@ def test_remat_policies_give_the_same_gradients(tiny_model_config):
 
 
 # ----- critic and reward model -------------------------------------------------------------------
+
 
 def test_critic_from_token_classification_checkpoint(tmp_path):
   hf_critic = build_model("qwen2_untied", "AutoModelForTokenClassification", seed=7, num_labels=1)
@@ -180,8 +192,11 @@ def test_reward_model_scores_last_valid_token(tmp_path, padding):
   scores = reward_model_scores(Decoder(config, head="reward"), params, jnp.asarray(ids), jnp.asarray(mask))
   as_torch = lambda x: torch.tensor(x, dtype=torch.long)
   with torch.no_grad():  # HF picks the rightmost non-pad token itself (pad id 0 is never a real token here)
-    expected = hf_reward(input_ids=as_torch(ids), attention_mask=as_torch(mask),
-                         position_ids=as_torch(positions)).logits[:, 0].numpy()
+    expected = (
+      hf_reward(input_ids=as_torch(ids), attention_mask=as_torch(mask), position_ids=as_torch(positions))
+      .logits[:, 0]
+      .numpy()
+    )
   assert scores.shape == (3,)
   assert np.abs(np.asarray(scores) - expected).max() <= 1e-4
 
@@ -191,6 +206,7 @@ def test_reward_model_scores_last_valid_token(tmp_path, padding):
 
 
 # ----- errors ------------------------------------------------------------------------------------
+
 
 def _copy_config_only(source, target, **changes):
   os.makedirs(target)
@@ -213,19 +229,29 @@ def test_pickled_weights_are_refused(qwen2, tmp_path):
 
 def test_unknown_model_type_and_architecture(qwen2, tmp_path):
   _, path, _, _ = qwen2
-  with pytest.raises(CheckpointError, match=r"model_type='gpt2' is not supported; supported model types: "
-                                            r"\['llama', 'mistral', 'qwen2', 'qwen3'\]"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"model_type='gpt2' is not supported; supported model types: "
+    r"\['llama', 'mistral', 'qwen2', 'qwen3'\]",
+  ):
     load_hf_config(_copy_config_only(path, tmp_path / "gpt2", model_type="gpt2"))
-  with pytest.raises(CheckpointError, match=r"architectures \['Qwen2ForQuestionAnswering'\] are not supported.*"
-                                            r"Qwen2ForCausalLM"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"architectures \['Qwen2ForQuestionAnswering'\] are not supported.*"
+    r"Qwen2ForCausalLM",
+  ):
     load_hf_config(_copy_config_only(path, tmp_path / "qa", architectures=["Qwen2ForQuestionAnswering"]))
   with pytest.raises(CheckpointError, match=r"rope_type='yarn' is not supported"):
-    load_hf_config(_copy_config_only(path, tmp_path / "yarn", rope_parameters={"rope_type": "yarn", "factor": 4.0,
-                                                                               "rope_theta": 1e4}))
+    load_hf_config(
+      _copy_config_only(
+        path, tmp_path / "yarn", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}
+      )
+    )
 
 
 def test_missing_tensor_is_named(qwen2, tmp_path):
   from safetensors.numpy import load_file, save_file
+
   _, path, config, _ = qwen2
   target = str(tmp_path / "missing")
   shutil.copytree(path, target)
@@ -240,8 +266,11 @@ def test_shape_mismatch_names_tensor_and_both_shapes(qwen2, tmp_path):
   _, path, _, _ = qwen2
   target = _copy_config_only(path, tmp_path / "wide", intermediate_size=48)
   shutil.copy(os.path.join(path, "model.safetensors"), target)
-  with pytest.raises(CheckpointError, match=r"tensor model.layers.0.mlp.(gate|up|down)_proj.weight .* has shape "
-                                            r"\[(64, 32|32, 64)\], but the config expects \[(48, 32|32, 48)\]"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"tensor model.layers.0.mlp.(gate|up|down)_proj.weight .* has shape "
+    r"\[(64, 32|32, 64)\], but the config expects \[(48, 32|32, 48)\]",
+  ):
     load_hf_params(target, load_hf_config(target))
 
 
@@ -254,13 +283,16 @@ def test_missing_config_and_weights(tmp_path):
 
 # ----- tokenizer ---------------------------------------------------------------------------------
 
+
 def test_tokenizer_and_eos_ids(tmp_path):
   from jaxrlhf.data.builtin import build_tokenizer
   from jaxrlhf.models import generation_eos_ids, load_tokenizer, pad_token_id
+
   build_tokenizer(save_dir=str(tmp_path))
   tokenizer = load_tokenizer(str(tmp_path))
-  prompt = tokenizer.apply_chat_template([{"role": "user", "content": "first : 1 2"}], add_generation_prompt=True,
-                                         tokenize=False)
+  prompt = tokenizer.apply_chat_template(
+    [{"role": "user", "content": "first : 1 2"}], add_generation_prompt=True, tokenize=False
+  )
   assert prompt.endswith("<|assistant|>")
   assert generation_eos_ids(str(tmp_path), tokenizer) == (tokenizer.eos_token_id,)
   with open(tmp_path / "generation_config.json", "w") as f:

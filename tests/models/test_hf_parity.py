@@ -15,13 +15,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxrlhf.models import (  # noqa: E402
-    Decoder,
-    hf_state_dict,
-    init_cache,
-    load_hf_config,
-    load_hf_params,
-    positions_from_mask,
-    save_hf_checkpoint,
+  Decoder,
+  hf_state_dict,
+  init_cache,
+  load_hf_config,
+  load_hf_params,
+  positions_from_mask,
+  save_hf_checkpoint,
 )
 from jaxrlhf.rollout.sampler import SamplingParams, generate  # noqa: E402
 from tests.models.hf_fixtures import VARIANTS, build_model, hf_forward, left_padded_batch, save_model  # noqa: E402
@@ -38,8 +38,7 @@ def checkpoint(request, tmp_path_factory):
   params = load_hf_params(path, config)
   model = Decoder(config)
   forward = jax.jit(lambda p, ids, mask: model.apply({"params": p}, ids, positions_from_mask(mask), mask)[0])
-  return dict(variant=variant, hf_model=hf_model, path=path, config=config, params=params, model=model,
-              forward=forward)
+  return dict(variant=variant, hf_model=hf_model, path=path, config=config, params=params, model=model, forward=forward)
 
 
 def test_config_switches_follow_the_checkpoint(checkpoint):
@@ -78,12 +77,13 @@ def test_cached_decode_matches_step_by_step(checkpoint):
     return model.apply({"params": params}, ids_BxL, positions_BxL, kv_mask_BxS, cache, index)
 
   kv_mask = np.concatenate([mask[:, :prompt_len], np.zeros((batch, total - prompt_len), np.int32)], axis=1)
-  logits, cache = step(params, ids[:, :prompt_len], positions[:, :prompt_len], kv_mask,
-                       init_cache(config, batch, total), jnp.int32(0))
+  logits, cache = step(
+    params, ids[:, :prompt_len], positions[:, :prompt_len], kv_mask, init_cache(config, batch, total), jnp.int32(0)
+  )
   pieces = [np.asarray(logits)]
   for t in range(prompt_len, total):
     kv_mask[:, t] = 1
-    logits, cache = step(params, ids[:, t:t + 1], positions[:, t:t + 1], kv_mask, cache, jnp.int32(t))
+    logits, cache = step(params, ids[:, t : t + 1], positions[:, t : t + 1], kv_mask, cache, jnp.int32(t))
     pieces.append(np.asarray(logits))
   incremental = np.concatenate(pieces, axis=1)
   assert np.abs(incremental - expected)[mask.astype(bool)].max() <= 1e-4
@@ -95,19 +95,29 @@ def test_greedy_generation_is_token_identical(checkpoint):
   sampling = SamplingParams(max_new_tokens=GREEDY_TOKENS, eos_token_ids=(-1,), pad_token_id=0, do_sample=False)
   apply_fn = lambda p, *args: model.apply({"params": p}, *args)
   ours = jax.jit(lambda p, i, m: generate(apply_fn, p, config, i, m, jax.random.key(0), sampling)["responses"])(
-      checkpoint["params"], ids, mask)
-  generation_config = transformers.GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=GREEDY_TOKENS,
-                                                    min_new_tokens=GREEDY_TOKENS, eos_token_id=None, pad_token_id=0)
+    checkpoint["params"], ids, mask
+  )
+  generation_config = transformers.GenerationConfig(
+    do_sample=False,
+    num_beams=1,
+    max_new_tokens=GREEDY_TOKENS,
+    min_new_tokens=GREEDY_TOKENS,
+    eos_token_id=None,
+    pad_token_id=0,
+  )
   with torch.no_grad():
     hf_tokens = checkpoint["hf_model"].generate(
-        input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
-        generation_config=generation_config)
-  np.testing.assert_array_equal(np.asarray(ours), hf_tokens[:, ids.shape[1]:].numpy())
+      input_ids=torch.tensor(ids, dtype=torch.long),
+      attention_mask=torch.tensor(mask, dtype=torch.long),
+      generation_config=generation_config,
+    )
+  np.testing.assert_array_equal(np.asarray(ours), hf_tokens[:, ids.shape[1] :].numpy())
 
 
 def test_export_round_trip(checkpoint, tmp_path):
-  out = save_hf_checkpoint(checkpoint["params"], checkpoint["config"], str(tmp_path / "export"),
-                           source_dir=checkpoint["path"])
+  out = save_hf_checkpoint(
+    checkpoint["params"], checkpoint["config"], str(tmp_path / "export"), source_dir=checkpoint["path"]
+  )
   # The exported tensors are the source's, bit for bit.
   original = checkpoint["hf_model"].state_dict()
   exported = hf_state_dict(checkpoint["params"], checkpoint["config"])

@@ -11,9 +11,20 @@ import pytest
 
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask, save_hf_checkpoint
 from jaxrlhf.models.decoder import init_adapters, init_params, model_variables
-from jaxrlhf.models.lora import (EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, VALUE_HEAD, count_adapter_params,
-                                 critic_params_with, critic_trained, expected_adapter_params, merge_adapters,
-                                 resolve_target_modules, save_peft_adapter, split_value_head)
+from jaxrlhf.models.lora import (
+  EMBED_TARGET,
+  HEAD_TARGET,
+  LORA_TARGETS,
+  VALUE_HEAD,
+  count_adapter_params,
+  critic_params_with,
+  critic_trained,
+  expected_adapter_params,
+  merge_adapters,
+  resolve_target_modules,
+  save_peft_adapter,
+  split_value_head,
+)
 from tests.models.hf_fixtures import build_model, hf_forward, left_padded_batch, save_model
 
 
@@ -33,15 +44,23 @@ def _forward(model, variables, ids, mask):
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
-@pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj"),
-                                     (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)])
+@pytest.mark.parametrize(
+  "targets", [LORA_TARGETS, ("q_proj", "v_proj"), (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)]
+)
 def test_adapter_count_is_what_the_rank_implies(tiny_model_config, scan_layers, targets):
   config = _lora_config(tiny_model_config, rank=4, targets=targets, scan_layers=scan_layers)
   adapters, _ = init_adapters(Decoder(config), jax.random.key(0))
   D, F, L, r = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.lora_rank
   QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
-  in_out = {"q_proj": D + QH, "k_proj": D + KH, "v_proj": D + KH, "o_proj": QH + D, "gate_proj": D + F,
-            "up_proj": D + F, "down_proj": F + D}
+  in_out = {
+    "q_proj": D + QH,
+    "k_proj": D + KH,
+    "v_proj": D + KH,
+    "o_proj": QH + D,
+    "gate_proj": D + F,
+    "up_proj": D + F,
+    "down_proj": F + D,
+  }
   # one embedding and one LM head, outside the layer stack
   outer = sum(r * (config.vocab_size + D) for name in (EMBED_TARGET, HEAD_TARGET) if name in targets)
   assert count_adapter_params(adapters) == L * r * sum(in_out[name] for name in targets if name in in_out) + outer
@@ -63,16 +82,26 @@ def test_target_modules_keys():
     resolve_target_modules(["wte"], "actor_rollout_ref.model.target_modules")
 
 
-@pytest.mark.parametrize("scan_layers,targets", [(True, LORA_TARGETS), (False, LORA_TARGETS),
-                                                 (True, (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)),
-                                                 (True, (HEAD_TARGET,)), (True, (EMBED_TARGET,))])
+@pytest.mark.parametrize(
+  "scan_layers,targets",
+  [
+    (True, LORA_TARGETS),
+    (False, LORA_TARGETS),
+    (True, (EMBED_TARGET,) + LORA_TARGETS + (HEAD_TARGET,)),
+    (True, (HEAD_TARGET,)),
+    (True, (EMBED_TARGET,)),
+  ],
+)
 def test_fresh_adapters_are_the_base_and_merging_equals_applying(tiny_model_config, scan_layers, targets):
   config = _lora_config(tiny_model_config, targets=targets, scan_layers=scan_layers)
   model = Decoder(config)
   params, _ = init_params(model, jax.random.key(0))
   # The base's weights do not depend on whether the config has adapters.
-  jax.tree.map(np.testing.assert_array_equal, params,
-               init_params(Decoder(dataclasses.replace(config, lora_rank=0)), jax.random.key(0))[0])
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    params,
+    init_params(Decoder(dataclasses.replace(config, lora_rank=0)), jax.random.key(0))[0],
+  )
   adapters, _ = init_adapters(model, jax.random.key(1))
   ids, mask, _ = left_padded_batch(batch=2, length=10, pads=(0, 3))
   ids = ids % config.vocab_size
@@ -93,7 +122,8 @@ def test_bf16_base_with_fp32_adapters(tiny_model_config):
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
   ids = jnp.arange(8)[None] % config.vocab_size
   grads = jax.grad(lambda a: _forward(model, model_variables(params, a), ids, jnp.ones_like(ids)).sum())(
-      _nudged(adapters))
+    _nudged(adapters)
+  )
   assert all(x.dtype == jnp.float32 and np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(grads))
 
 
@@ -112,14 +142,16 @@ def test_merged_export_loads_in_transformers_and_adapters_in_peft(tmp_path, scan
 
   merged_dir = str(tmp_path / "merged")
   save_hf_checkpoint(merge_adapters(params, adapters, config.lora_alpha), config, merged_dir, source_dir=base_dir)
-  merged = transformers.AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32,
-                                                             attn_implementation="eager").eval()
+  merged = transformers.AutoModelForCausalLM.from_pretrained(
+    merged_dir, dtype=torch.float32, attn_implementation="eager"
+  ).eval()
   valid = mask.astype(bool)
   np.testing.assert_allclose(hf_forward(merged, ids, mask, positions)[valid], ours[valid], atol=1e-4, rtol=1e-4)
 
   adapter_dir = save_peft_adapter(adapters, config, str(tmp_path / "adapter"), base_model_name_or_path=base_dir)
-  base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
+  base = transformers.AutoModelForCausalLM.from_pretrained(
+    base_dir, dtype=torch.float32, attn_implementation="eager"
+  ).eval()
   with_adapter = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
   loaded = {k: v for k, v in with_adapter.state_dict().items() if "lora_" in k}
   # every adapter was read (the embedding's and the LM head's too), none left at init
@@ -127,8 +159,7 @@ def test_merged_export_loads_in_transformers_and_adapters_in_peft(tmp_path, scan
   for name in (f"base_model.model.{HEAD_TARGET}.lora_B", f"base_model.model.model.{EMBED_TARGET}.lora_embedding_A"):
     assert any(k.startswith(name) for k in loaded), (name, sorted(loaded))
   assert all(float(v.abs().max()) > 0 for k, v in loaded.items())
-  np.testing.assert_allclose(hf_forward(with_adapter, ids, mask, positions)[valid], ours[valid], atol=1e-4,
-                             rtol=1e-4)
+  np.testing.assert_allclose(hf_forward(with_adapter, ids, mask, positions)[valid], ours[valid], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
@@ -145,8 +176,9 @@ def test_critic_trained_part_adapters_and_value_head(tiny_model_config, scan_lay
   ids, mask, _ = left_padded_batch(batch=2, length=10, pads=(0, 3))
   ids = ids % config.vocab_size
   np.testing.assert_array_equal(  # fresh adapters: the full critic
-      _forward(critic, model_variables(critic_params_with(backbone, trained), trained["lora"]), ids, mask),
-      _forward(critic, {"params": params}, ids, mask))
+    _forward(critic, model_variables(critic_params_with(backbone, trained), trained["lora"]), ids, mask),
+    _forward(critic, {"params": params}, ids, mask),
+  )
   nudged = _nudged(trained)
   adapted = _forward(critic, model_variables(critic_params_with(backbone, nudged), nudged["lora"]), ids, mask)
   assert np.abs(np.asarray(adapted - _forward(critic, {"params": params}, ids, mask))).max() > 1e-2

@@ -20,8 +20,7 @@ def _close(a, b, tol=1e-5):
 @pytest.fixture(scope="module", params=["none", "full"])
 def pair(request, tiny_model_config):
   """(loop model, scan model, loop params, the same params stacked)."""
-  config = dataclasses.replace(tiny_model_config, num_hidden_layers=3, remat_policy=request.param,
-                               attention_impl="xla")
+  config = dataclasses.replace(tiny_model_config, num_hidden_layers=3, remat_policy=request.param, attention_impl="xla")
   loop, scan = Decoder(dataclasses.replace(config, scan_layers=False)), Decoder(config)
   params, _ = init_params(loop, jax.random.key(0))
   return loop, scan, params, stack_layers(params)
@@ -82,12 +81,18 @@ def test_cached_prefill_and_decode_match(pair):
   outputs = {}
   for name, model, p in (("loop", loop, params), ("scan", scan, stacked)):
     apply = jax.jit(model.apply)
-    logits, cache = apply({"params": p}, ids[:, :prompt_len], positions[:, :prompt_len], kv_mask,
-                          init_cache(model.config, batch, total), jnp.int32(0))
+    logits, cache = apply(
+      {"params": p},
+      ids[:, :prompt_len],
+      positions[:, :prompt_len],
+      kv_mask,
+      init_cache(model.config, batch, total),
+      jnp.int32(0),
+    )
     steps = [logits]
     for t in range(prompt_len, total):
-      step_mask = mask.at[:, t + 1:].set(0)
-      logits, cache = apply({"params": p}, ids[:, t:t + 1], positions[:, t:t + 1], step_mask, cache, jnp.int32(t))
+      step_mask = mask.at[:, t + 1 :].set(0)
+      logits, cache = apply({"params": p}, ids[:, t : t + 1], positions[:, t : t + 1], step_mask, cache, jnp.int32(t))
       steps.append(logits)
     outputs[name] = (steps, cache)
   _close(outputs["scan"][0], outputs["loop"][0])

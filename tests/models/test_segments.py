@@ -28,19 +28,25 @@ def test_segment_attention_equals_each_sequence_alone(tiny_model_config, variant
     offset = 0
     for i in members:
       n = lengths[i]
-      ids[row, offset:offset + n] = sequences[i]
-      positions[row, offset:offset + n] = np.arange(n)
-      segments[row, offset:offset + n] = i + 1
+      ids[row, offset : offset + n] = sequences[i]
+      positions[row, offset : offset + n] = np.arange(n)
+      segments[row, offset : offset + n] = i + 1
       where[i] = (row, offset)
       offset += n
-  packed, _ = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(positions),
-                          jnp.asarray(segments > 0, jnp.int32), segment_ids_BxL=jnp.asarray(segments))
+  packed, _ = model.apply(
+    {"params": params},
+    jnp.asarray(ids),
+    jnp.asarray(positions),
+    jnp.asarray(segments > 0, jnp.int32),
+    segment_ids_BxL=jnp.asarray(segments),
+  )
   assert np.all(np.isfinite(np.asarray(packed)))  # the padding segment attends nothing, yet stays finite
   for i, seq in enumerate(sequences):
-    alone, _ = model.apply({"params": params}, jnp.asarray(seq)[None], jnp.arange(len(seq))[None],
-                           jnp.ones((1, len(seq)), jnp.int32))
+    alone, _ = model.apply(
+      {"params": params}, jnp.asarray(seq)[None], jnp.arange(len(seq))[None], jnp.ones((1, len(seq)), jnp.int32)
+    )
     row, offset = where[i]
-    np.testing.assert_allclose(packed[row, offset:offset + len(seq)], alone[0], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed[row, offset : offset + len(seq)], alone[0], atol=1e-5, rtol=1e-5)
 
 
 def test_segments_refuse_a_cache(tiny_model_config):

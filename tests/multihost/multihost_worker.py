@@ -1,6 +1,6 @@
 """One process of a multi-host run on localhost (gloo CPU collectives): one PPO step, metrics to JSON.
 
-    python multihost_worker.py PROCESS_ID NUM_PROCESSES PORT DEVICES_PER_PROCESS OUT_PREFIX RUN_DIR
+python multihost_worker.py PROCESS_ID NUM_PROCESSES PORT DEVICES_PER_PROCESS OUT_PREFIX RUN_DIR
 """
 
 import json
@@ -14,8 +14,9 @@ import jax  # noqa: E402
 
 if int(num_processes) > 1:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=int(num_processes),
-                             process_id=int(process_id))
+  jax.distributed.initialize(
+    coordinator_address=f"localhost:{port}", num_processes=int(num_processes), process_id=int(process_id)
+  )
 
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxrlhf.config import load_config_file  # noqa: E402

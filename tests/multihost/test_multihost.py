@@ -17,11 +17,32 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_wor
 def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   port = str(free_port())
-  workers = [subprocess.Popen([sys.executable, WORKER, str(i), "2", port, "2", str(tmp_path / "multi"), str(tmp_path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  single = subprocess.run([sys.executable, WORKER, "0", "1", "0", "4", str(tmp_path / "single"),
-                          str(tmp_path / "single_run")],  # its own run directory: it runs beside the other two
-                          env=env, capture_output=True, text=True, timeout=600)
+  workers = [
+    subprocess.Popen(
+      [sys.executable, WORKER, str(i), "2", port, "2", str(tmp_path / "multi"), str(tmp_path)],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  single = subprocess.run(
+    [
+      sys.executable,
+      WORKER,
+      "0",
+      "1",
+      "0",
+      "4",
+      str(tmp_path / "single"),
+      str(tmp_path / "single_run"),
+    ],  # its own run directory: it runs beside the other two
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   outputs = [w.communicate(timeout=600)[0] for w in workers]
   assert single.returncode == 0, single.stderr[-2000:]
   for w, out in zip(workers, outputs):

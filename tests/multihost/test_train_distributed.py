@@ -15,16 +15,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 def test_two_processes_train_one_mesh(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{free_port()}",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
-  command = [sys.executable, "train.py", "--config", "configs/quickstart.py", "--distributed", "--num_processes=2",
-             "--config.mesh.fsdp=-1", "--config.trainer.total_training_steps=2", "--config.trainer.test_freq=2",
-             "--config.trainer.save_freq=-1", "--config.data.train_batch_size=8",
-             "--config.actor_rollout_ref.actor.ppo_mini_batch_size=4", "--config.trainer.logger=('console','jsonl')"]
-  workers = [subprocess.Popen(command + [f"--process_id={i}",
-                                         f"--config.trainer.default_local_dir={tmp_path / f'process{i}'}"],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
+  env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{free_port()}", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  command = [
+    sys.executable,
+    "train.py",
+    "--config",
+    "configs/quickstart.py",
+    "--distributed",
+    "--num_processes=2",
+    "--config.mesh.fsdp=-1",
+    "--config.trainer.total_training_steps=2",
+    "--config.trainer.test_freq=2",
+    "--config.trainer.save_freq=-1",
+    "--config.data.train_batch_size=8",
+    "--config.actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "--config.trainer.logger=('console','jsonl')",
+  ]
+  workers = [
+    subprocess.Popen(
+      command + [f"--process_id={i}", f"--config.trainer.default_local_dir={tmp_path / f'process{i}'}"],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outputs = [w.communicate(timeout=900)[0] for w in workers]
   for w, out in zip(workers, outputs):
     assert w.returncode == 0, out[-3000:]

@@ -15,10 +15,12 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
   monkeypatch.setenv("JAXRLHF_NOTEBOOK_STEPS", "20")
   path = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
   notebook = nbformat.read(path, as_version=4)
-  NotebookClient(notebook, timeout=600, kernel_name="python3",
-                 resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
-  outputs = "".join(o.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
-                    for o in cell.get("outputs", []))
+  NotebookClient(
+    notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}
+  ).execute()
+  outputs = "".join(
+    o.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
+  )
   assert "val-core/jaxrlhf/recall/reward/mean@1" in outputs
   image_cell = notebook.cells[4]
   assert any("image/png" in o.get("data", {}) for o in image_cell.outputs)
@@ -30,14 +32,16 @@ def _execute(name, monkeypatch, steps):
   for key in ("JAXRLHF_MODEL_PATH", "JAXRLHF_DATA_DIR"):
     monkeypatch.delenv(key, raising=False)  # the notebook builds its tiny model and data
   notebook = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
-  NotebookClient(notebook, timeout=600, kernel_name="python3",
-                 resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
+  NotebookClient(
+    notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}
+  ).execute()
   return notebook
 
 
 def _images(notebook) -> int:
-  return sum("image/png" in o.get("data", {}) for cell in notebook.cells if cell.cell_type == "code"
-             for o in cell.outputs)
+  return sum(
+    "image/png" in o.get("data", {}) for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs
+  )
 
 
 @pytest.mark.slow

@@ -15,8 +15,13 @@ from jaxrlhf.models.decoder import Decoder, init_params, positions_from_mask
 from jaxrlhf.parallel.layouts import TRAIN_RULES, activation_sharding
 from jaxrlhf.parallel.mesh import make_mesh
 
-LOGICAL = [("batch", "length", "mlp"), ("batch", "length", "heads", "head_dim"),
-           ("batch", "length", "kv_heads", "head_dim"), ("batch", "length", "vocab"), ("batch", "length", None)]
+LOGICAL = [
+  ("batch", "length", "mlp"),
+  ("batch", "length", "heads", "head_dim"),
+  ("batch", "length", "kv_heads", "head_dim"),
+  ("batch", "length", "vocab"),
+  ("batch", "length", None),
+]
 
 
 @pytest.mark.parametrize("shape, sp", [((1, 8, 1), 1), ((2, 2, 2), 1), ((1, 4, 2), 1), ((1, 4, 2), 2)])
@@ -27,7 +32,7 @@ def test_spec_is_the_train_rules_for_activations(shape, sp):
   layout = ActivationLayout(mesh)
   for rows in (8, 6, 3):
     for logical_axes in LOGICAL:
-      x = jax.ShapeDtypeStruct((rows, 5, 4, 16)[:len(logical_axes)], jnp.float32)
+      x = jax.ShapeDtypeStruct((rows, 5, 4, 16)[: len(logical_axes)], jnp.float32)
       want = activation_sharding(mesh, logical_axes, x.shape, TRAIN_RULES).spec
       assert layout.spec(x, logical_axes) == PartitionSpec(*want, *[None] * (len(logical_axes) - len(want)))
   assert layout.spec(jnp.zeros((8, 5, 32)), ("batch", "length", "embed"))[2] is None
@@ -44,8 +49,13 @@ def test_one_device_mesh_pins_nothing():
 def test_decoder_with_layout_equals_without(tiny_model_config, scan_layers, packed):
   """fp32 logits and gradients with the activations pinned on a (data 2, fsdp 2, tensor 2) mesh equal the
   unconstrained model's; padded rows through xla attention, packed ones through blockwise."""
-  config = dataclasses.replace(tiny_model_config, scan_layers=scan_layers, remat_policy="full",
-                               attention_impl="blockwise" if packed else "xla", attention_block_size=4)
+  config = dataclasses.replace(
+    tiny_model_config,
+    scan_layers=scan_layers,
+    remat_policy="full",
+    attention_impl="blockwise" if packed else "xla",
+    attention_block_size=4,
+  )
   params, _ = init_params(Decoder(config), jax.random.key(0))
   ids_BxL = jax.random.randint(jax.random.key(1), (8, 12), 0, config.vocab_size)
   mask_BxL = jnp.asarray(np.tile([0] * 3 + [1] * 9, (8, 1)), jnp.int32)
@@ -66,17 +76,22 @@ def test_decoder_with_layout_equals_without(tiny_model_config, scan_layers, pack
   valid = np.asarray(mask_BxL)[..., None] > 0
   np.testing.assert_allclose(np.where(valid, got, 0), np.where(valid, want, 0), atol=1e-5, rtol=1e-5)
   # fp32 sums over rows in another order (per device, then across): equal to ~1e-6 of each gradient's scale.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max()), got_grads,
-               want_grads)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max()), got_grads, want_grads
+  )
 
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_splash_in_the_layouts_shard_map_matches_xla(packed):
   """The Pallas kernel (interpreted on CPU) run per device on its rows and key/value heads, on 8 devices."""
   rows, length, kv_heads, group, head_dim = 4, 160, 2, 2, 128
-  q, k, v = (jax.random.normal(key, shape, jnp.float32) for key, shape in zip(
+  q, k, v = (
+    jax.random.normal(key, shape, jnp.float32)
+    for key, shape in zip(
       jax.random.split(jax.random.key(3), 3),
-      [(rows, length, kv_heads, group, head_dim)] + [(rows, length, kv_heads, head_dim)] * 2))
+      [(rows, length, kv_heads, group, head_dim)] + [(rows, length, kv_heads, head_dim)] * 2,
+    )
+  )
   mask_BxL = np.ones((rows, length), np.int32)
   mask_BxL[0, :20] = 0
   segments_BxL = None

@@ -27,13 +27,15 @@ def _expected_spec(logical_axes, rules, mesh):
 
 def _logical_axes(trainer):
   from jaxrlhf.models import Decoder, abstract_params
+
   return abstract_params(Decoder(trainer.model_config))[1]
 
 
 @pytest.mark.parametrize("mesh,generation_tp", [((1, 8, 1), 1), ((2, 2, 2), 1), ((1, 2, 4), 8), ((1, 4, 2), 4)])
 def test_every_parameter_follows_the_rules_table_in_both_layouts(tmp_path, mesh, generation_tp):
-  trainer = Trainer(_mesh_config(tmp_path, mesh, **{
-      "actor_rollout_ref.rollout.tensor_model_parallel_size": generation_tp}))
+  trainer = Trainer(
+    _mesh_config(tmp_path, mesh, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": generation_tp})
+  )
   logical = _logical_axes(trainer)
   flat_params = jax.tree_util.tree_flatten_with_path(trainer.state.actor_params)[0]
   flat_logical = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, tuple))
@@ -49,14 +51,17 @@ def test_every_parameter_follows_the_rules_table_in_both_layouts(tmp_path, mesh,
   if generation_tp > mesh[2]:  # the start-up report: FSDP over every fsdp device in training, heads k ways after
     report = trainer.layout_report()
     q_proj = next(re.split(r"\s{2,}", line.strip()) for line in report.splitlines() if "q_proj/kernel" in line)
-    assert q_proj[1:] == ["(None, ('fsdp', 'rollout_tp'), 'tensor', None)",
-                          "(None, None, ('rollout_tp', 'tensor'), None)"], report
+    assert q_proj[1:] == [
+      "(None, ('fsdp', 'rollout_tp'), 'tensor', None)",
+      "(None, None, ('rollout_tp', 'tensor'), None)",
+    ], report
 
 
 def test_memory_per_device_scales_with_fsdp_and_tensor(tmp_path):
   def actor_bytes(mesh, devices=None):
     trainer = Trainer(_mesh_config(tmp_path / "x".join(map(str, mesh)), mesh), devices=devices)
     return per_device_bytes(trainer.state.actor_params) + per_device_bytes(trainer.state.actor_opt_state)
+
   single = actor_bytes((1, 1, 1), jax.devices()[:1])
   for mesh in ((1, 8, 1), (1, 1, 8)):
     assert actor_bytes(mesh) <= single / 8 * 1.05, mesh
@@ -65,6 +70,7 @@ def test_memory_per_device_scales_with_fsdp_and_tensor(tmp_path):
 def test_compiled_step_gathers_params_for_generation_and_moves_no_params_to_host(tmp_path):
   trainer = Trainer(_mesh_config(tmp_path, (1, 8, 1)))
   from jaxrlhf.data import batch_arrays
+
   batch = trainer._device_batch(batch_arrays(trainer.train_data, trainer.schedule.indices(0)))
   hlo = trainer.jitted_step.lower(trainer.state, batch, trainer.rng).compile().as_text()
   assert "all-gather" in hlo

@@ -13,10 +13,17 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_offloaded_ref_and_optimizer_live_on_host_and_give_the_same_step(tmp_path):
   mesh = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
   plain = Trainer(small_config(tmp_path / "plain", **mesh))
-  offloaded = Trainer(small_config(tmp_path / "offload", **mesh, **{
-      "actor_rollout_ref.ref.fsdp_config.param_offload": True,
-      "actor_rollout_ref.actor.fsdp_config.param_offload": True,
-      "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True}))
+  offloaded = Trainer(
+    small_config(
+      tmp_path / "offload",
+      **mesh,
+      **{
+        "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+        "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+      },
+    )
+  )
   kinds = lambda tree: {x.sharding.memory_kind for x in jax.tree.leaves(tree)}
   assert kinds(offloaded.state.ref_params) == {"pinned_host"}
   assert kinds(offloaded.state.actor_opt_state[1].mu) == {"pinned_host"}
@@ -26,5 +33,8 @@ def test_offloaded_ref_and_optimizer_live_on_host_and_give_the_same_step(tmp_pat
     np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, err_msg=key)
   assert kinds(offloaded.state.actor_opt_state[1].mu) == {"pinned_host"}  # and they stay there
   assert kinds(offloaded.state.actor_params) == {"pinned_host"}
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-               jax.device_get(plain.state.actor_params), jax.device_get(offloaded.state.actor_params))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+    jax.device_get(plain.state.actor_params),
+    jax.device_get(offloaded.state.actor_params),
+  )

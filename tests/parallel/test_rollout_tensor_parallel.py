@@ -14,8 +14,16 @@ import pytest
 from jaxrlhf.config import resolve_config
 from jaxrlhf.models import Decoder, DecoderConfig, init_params
 from jaxrlhf.parallel.layouts import ShardingError, generation_kv_repeat
-from jaxrlhf.parallel.mesh import (MeshError, fsdp_axes, make_mesh, mesh_axes, mesh_from_config, rollout_dp_axes,
-                                   rollout_tp_axes, sequence_axes)
+from jaxrlhf.parallel.mesh import (
+  MeshError,
+  fsdp_axes,
+  make_mesh,
+  mesh_axes,
+  mesh_from_config,
+  rollout_dp_axes,
+  rollout_tp_axes,
+  sequence_axes,
+)
 from jaxrlhf.parallel.step_layouts import build_step_layouts
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.trainer.generation import Generation
@@ -24,7 +32,9 @@ from tests.helpers import small_config
 SAMPLING = SamplingParams(max_new_tokens=6, eos_token_ids=(3,), pad_token_id=0, do_sample=False)
 
 
-@pytest.mark.parametrize("shape,sp,k,axes", [
+@pytest.mark.parametrize(
+  "shape,sp,k,axes",
+  [
     ((1, 8, 1), 1, 1, {"data": 1, "fsdp": 8, "tensor": 1}),
     ((1, 8, 1), 1, 4, {"data": 1, "fsdp": 2, "rollout_tp": 4, "tensor": 1}),
     ((1, 4, 2), 1, 4, {"data": 1, "fsdp": 2, "rollout_tp": 2, "tensor": 2}),
@@ -34,7 +44,8 @@ SAMPLING = SamplingParams(max_new_tokens=6, eos_token_ids=(3,), pad_token_id=0, 
     ((1, 128, 1), 8, 4, {"data": 1, "fsdp": 16, "sp": 2, "rollout_tp": 4, "tensor": 1}),
     ((1, 16, 1), 2, 4, {"data": 1, "fsdp": 4, "rollout_tp": 2, "sp": 2, "tensor": 1}),
     ((1, 8, 1), 4, 4, {"data": 1, "fsdp": 2, "sp": 1, "rollout_tp": 4, "tensor": 1}),
-])
+  ],
+)
 def test_mesh_refines_fsdp_into_nested_sub_axes(shape, sp, k, axes):
   sizes, names = mesh_axes(shape, sp, k)
   assert dict(zip(names, sizes)) == axes
@@ -49,12 +60,15 @@ def test_refined_mesh_keeps_the_device_order():
   assert (make_mesh((1, 8, 1), rollout_tensor_parallel=4).devices.reshape(-1) == np.array(jax.devices())).all()
 
 
-@pytest.mark.parametrize("shape,sp,k,message", [
+@pytest.mark.parametrize(
+  "shape,sp,k,message",
+  [
     ((1, 8, 1), 1, 3, "tensor_model_parallel_size=3 must be a multiple of mesh.tensor=1 that divides"),
     ((1, 4, 2), 1, 6, "tensor_model_parallel_size=6 must be a multiple of mesh.tensor=2 that divides"),
     ((1, 4, 2), 1, 16, "tensor_model_parallel_size=16 must be a multiple"),
     ((1, 12, 1), 4, 6, "ulysses_sequence_parallel_size=4 and .*=6 / mesh.tensor=1 = 6 must nest"),
-])
+  ],
+)
 def test_rollout_tp_the_mesh_cannot_hold_is_an_error_naming_the_key(shape, sp, k, message):
   with pytest.raises(MeshError, match=message):
     mesh_axes(shape, sp, k)
@@ -70,8 +84,15 @@ def test_kv_heads_repeat_where_the_rollout_tp_does_not_divide_them():
 
 
 def _model(kv_heads):
-  return DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=8, num_key_value_heads=kv_heads, rope_theta=100.0)
+  return DecoderConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=kv_heads,
+    rope_theta=100.0,
+  )
 
 
 @functools.cache
@@ -79,10 +100,18 @@ def _rollout(shape, k, sp, kv_heads):
   """Greedy fp32 generation through the trainer's path (train-layout weights -> generation layout -> sample),
   compiled: (outputs, layouts, compiled HLO text)."""
   data, fsdp, tensor = shape
-  config = resolve_config(small_config("/tmp/unused", **{
-      "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor,
-      "actor_rollout_ref.rollout.tensor_model_parallel_size": k,
-      "actor_rollout_ref.actor.ulysses_sequence_parallel_size": sp}))
+  config = resolve_config(
+    small_config(
+      "/tmp/unused",
+      **{
+        "mesh.data": data,
+        "mesh.fsdp": fsdp,
+        "mesh.tensor": tensor,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": k,
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": sp,
+      },
+    )
+  )
   model = _model(kv_heads)
   mesh = mesh_from_config(config)
   layouts = build_step_layouts(config, mesh, model, model, None)
@@ -98,8 +127,10 @@ def _rollout(shape, k, sp, kv_heads):
 # (mesh, k, sp, kv heads): fsdp devices join generation TP; tensor and fsdp together; k = all devices; key/value
 # heads fewer than k (repeated, as Qwen2-72B's 8 at TP 16); rollout TP over (rollout_tp, sp) with Ulysses inside
 # (the other nesting, sp over (sp, rollout_tp), is in test_sequence_parallel's split forward).
-@pytest.mark.parametrize("shape,k,sp,kv_heads", [
-    ((1, 8, 1), 2, 1, 4), ((1, 4, 2), 4, 1, 4), ((1, 8, 1), 8, 1, 4), ((1, 8, 1), 4, 1, 2), ((1, 8, 1), 4, 2, 2)])
+@pytest.mark.parametrize(
+  "shape,k,sp,kv_heads",
+  [((1, 8, 1), 2, 1, 4), ((1, 4, 2), 4, 1, 4), ((1, 8, 1), 8, 1, 4), ((1, 8, 1), 4, 1, 2), ((1, 8, 1), 4, 2, 2)],
+)
 def test_generation_equals_generation_tp_of_training(shape, k, sp, kv_heads, capfd):
   want, _, _ = _rollout(shape, shape[2], 1, kv_heads)
   got, layouts, hlo = _rollout(shape, k, sp, kv_heads)

@@ -14,17 +14,30 @@ from jaxrlhf.trainer.trainer import Trainer
 from tests.helpers import TIMING_DEPENDENT, small_config
 
 
-
-
 def _tiny(impl, kv_heads=4):
-  return DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=8, num_key_value_heads=kv_heads, attention_impl=impl,
-                       attention_block_size=4, rope_theta=100.0)
+  return DecoderConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=kv_heads,
+    attention_impl=impl,
+    attention_block_size=4,
+    rope_theta=100.0,
+  )
 
 
-@pytest.mark.parametrize("impl,packed,sp,kv_heads,rollout_tp", [
-    ("xla", False, 2, 4, 1), ("blockwise", True, 4, 4, 1), ("blockwise", False, 4, 4, 2), ("xla", False, 4, 2, 1),
-    ("blockwise", True, 8, 2, 1)])
+@pytest.mark.parametrize(
+  "impl,packed,sp,kv_heads,rollout_tp",
+  [
+    ("xla", False, 2, 4, 1),
+    ("blockwise", True, 4, 4, 1),
+    ("blockwise", False, 4, 4, 2),
+    ("xla", False, 4, 2, 1),
+    ("blockwise", True, 8, 2, 1),
+  ],
+)
 def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp, kv_heads, rollout_tp):
   """Length 14 (not a multiple of 4: padded inside), left padding or two packed segments per row. With
   fewer key/value heads than sp (2 at sp 4 and 8) each is repeated and its query group split. With a generation
@@ -49,8 +62,9 @@ def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp, kv_heads, ro
     return jnp.sum(jnp.where(mask_BxL[..., None] > 0, jax.nn.log_softmax(logits_BxLxV), 0.0) ** 2), logits_BxLxV
 
   (_, want), want_grads = jax.jit(jax.value_and_grad(lambda p: loss(p, Decoder(config)), has_aux=True))(params)
-  (_, got), got_grads = jax.jit(jax.value_and_grad(
-      lambda p: loss(p, Decoder(config, layout=split)), has_aux=True))(params)
+  (_, got), got_grads = jax.jit(jax.value_and_grad(lambda p: loss(p, Decoder(config, layout=split)), has_aux=True))(
+    params
+  )
   valid = np.asarray(mask_BxL)[..., None] > 0
   np.testing.assert_allclose(np.where(valid, got, 0), np.where(valid, want, 0), atol=1e-5, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4), got_grads, want_grads)
@@ -59,11 +73,18 @@ def test_split_forward_and_gradient_equal_unsplit(impl, packed, sp, kv_heads, ro
 def _config(tmp_path, sp: int, packed: bool, **overrides):
   # Packed rows run the blockwise kernel (segment ids), padded rows the xla one: both under the all-to-all.
   impl = "blockwise" if packed else "xla"
-  return small_config(tmp_path, **{
-      "mesh.fsdp": 8, "actor_rollout_ref.model.use_remove_padding": packed,
-      "actor_rollout_ref.model.attention_impl": impl, "critic.model.attention_impl": impl,
-      "actor_rollout_ref.actor.ulysses_sequence_parallel_size": sp, "critic.ulysses_sequence_parallel_size": sp,
-      **overrides})
+  return small_config(
+    tmp_path,
+    **{
+      "mesh.fsdp": 8,
+      "actor_rollout_ref.model.use_remove_padding": packed,
+      "actor_rollout_ref.model.attention_impl": impl,
+      "critic.model.attention_impl": impl,
+      "actor_rollout_ref.actor.ulysses_sequence_parallel_size": sp,
+      "critic.ulysses_sequence_parallel_size": sp,
+      **overrides,
+    },
+  )
 
 
 @pytest.fixture(scope="module")
@@ -90,24 +111,47 @@ def test_step_metrics_equal_sp1(tmp_path, unsplit_steps, sp, packed):
   for key, value in want_metrics.items():
     if not key.startswith(TIMING_DEPENDENT):
       np.testing.assert_allclose(metrics[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), want_actor,
-               jax.device_get(trainer.state.actor_params))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+    want_actor,
+    jax.device_get(trainer.state.actor_params),
+  )
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 3},
-     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=3 must divide mesh.fsdp=8"),
-    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8, "num_attention_heads": 4},
-     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8 x mesh.tensor=1 must divide num_attention_heads=4"),
-    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2, "mesh.fsdp": 2, "mesh.tensor": 4,
-      "num_attention_heads": 4},
-     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 x mesh.tensor=4 must divide num_attention_heads=4"),
-    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
-      "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1},
-     "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"),
-    ({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2, "critic.ulysses_sequence_parallel_size": 4},
-     "critic.ulysses_sequence_parallel_size=4 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"),
-])
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    (
+      {"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 3},
+      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=3 must divide mesh.fsdp=8",
+    ),
+    (
+      {"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 8, "num_attention_heads": 4},
+      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8 x mesh.tensor=1 must divide num_attention_heads=4",
+    ),
+    (
+      {
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
+        "mesh.fsdp": 2,
+        "mesh.tensor": 4,
+        "num_attention_heads": 4,
+      },
+      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 x mesh.tensor=4 must divide num_attention_heads=4",
+    ),
+    (
+      {
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
+      },
+      "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1 and "
+      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+    ),
+    (
+      {"actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2, "critic.ulysses_sequence_parallel_size": 4},
+      "critic.ulysses_sequence_parallel_size=4 and actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+    ),
+  ],
+)
 def test_bad_combinations_are_config_errors(tmp_path, overrides, message):
   overrides = dict(overrides)
   heads = overrides.pop("num_attention_heads", None)

@@ -31,26 +31,38 @@ QUICKSTARTS = ("quickstart", "quickstart_grpo", "quickstart_dapo")
 # Recipe: (its architecture file in configs/models/, the GSM8K recipe it keeps the algorithm of,
 # ((aot target, devices), ...)).
 BIG_RECIPES = {
-    "ppo_gsm8k_qwen2_5_1_5b": ("qwen2.5-1.5b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
-    "ppo_gsm8k_qwen2_5_7b": ("qwen2.5-7b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
-    "ppo_gsm8k_llama3_1_8b": ("llama-3.1-8b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("v5p-64", 32), ("h100x8", 8))),
-    "grpo_gsm8k_qwen2_5_7b": ("qwen2.5-7b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
-    "grpo_gsm8k_qwen2_5_32b": ("qwen2.5-32b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100:4x8", 32),)),
-    "grpo_gsm8k_qwen2_5_72b": ("qwen2.5-72b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
-    "grpo_gsm8k_llama3_1_70b": ("llama-3.1-70b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
+  "ppo_gsm8k_qwen2_5_1_5b": ("qwen2.5-1.5b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+  "ppo_gsm8k_qwen2_5_7b": ("qwen2.5-7b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+  "ppo_gsm8k_llama3_1_8b": ("llama-3.1-8b-instruct", "ppo_gsm8k_qwen2_5_0_5b", (("v5p-64", 32), ("h100x8", 8))),
+  "grpo_gsm8k_qwen2_5_7b": ("qwen2.5-7b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+  "grpo_gsm8k_qwen2_5_32b": ("qwen2.5-32b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100:4x8", 32),)),
+  "grpo_gsm8k_qwen2_5_72b": ("qwen2.5-72b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
+  "grpo_gsm8k_llama3_1_70b": ("llama-3.1-70b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
 }
 # What a big recipe may change from its 0.5B parent: model, layout, micro-batch size, run name.
-BIG_RECIPE_CHANGES = ("actor_rollout_ref.model.path", "actor_rollout_ref.rollout.tensor_model_parallel_size",
-                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-                      "critic.forward_micro_batch_size_per_gpu", "trainer.experiment_name", "mesh.data",
-                      "mesh.fsdp", "mesh.tensor")
+BIG_RECIPE_CHANGES = (
+  "actor_rollout_ref.model.path",
+  "actor_rollout_ref.rollout.tensor_model_parallel_size",
+  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+  "critic.forward_micro_batch_size_per_gpu",
+  "trainer.experiment_name",
+  "mesh.data",
+  "mesh.fsdp",
+  "mesh.tensor",
+)
 # Published sizes (the Hub model cards), in parameters.
-PUBLIC_SIZES = {"qwen2.5-0.5b-instruct": 0.49e9, "qwen2.5-1.5b-instruct": 1.54e9, "qwen2.5-7b-instruct": 7.61e9,
-                "qwen2.5-32b-instruct": 32.8e9, "qwen2.5-72b-instruct": 72.7e9, "llama-3.1-8b-instruct": 8.03e9,
-                "llama-3.1-70b-instruct": 70.6e9}
+PUBLIC_SIZES = {
+  "qwen2.5-0.5b-instruct": 0.49e9,
+  "qwen2.5-1.5b-instruct": 1.54e9,
+  "qwen2.5-7b-instruct": 7.61e9,
+  "qwen2.5-32b-instruct": 32.8e9,
+  "qwen2.5-72b-instruct": 72.7e9,
+  "llama-3.1-8b-instruct": 8.03e9,
+  "llama-3.1-70b-instruct": 70.6e9,
+}
 RECALL_VAL_KEY = "val-core/jaxrlhf/recall/reward/mean@1"
 
 
@@ -62,6 +74,7 @@ def load_config(name):
 
 
 # ----- every recipe builds and validates ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", GSM8K_RECIPES + tuple(BIG_RECIPES) + QUICKSTARTS)
 def test_recipe_builds_validates_and_documents_its_command(name):
@@ -108,6 +121,7 @@ def test_recipes_name_their_runs_distinctly():
 
 # ----- architecture files and the big-model recipes (shapes only) ----------------------------------
 
+
 @functools.lru_cache
 def model_shapes(model, head):
   """(config, param shapes, logical axes) of configs/models/<model> with `head`; eval_shape, no memory."""
@@ -116,8 +130,11 @@ def model_shapes(model, head):
 
 
 def test_every_architecture_file_has_a_published_size():
-  folders = sorted(f for f in os.listdir(os.path.join(ROOT, "configs", "models"))
-                   if os.path.isdir(os.path.join(ROOT, "configs", "models", f)))
+  folders = sorted(
+    f
+    for f in os.listdir(os.path.join(ROOT, "configs", "models"))
+    if os.path.isdir(os.path.join(ROOT, "configs", "models", f))
+  )
   assert folders == sorted(PUBLIC_SIZES)
 
 
@@ -155,12 +172,14 @@ def test_big_recipe_keeps_its_parents_algorithm(name):
 
 def _resolved_leaves(name):
   """{dotted key: value} of a recipe's resolved config."""
+
   def leaves(tree, prefix):
     for key, value in tree.items():
       if isinstance(value, dict):
         yield from leaves(value, f"{prefix}{key}.")
       else:
         yield f"{prefix}{key}", value
+
   return dict(leaves(resolve_config(load_config(name)[1]).to_dict(), ""))
 
 
@@ -183,12 +202,17 @@ def test_big_recipe_layout_fits_its_targets(name):
 
 # ----- two steps of each GSM8K recipe on tiny fixtures ---------------------------------------------
 
+
 def _gsm8k_style_rows(count, offset):
   rows = []
   for i in range(count):
     a, b = (i + offset) % 10, (3 * i + offset) % 10
-    rows.append({"question": f"Tom has {a} apples and buys {b} more . How many apples does Tom have ?",
-                 "answer": f"Tom has {a} + {b} = {a + b} apples .\n#### {a + b}"})
+    rows.append(
+      {
+        "question": f"Tom has {a} apples and buys {b} more . How many apples does Tom have ?",
+        "answer": f"Tom has {a} + {b} = {a + b} apples .\n#### {a + b}",
+      }
+    )
   return rows
 
 
@@ -199,8 +223,13 @@ def gsm8k_parquet(tmp_path_factory):
   for split, count, offset in (("train", 16, 0), ("test", 8, 5)):
     with open(raw / f"{split}.jsonl", "w") as f:
       f.writelines(json.dumps(row) + "\n" for row in _gsm8k_style_rows(count, offset))
-  result = subprocess.run([sys.executable, "examples/data_preprocess/gsm8k.py", "--local_dir", str(raw),
-                           "--output_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  result = subprocess.run(
+    [sys.executable, "examples/data_preprocess/gsm8k.py", "--local_dir", str(raw), "--output_dir", str(out)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   assert (out / "train.parquet").exists() and (out / "test.parquet").exists()
   return str(out)
@@ -211,12 +240,21 @@ def tiny_qwen2(tmp_path_factory):
   """A random Qwen2 checkpoint with the built-in word-level tokenizer saved next to it."""
   import torch
   import transformers
+
   path = tmp_path_factory.mktemp("tiny_qwen2")
   tokenizer = build_tokenizer(save_dir=str(path))
-  config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                    max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
-                                    eos_token_id=tokenizer.eos_token_id)
+  config = transformers.Qwen2Config(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    max_position_embeddings=128,
+    pad_token_id=tokenizer.pad_token_id,
+    eos_token_id=tokenizer.eos_token_id,
+  )
   assert config.vocab_size >= len(tokenizer)
   torch.manual_seed(0)
   transformers.Qwen2ForCausalLM(config).save_pretrained(path)
@@ -281,11 +319,24 @@ def test_gsm8k_recipe_runs_two_steps_on_tiny_fixtures(name, tmp_path, tiny_qwen2
 
 # ----- the quickstart variants learn (slow) --------------------------------------------------------
 
+
 def _run_quickstart(name, tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user runs it
-  result = subprocess.run([sys.executable, "train.py", "--config", f"configs/{name}.py",
-                           f"--config.trainer.default_local_dir={tmp_path}", "--config.trainer.logger=('jsonl',)"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  result = subprocess.run(
+    [
+      sys.executable,
+      "train.py",
+      "--config",
+      f"configs/{name}.py",
+      f"--config.trainer.default_local_dir={tmp_path}",
+      "--config.trainer.logger=('jsonl',)",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   _, config = load_config(name)
   run_dir = tmp_path / config.trainer.project_name / config.trainer.experiment_name

@@ -10,11 +10,11 @@ from jaxrlhf.rewards import ERROR_KEY, RewardFunctionError, UnknownDataSourceErr
 
 def test_default_scorer_over_mixed_data_sources():
   scores, extras = score_batch(
-      None,
-      ["openai/gsm8k", "gsm8k", "lighteval/MATH", "math"],
-      ["#### 72", "#### 71", r"\boxed{\dfrac12}", "no box"],
-      ["72", "72", r"\frac{1}{2}", "3"],
-      [{"index": i} for i in range(4)],
+    None,
+    ["openai/gsm8k", "gsm8k", "lighteval/MATH", "math"],
+    ["#### 72", "#### 71", r"\boxed{\dfrac12}", "no box"],
+    ["72", "72", r"\frac{1}{2}", "3"],
+    [{"index": i} for i in range(4)],
   )
   assert scores.dtype == np.float32 and scores.shape == (4,)
   assert scores.tolist() == [1.0, 0.0, 1.0, 0.0]
@@ -23,16 +23,16 @@ def test_default_scorer_over_mixed_data_sources():
 
 def test_accepts_numpy_object_arrays():
   scores, _ = score_batch(
-      None, np.array(["gsm8k", "gsm8k"], dtype=object), np.array(["#### 1", "#### 2"]), np.array(["1", "1"])
+    None, np.array(["gsm8k", "gsm8k"], dtype=object), np.array(["#### 1", "#### 2"]), np.array(["1", "1"])
   )
   assert scores.tolist() == [1.0, 0.0]
 
 
 def test_dict_results_become_extras_missing_filled_with_zero():
   results = [
-      {"score": 1.0, "acc": True, "pred": "72"},
-      {"score": 0.5, "length": 3},
-      0.25,
+    {"score": 1.0, "acc": True, "pred": "72"},
+    {"score": 0.5, "length": 3},
+    0.25,
   ]
 
   def fn(data_source, solution_str, ground_truth, extra_info):
@@ -46,8 +46,9 @@ def test_dict_results_become_extras_missing_filled_with_zero():
   assert extras["acc"].dtype == extras["length"].dtype == np.float32
   assert extras["pred"].tolist() == ["72", None, None]  # text (what majority voting counts): None where missing
   # With fixed keys (the step's callback) only numbers come back.
-  _, fixed = score_batch(fn, ["d"] * 3, ["a", "b", "c"], ["x"] * 3, [{"i": i} for i in range(3)],
-                         extra_keys=["acc", "pred"])
+  _, fixed = score_batch(
+    fn, ["d"] * 3, ["a", "b", "c"], ["x"] * 3, [{"i": i} for i in range(3)], extra_keys=["acc", "pred"]
+  )
   assert fixed["pred"].tolist() == [0.0, 0.0, 0.0] and fixed["pred"].dtype == np.float32
 
 
@@ -93,9 +94,7 @@ def test_on_error_raise_names_index_and_data_source(bad):
 
 
 def test_on_error_zero_scores_zero_and_flags_the_sample():
-  scores, extras = score_batch(
-      _failing, ["s"] * 5, ["fine", "boom", "none", "nan", "fine"], ["x"] * 5, on_error="zero"
-  )
+  scores, extras = score_batch(_failing, ["s"] * 5, ["fine", "boom", "none", "nan", "fine"], ["x"] * 5, on_error="zero")
   assert scores.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
   assert extras[ERROR_KEY].tolist() == [0.0, 1.0, 1.0, 1.0, 0.0]
   _, clean = score_batch(_failing, ["s"], ["fine"], ["x"], on_error="zero")

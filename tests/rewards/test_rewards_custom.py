@@ -14,8 +14,8 @@ def write(path, source):
 
 def test_loads_compute_score(tmp_path):
   reward_file = write(
-      tmp_path / "my_reward.py",
-      """
+    tmp_path / "my_reward.py",
+    """
       import re
 
       def helper(text):
@@ -34,8 +34,8 @@ def test_loads_compute_score(tmp_path):
 
 def test_named_function_and_reward_kwargs(tmp_path):
   reward_file = write(
-      tmp_path / "rewards_lib.py",
-      """
+    tmp_path / "rewards_lib.py",
+    """
       def length_penalty(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
           return -scale * len(solution_str)
       """,

@@ -10,34 +10,34 @@ FILLER_300 = "x" * 300
 
 # (response, ground_truth, strict score, flexible score)
 CASES = [
-    ("Natalia sold 48/2 = 24 clips in May.\n#### 72", "72", 1.0, 1.0),
-    ("48 + 24 = 71\n#### 71", "72", 0.0, 0.0),
-    ("The answer is 72", "72", 0.0, 1.0),  # missing ####
-    ("The answer is 72.", "72", 0.0, 0.0),  # flexible keeps the sentence-final "." ("72."), as verl
-    ("#### 1,000", "1000", 1.0, 0.0),  # strict drops commas, flexible does not
-    ("#### 1,234,567.89", "1234567.89", 1.0, 0.0),
-    ("#### 72,", "72", 1.0, 0.0),
-    ("#### $18", "18", 0.0, 1.0),  # "$" right after "#### " is not a strict match
-    ("She pays $18 in total.\n#### 18", "18", 1.0, 1.0),
-    ("#### -5", "-5", 1.0, 1.0),
-    ("#### - 5", "-5", 0.0, 0.0),
-    ("The total is 5 - 8 = -3", "-3", 0.0, 1.0),
-    ("#### 3.5", "3.5", 1.0, 1.0),
-    ("#### 3.50", "3.5", 0.0, 0.0),  # exact string equality, no numeric comparison
-    ("#### .5", ".5", 1.0, 1.0),
-    ("#### 12\n#### 13", "13", 1.0, 1.0),  # the last #### wins
-    ("#### 13\n#### 12", "13", 0.0, 0.0),
-    ("####72", "72", 0.0, 1.0),  # strict needs the space
-    ("#### 72 apples", "72", 1.0, 1.0),
-    ("#### 72\nI hope this helps.", "72", 1.0, 1.0),  # a lone "." is never the flexible answer
-    ("", "72", 0.0, 0.0),
-    ("No numbers here.", "72", 0.0, 0.0),
-    ("#### 72" + FILLER_300, "72", 0.0, 0.0),  # answer before the last 300 characters
-    ("#### 5\n" + "word " * 100 + "so 72", "72", 0.0, 1.0),  # decoy #### out of the window
-    ("1 2 3 " * 200 + "#### 72", "72", 1.0, 1.0),
-    ("#### 72" + " " * 293, "72", 1.0, 1.0),  # exactly 300 characters: all examined
-    ("#### 72" + " " * 294, "72", 0.0, 1.0),  # 301: the first "#" falls out, "### 72" remains
-    ("#### -0", "0", 0.0, 0.0),
+  ("Natalia sold 48/2 = 24 clips in May.\n#### 72", "72", 1.0, 1.0),
+  ("48 + 24 = 71\n#### 71", "72", 0.0, 0.0),
+  ("The answer is 72", "72", 0.0, 1.0),  # missing ####
+  ("The answer is 72.", "72", 0.0, 0.0),  # flexible keeps the sentence-final "." ("72."), as verl
+  ("#### 1,000", "1000", 1.0, 0.0),  # strict drops commas, flexible does not
+  ("#### 1,234,567.89", "1234567.89", 1.0, 0.0),
+  ("#### 72,", "72", 1.0, 0.0),
+  ("#### $18", "18", 0.0, 1.0),  # "$" right after "#### " is not a strict match
+  ("She pays $18 in total.\n#### 18", "18", 1.0, 1.0),
+  ("#### -5", "-5", 1.0, 1.0),
+  ("#### - 5", "-5", 0.0, 0.0),
+  ("The total is 5 - 8 = -3", "-3", 0.0, 1.0),
+  ("#### 3.5", "3.5", 1.0, 1.0),
+  ("#### 3.50", "3.5", 0.0, 0.0),  # exact string equality, no numeric comparison
+  ("#### .5", ".5", 1.0, 1.0),
+  ("#### 12\n#### 13", "13", 1.0, 1.0),  # the last #### wins
+  ("#### 13\n#### 12", "13", 0.0, 0.0),
+  ("####72", "72", 0.0, 1.0),  # strict needs the space
+  ("#### 72 apples", "72", 1.0, 1.0),
+  ("#### 72\nI hope this helps.", "72", 1.0, 1.0),  # a lone "." is never the flexible answer
+  ("", "72", 0.0, 0.0),
+  ("No numbers here.", "72", 0.0, 0.0),
+  ("#### 72" + FILLER_300, "72", 0.0, 0.0),  # answer before the last 300 characters
+  ("#### 5\n" + "word " * 100 + "so 72", "72", 0.0, 1.0),  # decoy #### out of the window
+  ("1 2 3 " * 200 + "#### 72", "72", 1.0, 1.0),
+  ("#### 72" + " " * 293, "72", 1.0, 1.0),  # exactly 300 characters: all examined
+  ("#### 72" + " " * 294, "72", 0.0, 1.0),  # 301: the first "#" falls out, "### 72" remains
+  ("#### -0", "0", 0.0, 0.0),
 ]
 
 
@@ -72,7 +72,7 @@ def test_unknown_method_is_rejected():
 
 
 @settings(max_examples=60, deadline=None)
-@given(number=st.integers(-10**9, 10**9))
+@given(number=st.integers(-(10**9), 10**9))
 def test_strict_reads_thousands_separators(number):
   assert gsm8k.compute_score(f"so the answer is\n#### {number:,}", str(number)) == 1.0
 

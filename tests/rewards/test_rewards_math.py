@@ -5,42 +5,42 @@ import pytest
 from jaxrlhf.rewards import math as math_reward
 
 EQUIVALENT = [
-    (r"\frac{1}{2}", r"\frac{1}{2}"),
-    (r"\dfrac{1}{2}", r"\frac{1}{2}"),
-    (r"\tfrac12", r"\frac{1}{2}"),
-    (r"\frac1{72}", r"\frac{1}{72}"),
-    ("0.5", r"\frac{1}{2}"),
-    ("1/2", r"\frac{1}{2}"),
-    ("0.50", r"\frac12"),
-    (".5", "0.5"),
-    ("5.0", "5"),
-    ("5.00", "5"),
-    (" 3 ", "3"),
-    (r"\left( 3, 4 \right)", "(3,4)"),
-    (r"90^\circ", "90"),
-    (r"90^{\circ}", "90"),
-    (r"\$18", "18"),
-    (r"\$18.00", "18"),
-    ("$18$", "18"),
-    (r"50\%", "50"),
-    ("50%", "50"),
-    (r"12\text{ inches}", "12"),
-    (r"12\text{cm}", "12"),
-    ("x = 5", "5"),
-    (r"\sqrt3", r"\sqrt{3}"),
-    (r"\frac{\sqrt{2}}{2}", r"\frac{\sqrt{2}}{2}"),
-    (r"1,\!000", "1,000"),
-    (r"\text{(A)}", r"\text{(A)}"),
-    ("(2.00, 3)", "(2,3)"),
+  (r"\frac{1}{2}", r"\frac{1}{2}"),
+  (r"\dfrac{1}{2}", r"\frac{1}{2}"),
+  (r"\tfrac12", r"\frac{1}{2}"),
+  (r"\frac1{72}", r"\frac{1}{72}"),
+  ("0.5", r"\frac{1}{2}"),
+  ("1/2", r"\frac{1}{2}"),
+  ("0.50", r"\frac12"),
+  (".5", "0.5"),
+  ("5.0", "5"),
+  ("5.00", "5"),
+  (" 3 ", "3"),
+  (r"\left( 3, 4 \right)", "(3,4)"),
+  (r"90^\circ", "90"),
+  (r"90^{\circ}", "90"),
+  (r"\$18", "18"),
+  (r"\$18.00", "18"),
+  ("$18$", "18"),
+  (r"50\%", "50"),
+  ("50%", "50"),
+  (r"12\text{ inches}", "12"),
+  (r"12\text{cm}", "12"),
+  ("x = 5", "5"),
+  (r"\sqrt3", r"\sqrt{3}"),
+  (r"\frac{\sqrt{2}}{2}", r"\frac{\sqrt{2}}{2}"),
+  (r"1,\!000", "1,000"),
+  (r"\text{(A)}", r"\text{(A)}"),
+  ("(2.00, 3)", "(2,3)"),
 ]
 
 DIFFERENT = [
-    (r"\frac{1}{3}", r"\frac{1}{2}"),
-    ("5.01", "5"),
-    ("0.05", "0.5"),
-    ("x+y=5", "5"),  # a real equation is not a "k = " prefix
-    ("12", "21"),
-    (r"\text{(A)}", r"\text{(B)}"),
+  (r"\frac{1}{3}", r"\frac{1}{2}"),
+  ("5.01", "5"),
+  ("0.05", "0.5"),
+  ("x+y=5", "5"),  # a real equation is not a "k = " prefix
+  ("12", "21"),
+  (r"\text{(A)}", r"\text{(B)}"),
 ]
 
 
@@ -57,17 +57,17 @@ def test_different_answers_score_zero(answer, ground_truth):
 
 
 @pytest.mark.parametrize(
-    "text,expected",
-    [
-        (r"a \boxed{\frac{1}{\sqrt{2}}} b", r"\boxed{\frac{1}{\sqrt{2}}}"),
-        (r"first \boxed{1} then \boxed{2}.", r"\boxed{2}"),
-        (r"\boxed{1} then \fbox{7}", r"\fbox{7}"),
-        (r"$\boxed 7$ done", r"\boxed 7"),
-        (r"\boxed {4}", r"\boxed{4}"),
-        ("no box here", None),
-        (r"truncated \boxed{\frac{1}{2}", None),
-        (r"\boxed", None),
-    ],
+  "text,expected",
+  [
+    (r"a \boxed{\frac{1}{\sqrt{2}}} b", r"\boxed{\frac{1}{\sqrt{2}}}"),
+    (r"first \boxed{1} then \boxed{2}.", r"\boxed{2}"),
+    (r"\boxed{1} then \fbox{7}", r"\fbox{7}"),
+    (r"$\boxed 7$ done", r"\boxed 7"),
+    (r"\boxed {4}", r"\boxed{4}"),
+    ("no box here", None),
+    (r"truncated \boxed{\frac{1}{2}", None),
+    (r"\boxed", None),
+  ],
 )
 def test_last_boxed_only_string(text, expected):
   assert math_reward.last_boxed_only_string(text) == expected

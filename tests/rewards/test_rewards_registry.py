@@ -6,14 +6,14 @@ import sys
 import pytest
 
 from jaxrlhf.rewards import (
-    UnknownDataSourceError,
-    default_compute_score,
-    get_reward_fn,
-    register_reward,
-    registered_data_sources,
-    unregister_reward,
+  UnknownDataSourceError,
+  default_compute_score,
+  exact_match,
+  get_reward_fn,
+  register_reward,
+  registered_data_sources,
+  unregister_reward,
 )
-from jaxrlhf.rewards import exact_match
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_gsm8k_sources(data_source):
 
 
 @pytest.mark.parametrize(
-    "data_source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"]
+  "data_source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"]
 )
 def test_math_sources(data_source):
   assert default_compute_score(data_source, r"so $\boxed{\dfrac{1}{2}}$", r"\frac{1}{2}") == 1.0
@@ -114,9 +114,9 @@ def test_bad_return_values_name_the_data_source(scratch_sources):
 
 def test_rewards_package_imports_no_jax_model_or_trainer_code():
   code = (
-      "import sys, jaxrlhf.rewards\n"
-      "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'torch') "
-      "or m.startswith(('jaxrlhf.models', 'jaxrlhf.trainer', 'jaxrlhf.rollout', 'jaxrlhf.algos'))]\n"
-      "assert not bad, bad\n"
+    "import sys, jaxrlhf.rewards\n"
+    "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'torch') "
+    "or m.startswith(('jaxrlhf.models', 'jaxrlhf.trainer', 'jaxrlhf.rollout', 'jaxrlhf.algos'))]\n"
+    "assert not bad, bad\n"
   )
   subprocess.run([sys.executable, "-c", code], check=True)

@@ -56,19 +56,23 @@ def _score(scorer, responses, on_error="raise"):
   return score_batch(scorer, [f"src{i}" for i in range(n)], responses, ["a"] * n, on_error=on_error)
 
 
-@pytest.mark.parametrize("response, what", [
+@pytest.mark.parametrize(
+  "response, what",
+  [
     ("sleep", f"timed out after {TIMEOUT_S:g} s"),
     ("raise", "ValueError: cannot parse a"),
     ("sys.exit", "called sys.exit(3)"),
     ("os._exit", "exited with status 1"),
-])
+  ],
+)
 def test_a_failing_sample_raises_one_line_naming_it_and_what_happened(misbehaving, response, what):
   start = time.monotonic()
   with pytest.raises(RewardFunctionError) as info:
     _score(misbehaving, ["a", "b", response, "a"])
   message = str(info.value)
   assert message == f"reward function 'compute_score' failed on sample 2 (data_source='src2'): {what}" + (
-      " (reward_model.timeout_s)" if response == "sleep" else "")
+    " (reward_model.timeout_s)" if response == "sleep" else ""
+  )
   assert "\n" not in message and "reward_model.on_error=zero" in info.value.hint
   assert time.monotonic() - start < TIMEOUT_S + 10  # the sleeping sample is given up on, not waited for
 
@@ -152,8 +156,9 @@ def test_a_function_the_workers_cannot_load_is_scored_in_process_and_said_once(c
 
 def test_a_slow_batch_says_how_far_it_got(tmp_path, caplog, monkeypatch):
   monkeypatch.setattr(batch_module, "PROGRESS_EVERY_S", 0.3)
-  scorer = RewardScorer(rewards.load_custom_reward_function(str(_write(tmp_path, MISBEHAVING))), num_workers=2,
-                        timeout_s=TIMEOUT_S)
+  scorer = RewardScorer(
+    rewards.load_custom_reward_function(str(_write(tmp_path, MISBEHAVING))), num_workers=2, timeout_s=TIMEOUT_S
+  )
   try:
     with caplog.at_level(logging.WARNING):
       _score(scorer, ["a", "sleep", "b", "a"], on_error="zero")
@@ -164,8 +169,9 @@ def test_a_slow_batch_says_how_far_it_got(tmp_path, caplog, monkeypatch):
 
 
 def test_ctrl_c_in_a_worker_stops_the_batch(tmp_path):
-  scorer = RewardScorer(rewards.load_custom_reward_function(str(_write(tmp_path, MISBEHAVING))), num_workers=1,
-                        timeout_s=30.0)
+  scorer = RewardScorer(
+    rewards.load_custom_reward_function(str(_write(tmp_path, MISBEHAVING))), num_workers=1, timeout_s=30.0
+  )
   try:
     score_batch(scorer, ["d"], ["a"], ["a"])  # started
     worker = scorer._pool._workers[0].process
@@ -178,8 +184,7 @@ def test_ctrl_c_in_a_worker_stops_the_batch(tmp_path):
 
 def test_null_ground_truths_are_counted_and_warned_about_once(caplog):
   ground_truths = ["1", None, "2", float("nan"), "1"]
-  dataset = PromptDataset(np.zeros((5, 1), np.int32), np.ones((5, 1), np.int32), ["gsm8k"] * 5, ground_truths,
-                          [{}] * 5)
+  dataset = PromptDataset(np.zeros((5, 1), np.int32), np.ones((5, 1), np.int32), ["gsm8k"] * 5, ground_truths, [{}] * 5)
   with caplog.at_level(logging.WARNING):
     reward_fn = make_reward_fn(_DigitTokenizer(), dataset, on_error="zero")
     responses = jnp.asarray([[1], [1], [2], [3], [1]], jnp.int32)
@@ -191,9 +196,11 @@ def test_null_ground_truths_are_counted_and_warned_about_once(caplog):
   assert len(warnings) == 1
   assert "2 of 5 data rows" in warnings[0] and "row 1 (data_source 'gsm8k'), row 3 (data_source 'gsm8k')" in warnings[0]
   metrics = batch_metrics(
-      {"response_mask": np.ones((5, 1), np.int32), "prompt_mask": np.ones((5, 1), np.int32), "decode_steps": 1},
-      {"scores": scores, "reward_errors": errors, "null_ground_truths": null_ground_truths},
-      {"token_level_rewards": np.zeros((5, 1)), "advantages": np.zeros((5, 1)), "returns": np.zeros((5, 1))}, None)
+    {"response_mask": np.ones((5, 1), np.int32), "prompt_mask": np.ones((5, 1), np.int32), "decode_steps": 1},
+    {"scores": scores, "reward_errors": errors, "null_ground_truths": null_ground_truths},
+    {"token_level_rewards": np.zeros((5, 1)), "advantages": np.zeros((5, 1)), "returns": np.zeros((5, 1))},
+    None,
+  )
   assert float(metrics["reward/num_null_ground_truth"]) == 2.0
 
 

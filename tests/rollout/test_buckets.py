@@ -55,7 +55,11 @@ def test_batch_padding_rows_stay_empty_and_do_not_hold_the_loop(tiny_model_confi
   sampling = SamplingParams(max_new_tokens=6, eos_token_ids=tuple(range(64)), pad_token_id=0, do_sample=False)
   batch = pad_prompts([[5, 6, 7], [9]], 0, (4,), (4,))
   out = jax.jit(functools.partial(generate, apply_fn, model_config=tiny_model_config, sampling=sampling))(
-      params, prompt_ids_BxP=batch.prompt_ids_BxP, prompt_mask_BxP=batch.prompt_mask_BxP, rng=jax.random.key(0),
-      active_B=batch.active_B)
+    params,
+    prompt_ids_BxP=batch.prompt_ids_BxP,
+    prompt_mask_BxP=batch.prompt_mask_BxP,
+    rng=jax.random.key(0),
+    active_B=batch.active_B,
+  )
   np.testing.assert_array_equal(out["response_lengths"], [1, 1, 0, 0])
   assert int(out["num_steps"]) == 1 and (np.asarray(out["responses"])[2:] == 0).all()

@@ -45,9 +45,10 @@ def _batch_sampler(model, sampling):
 def _alone(model, params, prompt, sampling):
   """The batch sampler on a batch of this one request (left-padded to 16): the reference."""
   ids = np.zeros((1, 16), np.int32)
-  ids[0, 16 - len(prompt):] = prompt
-  out = _batch_sampler(model, sampling)(params, prompt_ids_BxP=ids, prompt_mask_BxP=(np.arange(16) >= 16 - len(prompt))[None],
-                                        rng=jax.random.key(0))
+  ids[0, 16 - len(prompt) :] = prompt
+  out = _batch_sampler(model, sampling)(
+    params, prompt_ids_BxP=ids, prompt_mask_BxP=(np.arange(16) >= 16 - len(prompt))[None], rng=jax.random.key(0)
+  )
   length = int(out["response_lengths"][0])
   return [int(t) for t in out["responses"][0, :length]], np.asarray(out["rollout_log_probs"][0, :length])
 
@@ -70,19 +71,18 @@ def test_sampled_requests_do_not_depend_on_slot_or_neighbours_and_log_probs_matc
   engine = Engine(model.config, sampling, max_concurrent_decodes=4, prefill_buckets=(16,))
   together = engine.serve(params, prompts)
   # Fewer neighbours, other slots and compaction times: the same per-request keys give the same samples.
-  assert [o["token_ids"] for o in engine.serve(params, prompts[:3])] == \
-      [o["token_ids"] for o in together[:3]]
+  assert [o["token_ids"] for o in engine.serve(params, prompts[:3])] == [o["token_ids"] for o in together[:3]]
   assert [o["token_ids"] for o in engine.serve(params, prompts, seed=1)] != [o["token_ids"] for o in together]
   # Log-probs of the sampled tokens = the training forward over left-padded prompt + response.
   ids = np.zeros((len(prompts), 16 + 8), np.int32)
   mask = np.zeros_like(ids)
   for row, (prompt, output) in enumerate(zip(prompts, together)):
-    ids[row, 16 - len(prompt):16 + len(output["token_ids"])] = prompt + output["token_ids"]
-    mask[row, 16 - len(prompt):16 + len(output["token_ids"])] = 1
+    ids[row, 16 - len(prompt) : 16 + len(output["token_ids"])] = prompt + output["token_ids"]
+    mask[row, 16 - len(prompt) : 16 + len(output["token_ids"])] = 1
   logits = jax.jit(lambda p, i, m: model.apply({"params": p}, i, positions_from_mask(m), m)[0])(params, ids, mask)
   recomputed = np.asarray(token_log_probs(logits[:, 15:-1], jnp.asarray(ids[:, 16:]), 0.9))
   for row, output in enumerate(together):
-    np.testing.assert_allclose(output["log_probs"], recomputed[row, :len(output["token_ids"])], atol=1e-5)
+    np.testing.assert_allclose(output["log_probs"], recomputed[row, : len(output["token_ids"])], atol=1e-5)
 
 
 def test_generate_cli_and_serve_sample_the_same_tokens_and_log_probs(setup):
@@ -90,8 +90,9 @@ def test_generate_cli_and_serve_sample_the_same_tokens_and_log_probs(setup):
   to one bucket, batch padded) and `Engine.serve` (continuous batching over 3 slots, prefill buckets
   8/16, compaction) give every (prompt, sample) the same tokens and log-probs for the same seed."""
   model, params, prompts = setup
-  sampling = SamplingParams(max_new_tokens=8, eos_token_ids=(EOS,), pad_token_id=0, temperature=0.8, top_k=20,
-                            top_p=0.9)
+  sampling = SamplingParams(
+    max_new_tokens=8, eos_token_ids=(EOS,), pad_token_id=0, temperature=0.8, top_k=20, top_p=0.9
+  )
   rows, _ = generate_cli.sample_responses(params, model.config, prompts, sampling, n=3, seed=5, batch_size=8)
   engine = Engine(model.config, sampling, max_concurrent_decodes=3, prefill_buckets=(8, 16))
   served = engine.serve(params, prompts, seed=5, n=3)
@@ -100,11 +101,9 @@ def test_generate_cli_and_serve_sample_the_same_tokens_and_log_probs(setup):
   for row, output in zip(rows, served):
     np.testing.assert_allclose(row["log_probs"], output["log_probs"], atol=1e-5)
   # Really sampled (a prompt's samples differ), and a sample's key ignores n: sample 0 of n=3 is n=1's.
-  assert any(len({tuple(o["token_ids"]) for o in served[i * 3:i * 3 + 3]}) > 1 for i in range(len(prompts)))
-  assert [o["token_ids"] for o in engine.serve(params, prompts[:3], seed=5)] == \
-      [o["token_ids"] for o in served[0:9:3]]
-  assert [o["token_ids"] for o in engine.serve(params, prompts[:3], seed=6)] != \
-      [o["token_ids"] for o in served[0:9:3]]
+  assert any(len({tuple(o["token_ids"]) for o in served[i * 3 : i * 3 + 3]}) > 1 for i in range(len(prompts)))
+  assert [o["token_ids"] for o in engine.serve(params, prompts[:3], seed=5)] == [o["token_ids"] for o in served[0:9:3]]
+  assert [o["token_ids"] for o in engine.serve(params, prompts[:3], seed=6)] != [o["token_ids"] for o in served[0:9:3]]
 
 
 def test_prefill_insert_generate_follow_jetstream_shapes(setup, greedy_engine):
@@ -112,7 +111,7 @@ def test_prefill_insert_generate_follow_jetstream_shapes(setup, greedy_engine):
   engine = greedy_engine
   prompt = next(p for p in prompts if 4 < len(p) <= 8)
   padded = np.zeros(16, np.int32)  # JetStream pads on the right
-  padded[:len(prompt)] = prompt
+  padded[: len(prompt)] = prompt
   prefix, first = engine.prefill(params=params, padded_tokens=padded, true_length=len(prompt))
   assert isinstance(first, ResultTokens) and first.data.shape == (1, 3) and first.log_probs.shape == (1, 1)
   state = engine.insert(prefix, engine.init_decode_state(), slot=1)
@@ -142,6 +141,7 @@ def test_jetstream_adapter_is_optional_and_delegates(setup, greedy_engine, monke
   import types
 
   from jaxrlhf.rollout import jetstream_adapter
+
   if "jetstream" not in sys.modules:
     with pytest.raises(ImportError, match="google-jetstream"):
       jetstream_adapter.JetStreamEngine(greedy_engine)

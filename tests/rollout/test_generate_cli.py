@@ -33,8 +33,14 @@ def hf_dir(tmp_path_factory):
 
 def _cli(*args):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
-  proc = subprocess.run([sys.executable, "-m", "jaxrlhf.generate", *map(str, args)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "jaxrlhf.generate", *map(str, args)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 
@@ -48,13 +54,26 @@ def _read(path):
 def greedy_text_run(hf_dir, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("cli")
   (tmp / "prompts.txt").write_text("\n".join(PROMPTS[:2]) + "\n\n" + PROMPTS[2] + "\n")
-  proc = _cli("--model", hf_dir, "--prompts", tmp / "prompts.txt", "--output", tmp / "out.jsonl",
-              "--temperature", 0, "--n", 2, "--max_new_tokens", 12)
+  proc = _cli(
+    "--model",
+    hf_dir,
+    "--prompts",
+    tmp / "prompts.txt",
+    "--output",
+    tmp / "out.jsonl",
+    "--temperature",
+    0,
+    "--n",
+    2,
+    "--max_new_tokens",
+    12,
+  )
   return _read(tmp / "out.jsonl"), proc.stderr
 
 
 def test_text_prompts_greedy_with_n_samples(greedy_text_run, hf_dir):
   from transformers import AutoTokenizer
+
   rows, stderr = greedy_text_run
   tokenizer = AutoTokenizer.from_pretrained(hf_dir)
   assert [r["prompt"] for r in rows] == [p for p in PROMPTS for _ in range(2)]
@@ -74,8 +93,20 @@ def test_jsonl_prompts_give_the_same_greedy_responses_in_a_new_process(greedy_te
   with open(tmp_path / "prompts.jsonl", "w") as f:
     for prompt in PROMPTS:
       f.write(json.dumps({"prompt": prompt, "data_source": "x"}) + "\n")
-  _cli("--model", hf_dir, "--prompts", tmp_path / "prompts.jsonl", "--output", tmp_path / "out.jsonl",
-       "--temperature", 0, "--max_new_tokens", 12, "--seed", 5)
+  _cli(
+    "--model",
+    hf_dir,
+    "--prompts",
+    tmp_path / "prompts.jsonl",
+    "--output",
+    tmp_path / "out.jsonl",
+    "--temperature",
+    0,
+    "--max_new_tokens",
+    12,
+    "--seed",
+    5,
+  )
   rows = _read(tmp_path / "out.jsonl")
   assert [r["prompt"] for r in rows] == PROMPTS
   assert [r["response_ids"] for r in rows] == [r["response_ids"] for r in greedy_text_run[0][::2]]
@@ -93,10 +124,17 @@ class _State:  # the fields of the train state that a checkpoint needs here
 def test_training_checkpoint_directory_with_chat_and_sampling(tmp_path):
   from jaxrlhf import generate as cli
   from jaxrlhf.models import model_config_from
+
   # A from-scratch run's checkpoint: model from override_config, tokenizer in the run's tokenizer/ folder.
   config = get_base_config()
-  for key, value in dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2).items():
+  for key, value in dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+  ).items():
     config.actor_rollout_ref.model.override_config[key] = value
   model_config = model_config_from(config.actor_rollout_ref.model)
   params, _ = init_params(Decoder(model_config), jax.random.key(4))
@@ -108,21 +146,56 @@ def test_training_checkpoint_directory_with_chat_and_sampling(tmp_path):
   step_dir = str(run_dir / "global_step_3")
   (tmp_path / "p.txt").write_text("\n".join(PROMPTS) + "\n")
 
-  greedy = cli.run(cli.parse_args(["--model", step_dir, "--prompts", str(tmp_path / "p.txt"), "--output",
-                                   str(tmp_path / "g.jsonl"), "--temperature", "0", "--max_new_tokens", "12"]))
+  greedy = cli.run(
+    cli.parse_args(
+      [
+        "--model",
+        step_dir,
+        "--prompts",
+        str(tmp_path / "p.txt"),
+        "--output",
+        str(tmp_path / "g.jsonl"),
+        "--temperature",
+        "0",
+        "--max_new_tokens",
+        "12",
+      ]
+    )
+  )
   # The same greedy tokens as the sampler called directly on the checkpoint's weights.
   batch = pad_prompts([tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS], 0)
   model = Decoder(model_config)
   apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
   sampling = SamplingParams(max_new_tokens=12, eos_token_ids=(EOS_ID,), pad_token_id=0, do_sample=False)
   out = jax.jit(functools.partial(generate, apply_fn, model_config=model_config, sampling=sampling))(
-      params, prompt_ids_BxP=batch.prompt_ids_BxP, prompt_mask_BxP=batch.prompt_mask_BxP, rng=jax.random.key(0))
-  expected = [[int(t) for t in out["responses"][row, :int(out["response_lengths"][row])]] for row in range(3)]
+    params, prompt_ids_BxP=batch.prompt_ids_BxP, prompt_mask_BxP=batch.prompt_mask_BxP, rng=jax.random.key(0)
+  )
+  expected = [[int(t) for t in out["responses"][row, : int(out["response_lengths"][row])]] for row in range(3)]
   assert [r["response_ids"] for r in greedy] == expected
 
-  sampled = cli.run(cli.parse_args(["--model", step_dir, "--prompts", str(tmp_path / "p.txt"), "--output",
-                                    str(tmp_path / "s.jsonl"), "--temperature", "1.0", "--top_k", "20", "--n", "3",
-                                    "--chat", "--max_new_tokens", "6", "--seed", "2"]))
+  sampled = cli.run(
+    cli.parse_args(
+      [
+        "--model",
+        step_dir,
+        "--prompts",
+        str(tmp_path / "p.txt"),
+        "--output",
+        str(tmp_path / "s.jsonl"),
+        "--temperature",
+        "1.0",
+        "--top_k",
+        "20",
+        "--n",
+        "3",
+        "--chat",
+        "--max_new_tokens",
+        "6",
+        "--seed",
+        "2",
+      ]
+    )
+  )
   assert len(sampled) == 9 and [r["sample"] for r in sampled] == [0, 1, 2] * 3
   assert len({tuple(r["response_ids"]) for r in sampled}) > 3  # samples differ
   assert _read(tmp_path / "s.jsonl") == sampled
@@ -134,11 +207,27 @@ def test_generate_and_the_serving_engine_sample_the_same_tokens(hf_dir, tmp_path
   through 2 slots with continuous batching."""
   from jaxrlhf import generate as generate_cli
   from jaxrlhf.rollout import Engine
+
   prompts_file = tmp_path / "prompts.txt"
   prompts_file.write_text("\n".join(PROMPTS) + "\n")
-  args = generate_cli.parse_args(["--model", hf_dir, "--prompts", str(prompts_file), "--output",
-                                  str(tmp_path / "out.jsonl"), "--temperature", "1.0", "--top_k", "40",
-                                  "--max_new_tokens", "10", "--seed", "7"])
+  args = generate_cli.parse_args(
+    [
+      "--model",
+      hf_dir,
+      "--prompts",
+      str(prompts_file),
+      "--output",
+      str(tmp_path / "out.jsonl"),
+      "--temperature",
+      "1.0",
+      "--top_k",
+      "40",
+      "--max_new_tokens",
+      "10",
+      "--seed",
+      "7",
+    ]
+  )
   rows = generate_cli.run(args)
   params, model_config, tokenizer, eos_ids, pad_id = generate_cli.load_model(hf_dir)
   sampling = SamplingParams(max_new_tokens=10, eos_token_ids=eos_ids, pad_token_id=pad_id, temperature=1.0, top_k=40)

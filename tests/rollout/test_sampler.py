@@ -35,7 +35,7 @@ def _full_logits(setup, responses):
   ids = jnp.concatenate([prompts, responses], axis=1)
   full_mask = jnp.concatenate([mask, jnp.ones_like(responses)], axis=1)
   logits = model.apply({"params": params}, ids, positions_from_mask(full_mask), full_mask)[0]
-  return logits[:, prompts.shape[1] - 1:-1]
+  return logits[:, prompts.shape[1] - 1 : -1]
 
 
 def test_greedy_matches_step_by_step_argmax_of_full_forward(setup):
@@ -99,8 +99,9 @@ def test_token_log_probs_equal_log_softmax_at_the_tokens():
   z = logits / 0.7
   expected = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
   expected = np.take_along_axis(expected, tokens[..., None], axis=-1)[..., 0]
-  np.testing.assert_allclose(np.asarray(token_log_probs(jnp.asarray(logits), jnp.asarray(tokens), 0.7)), expected,
-                             rtol=1e-6, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(token_log_probs(jnp.asarray(logits), jnp.asarray(tokens), 0.7)), expected, rtol=1e-6, atol=1e-5
+  )
 
 
 def test_bf16_generation_follows_fp32(setup):
@@ -115,11 +116,13 @@ def test_bf16_generation_follows_fp32(setup):
   assert bf16_logits.dtype == jnp.float32
   valid = np.asarray(mask) > 0
   np.testing.assert_allclose(np.asarray(bf16_logits)[valid], np.asarray(fp32_logits)[valid], atol=0.05)
-  bf16_apply = lambda p, ids, pos, kv, cache=None, index=None: bf16_model.apply({"params": p}, ids, pos, kv, cache,
-                                                                                index)
+  bf16_apply = lambda p, ids, pos, kv, cache=None, index=None: bf16_model.apply(
+    {"params": p}, ids, pos, kv, cache, index
+  )
   sampling = SamplingParams(max_new_tokens=4, eos_token_ids=(999,), pad_token_id=0, do_sample=False)
   out = jax.jit(functools.partial(generate, bf16_apply, model_config=bf16_model.config, sampling=sampling))(
-      bf16_params, prompt_ids_BxP=prompts, prompt_mask_BxP=mask, rng=jax.random.key(0))
+    bf16_params, prompt_ids_BxP=prompts, prompt_mask_BxP=mask, rng=jax.random.key(0)
+  )
   assert out["responses"].shape == (4, 4) and np.asarray(out["response_mask"]).all()
   assert np.isfinite(np.asarray(out["rollout_log_probs"])).all()
 
@@ -127,6 +130,7 @@ def test_bf16_generation_follows_fp32(setup):
 def test_bf16_matmuls_accumulate_in_fp32():
   """A bf16 projection equals the fp32 product of the bf16-rounded operands, rounded once to bf16."""
   from jaxrlhf.models.projection import project
+
   rng = np.random.RandomState(2)
   x = jnp.asarray(rng.randn(4, 512), jnp.bfloat16)
   w = jnp.asarray(rng.randn(512, 16), jnp.bfloat16)
@@ -134,14 +138,15 @@ def test_bf16_matmuls_accumulate_in_fp32():
   assert out.dtype == jnp.bfloat16
   exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   # fp32 accumulation: at most one bf16 rounding away (bf16 accumulation over 512 terms drifts much further).
-  np.testing.assert_allclose(np.asarray(out, np.float64), exact, rtol=2 ** -7, atol=1e-2)
+  np.testing.assert_allclose(np.asarray(out, np.float64), exact, rtol=2**-7, atol=1e-2)
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_segmented_decode_equals_one_loop(setup, do_sample):
   """A decode split into loops over growing caches gives the same tokens, masks and log-probs."""
-  base = SamplingParams(max_new_tokens=11, eos_token_ids=(EOS,), pad_token_id=0, temperature=0.8,
-                        do_sample=do_sample, decode_segments=1)
+  base = SamplingParams(
+    max_new_tokens=11, eos_token_ids=(EOS,), pad_token_id=0, temperature=0.8, do_sample=do_sample, decode_segments=1
+  )
   one = _run(setup, base, seed=5)
   split = dataclasses.replace(base, decode_segments=3)
   assert split.segment_ends == [4, 7, 11]
@@ -161,12 +166,17 @@ def test_sampled_tokens_are_jax_categorical(per_row_keys):
   """`choose_tokens` (Gumbel noise + a first-index max) draws exactly `jax.random.categorical`'s tokens,
   top-k / top-p filtered logits included."""
   from jaxrlhf.rollout.sampler import choose_tokens
+
   logits_BxV = jax.random.normal(jax.random.key(3), (6, 50)) * 3
-  sampling = SamplingParams(max_new_tokens=1, eos_token_ids=(0,), pad_token_id=0, do_sample=True, temperature=0.7,
-                            top_k=20, top_p=0.9)
+  sampling = SamplingParams(
+    max_new_tokens=1, eos_token_ids=(0,), pad_token_id=0, do_sample=True, temperature=0.7, top_k=20, top_p=0.9
+  )
   scaled_BxV = filter_logits(logits_BxV / 0.7, 20, 0.9)
   for seed in range(20):
     key = jax.random.split(jax.random.key(seed), 6) if per_row_keys else jax.random.key(seed)
-    want = (jax.vmap(jax.random.categorical)(key, scaled_BxV) if per_row_keys
-            else jax.random.categorical(key, scaled_BxV, axis=-1))
+    want = (
+      jax.vmap(jax.random.categorical)(key, scaled_BxV)
+      if per_row_keys
+      else jax.random.categorical(key, scaled_BxV, axis=-1)
+    )
     np.testing.assert_array_equal(np.asarray(choose_tokens(logits_BxV, key, sampling)), np.asarray(want))

@@ -19,7 +19,7 @@ def expected_probs(temperature, top_k, top_p):
   probs /= probs.sum()
   order = np.argsort(-probs)
   kept = np.zeros(len(probs), bool)
-  kept[order[:top_k if top_k > 0 else len(probs)]] = True
+  kept[order[: top_k if top_k > 0 else len(probs)]] = True
   restricted = np.where(kept, probs, 0) / probs[kept].sum()
   mass = 0.0
   nucleus = np.zeros(len(probs), bool)
@@ -34,12 +34,13 @@ def expected_probs(temperature, top_k, top_p):
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.7, 3, 1.0), (1.5, -1, 0.8), (1.2, 5, 0.75)])
 def test_empirical_frequencies_match_restricted_softmax(temperature, top_k, top_p):
-  sampling = SamplingParams(max_new_tokens=1, eos_token_ids=(0,), pad_token_id=0, temperature=temperature,
-                            top_k=top_k, top_p=top_p)
+  sampling = SamplingParams(
+    max_new_tokens=1, eos_token_ids=(0,), pad_token_id=0, temperature=temperature, top_k=top_k, top_p=top_p
+  )
   logits_BxV = jnp.broadcast_to(jnp.asarray(LOGITS_V), (NUM_SAMPLES, len(LOGITS_V)))
   # Per-row keys: the engine's path (one key per slot).
   keys_B = jax.random.split(jax.random.key(1234), NUM_SAMPLES)
-  tokens_B = np.asarray(jax.jit(lambda l, k: choose_tokens(l, k, sampling))(logits_BxV, keys_B))
+  tokens_B = np.asarray(jax.jit(lambda logits, key: choose_tokens(logits, key, sampling))(logits_BxV, keys_B))
   counts = np.bincount(tokens_B, minlength=len(LOGITS_V))
   probs = expected_probs(temperature, top_k, top_p)
   assert counts[probs == 0].sum() == 0, f"sampled a token outside top-k/top-p: {counts}"
@@ -55,7 +56,9 @@ def test_empirical_frequencies_match_restricted_softmax(temperature, top_k, top_
 def test_one_key_for_the_batch_samples_the_same_distribution():
   sampling = SamplingParams(max_new_tokens=1, eos_token_ids=(0,), pad_token_id=0, temperature=0.9, top_k=4)
   logits_BxV = jnp.broadcast_to(jnp.asarray(LOGITS_V), (NUM_SAMPLES, len(LOGITS_V)))
-  tokens_B = np.asarray(jax.jit(lambda l, k: choose_tokens(l, k, sampling))(logits_BxV, jax.random.key(7)))
+  tokens_B = np.asarray(
+    jax.jit(lambda logits, key: choose_tokens(logits, key, sampling))(logits_BxV, jax.random.key(7))
+  )
   counts = np.bincount(tokens_B, minlength=len(LOGITS_V))
   probs = expected_probs(0.9, 4, 1.0)
   assert counts[probs == 0].sum() == 0

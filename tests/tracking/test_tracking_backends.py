@@ -18,22 +18,29 @@ from jaxrlhf.tracking import Tracking, plot_metrics, read_metrics
 
 def _step_metrics(step, score):
   return {
-      "training/global_step": step,
-      "critic/score/mean": jnp.float32(score),  # device scalars must be accepted as they come
-      "actor/kl_loss": np.float32(0.01 * step),
-      "actor/pg_loss": float("nan") if step == 2 else 0.5,
-      "critic/vf_loss": float("inf") if step == 2 else 0.25,
-      "perf/total_num_tokens": 1000.0,
-      "perf/time_per_step": 2.0,
-      "perf/throughput": 62.5,
-      "response_length/mean": 12.0,
+    "training/global_step": step,
+    "critic/score/mean": jnp.float32(score),  # device scalars must be accepted as they come
+    "actor/kl_loss": np.float32(0.01 * step),
+    "actor/pg_loss": float("nan") if step == 2 else 0.5,
+    "critic/vf_loss": float("inf") if step == 2 else 0.25,
+    "perf/total_num_tokens": 1000.0,
+    "perf/time_per_step": 2.0,
+    "perf/throughput": 62.5,
+    "response_length/mean": 12.0,
   }
 
 
 def _log_two_steps(run):
   run.log(_step_metrics(1, 0.5), step=1)
-  run.log({**_step_metrics(2, 0.75), "val-core/gsm8k/reward/mean@4": 0.6, "actor/update_skipped": 1.0,
-           "critic/update_skipped": 0.0}, step=2)
+  run.log(
+    {
+      **_step_metrics(2, 0.75),
+      "val-core/gsm8k/reward/mean@4": 0.6,
+      "actor/update_skipped": 1.0,
+      "critic/update_skipped": 0.0,
+    },
+    step=2,
+  )
 
 
 def test_jsonl_writes_null_for_non_finite_and_plots(tmp_path):
@@ -73,11 +80,12 @@ def test_console_prints_one_concise_line_per_step(tmp_path, capsys):
 def _tensorboard_scalars(event_file):
   """Reads a TFRecord event file: [len u64][crc u32][Event proto][crc u32] repeated."""
   from tensorboardX.proto import event_pb2
+
   data = open(event_file, "rb").read()
   scalars, offset = {}, 0
   while offset < len(data):
-    (length,) = struct.unpack("<Q", data[offset:offset + 8])
-    event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+    (length,) = struct.unpack("<Q", data[offset : offset + 8])
+    event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
     offset += 12 + length + 4
     for value in event.summary.value:
       if value.HasField("simple_value"):
@@ -99,6 +107,7 @@ def test_tensorboard_event_file_has_the_scalars(tmp_path):
 def _wandb_records(path):
   """Reads a .wandb file: a 7-byte W&B header, then LevelDB log records in 32 KiB blocks."""
   from wandb.proto import wandb_internal_pb2
+
   data = open(path, "rb").read()
   assert data[:4] == b":W&B"
   block, offset, pieces, records = 32768, 7, [], []
@@ -107,11 +116,11 @@ def _wandb_records(path):
     if left < 7:  # block trailer padding
       offset += left
       continue
-    length, kind = struct.unpack("<H", data[offset + 4:offset + 6])[0], data[offset + 6]
+    length, kind = struct.unpack("<H", data[offset + 4 : offset + 6])[0], data[offset + 6]
     if kind == 0:
       offset += left
       continue
-    pieces.append(data[offset + 7:offset + 7 + length])
+    pieces.append(data[offset + 7 : offset + 7 + length])
     offset += 7 + length
     if kind in (1, 4):  # FULL or LAST
       records.append(wandb_internal_pb2.Record.FromString(b"".join(pieces)))
@@ -133,8 +142,9 @@ def test_wandb_offline_run_has_metrics_and_config(tmp_path):
   # In a fresh process: wandb keeps process-wide state (its service and settings singleton), so a run
   # made after other tests in this process can differ from a user's first run (seen once in the suite).
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", WANDB_CONSOLE="off", PYTHONPATH=root,
-             JAX_PLATFORMS="cpu")
+  env = dict(
+    os.environ, WANDB_MODE="offline", WANDB_SILENT="true", WANDB_CONSOLE="off", PYTHONPATH=root, JAX_PLATFORMS="cpu"
+  )
   subprocess.run([sys.executable, "-c", _WANDB_RUN, str(tmp_path)], cwd=root, env=env, check=True, timeout=300)
   (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
   history, config, names = {}, {}, set()
@@ -155,10 +165,12 @@ def test_wandb_offline_run_has_metrics_and_config(tmp_path):
 def test_mlflow_file_store_has_metrics_and_params(tmp_path, monkeypatch):
   monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
   monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # the logger must opt in to the file store itself
-  with Tracking(["mlflow"], str(tmp_path), total_steps=2, config={"trainer": {"seed": 7}}, project="proj",
-                experiment="exp") as run:
+  with Tracking(
+    ["mlflow"], str(tmp_path), total_steps=2, config={"trainer": {"seed": 7}}, project="proj", experiment="exp"
+  ) as run:
     _log_two_steps(run)
   from mlflow.tracking import MlflowClient
+
   client = MlflowClient(tracking_uri=f"file:{tmp_path}/mlruns")
   (mlflow_run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
   assert mlflow_run.info.run_name == "exp" and mlflow_run.info.status == "FINISHED"
@@ -173,8 +185,7 @@ def test_mlflow_file_store_has_metrics_and_params(tmp_path, monkeypatch):
 
 def test_only_process_zero_writes(tmp_path, monkeypatch):
   monkeypatch.setattr(tracking.tracking.jax, "process_index", lambda: 1)
-  with Tracking(["console", "jsonl", "tensorboard"], str(tmp_path / "run"), total_steps=2,
-                prometheus_port=0) as run:
+  with Tracking(["console", "jsonl", "tensorboard"], str(tmp_path / "run"), total_steps=2, prometheus_port=0) as run:
     _log_two_steps(run)
   assert run.prometheus_port is None
   assert not (tmp_path / "run").exists()

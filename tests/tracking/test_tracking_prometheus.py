@@ -17,10 +17,28 @@ def _scrape(port):
 def test_scrape_returns_the_gauges(tmp_path):
   with Tracking([], str(tmp_path), total_steps=3, prometheus_port=0) as run:
     assert run.prometheus_port > 0
-    run.log({"training/global_step": 1, "critic/score/mean": 0.25, "actor/reward_kl_penalty": 0.03,
-             "perf/total_num_tokens": 4096.0, "perf/time_per_step": 2.0, "perf/throughput": 256.0}, step=1)
-    run.log({"training/global_step": 2, "critic/score/mean": 0.5, "actor/kl_loss": 0.02,
-             "perf/total_num_tokens": 4096.0, "perf/time_per_step": 4.0, "perf/throughput": 128.0}, step=2)
+    run.log(
+      {
+        "training/global_step": 1,
+        "critic/score/mean": 0.25,
+        "actor/reward_kl_penalty": 0.03,
+        "perf/total_num_tokens": 4096.0,
+        "perf/time_per_step": 2.0,
+        "perf/throughput": 256.0,
+      },
+      step=1,
+    )
+    run.log(
+      {
+        "training/global_step": 2,
+        "critic/score/mean": 0.5,
+        "actor/kl_loss": 0.02,
+        "perf/total_num_tokens": 4096.0,
+        "perf/time_per_step": 4.0,
+        "perf/throughput": 128.0,
+      },
+      step=2,
+    )
     gauges = _scrape(run.prometheus_port)
   assert gauges["jaxrlhf_tokens_per_second"] == 1024.0
   assert gauges["jaxrlhf_tokens_per_second_per_device"] == 128.0

@@ -13,16 +13,20 @@ from jaxrlhf.checkpoint import Checkpointer, read_checkpoint
 from jaxrlhf.export import LORA_ADAPTER_DIR, export_checkpoint
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask
 from jaxrlhf.models.decoder import model_variables
-from jaxrlhf.models.lora import (VALUE_HEAD, count_adapter_params, critic_params_with, expected_adapter_params,
-                                 merge_adapters)
+from jaxrlhf.models.lora import (
+  VALUE_HEAD,
+  count_adapter_params,
+  critic_params_with,
+  expected_adapter_params,
+  merge_adapters,
+)
 from jaxrlhf.trainer import Trainer
 from tests.helpers import TIMING_DEPENDENT, small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 LORA = {"actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8}
 # One mini-batch, one epoch: every actor metric is measured at the step's starting weights.
-ONE_UPDATE = {"actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_epochs": 1,
-              "mesh.fsdp": 1}
+ONE_UPDATE = {"actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_epochs": 1, "mesh.fsdp": 1}
 
 
 def _trainer(tmp_path, **overrides):
@@ -34,8 +38,10 @@ def _host(tree):
 
 
 # An LM head adapter needs an untied head (a tied one is the input embedding too).
-HEAD = {"actor_rollout_ref.model.override_config.tie_word_embeddings": False,
-        "actor_rollout_ref.model.target_modules": "q_proj,v_proj,lm_head"}
+HEAD = {
+  "actor_rollout_ref.model.override_config.tie_word_embeddings": False,
+  "actor_rollout_ref.model.target_modules": "q_proj,v_proj,lm_head",
+}
 
 
 # Scanned and unrolled layers, with and without the head adapter, in two whole-step compiles.
@@ -86,19 +92,22 @@ def _save_and_restore(tmp_path, overrides: dict, fields: tuple[str, ...]):
 
 def test_resume_restores_adapters_and_optimizer_state_exactly_and_exports(tmp_path):
   trainer, other, restored, saved, config = _save_and_restore(
-      tmp_path, LORA, ("actor_adapters", "actor_opt_state", "critic_params", "critic_opt_state", "actor_params"))
+    tmp_path, LORA, ("actor_adapters", "actor_opt_state", "critic_params", "critic_opt_state", "actor_params")
+  )
   assert not saved.get("actor_params")  # the frozen base is rebuilt from its source, not saved
   base, adapters = _host(restored.actor_params), _host(restored.actor_adapters)
   other.state = restored  # donated by the step below
-  np.testing.assert_allclose(other.train_step(2)["actor/pg_loss"], trainer.train_step(2)["actor/pg_loss"],
-                             rtol=1e-6)
+  np.testing.assert_allclose(other.train_step(2)["actor/pg_loss"], trainer.train_step(2)["actor/pg_loss"], rtol=1e-6)
 
   out = str(tmp_path / "export")
   export_checkpoint(os.path.join(str(tmp_path / "ckpt"), "global_step_2"), out)
   exported = load_hf_params(out, load_hf_config(out))
   expected = merge_adapters(base, adapters, config.actor_rollout_ref.model.lora_alpha)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7),
-               _host(exported), expected)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7),
+    _host(exported),
+    expected,
+  )
   assert sorted(os.listdir(os.path.join(out, LORA_ADAPTER_DIR))) == ["adapter_config.json", "adapter_model.safetensors"]
 
 
@@ -134,8 +143,11 @@ def test_fresh_critic_adapters_step_like_the_full_critic(tmp_path):
   full = _trainer(tmp_path / "full", **ONE_UPDATE)
   lora = _trainer(tmp_path / "lora", **ONE_UPDATE, **CRITIC_LORA)
   # The same value head: initialised as a full critic's, then trained beside the adapters.
-  jax.tree.map(np.testing.assert_array_equal, _host(lora.state.critic_adapters["head"][VALUE_HEAD]),
-               _host(full.state.critic_params[VALUE_HEAD]))
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    _host(lora.state.critic_adapters["head"][VALUE_HEAD]),
+    _host(full.state.critic_params[VALUE_HEAD]),
+  )
   expected, got = full.train_step(0), lora.train_step(0)
   assert "critic/vpred_mean" in got and "critic/values/mean" in got
   for key, value in expected.items():
@@ -147,14 +159,14 @@ def test_fresh_critic_adapters_step_like_the_full_critic(tmp_path):
 def test_critic_lora_resumes_exactly_and_exports_merged(tmp_path):
   import torch
   import transformers
+
   trainer, other, restored, saved, _ = _save_and_restore(
-      tmp_path, CRITIC_LORA,
-      ("critic_adapters", "critic_opt_state", "critic_params", "actor_params", "actor_opt_state"))
+    tmp_path, CRITIC_LORA, ("critic_adapters", "critic_opt_state", "critic_params", "actor_params", "actor_opt_state")
+  )
   assert not saved.get("critic_params") and saved["critic_adapters"]["head"]  # the backbone is rebuilt
   backbone, trained = _host(restored.critic_params), _host(restored.critic_adapters)
   other.state = restored  # donated by the step below
-  np.testing.assert_allclose(other.train_step(2)["critic/vf_loss"], trainer.train_step(2)["critic/vf_loss"],
-                             rtol=1e-6)
+  np.testing.assert_allclose(other.train_step(2)["critic/vf_loss"], trainer.train_step(2)["critic/vf_loss"], rtol=1e-6)
 
   out, critic_out = str(tmp_path / "export"), str(tmp_path / "critic")
   export_checkpoint(os.path.join(str(tmp_path / "ckpt"), "global_step_2"), out, critic_out=critic_out)
@@ -162,10 +174,15 @@ def test_critic_lora_resumes_exactly_and_exports_merged(tmp_path):
   mask = np.ones_like(ids)
   with torch.no_grad():
     hf_values = transformers.AutoModelForTokenClassification.from_pretrained(critic_out)(
-        torch.tensor(ids)).logits.numpy()[..., 0]
+      torch.tensor(ids)
+    ).logits.numpy()[..., 0]
   # Ours: the backbone with the adapters unmerged and the trained head, as the values phase runs it.
   critic = Decoder(trainer.critic_model_config, head="value")
-  ours = critic.apply(model_variables(critic_params_with(backbone, trained), trained["lora"]),
-                      jnp.asarray(ids, jnp.int32), positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask))[0]
+  ours = critic.apply(
+    model_variables(critic_params_with(backbone, trained), trained["lora"]),
+    jnp.asarray(ids, jnp.int32),
+    positions_from_mask(jnp.asarray(mask)),
+    jnp.asarray(mask),
+  )[0]
   assert np.abs(np.asarray(ours)).max() > 1e-3
   np.testing.assert_allclose(hf_values, np.asarray(ours), atol=1e-4)

@@ -29,8 +29,10 @@ def _verl_lr(optim, total_steps, step):
 
 
 @pytest.mark.parametrize("kind", ["constant", "cosine"])
-@pytest.mark.parametrize("warmup_steps,warmup_ratio,min_lr_ratio,num_cycles", [
-    (-1, 0.0, 0.0, 0.5), (5, 0.0, 0.0, 0.5), (0, 0.25, 0.1, 0.5), (-1, 0.3, 0.0, 1.0), (3, 0.9, 0.2, 0.5)])
+@pytest.mark.parametrize(
+  "warmup_steps,warmup_ratio,min_lr_ratio,num_cycles",
+  [(-1, 0.0, 0.0, 0.5), (5, 0.0, 0.0, 0.5), (0, 0.25, 0.1, 0.5), (-1, 0.3, 0.0, 1.0), (3, 0.9, 0.2, 0.5)],
+)
 def test_schedule_matches_verl(kind, warmup_steps, warmup_ratio, min_lr_ratio, num_cycles):
   optim = get_base_config().actor_rollout_ref.actor.optim
   optim.lr, optim.lr_scheduler_type = 1e-3, kind

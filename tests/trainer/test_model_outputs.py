@@ -9,7 +9,6 @@ import pytest
 from jaxrlhf import algos
 from jaxrlhf.models import Decoder, DecoderConfig, init_params
 from jaxrlhf.rollout import token_log_probs
-from jaxrlhf.trainer import packing
 from jaxrlhf.trainer.model_outputs import ModelOutputs, chunk_length, sequence_inputs
 from tests.trainer.test_packing import MODEL, make_rollout, make_step
 
@@ -28,11 +27,14 @@ def whole_logits_outputs(actor, critic, actor_params, critic_params, micro):
   """The reference: every position's logits and values, sliced to the response afterwards."""
   prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
   ids, positions, mask = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
-  at_responses = lambda x: x[:, prompt_len - 1:prompt_len + response_len - 1]
+  at_responses = lambda x: x[:, prompt_len - 1 : prompt_len + response_len - 1]
   logits_NxRxV = at_responses(actor.apply({"params": actor_params}, ids, positions, mask)[0])
   values_NxR = at_responses(critic.apply({"params": critic_params}, ids, positions, mask)[0])
-  return (token_log_probs(logits_NxRxV, micro["responses"], TEMPERATURE),
-          algos.entropy_from_logits(logits_NxRxV / TEMPERATURE), values_NxR)
+  return (
+    token_log_probs(logits_NxRxV, micro["responses"], TEMPERATURE),
+    algos.entropy_from_logits(logits_NxRxV / TEMPERATURE),
+    values_NxR,
+  )
 
 
 @pytest.mark.parametrize("chunk_tokens", [0, 16, 40])  # whole; 1 position per chunk; 3 positions (last padded)
@@ -70,8 +72,14 @@ def test_chunked_gradients_equal_whole_logits(models):
 
 def test_chunks_keep_the_logits_of_one_chunk_only():
   """The compiled backward of a chunked log-prob never holds [rows, length, vocab] logits."""
-  config = DecoderConfig(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2)
+  config = DecoderConfig(
+    vocab_size=4096,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+  )
   actor = Decoder(config, head="lm")
   params = init_params(actor, jax.random.key(0))[0]
   hidden = jnp.ones((8, 64, 32))
@@ -79,6 +87,7 @@ def test_chunks_keep_the_logits_of_one_chunk_only():
 
   def temp_bytes(chunk_tokens):
     from jaxrlhf.trainer.model_outputs import lm_token_outputs
+
     chunk = chunk_length(8, 64, chunk_tokens, 1)
     f = lambda p, h: jnp.sum(lm_token_outputs(config, p, h, tokens, 1.0, ("entropy",), chunk)["log_prob"])
     compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, hidden).compile()
@@ -98,8 +107,11 @@ def test_forward_phase_micro_batches_equal_one_pass(packed):
   actor_params = init_params(one_pass.actor, jax.random.key(1))[0]
   critic_params = init_params(one_pass.critic, jax.random.key(2))[0]
   mask = np.asarray(rollout["response_mask"], bool)
-  for phase, model_params in (("old_log_prob", actor_params), ("ref_log_prob", actor_params),
-                              ("critic_values", critic_params)):
+  for phase, model_params in (
+    ("old_log_prob", actor_params),
+    ("ref_log_prob", actor_params),
+    ("critic_values", critic_params),
+  ):
     want = jax.tree.leaves(jax.jit(getattr(one_pass, phase))(model_params, rollout))[0]  # old_log_prob: + metrics
     got = jax.tree.leaves(jax.jit(getattr(micro, phase))(model_params, rollout))[0]
     close(np.asarray(got)[mask], np.asarray(want)[mask], 1e-5)

@@ -14,12 +14,14 @@ from jaxrlhf.trainer.state import make_optimizer
 from tests.helpers import TIMING_DEPENDENT, programs_built, small_config
 
 PROMPT_LEN, RESPONSE_LEN = 6, 8
-MODEL = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)
+MODEL = DecoderConfig(
+  vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 
 
-def make_step(use_remove_padding=False, use_dynamic_bsz=False, micro=None, loss_agg_mode="token-mean",
-              log_prob_micro=None):
+def make_step(
+  use_remove_padding=False, use_dynamic_bsz=False, micro=None, loss_agg_mode="token-mean", log_prob_micro=None
+):
   config = get_base_config()
   config.data.train_batch_size, config.data.max_prompt_length = 16, PROMPT_LEN
   config.data.max_response_length = RESPONSE_LEN
@@ -31,11 +33,21 @@ def make_step(use_remove_padding=False, use_dynamic_bsz=False, micro=None, loss_
   config.actor_rollout_ref.rollout.n = 2
   config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu = log_prob_micro
   config = resolve_config(config)
-  optimizers = {"actor": make_optimizer(config.actor_rollout_ref.actor.optim, 1.0),
-                "critic": make_optimizer(config.critic.optim, 1.0)}
+  optimizers = {
+    "actor": make_optimizer(config.actor_rollout_ref.actor.optim, 1.0),
+    "critic": make_optimizer(config.critic.optim, 1.0),
+  }
   constant = lambda step: jnp.float32(1e-3)
-  return PPOStep(config, MODEL, reward_fn=None, eos_token_ids=(1,), pad_token_id=0,
-                 lr_schedules={"actor": constant, "critic": constant}, optimizers=optimizers, layouts=StepLayouts())
+  return PPOStep(
+    config,
+    MODEL,
+    reward_fn=None,
+    eos_token_ids=(1,),
+    pad_token_id=0,
+    lr_schedules={"actor": constant, "critic": constant},
+    optimizers=optimizers,
+    layouts=StepLayouts(),
+  )
 
 
 def make_rollout(num_rows, seed=0):
@@ -49,8 +61,12 @@ def make_rollout(num_rows, seed=0):
   prompts = rng.integers(2, MODEL.vocab_size, (num_rows, PROMPT_LEN)) * prompt_mask
   responses = rng.integers(2, MODEL.vocab_size, (num_rows, RESPONSE_LEN)) * response_mask
   as_jax = lambda x: jnp.asarray(x, jnp.int32)
-  return {"prompts": as_jax(prompts), "prompt_mask": as_jax(prompt_mask), "responses": as_jax(responses),
-          "response_mask": as_jax(response_mask)}
+  return {
+    "prompts": as_jax(prompts),
+    "prompt_mask": as_jax(prompt_mask),
+    "responses": as_jax(responses),
+    "response_mask": as_jax(response_mask),
+  }
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +84,7 @@ def test_packed_log_probs_and_values_equal_padded(params):
   for phase, model_params in (("old_log_prob", actor_params), ("critic_values", critic_params)):
     expected = jax.tree.leaves(jax.jit(getattr(padded, phase))(model_params, rollout))[0]  # old_log_prob: + metrics
     got = jax.tree.leaves(jax.jit(getattr(packed, phase))(model_params, rollout))[0]
-    np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(expected)[mask], atol=1e-5, rtol=1e-5,
-                               err_msg=phase)
+    np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(expected)[mask], atol=1e-5, rtol=1e-5, err_msg=phase)
 
 
 def _minibatch(step, params, rollout):
@@ -77,36 +92,45 @@ def _minibatch(step, params, rollout):
   rng = np.random.default_rng(3)
   mask_f = rollout["response_mask"].astype(jnp.float32)
   log_probs, _ = step.old_log_prob(actor_params, rollout)
-  return dict(rollout, old_log_probs=log_probs + 0.1 * jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32),
-              ref_log_probs=log_probs + 0.2 * jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32),
-              advantages=jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32) * mask_f,
-              values=jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32) * mask_f,
-              returns=jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32) * mask_f)
+  return dict(
+    rollout,
+    old_log_probs=log_probs + 0.1 * jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32),
+    ref_log_probs=log_probs + 0.2 * jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32),
+    advantages=jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32) * mask_f,
+    values=jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32) * mask_f,
+    returns=jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32) * mask_f,
+  )
 
 
 def _gradients(step, params, minibatch, loss_agg_mode):
   actor_params, critic_params = params
   seq_len = PROMPT_LEN + RESPONSE_LEN
-  batching = step.batcher.update_plan(step.config.actor_rollout_ref.actor, "actor_rollout_ref.actor", seq_len,
-                                      step.plan.actor_packed)
+  batching = step.batcher.update_plan(
+    step.config.actor_rollout_ref.actor, "actor_rollout_ref.actor", seq_len, step.plan.actor_packed
+  )
 
   @jax.jit
   def run(minibatch):
     key = jax.random.key(0)
-    actor = update_loop.minibatch_gradients(step.actor_loss, actor_params, {"kl_gate": 1.0}, minibatch, key,
-                                            batching, loss_agg_mode)
-    critic = update_loop.minibatch_gradients(step.critic_loss, critic_params, None, minibatch, key, batching,
-                                             loss_agg_mode)
+    actor = update_loop.minibatch_gradients(
+      step.actor_loss, actor_params, {"kl_gate": 1.0}, minibatch, key, batching, loss_agg_mode
+    )
+    critic = update_loop.minibatch_gradients(
+      step.critic_loss, critic_params, None, minibatch, key, batching, loss_agg_mode
+    )
     return actor, critic
 
   return batching, run(minibatch)
 
 
-@pytest.mark.parametrize("switches,loss_agg_mode", [
+@pytest.mark.parametrize(
+  "switches,loss_agg_mode",
+  [
     ({"use_remove_padding": True, "use_dynamic_bsz": True}, "seq-mean-token-mean"),
     ({"use_remove_padding": True, "micro": 4}, "token-mean"),
     ({"use_dynamic_bsz": True}, "seq-mean-token-sum"),
-])
+  ],
+)
 def test_losses_and_gradients_equal_padded(params, switches, loss_agg_mode):
   reference = make_step(loss_agg_mode=loss_agg_mode)  # padded, the whole mini-batch in one micro-batch
   fast = make_step(loss_agg_mode=loss_agg_mode, **switches)
@@ -115,8 +139,10 @@ def test_losses_and_gradients_equal_padded(params, switches, loss_agg_mode):
   batching, (got_actor, got_critic) = _gradients(fast, params, minibatch, loss_agg_mode)
   assert batching.num_micro > 1  # the switches really split the mini-batch
   close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
-  for (got_grads, got_metrics), (want_grads, want_metrics) in ((got_actor, expected_actor),
-                                                               (got_critic, expected_critic)):
+  for (got_grads, got_metrics), (want_grads, want_metrics) in (
+    (got_actor, expected_actor),
+    (got_critic, expected_critic),
+  ):
     if batching.packed:  # lengths 1..8 of 14: the packed slots ran (they pay), not the padded fallback
       assert float(got_metrics.pop("perf/packed")) == 1.0
     assert got_metrics.keys() == want_metrics.keys()
@@ -136,15 +162,20 @@ def test_packing_cuts_tokens_processed():
   ratio = float(packing.packed_token_ratio(valid, batching))
   # Every valid token is placed exactly once and no row overflows.
   assert int((plan["segment_ids"] > 0).sum()) == int(valid.sum())
-  print(f"\npacking: {int(valid.sum())} valid of {valid.size} padded tokens ({valid.mean():.2f}); "
-        f"rows used {used_rows}/64 ({used_rows / 64:.2f}); tokens processed by executed micro-batches "
-        f"{ratio:.2f} of the padded path")
+  print(
+    f"\npacking: {int(valid.sum())} valid of {valid.size} padded tokens ({valid.mean():.2f}); "
+    f"rows used {used_rows}/64 ({used_rows / 64:.2f}); tokens processed by executed micro-batches "
+    f"{ratio:.2f} of the padded path"
+  )
   assert used_rows < 64 * 0.75 and ratio < 0.8
 
 
 def test_fused_step_with_both_switches_compiles_once_and_matches_padded(tmp_path):
-  switches = {"actor_rollout_ref.model.use_remove_padding": True, "actor_rollout_ref.actor.use_dynamic_bsz": True,
-              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 32}
+  switches = {
+    "actor_rollout_ref.model.use_remove_padding": True,
+    "actor_rollout_ref.actor.use_dynamic_bsz": True,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 32,
+  }
   fast = Trainer(small_config(tmp_path / "fast", **switches), devices=jax.devices()[:1])
   padded = Trainer(small_config(tmp_path / "padded"), devices=jax.devices()[:1])
   first, reference = fast.train_step(0), padded.train_step(0)
@@ -173,14 +204,18 @@ def test_packing_runs_only_when_it_pays(params):
   actor_params, _ = params
   packed_step = make_step(use_remove_padding=True, micro=4)
   seq_len = PROMPT_LEN + RESPONSE_LEN
-  batching = packed_step.batcher.update_plan(packed_step.config.actor_rollout_ref.actor, "actor_rollout_ref.actor",
-                                             seq_len, True)
+  batching = packed_step.batcher.update_plan(
+    packed_step.config.actor_rollout_ref.actor, "actor_rollout_ref.actor", seq_len, True
+  )
   assert batching.head_cost > 0  # the LM head's share, from the model's shape
   full = make_rollout(16, seed=6)
   full = dict(full, prompt_mask=jnp.ones_like(full["prompt_mask"]), response_mask=jnp.ones_like(full["response_mask"]))
   # At most 3 prompt + 3 response tokens of 14: two sequences share a row, half the slots run.
-  short = dict(full, prompt_mask=full["prompt_mask"].at[:, :PROMPT_LEN - 3].set(0),
-               response_mask=full["response_mask"].at[:, 3:].set(0))
+  short = dict(
+    full,
+    prompt_mask=full["prompt_mask"].at[:, : PROMPT_LEN - 3].set(0),
+    response_mask=full["response_mask"].at[:, 3:].set(0),
+  )
   for rollout, want_packed in ((full, 0.0), (short, 1.0)):
     minibatch = _minibatch(make_step(), params, rollout)
     plan = update_loop.pack_sequences(minibatch, batching)

@@ -26,33 +26,72 @@ def plan(overrides, actor=NO_LORA, critic=NO_LORA) -> PhasePlan:
 
 # (overrides, LoRA actor, the fields expected; others unchecked)
 TABLE = [
-    ({}, False, dict(use_critic=True, use_reference=False, ref_phase=False, stores_reference=False, old_forward=True,
-                     bypass=False, on_policy=False, old_in_update=False, actor_warmup_steps=0)),
-    (GRPO, False, dict(use_critic=False, use_reference=False, old_forward=True)),
-    ({**GRPO, **ONE_MINI_BATCH}, False, dict(on_policy=True, old_in_update=True)),
-    ({**GRPO, **ONE_MINI_BATCH, "actor_rollout_ref.actor.ppo_epochs": 2}, False, dict(on_policy=False,
-                                                                                      old_in_update=True)),
-    ({**GRPO, **ONE_MINI_BATCH, "actor_rollout_ref.model.use_remove_padding": True}, False,
-     dict(actor_packed=True, critic_packed=True, old_in_update=False)),
-    ({**GRPO, "actor_rollout_ref.actor.use_kl_loss": True}, False,
-     dict(use_reference=True, stores_reference=True, ref_phase=True, full_kl_loss=False)),
-    ({**GRPO, "actor_rollout_ref.actor.use_kl_loss": True}, True,
-     dict(use_reference=True, stores_reference=False, ref_phase=True, actor_lora=True)),
-    ({**GRPO, "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_type": "full"}, False,
-     dict(full_kl_loss=True, full_kl_in_reward=False, ref_phase=True)),
-    ({"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "full"}, False,
-     dict(use_reference=True, full_kl_in_reward=True, ref_phase=False, old_forward=True)),
-    ({**GRPO, **ONE_MINI_BATCH, "algorithm.use_kl_in_reward": True}, False,
-     dict(ref_phase=True, old_in_update=False)),
-    ({**GRPO, "algorithm.rollout_correction.bypass_mode": True}, False,
-     dict(bypass=True, old_forward=False, on_policy=False, decoupled_correction=False)),
-    ({**GRPO, "algorithm.rollout_correction.rollout_is": "token"}, False,
-     dict(bypass=False, decoupled_correction=True, old_forward=True)),
-    ({"algorithm.adv_estimator": "optimal_token_baseline", "algorithm.rollout_correction.bypass_mode": True}, False,
-     dict(sum_pi_squared=True, old_forward=True)),
-    ({"trainer.critic_warmup": 3}, False, dict(actor_warmup_steps=2)),
-    ({"trainer.critic_warmup": 1}, False, dict(actor_warmup_steps=0)),
-    ({**GRPO, "trainer.critic_warmup": 3}, False, dict(actor_warmup_steps=0)),  # no critic to warm up
+  (
+    {},
+    False,
+    dict(
+      use_critic=True,
+      use_reference=False,
+      ref_phase=False,
+      stores_reference=False,
+      old_forward=True,
+      bypass=False,
+      on_policy=False,
+      old_in_update=False,
+      actor_warmup_steps=0,
+    ),
+  ),
+  (GRPO, False, dict(use_critic=False, use_reference=False, old_forward=True)),
+  ({**GRPO, **ONE_MINI_BATCH}, False, dict(on_policy=True, old_in_update=True)),
+  (
+    {**GRPO, **ONE_MINI_BATCH, "actor_rollout_ref.actor.ppo_epochs": 2},
+    False,
+    dict(on_policy=False, old_in_update=True),
+  ),
+  (
+    {**GRPO, **ONE_MINI_BATCH, "actor_rollout_ref.model.use_remove_padding": True},
+    False,
+    dict(actor_packed=True, critic_packed=True, old_in_update=False),
+  ),
+  (
+    {**GRPO, "actor_rollout_ref.actor.use_kl_loss": True},
+    False,
+    dict(use_reference=True, stores_reference=True, ref_phase=True, full_kl_loss=False),
+  ),
+  (
+    {**GRPO, "actor_rollout_ref.actor.use_kl_loss": True},
+    True,
+    dict(use_reference=True, stores_reference=False, ref_phase=True, actor_lora=True),
+  ),
+  (
+    {**GRPO, "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_type": "full"},
+    False,
+    dict(full_kl_loss=True, full_kl_in_reward=False, ref_phase=True),
+  ),
+  (
+    {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "full"},
+    False,
+    dict(use_reference=True, full_kl_in_reward=True, ref_phase=False, old_forward=True),
+  ),
+  ({**GRPO, **ONE_MINI_BATCH, "algorithm.use_kl_in_reward": True}, False, dict(ref_phase=True, old_in_update=False)),
+  (
+    {**GRPO, "algorithm.rollout_correction.bypass_mode": True},
+    False,
+    dict(bypass=True, old_forward=False, on_policy=False, decoupled_correction=False),
+  ),
+  (
+    {**GRPO, "algorithm.rollout_correction.rollout_is": "token"},
+    False,
+    dict(bypass=False, decoupled_correction=True, old_forward=True),
+  ),
+  (
+    {"algorithm.adv_estimator": "optimal_token_baseline", "algorithm.rollout_correction.bypass_mode": True},
+    False,
+    dict(sum_pi_squared=True, old_forward=True),
+  ),
+  ({"trainer.critic_warmup": 3}, False, dict(actor_warmup_steps=2)),
+  ({"trainer.critic_warmup": 1}, False, dict(actor_warmup_steps=0)),
+  ({**GRPO, "trainer.critic_warmup": 3}, False, dict(actor_warmup_steps=0)),  # no critic to warm up
 ]
 
 

@@ -37,8 +37,13 @@ def test_group_filter_keeps_groups_with_varied_scores():
   scores = np.array([1, 1, 0, 1, 0, 0, 1, 0], np.float32)
   groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
   np.testing.assert_array_equal(group_is_informative(scores, groups), [False, True, False, True])
-  rollout = {"group_index": groups, "responses": np.arange(8)[:, None], "decode_steps": np.int32(3),
-             "prompts": np.zeros((8, 2), np.int32), "prompt_mask": np.ones((8, 2), np.int32)}
+  rollout = {
+    "group_index": groups,
+    "responses": np.arange(8)[:, None],
+    "decode_steps": np.int32(3),
+    "prompts": np.zeros((8, 2), np.int32),
+    "prompt_mask": np.ones((8, 2), np.int32),
+  }
   scored = {"scores": scores, "token_level_scores": scores[:, None]}
   assert select_groups([(rollout, scored)], 3, "score") is None  # only 2 informative groups
   picked, picked_scores = select_groups([(rollout, scored), (rollout, scored)], 3, "score")
@@ -48,12 +53,22 @@ def test_group_filter_keeps_groups_with_varied_scores():
 
 
 def test_dapo_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
-  config = small_config(tmp_path, **ONE, **{
-      "algorithm.adv_estimator": "grpo", "algorithm.filter_groups.enable": True, "data.gen_batch_size": 16,
-      "actor_rollout_ref.rollout.n": 4, "actor_rollout_ref.actor.clip_ratio_low": 0.2,
-      "actor_rollout_ref.actor.clip_ratio_high": 0.28, "reward_model.overlong_buffer.enable": True,
-      "reward_model.overlong_buffer.len": 1, "algorithm.filter_groups.max_num_gen_batches": 50,
-      "actor_rollout_ref.actor.ppo_mini_batch_size": 8})
+  config = small_config(
+    tmp_path,
+    **ONE,
+    **{
+      "algorithm.adv_estimator": "grpo",
+      "algorithm.filter_groups.enable": True,
+      "data.gen_batch_size": 16,
+      "actor_rollout_ref.rollout.n": 4,
+      "actor_rollout_ref.actor.clip_ratio_low": 0.2,
+      "actor_rollout_ref.actor.clip_ratio_high": 0.28,
+      "reward_model.overlong_buffer.enable": True,
+      "reward_model.overlong_buffer.len": 1,
+      "algorithm.filter_groups.max_num_gen_batches": 50,
+      "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+    },
+  )
   trainer = Trainer(config, devices=jax.devices()[:1])
   # Overlong penalty makes scores differ within most groups; make them informative for sure.
   metrics = trainer.train_step(0)
@@ -62,15 +77,30 @@ def test_dapo_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
 
 
 def test_overlong_penalty_is_linear_over_the_buffer(tmp_path):
-  config = small_config(tmp_path, **ONE, **{"reward_model.overlong_buffer.enable": True,
-                                            "reward_model.overlong_buffer.len": 2,
-                                            "reward_model.overlong_buffer.penalty_factor": 1.0})
+  config = small_config(
+    tmp_path,
+    **ONE,
+    **{
+      "reward_model.overlong_buffer.enable": True,
+      "reward_model.overlong_buffer.len": 2,
+      "reward_model.overlong_buffer.penalty_factor": 1.0,
+    },
+  )
   trainer = Trainer(config, devices=jax.devices()[:1])
-  trainer.ppo.reward_fn = lambda responses, mask, index: (jnp.ones(responses.shape[0]), jnp.zeros(responses.shape[0]),
-                                                         jnp.zeros(responses.shape[0]), jnp.zeros((0, responses.shape[0])))
+  trainer.ppo.reward_fn = lambda responses, mask, index: (
+    jnp.ones(responses.shape[0]),
+    jnp.zeros(responses.shape[0]),
+    jnp.zeros(responses.shape[0]),
+    jnp.zeros((0, responses.shape[0])),
+  )
   mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], jnp.int32)  # lengths 1, 2, 3 of max 3, buffer 2
-  rollout = {"prompts": jnp.ones((3, 2), jnp.int32), "prompt_mask": jnp.ones((3, 2), jnp.int32),
-             "responses": jnp.zeros((3, 3), jnp.int32), "response_mask": mask, "sample_index": jnp.arange(3)}
+  rollout = {
+    "prompts": jnp.ones((3, 2), jnp.int32),
+    "prompt_mask": jnp.ones((3, 2), jnp.int32),
+    "responses": jnp.zeros((3, 3), jnp.int32),
+    "response_mask": mask,
+    "sample_index": jnp.arange(3),
+  }
   scores = trainer.ppo.score(rollout)["scores"]
   np.testing.assert_allclose(np.asarray(scores), [1.0, 0.5, 0.0])  # expected length 1: -(L-1)/2
 
@@ -85,16 +115,22 @@ def test_remax_runs_with_a_greedy_baseline(tmp_path):
 
 def _failing_reward_file(tmp_path):
   path = tmp_path / "reward.py"
-  path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                  "    if '1' in solution_str:\n        raise ValueError('boom')\n    return 0.5\n")
+  path.write_text(
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "    if '1' in solution_str:\n        raise ValueError('boom')\n    return 0.5\n"
+  )
   return str(path)
 
 
 def test_reward_errors_zero_and_count_or_fail_naming_the_sample(tmp_path):
-  overrides = {**ONE, "custom_reward_function.path": _failing_reward_file(tmp_path),
-               "actor_rollout_ref.rollout.temperature": 3.0}
-  tolerant = Trainer(small_config(tmp_path / "z", **overrides, **{"reward_model.on_error": "zero"}),
-                     devices=jax.devices()[:1])
+  overrides = {
+    **ONE,
+    "custom_reward_function.path": _failing_reward_file(tmp_path),
+    "actor_rollout_ref.rollout.temperature": 3.0,
+  }
+  tolerant = Trainer(
+    small_config(tmp_path / "z", **overrides, **{"reward_model.on_error": "zero"}), devices=jax.devices()[:1]
+  )
   metrics = tolerant.train_step(0)
   assert metrics["reward/num_errors"] > 0 and metrics["critic/score/min"] == 0.0
   strict = Trainer(small_config(tmp_path / "r", **overrides), devices=jax.devices()[:1])
@@ -127,8 +163,10 @@ def test_critic_warmup_1_skips_nothing(tmp_path):
   trainer = Trainer(small_config(tmp_path, **ONE, **{"trainer.critic_warmup": 1}), devices=jax.devices()[:1])
   actor_before = jax.device_get(trainer.state.actor_params)
   assert "actor/pg_loss" in trainer.train_step(0)
-  assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(actor_before),
-                                                      jax.tree.leaves(jax.device_get(trainer.state.actor_params))))
+  assert not all(
+    np.array_equal(x, y)
+    for x, y in zip(jax.tree.leaves(actor_before), jax.tree.leaves(jax.device_get(trainer.state.actor_params)))
+  )
 
 
 @pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
@@ -148,28 +186,37 @@ def _component_reward_file(tmp_path, with_format=True):
   """A reward returning verl-style components: `format` (even length) and `acc` (contains a 3)."""
   path = tmp_path / "components.py"
   fmt = '"format": float(len(solution_str) % 2 == 0), ' if with_format else ""
-  path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                  "    acc = float('3' in solution_str)\n"
-                  f"    return {{'score': acc + 0.5 * (len(solution_str) % 2 == 0), {fmt}'acc': acc, "
-                  "'pred': solution_str[:1]}\n")
+  path.write_text(
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "    acc = float('3' in solution_str)\n"
+    f"    return {{'score': acc + 0.5 * (len(solution_str) % 2 == 0), {fmt}'acc': acc, "
+    "'pred': solution_str[:1]}\n"
+  )
   return str(path)
 
 
 def test_gdpo_reads_the_reward_components_and_validation_uses_acc(tmp_path):
-  overrides = {**ONE, "custom_reward_function.path": _component_reward_file(tmp_path),
-               "algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": ("format", "acc"),
-               "algorithm.gdpo_reward_weights": (0.5, 1.0), "critic.enable": False,
-               "actor_rollout_ref.rollout.temperature": 3.0, "actor_rollout_ref.rollout.val_kwargs.n": 2,
-               "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
-               "actor_rollout_ref.rollout.val_kwargs.temperature": 3.0}
+  overrides = {
+    **ONE,
+    "custom_reward_function.path": _component_reward_file(tmp_path),
+    "algorithm.adv_estimator": "gdpo",
+    "algorithm.gdpo_reward_keys": ("format", "acc"),
+    "algorithm.gdpo_reward_weights": (0.5, 1.0),
+    "critic.enable": False,
+    "actor_rollout_ref.rollout.temperature": 3.0,
+    "actor_rollout_ref.rollout.val_kwargs.n": 2,
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": True,
+    "actor_rollout_ref.rollout.val_kwargs.temperature": 3.0,
+  }
   trainer = Trainer(small_config(tmp_path / "run", **overrides), devices=jax.devices()[:1])
   phased = trainer.phased
   batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(1))
   rollout = phased.gen(trainer.state.actor_params, batch, jax.random.key(0))
   scored = jax.device_get(phased.reward(rollout, trainer.state.reward_params))
   texts = decode_responses(trainer.tokenizer, np.asarray(rollout["responses"]), np.asarray(rollout["response_mask"]))
-  np.testing.assert_array_equal(scored["reward_components"],
-                                [[float(len(t) % 2 == 0) for t in texts], [float("3" in t) for t in texts]])
+  np.testing.assert_array_equal(
+    scored["reward_components"], [[float(len(t) % 2 == 0) for t in texts], [float("3" in t) for t in texts]]
+  )
   metrics = trainer.train_step(0)
   assert "gdpo/format/mean" in metrics and "gdpo/acc/max" in metrics and np.isfinite(metrics["actor/pg_loss"])
   val = trainer.validate(0)
@@ -178,9 +225,15 @@ def test_gdpo_reads_the_reward_components_and_validation_uses_acc(tmp_path):
 
 
 def test_gdpo_fails_naming_a_component_the_reward_does_not_return(tmp_path):
-  overrides = {**ONE, "custom_reward_function.path": _component_reward_file(tmp_path, with_format=False),
-               "algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": ("format", "acc"),
-               "critic.enable": False}
+  overrides = {
+    **ONE,
+    "custom_reward_function.path": _component_reward_file(tmp_path, with_format=False),
+    "algorithm.adv_estimator": "gdpo",
+    "algorithm.gdpo_reward_keys": ("format", "acc"),
+    "critic.enable": False,
+  }
   trainer = Trainer(small_config(tmp_path / "run", **overrides), devices=jax.devices()[:1])
-  with pytest.raises(Exception, match=r"no number for \['format'\] on sample 0 .*it returned \['acc', 'pred', 'score'\]"):
+  with pytest.raises(
+    Exception, match=r"no number for \['format'\] on sample 0 .*it returned \['acc', 'pred', 'score'\]"
+  ):
     trainer.train_step(0)

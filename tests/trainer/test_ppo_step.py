@@ -1,6 +1,5 @@
 """The fused PPO step: compiles once, same numbers on every mesh, ratio exactly 1 at the first update."""
 
-
 import dataclasses
 import re
 
@@ -23,26 +22,63 @@ def test_step_compiles_once(tmp_path):
 
 
 def test_first_update_has_ratio_one(tmp_path):
-  config = small_config(tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 8,
-                                     "actor_rollout_ref.actor.ppo_epochs": 1})
+  config = small_config(
+    tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_epochs": 1}
+  )
   metrics = Trainer(config, devices=jax.devices()[:1]).train_step(0)
   assert metrics["actor/ppo_kl"] == 0.0
   assert metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/pg_clipfrac_lower"] == 0.0
 
 
-SPEC_METRIC_PREFIXES = ("actor/", "critic/", "response_length/", "prompt_length/", "timing_s/", "perf/", "reward/",
-                        "training/", "val-core/", "val/")
+SPEC_METRIC_PREFIXES = (
+  "actor/",
+  "critic/",
+  "response_length/",
+  "prompt_length/",
+  "timing_s/",
+  "perf/",
+  "reward/",
+  "training/",
+  "val-core/",
+  "val/",
+)
 
 
 def test_metrics_follow_spec_names(tmp_path):
   metrics = Trainer(small_config(tmp_path), devices=jax.devices()[:1]).train_step(0)
-  for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy",
-              "actor/kl_loss", "actor/kl_coef", "actor/grad_norm", "actor/lr", "critic/vf_loss",
-              "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr", "critic/score/mean",
-              "critic/rewards/mean", "critic/advantages/max", "critic/returns/min", "critic/values/mean",
-              "critic/vf_explained_var", "response_length/mean", "response_length/clip_ratio",
-              "prompt_length/mean", "prompt_length/clip_ratio", "timing_s/step", "perf/total_num_tokens",
-              "perf/time_per_step", "perf/throughput", "perf/mfu/step", "training/global_step", "training/epoch"):
+  for key in (
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "actor/kl_loss",
+    "actor/kl_coef",
+    "actor/grad_norm",
+    "actor/lr",
+    "critic/vf_loss",
+    "critic/vf_clipfrac",
+    "critic/vpred_mean",
+    "critic/grad_norm",
+    "critic/lr",
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "critic/advantages/max",
+    "critic/returns/min",
+    "critic/values/mean",
+    "critic/vf_explained_var",
+    "response_length/mean",
+    "response_length/clip_ratio",
+    "prompt_length/mean",
+    "prompt_length/clip_ratio",
+    "timing_s/step",
+    "perf/total_num_tokens",
+    "perf/time_per_step",
+    "perf/throughput",
+    "perf/mfu/step",
+    "training/global_step",
+    "training/epoch",
+  ):
     assert key in metrics, key
     assert np.isfinite(metrics[key]), key
   assert all(k.startswith(SPEC_METRIC_PREFIXES) for k in metrics)
@@ -60,19 +96,27 @@ def test_old_log_probs_from_the_first_epoch_equal_the_old_forward(tmp_path, fuse
   # One mini-batch per epoch, nothing before the update reading old log-probs: the update's first epoch
   # gives them. Same numbers, in fp32, as the old-log-prob forward, with the KL loss and the critic on
   # (on a mesh, against one device).
-  overrides = {"actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_epochs": 2,
-               "actor_rollout_ref.actor.shuffle": True, "trainer.fuse_step": fused, "mesh.fsdp": 1}
+  overrides = {
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+    "actor_rollout_ref.actor.ppo_epochs": 2,
+    "actor_rollout_ref.actor.shuffle": True,
+    "trainer.fuse_step": fused,
+    "mesh.fsdp": 1,
+  }
   mesh_overrides = {} if mesh is None else dict(zip(("mesh.data", "mesh.fsdp", "mesh.tensor"), mesh))
-  reused = Trainer(small_config(tmp_path / "reused", **{**overrides, **mesh_overrides}),
-                   devices=jax.devices()[:1] if mesh is None else None)
+  reused = Trainer(
+    small_config(tmp_path / "reused", **{**overrides, **mesh_overrides}),
+    devices=jax.devices()[:1] if mesh is None else None,
+  )
   assert reused.ppo.plan.old_in_update
   tolerance = dict(rtol=1e-5, atol=1e-6) if mesh is None else dict(rtol=1e-4, atol=1e-5)
-  forward = _without_old_in_update(Trainer(small_config(tmp_path / "forward", **overrides),
-                                           devices=jax.devices()[:1]))
+  forward = _without_old_in_update(Trainer(small_config(tmp_path / "forward", **overrides), devices=jax.devices()[:1]))
   for step in range(2):
     a, b = reused.train_step(step), forward.train_step(step)
     assert a.keys() - {"timing_s/old_log_prob", "timing_per_token_ms/old_log_prob"} == b.keys() - {
-        "timing_s/old_log_prob", "timing_per_token_ms/old_log_prob"}
+      "timing_s/old_log_prob",
+      "timing_per_token_ms/old_log_prob",
+    }
     assert "timing_s/old_log_prob" not in a and ("timing_s/old_log_prob" in b) == (not fused)
     for key, value in b.items():
       if not key.startswith(TIMING_DEPENDENT):
@@ -86,12 +130,15 @@ def test_old_log_probs_from_the_first_epoch_equal_the_old_forward(tmp_path, fuse
   jax.tree.map(step_fraction, jax.device_get(reused.state.actor_params), jax.device_get(forward.state.actor_params))
 
 
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize(
+  "overrides",
+  [
     {"actor_rollout_ref.actor.ppo_mini_batch_size": 4},  # two mini-batches: the second is off-policy
     {"algorithm.use_kl_in_reward": True},  # the KL penalty reads the old log-probs before the update
     {"actor_rollout_ref.model.use_remove_padding": True},  # packed slots
     {"trainer.critic_warmup": 2},  # steps without an actor update still log its entropy
-])
+  ],
+)
 def test_the_old_log_prob_forward_stays_where_the_update_cannot_give_them(tmp_path, overrides):
   config = small_config(tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 8, **overrides})
   assert not Trainer(config, devices=jax.devices()[:1]).ppo.plan.old_in_update
@@ -111,9 +158,17 @@ def one_device_step(tmp_path_factory):
 def test_same_numbers_on_every_mesh(tmp_path, one_device_step, mesh, generation_tp):
   ref_metrics, ref_actor, ref_critic = one_device_step
   data, fsdp, tensor = mesh
-  sharded = Trainer(small_config(tmp_path, **{
-      "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor,
-      "actor_rollout_ref.rollout.tensor_model_parallel_size": generation_tp}))
+  sharded = Trainer(
+    small_config(
+      tmp_path,
+      **{
+        "mesh.data": data,
+        "mesh.fsdp": fsdp,
+        "mesh.tensor": tensor,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": generation_tp,
+      },
+    )
+  )
   assert sharded.mesh.size == 8
   metrics = sharded.train_step(0)
   for key, value in ref_metrics.items():
@@ -127,8 +182,9 @@ def test_same_numbers_on_every_mesh(tmp_path, one_device_step, mesh, generation_
 
 def test_bf16_rollout_of_an_fp32_actor(tmp_path):
   """rollout.dtype=bfloat16: generation runs bf16 matmuls on a cast copy; training stays fp32."""
-  trainer = Trainer(small_config(tmp_path, **{"actor_rollout_ref.rollout.dtype": "bfloat16"}),
-                    devices=jax.devices()[:1])
+  trainer = Trainer(
+    small_config(tmp_path, **{"actor_rollout_ref.rollout.dtype": "bfloat16"}), devices=jax.devices()[:1]
+  )
   assert trainer.ppo.generation.rollout_actor.config.dtype == "bfloat16" and trainer.model_config.dtype == "float32"
   metrics = trainer.train_step(0)
   assert all(np.isfinite(v) for v in metrics.values())
@@ -145,14 +201,24 @@ def full_kl_runs(tmp_path_factory):
   perturbed away from the actor, fused and phased."""
   runs = {}
   for fuse in (True, False):
-    trainer = Trainer(small_config(tmp_path_factory.mktemp(f"full_kl_{fuse}"), **{
-        "trainer.fuse_step": fuse, "algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": "full",
-        "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_type": "full"}),
-        devices=jax.devices()[:1])
+    trainer = Trainer(
+      small_config(
+        tmp_path_factory.mktemp(f"full_kl_{fuse}"),
+        **{
+          "trainer.fuse_step": fuse,
+          "algorithm.use_kl_in_reward": True,
+          "algorithm.kl_penalty": "full",
+          "actor_rollout_ref.actor.use_kl_loss": True,
+          "actor_rollout_ref.actor.kl_loss_type": "full",
+        },
+      ),
+      devices=jax.devices()[:1],
+    )
     assert trainer.ppo.plan.full_kl_in_reward and trainer.ppo.plan.full_kl_loss and not trainer.ppo.plan.ref_phase
     noise = jax.random.normal(jax.random.key(3), ())
-    trainer.state = trainer.state.replace(ref_params=jax.tree.map(
-        lambda x: x * (1.0 + 0.2 * noise) if x.ndim > 1 else x, trainer.state.ref_params))
+    trainer.state = trainer.state.replace(
+      ref_params=jax.tree.map(lambda x: x * (1.0 + 0.2 * noise) if x.ndim > 1 else x, trainer.state.ref_params)
+    )
     runs[fuse] = trainer.train_step(0)
   return runs
 

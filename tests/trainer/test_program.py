@@ -6,21 +6,31 @@ from tests.helpers import small_config
 
 
 def test_critic_compute_keys_apply_without_its_own_path(tmp_path):
-  config = small_config(tmp_path, **{"critic.model.dtype": "bfloat16",
-                                     "critic.model.enable_gradient_checkpointing": True,
-                                     "critic.model.remat_policy": "dots_saveable"})
+  config = small_config(
+    tmp_path,
+    **{
+      "critic.model.dtype": "bfloat16",
+      "critic.model.enable_gradient_checkpointing": True,
+      "critic.model.remat_policy": "dots_saveable",
+    },
+  )
   actor, critic, reward = model_configs(resolve_config(config))
   assert (actor.dtype, actor.remat_policy) == ("float32", "none")
   assert (critic.dtype, critic.remat_policy) == ("bfloat16", "dots_saveable")
   # Otherwise the actor's architecture: the critic starts from the same backbone.
   assert (critic.hidden_size, critic.num_hidden_layers, critic.vocab_size) == (
-      actor.hidden_size, actor.num_hidden_layers, actor.vocab_size)
+    actor.hidden_size,
+    actor.num_hidden_layers,
+    actor.vocab_size,
+  )
   assert reward is None
 
 
 def test_validation_metrics_follow_verl():
   import numpy as np
+
   from jaxrlhf.trainer.validation import validation_metrics
+
   scores = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])  # 3 prompts x n=2
   metrics = validation_metrics(["a", "a", "b"], {"reward": scores}, np.ones((6, 4)))
   assert metrics["val-core/a/reward/mean@2"] == 0.75 and metrics["val-core/b/reward/mean@2"] == 0.0
@@ -36,6 +46,7 @@ def test_validation_metrics_follow_verl():
 def _verl_majority(values, preds, k, seed=42, draws=1000):
   """verl 0.9.1's maj@k, written out: bootstrap subsets, the first value of the most-voted pred."""
   import numpy as np
+
   np.random.seed(seed)
   picks = np.random.choice(len(values), size=(draws, k), replace=True)
   out = []
@@ -51,7 +62,9 @@ def test_validation_core_variable_is_acc_and_majority_votes_on_pred():
   """verl: with an `acc` from the reward it is the core variable (reward goes to val-aux); with a text
   `pred`, maj@k bootstraps the majority answer's value."""
   import numpy as np
+
   from jaxrlhf.trainer.validation import validation_metrics
+
   reward = np.array([[1.0, 0.1, 1.0, 0.1], [0.1, 0.1, 1.0, 0.1]])
   acc = (reward == 1.0).astype(np.float32)
   pred = np.array([["7", "3", "7", "5"], ["2", "2", "9", "2"]], dtype=object)

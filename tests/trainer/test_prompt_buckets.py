@@ -31,20 +31,36 @@ def _write_rows(path, lengths) -> str:
   with open(path, "w") as f:
     for i, length in enumerate(lengths):
       digits = rng.integers(0, 10, length)
-      f.write(json.dumps({"data_source": RECALL_DATA_SOURCE,
-                          "prompt": [{"role": "user", "content": "last : " + " ".join(map(str, digits))}],
-                          "reward_model": {"style": "rule", "ground_truth": str(digits[-1])},
-                          "extra_info": {"index": i}}) + "\n")
+      f.write(
+        json.dumps(
+          {
+            "data_source": RECALL_DATA_SOURCE,
+            "prompt": [{"role": "user", "content": "last : " + " ".join(map(str, digits))}],
+            "reward_model": {"style": "rule", "ground_truth": str(digits[-1])},
+            "extra_info": {"index": i},
+          }
+        )
+        + "\n"
+      )
   return str(path)
 
 
 def _config(tmp_path, bucketed: bool, **overrides):
   train = _write_rows(tmp_path / "train.jsonl", _list_lengths(4))
   val = _write_rows(tmp_path / "val.jsonl", _list_lengths(2)[3:])  # 13 rows: batches of 8 and 5 (+3 repeats)
-  return small_config(tmp_path / str(bucketed), **{
-      "mesh.fsdp": 1, "data.train_files": (train,), "data.val_files": (val,), "data.val_batch_size": 8,
-      "data.shuffle": False, "data.max_prompt_length": MAX_PROMPT_LENGTH, "data.bucket_prompt_lengths": bucketed,
-      **overrides})
+  return small_config(
+    tmp_path / str(bucketed),
+    **{
+      "mesh.fsdp": 1,
+      "data.train_files": (train,),
+      "data.val_files": (val,),
+      "data.val_batch_size": 8,
+      "data.shuffle": False,
+      "data.max_prompt_length": MAX_PROMPT_LENGTH,
+      "data.bucket_prompt_lengths": bucketed,
+      **overrides,
+    },
+  )
 
 
 def _assert_same_metrics(a: dict, b: dict, where: str):
@@ -58,8 +74,9 @@ def test_buckets_stop_at_the_maximum_and_batches_keep_the_last_columns(tmp_path)
   assert prompt_length_buckets(40) == (16, 32, 40)
   assert prompt_length_buckets(12) == (12,)
   assert prompt_length_buckets(64) == (16, 32, 64)
-  data = build_dataset(_write_rows(tmp_path / "rows.jsonl", [2, 9]), build_tokenizer(),
-                       max_prompt_length=MAX_PROMPT_LENGTH)
+  data = build_dataset(
+    _write_rows(tmp_path / "rows.jsonl", [2, 9]), build_tokenizer(), max_prompt_length=MAX_PROMPT_LENGTH
+  )
   full, narrow = batch_arrays(data, np.array([0, 1])), batch_arrays(data, np.array([0, 1]), 16)
   assert narrow["input_ids"].shape == (2, 16)
   np.testing.assert_array_equal(narrow["input_ids"], full["input_ids"][:, -16:])
@@ -71,8 +88,15 @@ def test_buckets_stop_at_the_maximum_and_batches_keep_the_last_columns(tmp_path)
 def test_dapo_rounds_of_different_widths_join_left_padded():
   groups = np.array([0, 0, 1, 1])
   scores = np.array([0, 1, 1, 0], np.float32)
-  round_of = lambda width: ({"group_index": groups, "prompts": np.full((4, width), 7), "decode_steps": np.int32(1),
-                             "prompt_mask": np.ones((4, width), np.int32)}, {"scores": scores})
+  round_of = lambda width: (
+    {
+      "group_index": groups,
+      "prompts": np.full((4, width), 7),
+      "decode_steps": np.int32(1),
+      "prompt_mask": np.ones((4, width), np.int32),
+    },
+    {"scores": scores},
+  )
   picked, _ = select_groups([round_of(16), round_of(32)], 4, "score", pad_token_id=0)
   assert picked["prompts"].shape == (8, 32)
   np.testing.assert_array_equal(picked["prompt_mask"].sum(1), [16] * 4 + [32] * 4)
@@ -88,10 +112,18 @@ def test_bucketed_prompts_give_the_metrics_of_full_padding(tmp_path):
 
 
 def test_phased_dapo_rounds_with_bucketed_prompts_give_the_metrics_of_full_padding(tmp_path):
-  dapo = {"trainer.fuse_step": False, "algorithm.adv_estimator": "grpo", "algorithm.filter_groups.enable": True,
-          "data.gen_batch_size": 8, "data.train_batch_size": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-          "reward_model.overlong_buffer.enable": True, "reward_model.overlong_buffer.len": 1,
-          "algorithm.filter_groups.max_num_gen_batches": 50, "trainer.val_before_train": False}
+  dapo = {
+    "trainer.fuse_step": False,
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.filter_groups.enable": True,
+    "data.gen_batch_size": 8,
+    "data.train_batch_size": 4,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+    "reward_model.overlong_buffer.enable": True,
+    "reward_model.overlong_buffer.len": 1,
+    "algorithm.filter_groups.max_num_gen_batches": 50,
+    "trainer.val_before_train": False,
+  }
   full = Trainer(_config(tmp_path, False, **dapo), devices=jax.devices()[:1])
   bucketed = Trainer(_config(tmp_path, True, **dapo), devices=jax.devices()[:1])
   for step in range(2):
@@ -101,8 +133,9 @@ def test_phased_dapo_rounds_with_bucketed_prompts_give_the_metrics_of_full_paddi
 
 def test_a_run_compiles_one_step_program_per_bucket(tmp_path):
   trainer = Trainer(_config(tmp_path, True), devices=jax.devices()[:1])
-  widths = [trainer._load_batch(trainer.train_data, trainer.schedule.indices(s))["input_ids"].shape[1]
-            for s in range(4)]
+  widths = [
+    trainer._load_batch(trainer.train_data, trainer.schedule.indices(s))["input_ids"].shape[1] for s in range(4)
+  ]
   assert widths == [16, 32, 16, 32]
   trainer.train_step(0)
   trainer.train_step(1)

@@ -16,8 +16,9 @@ STEP_METRICS = ("actor/pg_loss", "actor/ppo_kl", "actor/grad_norm", "critic/vf_l
 
 def run_step(tmp_path, **overrides):
   # Two epochs: the second sees a moved policy, so old log-probs matter beyond the on-policy shortcut.
-  trainer = Trainer(small_config(tmp_path, **{"actor_rollout_ref.actor.ppo_epochs": 2, **overrides}),
-                    devices=jax.devices()[:1])
+  trainer = Trainer(
+    small_config(tmp_path, **{"actor_rollout_ref.actor.ppo_epochs": 2, **overrides}), devices=jax.devices()[:1]
+  )
   return trainer, trainer.train_step(0)
 
 
@@ -42,8 +43,14 @@ def test_bypass_mode_on_an_fp32_rollout_is_the_plain_step(tmp_path, plain):
 
 
 def test_decoupled_correction_on_an_fp32_rollout_is_the_plain_step(tmp_path, plain):
-  _, metrics = run_step(tmp_path, **{CORRECTION + "rollout_is": "token", CORRECTION + "rollout_rs": "token_k1",
-                                     CORRECTION + "rollout_rs_threshold": "0.5_2.0"})
+  _, metrics = run_step(
+    tmp_path,
+    **{
+      CORRECTION + "rollout_is": "token",
+      CORRECTION + "rollout_rs": "token_k1",
+      CORRECTION + "rollout_rs_threshold": "0.5_2.0",
+    },
+  )
   assert_same_step(metrics, plain)
   np.testing.assert_allclose(metrics["rollout_corr/rollout_is_mean"], 1.0, atol=1e-5)
   assert metrics["rollout_corr/rollout_rs_masked_fraction"] == 0.0
@@ -53,17 +60,27 @@ def test_decoupled_correction_on_an_fp32_rollout_is_the_plain_step(tmp_path, pla
 def test_rejection_leaves_tokens_out_of_the_update(tmp_path, plain):
   """A bf16 rollout differs from the fp32 trainer; a tight k2 bound rejects some tokens, which then
   carry no advantage and no loss."""
-  _, metrics = run_step(tmp_path, **{"actor_rollout_ref.rollout.dtype": "bfloat16",
-                                     CORRECTION + "rollout_rs": "token_k2", CORRECTION + "rollout_rs_threshold": "1e-6"})
+  _, metrics = run_step(
+    tmp_path,
+    **{
+      "actor_rollout_ref.rollout.dtype": "bfloat16",
+      CORRECTION + "rollout_rs": "token_k2",
+      CORRECTION + "rollout_rs_threshold": "1e-6",
+    },
+  )
   assert 0.0 < metrics["rollout_corr/rollout_rs_masked_fraction"] < 1.0
   assert abs(metrics["rollout_corr/kl"]) > 0.0
 
 
 @pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
 def test_bypass_mode_of_a_bf16_rollout_fused_equals_phased(tmp_path, loss_type):
-  overrides = {"actor_rollout_ref.rollout.dtype": "bfloat16", CORRECTION + "bypass_mode": True,
-               CORRECTION + "loss_type": loss_type, CORRECTION + "rollout_is": "sequence",
-               CORRECTION + "rollout_is_threshold": "0.5_2.0"}
+  overrides = {
+    "actor_rollout_ref.rollout.dtype": "bfloat16",
+    CORRECTION + "bypass_mode": True,
+    CORRECTION + "loss_type": loss_type,
+    CORRECTION + "rollout_is": "sequence",
+    CORRECTION + "rollout_is_threshold": "0.5_2.0",
+  }
   _, fused = run_step(tmp_path / "fused", **overrides)
   _, phased = run_step(tmp_path / "phased", **overrides, **{"trainer.fuse_step": False})
   assert abs(fused["rollout_corr/kl"]) > 0.0 and "rollout_corr/rollout_is_seq_mean" in fused

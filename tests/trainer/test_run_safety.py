@@ -13,8 +13,8 @@ import types
 import pytest
 
 from jaxrlhf.checkpoint import Checkpointer
-from jaxrlhf.trainer.run_lock import LOCK_NAME, RunDirectoryLocked, RunLock
 from jaxrlhf.tracking import read_metrics
+from jaxrlhf.trainer.run_lock import LOCK_NAME, RunDirectoryLocked, RunLock
 from tests.cli.test_bad_input import ROOT, _train_flags, _training_steps, assert_user_error, run_cli
 
 HOLD = textwrap.dedent("""
@@ -35,8 +35,9 @@ def _env():
 
 
 def _holder(run_dir, mode):
-  process = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir), mode], stdout=subprocess.PIPE, text=True,
-                             env=_env())
+  process = subprocess.Popen(
+    [sys.executable, "-c", HOLD, str(run_dir), mode], stdout=subprocess.PIPE, text=True, env=_env()
+  )
   assert process.stdout.readline().strip() == "held"
   return process
 
@@ -93,11 +94,14 @@ SAVE_THEN_FILL = textwrap.dedent("""
 
 
 def test_a_failed_save_is_one_line_naming_it_and_the_last_good_checkpoint(tmp_path):
-  result = subprocess.run([sys.executable, "-c", SAVE_THEN_FILL, str(tmp_path)], capture_output=True, text=True,
-                          env=_env(), timeout=300)
+  result = subprocess.run(
+    [sys.executable, "-c", SAVE_THEN_FILL, str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=300
+  )
   assert result.returncode == 0, result.stderr[-3000:]
-  assert result.stdout.strip() == (f"saving checkpoint {tmp_path}/global_step_2 failed: File too large; "
-                                   f"the last good checkpoint is {tmp_path}/global_step_1")
+  assert result.stdout.strip() == (
+    f"saving checkpoint {tmp_path}/global_step_2 failed: File too large; "
+    f"the last good checkpoint is {tmp_path}/global_step_1"
+  )
   assert "Traceback" not in result.stderr and "OUT_OF_RANGE" not in result.stderr, result.stderr[-3000:]
   checkpointer = Checkpointer(str(tmp_path))
   assert checkpointer.all_steps() == [1]  # the half-written step is never taken as the latest
@@ -108,8 +112,9 @@ def _unraisable(raise_it, obj=None):
   try:
     raise_it()
   except Exception as error:  # noqa: BLE001
-    return types.SimpleNamespace(exc_type=type(error), exc_value=error, exc_traceback=error.__traceback__,
-                                 err_msg=None, object=obj)
+    return types.SimpleNamespace(
+      exc_type=type(error), exc_value=error, exc_traceback=error.__traceback__, err_msg=None, object=obj
+    )
 
 
 def test_writes_abandoned_by_a_failed_save_report_nothing_more_and_other_unraisables_pass(monkeypatch):
@@ -125,9 +130,11 @@ def test_writes_abandoned_by_a_failed_save_report_nothing_more_and_other_unraisa
   abandoned = _unraisable(lambda: loop.call_soon_threadsafe(print))
   hook(abandoned)
   assert seen == []
-  other = [_unraisable(lambda: (_ for _ in ()).throw(RuntimeError("Event loop is closed"))),  # not from a loop
-           _unraisable(lambda: loop.call_soon_threadsafe(print), obj=object()),  # an object's __del__
-           _unraisable(lambda: 1 / 0)]
+  other = [
+    _unraisable(lambda: (_ for _ in ()).throw(RuntimeError("Event loop is closed"))),  # not from a loop
+    _unraisable(lambda: loop.call_soon_threadsafe(print), obj=object()),  # an object's __del__
+    _unraisable(lambda: 1 / 0),
+  ]
   for unraisable in other:
     hook(unraisable)
   assert seen == other
@@ -146,8 +153,14 @@ def test_sigterm_saves_the_last_finished_step_and_the_resumed_run_matches_an_uni
 
   interrupted_root, reference_root = tmp_path / "interrupted", tmp_path / "reference"
   run_dir = interrupted_root / "quickstart" / "recall_ppo"
-  process = subprocess.Popen([sys.executable, *flags(interrupted_root)], cwd=ROOT, env=_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  process = subprocess.Popen(
+    [sys.executable, *flags(interrupted_root)],
+    cwd=ROOT,
+    env=_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   deadline = time.time() + 300
   while process.poll() is None and time.time() < deadline:  # SIGTERM once step 2 is logged (no save before 4)
     if os.path.exists(run_dir / "metrics.jsonl") and 2 in _training_steps(run_dir):
@@ -158,19 +171,24 @@ def test_sigterm_saves_the_last_finished_step_and_the_resumed_run_matches_an_uni
   assert process.returncode == 143, stderr[-3000:]
   stopped = max(_training_steps(run_dir))
   assert 2 <= stopped < 6
-  assert f"train.py: SIGTERM after step {stopped}: saved {run_dir}/global_step_{stopped}; " \
-         "trainer.resume_mode=auto continues from it" in stderr
+  assert (
+    f"train.py: SIGTERM after step {stopped}: saved {run_dir}/global_step_{stopped}; "
+    "trainer.resume_mode=auto continues from it" in stderr
+  )
   assert "Traceback" not in stderr
 
-  resumed = subprocess.run([sys.executable, *flags(interrupted_root)], cwd=ROOT, env=_env(), capture_output=True,
-                           text=True, timeout=600)
+  resumed = subprocess.run(
+    [sys.executable, *flags(interrupted_root)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600
+  )
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  reference = subprocess.run([sys.executable, *flags(reference_root)], cwd=ROOT, env=_env(), capture_output=True,
-                             text=True, timeout=600)
+  reference = subprocess.run(
+    [sys.executable, *flags(reference_root)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600
+  )
   assert reference.returncode == 0, reference.stderr[-3000:]
 
   def records(root):
     rows = read_metrics(os.path.join(root, "quickstart", "recall_ppo", "metrics.jsonl"))
     return [{k: v for k, v in row.items() if k.startswith(_COMPARED)} for row in rows if "training/global_step" in row]
+
   assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
   assert records(interrupted_root) == records(reference_root)
