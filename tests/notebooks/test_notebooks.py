@@ -50,6 +50,7 @@ def test_grpo_notebook_draws_validation_and_samples(monkeypatch):
   assert _images(notebook) == 1
   html = "".join(o.get("data", {}).get("text/html", "") for o in notebook.cells[-1].outputs)
   assert "<th>response</th>" in html and html.count("<tr>") >= 2
+  assert "<tr><td><pre></pre></td>" not in html  # every sample shows its prompt (val_generations.jsonl's keys)
   run_dir = os.path.join(ROOT, "runs", "notebook_grpo", "quickstart", "recall_grpo")
   assert os.path.exists(os.path.join(run_dir, "validation_curve.png"))
 
