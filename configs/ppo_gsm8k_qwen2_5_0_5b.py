@@ -10,7 +10,7 @@ Data: verl-format parquet written by examples/data_preprocess/gsm8k.py from a lo
         --config.data.train_files="('/data/gsm8k/train.parquet',)" \
         --config.actor_rollout_ref.model.path=/models/Qwen2.5-0.5B-Instruct
 
-Settings follow verl's examples and the seeds' checklist: 256 prompts per step in mini-batches of
+Settings follow verl's examples and a common PPO checklist: 256 prompts per step in mini-batches of
 64, actor lr 1e-6 / critic lr 1e-5, clip 0.2, GAE gamma 0.99 / lambda 0.95, value clip 0.2, a
 low-variance KL loss of 0.001 to the reference, and every device on one FSDP axis (`mesh.fsdp=-1`).
 The critic starts from the same checkpoint with a fresh value head.
@@ -46,7 +46,7 @@ def get_config():
   actor.optim.lr = 1e-6
   actor.ppo_mini_batch_size = 64
   actor.ppo_micro_batch_size_per_gpu = 4
-  # Seeds: pack sequences and size micro-batches by tokens (same numbers, fewer padded tokens).
+  # Pack sequences and size micro-batches by tokens (same numbers, fewer padded tokens).
   config.actor_rollout_ref.model.use_remove_padding = True
   actor.use_dynamic_bsz = True
   actor.ppo_max_token_len_per_gpu = 16384
@@ -70,7 +70,7 @@ def get_config():
   critic.model.enable_gradient_checkpointing = True
   critic.model.dtype = "bfloat16"
   critic.optim.lr = 1e-5
-  critic.cliprange_value = 0.2  # seeds: vf_clip_param 0.2
+  critic.cliprange_value = 0.2  # common practice: vf_clip_param 0.2
   critic.ppo_micro_batch_size_per_gpu = 4
 
   algorithm = config.algorithm

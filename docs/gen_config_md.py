@@ -288,7 +288,7 @@ _DOCS = {
     SAME,
   ),
   "critic.enable": ("train a value model; None = on exactly when `adv_estimator == 'gae'`", SAME),
-  "critic.cliprange_value": ("value clip range `c` (docs/algorithms.md §4; the seeds use 0.2)", SAME),
+  "critic.cliprange_value": ("value clip range `c` (docs/algorithms.md §4; 0.2 is common practice)", SAME),
   "critic.loss_agg_mode": ("value-loss aggregation; None = the actor's", SAME),
   "critic.loss_scale_factor": (
     "`seq-mean-token-sum-norm` divisor of the value loss; None = the actor's (as verl)",
@@ -349,8 +349,8 @@ _DOCS = {
     SAME,
   ),
   # ----- algorithm
-  "algorithm.gamma": ("discount (GAE, REINFORCE++); the seeds recommend 0.99 for PPO", SAME),
-  "algorithm.lam": ("GAE lambda; the seeds recommend 0.95", SAME),
+  "algorithm.gamma": ("discount (GAE, REINFORCE++); 0.99 is the usual choice for PPO", SAME),
+  "algorithm.lam": ("GAE lambda; 0.95 is the usual choice", SAME),
   "algorithm.adv_estimator": (
     "`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, "
     "`remax`, `opo`, `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, "
@@ -462,19 +462,19 @@ _DOCS = {
   ),
   "trainer.guard.enable": (
     "on a KL blow-up or reward collapse: restore the last checkpoint, scale the lr by "
-    "`lr_backoff`, continue (the seeds' rollback practice)",
+    "`lr_backoff`, continue (roll back on a spike, as PPO practice guides advise)",
     "— (ours)",
   ),
-  "trainer.guard.kl_max": ("KL above this triggers a rollback (seeds: 0.1)", "— (ours)"),
+  "trainer.guard.kl_max": ("KL above this triggers a rollback (suggested: 0.1)", "— (ours)"),
   "trainer.guard.reward_drop": (
-    "relative drop of `critic/score/mean` below its moving average that triggers a rollback (seeds: 20%)",
+    "relative drop of `critic/score/mean` below its moving average that triggers a rollback (suggested: 20%)",
     "— (ours)",
   ),
   "trainer.guard.reward_window": ("steps in that moving average", "— (ours)"),
   "trainer.guard.lr_backoff": ("learning-rate factor applied at each rollback", "— (ours)"),
   "trainer.guard.max_rollbacks": ("stop with an error after this many rollbacks", "— (ours)"),
   "trainer.guard.kl_warmup_steps_ratio": (
-    "no KL term (loss or reward) for this fraction of the first steps (seeds: 5%)",
+    "no KL term (loss or reward) for this fraction of the first steps (suggested: 5%)",
     "— (ours)",
   ),
   # ----- mesh
