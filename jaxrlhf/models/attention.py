@@ -53,6 +53,11 @@ def auto_attention_impl(platform: str) -> str:
   return "xla"
 
 
+def resolve_impl(impl: str, platform: str | None = None) -> str:
+  """`attention_impl` with "auto" replaced by the kernel for `platform` (default: JAX's default backend)."""
+  return auto_attention_impl(platform or jax.default_backend()) if impl == "auto" else impl
+
+
 @functools.lru_cache(maxsize=None)
 def _log_fallback(impl: str, reason: str) -> None:
   log.info("attention_impl=%s falls back to blockwise: %s", impl, reason)
@@ -75,6 +80,52 @@ def choose_kernel(impl: str, *, dtype, cached: bool, packed: bool, traced_window
     return impl
   _log_fallback(impl, reason)
   return "blockwise"
+
+
+def _run_xla(
+  q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, window, block_size
+):
+  del block_size
+  query_index_L = offset + jnp.arange(q_BxLxKxGxH.shape[1])
+  return xla_attention(
+    q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, query_index_L, kv_mask_BxS, segment_ids_BxL, window, window_on
+  )
+
+
+def _run_blockwise(
+  q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, window, block_size
+):
+  return blockwise_attention(
+    q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_mask_BxS, segment_ids_BxL, window, window_on, block_size
+  )
+
+
+def _run_cudnn(
+  q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, window, block_size
+):
+  del segment_ids_BxL, window_on, offset  # choose_kernel sent packed rows, a traced window and a prefill elsewhere
+  out_BxLxKxGxH = cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window)
+  if out_BxLxKxGxH is None:  # no cuDNN in this process (compiling ahead of time on a CPU host) or its shape
+    out_BxLxKxGxH = blockwise_attention(
+      q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, 0, kv_mask_BxS, None, window, None, block_size
+    )
+  return out_BxLxKxGxH
+
+
+def _run_splash(
+  q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, window, block_size
+):
+  del window_on, offset  # choose_kernel sent a traced window and a prefill elsewhere
+  return splash_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window, block_size)
+
+
+_KERNELS = {"xla": _run_xla, "blockwise": _run_blockwise, "cudnn": _run_cudnn, "splash": _run_splash}
+
+
+def kernel_fn(kernel: str, *, offset, window: int | None, block_size: int):
+  """`core(q, keys, values, kv_mask, segment_ids, window_on) -> out [B, L, K, G, H]`: one kernel (as
+  `choose_kernel` gives it) with a call's static settings bound; `ActivationLayout.attention` takes it as is."""
+  return functools.partial(_KERNELS[kernel], offset=offset, window=window, block_size=block_size)
 
 
 def _allowed(query_index_L, key_index_S, kv_mask_BxS, segment_q_BxL, segment_k_BxS, window, window_on):

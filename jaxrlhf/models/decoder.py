@@ -57,19 +57,7 @@ import numpy as np
 
 from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
 from jaxrlhf.models.activation_layout import ActivationLayout
-from jaxrlhf.models.attention import (  # noqa: F401
-  ATTENTION_IMPLS,
-  MASK_VALUE,
-  auto_attention_impl,
-  blockwise_attention,
-  choose_kernel,
-  cudnn_attention,
-  decode_attention,
-  splash_attention,
-  xla_attention,
-)
-
-# MASK_VALUE is re-exported: the sampler's filtered logit uses the same value.
+from jaxrlhf.models.attention import ATTENTION_IMPLS, choose_kernel, decode_attention, kernel_fn, resolve_impl
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
 from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed, Linear
 from jaxrlhf.models.projection import PROJECTION, project
@@ -150,7 +138,7 @@ class DecoderConfig:
     target's, which differs from this process's default backend when compiling ahead of time."""
     if self.attention_impl != "auto":
       return self
-    return dataclasses.replace(self, attention_impl=auto_attention_impl(platform))
+    return dataclasses.replace(self, attention_impl=resolve_impl("auto", platform))
 
   @property
   def resolved_head_dim(self) -> int:
@@ -308,97 +296,76 @@ class Attention(nn.Module):
     v_BxLxKxH = pin(v_BxLxKxH, ("batch", "length", "kv_heads", "head_dim"))
 
     batch, length = x_BxLxD.shape[:2]
+    q_BxLxKxGxH = q_BxLxQxH.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
     if cache is None:
-      keys_BxSxKxH, values_BxSxKxH = k_BxLxKxH, v_BxLxKxH
-      offset = 0
       new_kv = None
-    else:
-      # Only the first S = len(kv_mask) columns are read: a cache allocated longer (for later decode
-      # segments) costs this call nothing beyond them. The stacked cache is not written here: written
-      # per layer inside the layer scan (its slice taken out, updated, put back), XLA moved every
-      # layer's whole slice several times per decode step, most of a small model's decode time.
-      zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
-      new_kv, layer_cache = {}, {}
-      for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
-        stacked = cache[name]
-        new_kv[name] = new_BxLxKxH.astype(stacked.dtype).transpose(0, 2, 1, 3)
-        _, _, kv_heads, _, dim = stacked.shape
-        old_BxKxSxH = jax.lax.dynamic_slice(
-          stacked,
-          (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero),
-          (1, batch, kv_heads, kv_mask_BxS.shape[1], dim),
-        )[0]
-        layer_cache[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_kv[name], (zero, zero, index, zero))
-      offset = cache_index
-
-    group = num_heads // num_kv
-    q_BxLxKxGxH = q_BxLxQxH.reshape(batch, length, num_kv, group, head_dim)
-    window = self.sliding_window
-    decode = cache is not None and length == 1  # one query row: over the cache in its own layout
-    if cache is not None and not decode:  # a prefill: queries offset into the cache
-      keys_BxSxKxH, values_BxSxKxH = (layer_cache[name].transpose(0, 2, 1, 3) for name in "kv")
-    impl = cfg.attention_impl if cfg.attention_impl != "auto" else auto_attention_impl(jax.default_backend())
-    if not decode:
-      impl = choose_kernel(
-        impl,
-        dtype=dtype,
-        cached=cache is not None,
-        packed=segment_ids_BxL is not None,
-        traced_window=window is not None and window_on is not None,
+      out_BxLxKxGxH = self._attend(
+        q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, segment_ids_BxL, window_on, offset=0, cached=False
       )
-
-    def core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on):
-      if impl == "xla":
-        return xla_attention(
+    else:
+      new_kv, layer_kv = _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
+      if length == 1:  # a decode step: one query row, over the cache in its own layout
+        out_BxLxKxGxH = decode_attention(
+          q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS, self.sliding_window, window_on
+        )[:, None]
+      else:  # a prefill: queries offset into the cache
+        keys_BxSxKxH, values_BxSxKxH = (layer_kv[name].transpose(0, 2, 1, 3) for name in "kv")
+        out_BxLxKxGxH = self._attend(
           q_BxLxKxGxH,
           keys_BxSxKxH,
           values_BxSxKxH,
-          offset + jnp.arange(q_BxLxKxGxH.shape[1]),
           kv_mask_BxS,
           segment_ids_BxL,
-          window,
           window_on,
+          offset=cache_index,
+          cached=True,
         )
-      if impl == "blockwise":
-        return blockwise_attention(
-          q_BxLxKxGxH,
-          keys_BxSxKxH,
-          values_BxSxKxH,
-          offset,
-          kv_mask_BxS,
-          segment_ids_BxL,
-          window,
-          window_on,
-          cfg.attention_block_size,
-        )
-      if impl == "cudnn":
-        out_BxLxKxGxH = cudnn_attention(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, window)
-        if out_BxLxKxGxH is None:  # no cuDNN in this process (compiling ahead of time on a CPU host) or shape
-          out_BxLxKxGxH = blockwise_attention(
-            q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, 0, kv_mask_BxS, None, window, None, cfg.attention_block_size
-          )
-        return out_BxLxKxGxH
-      return splash_attention(
-        q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window, cfg.attention_block_size
-      )
-
-    if decode:
-      out_BxLxKxGxH = decode_attention(
-        q_BxLxKxGxH[:, 0], layer_cache["k"], layer_cache["v"], offset, kv_mask_BxS, window, window_on
-      )[:, None]
-    elif cache is None and self.layout is not None and (isinstance(self.layout, SequenceParallel) or impl == "splash"):
-      # Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a
-      # Mosaic kernel (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads.
-      out_BxLxKxGxH = self.layout.attention(
-        core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on
-      )
-    else:
-      out_BxLxKxGxH = core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
     out_BxLxQxH = pin(
       out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim), ("batch", "length", "heads", "head_dim")
     )
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(out_BxLxQxH)
     return out_BxLxD, new_kv
+
+  def _attend(
+    self, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, cached: bool
+  ):
+    """A cache-free call or a prefill through the configured kernel, as `choose_kernel` settles it for this call.
+    Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a Mosaic kernel
+    (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads."""
+    cfg, window = self.config, self.sliding_window
+    kernel = choose_kernel(
+      resolve_impl(cfg.attention_impl),
+      dtype=_DTYPES[cfg.dtype],
+      cached=cached,
+      packed=segment_ids_BxL is not None,
+      traced_window=window is not None and window_on is not None,
+    )
+    core = kernel_fn(kernel, offset=offset, window=window, block_size=cfg.attention_block_size)
+    layout = None if cached else self.layout
+    if layout is not None and (isinstance(layout, SequenceParallel) or kernel == "splash"):
+      return layout.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
+    return core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
+
+
+def _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, num_keys: int):
+  """This layer's first `num_keys` (S = len(kv_mask)) cache columns with the call's keys and values written in at
+  `cache_index`. Returns (new_kv {"k", "v"} [B, K, L, H] in the cache's dtype, layer_kv {"k", "v"} [B, K, S, H]).
+
+  Only those S columns are read: a cache allocated longer (for later decode segments) costs this call nothing
+  beyond them. The stacked cache is not written here: written per layer inside the layer scan (its slice taken
+  out, updated, put back), XLA moved every layer's whole slice several times per decode step, most of a small
+  model's decode time."""
+  zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
+  new_kv, layer_kv = {}, {}
+  for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
+    stacked = cache[name]
+    new_kv[name] = new_BxLxKxH.astype(stacked.dtype).transpose(0, 2, 1, 3)
+    batch, (_, _, kv_heads, _, dim) = k_BxLxKxH.shape[0], stacked.shape
+    old_BxKxSxH = jax.lax.dynamic_slice(
+      stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero), (1, batch, kv_heads, num_keys, dim)
+    )[0]
+    layer_kv[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_kv[name], (zero, zero, index, zero))
+  return new_kv, layer_kv
 
 
 class MLP(nn.Module):

@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxrlhf.models.decoder import MASK_VALUE, init_cache, positions_from_mask
+from jaxrlhf.models.attention import MASK_VALUE  # the filtered logit, as a masked key's score
+from jaxrlhf.models.decoder import init_cache, positions_from_mask
 
 
 @dataclasses.dataclass(frozen=True)
