@@ -29,6 +29,9 @@ import os, sys, time
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if solution_str == "sleep":
         time.sleep(60)
+    if solution_str == "mark, then sleep":  # the ground truth names a file that says the sample has started
+        open(ground_truth, "w").close()
+        time.sleep(60)
     if solution_str == "raise":
         raise ValueError("cannot parse " + ground_truth)
     if solution_str == "sys.exit":
@@ -175,9 +178,17 @@ def test_ctrl_c_in_a_worker_stops_the_batch(tmp_path):
   try:
     score_batch(scorer, ["d"], ["a"], ["a"])  # started
     worker = scorer._pool._workers[0].process
-    threading.Timer(0.5, os.kill, (worker.pid, signal.SIGINT)).start()
+    started = tmp_path / "started"
+
+    def interrupt_once_scoring():  # not before: a worker interrupted while idle is replaced, not heard from
+      deadline = time.monotonic() + 25.0
+      while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+      os.kill(worker.pid, signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_scoring, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-      score_batch(scorer, ["d"], ["sleep"], ["a"])
+      score_batch(scorer, ["d"], ["mark, then sleep"], [str(started)])
   finally:
     scorer.close()
 
