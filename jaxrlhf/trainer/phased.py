@@ -15,60 +15,38 @@ import time
 import jax
 import numpy as np
 
-from jaxrlhf.trainer import update_loop
 from jaxrlhf.trainer.ppo_step import PPOStep
 
 
 class PhasedStep:
+  """`PPOStep`'s composition run phase by phase: each phase function jitted once, then given to a runner
+  (`timed`, or `jaxrlhf.aot`'s compiling one) as `run(name, program, *args)`."""
+
   def __init__(self, ppo: PPOStep, state_shardings, replicated_sharding):
     self.ppo = ppo
-    self.gen = jax.jit(ppo.rollout)
-    self.reward = jax.jit(ppo.score)
-    self.old_log_prob = jax.jit(ppo.old_log_prob)
-    self.ref = jax.jit(ppo.ref_log_prob)
-    self.values = jax.jit(ppo.critic_values)
-    self.adv = jax.jit(ppo.advantages)
-    self.update_critic = jax.jit(ppo.update_critic)
-    self.update_actor = jax.jit(ppo.update_actor)
-    self.data = jax.jit(update_loop.update_data)
-    self.finish = jax.jit(ppo.finish, out_shardings=(state_shardings, replicated_sharding))
+    self._programs = {}  # a phase's function -> its program
+    self._out_shardings = {ppo.finish: (state_shardings, replicated_sharding)}
+    self.gen, self.reward = self.program(ppo.rollout), self.program(ppo.score)
     # Everything after the reward in one program (DAPO with fuse_step=True).
     self.train_on_rollout = jax.jit(ppo.train_on_rollout, out_shardings=(state_shardings, replicated_sharding))
 
+  def program(self, fn):
+    """The jitted program of phase function `fn` (built once)."""
+    if fn not in self._programs:
+      shardings = self._out_shardings.get(fn)
+      self._programs[fn] = jax.jit(fn) if shardings is None else jax.jit(fn, out_shardings=shardings)
+    return self._programs[fn]
+
+  def _phases(self, run):
+    return lambda name, fn, *args: run(name, self.program(fn), *args)
+
   def generate_and_score(self, state, batch, rng, run):
     """Phases gen and reward; `run(name, program, *args)` runs each (see `timed`)."""
-    rollout = run("gen", self.gen, state.actor_params, batch, self.ppo.split_rng(rng)["gen"], state.actor_adapters)
-    return rollout, run("reward", self.reward, rollout, state.reward_params)
+    return self.ppo.generate_and_score(state, batch, rng, self._phases(run))
 
   def train(self, state, rollout, scored, rng, run):
     """Phases old_log_prob, ref, values, adv, update_critic, update_actor, then the new state."""
-    ppo = self.ppo
-    keys = ppo.split_rng(rng)
-    old = (
-      ppo.old_log_prob(state.actor_params, rollout)
-      if ppo.plan.old_in_update  # the update gives them
-      else run(
-        "old_log_prob",
-        self.old_log_prob,
-        state.actor_params,
-        rollout,
-        state.actor_adapters,
-        ppo.reference_params(state) if ppo.plan.full_kl_in_reward else None,
-      )
-    )
-    ref = (
-      run("ref", self.ref, ppo.reference_params(state), rollout) if ppo.plan.ref_phase else old[1].get("ref_log_prob")
-    )
-    values = (
-      run("values", self.values, state.critic_params, rollout, state.critic_adapters) if ppo.plan.use_critic else None
-    )
-    adv = run("adv", self.adv, state, rollout, scored, old[0], ref, values, old[1])
-    data = run(None, self.data, rollout, old[0], ref, adv)
-    critic = None
-    if ppo.plan.use_critic:
-      critic = run("update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])
-    actor = run("update_actor", self.update_actor, state, data, keys["actor"])
-    return run(None, self.finish, state, rollout, scored, old, ref, values, adv, keys, critic, actor)
+    return self.ppo.train_on_rollout(state, rollout, scored, rng, self._phases(run))
 
 
 def timed(timings: dict):

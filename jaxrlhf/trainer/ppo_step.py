@@ -289,37 +289,48 @@ class PPOStep:
     return result
 
   # ----- composition --------------------------------------------------------------------------
+  # One composition for every mode: `run(name, fn, *args)` runs each phase. The fused step traces them
+  # into one program (`inline`); phased mode jits and times each (`phased.PhasedStep`), `jaxrlhf.aot`
+  # compiles each for a target. Phases named None are small glue programs.
 
   @staticmethod
   def split_rng(rng):
     return dict(zip(("gen", "actor", "critic"), jax.random.split(rng, 3)))
 
-  def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng) -> tuple[TrainState, dict]:
-    """Everything after the reward, in one program (used by the fused step and by DAPO's rounds)."""
-    old = self.old_log_prob(
-      state.actor_params,
-      rollout,
-      state.actor_adapters,
-      self.reference_params(state) if self.plan.full_kl_in_reward else None,
-    )
-    ref_log_probs = (
-      self.ref_log_prob(self.reference_params(state), rollout) if self.plan.ref_phase else old[1].get("ref_log_prob")
-    )
-    values = self.critic_values(state.critic_params, rollout, state.critic_adapters) if self.plan.use_critic else None
-    adv = self.advantages(state, rollout, scored, old[0], ref_log_probs, values, old[1])
-    return self.finish(state, rollout, scored, old, ref_log_probs, values, adv, self.split_rng(rng))
+  def generate_and_score(self, state: TrainState, batch: dict, rng, run: Callable | None = None) -> tuple[dict, dict]:
+    """Phases gen and reward: (rollout, scored)."""
+    run = run or inline
+    rollout = run("gen", self.rollout, state.actor_params, batch, self.split_rng(rng)["gen"], state.actor_adapters)
+    return rollout, run("reward", self.score, rollout, state.reward_params)
 
-  def finish(
-    self, state, rollout, scored, old, ref_log_probs, values, adv, rngs, critic_result=None, actor_result=None
-  ):
-    """Updates (unless given, as in phased mode) and the new state + metrics. `old`: `old_log_prob`'s output."""
+  def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng, run: Callable | None = None):
+    """Everything after the reward: old_log_prob, ref, values, adv, update_critic, update_actor, then the new
+    state and the metrics. One program in the fused step and for DAPO's rounds."""
+    run, plan, keys = run or inline, self.plan, self.split_rng(rng)
+    if plan.old_in_update:  # the update's first epoch gives them: no phase
+      old = self.old_log_prob(state.actor_params, rollout)
+    else:
+      ref_params = self.reference_params(state) if plan.full_kl_in_reward else None
+      old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout, state.actor_adapters, ref_params)
     old_log_probs, old_aux = old
-    data = update_loop.update_data(rollout, old_log_probs, ref_log_probs, adv)
-    metrics = {**old_aux["metrics"], **adv["metrics"]}
+    if plan.ref_phase:
+      ref_log_probs = run("ref", self.ref_log_prob, self.reference_params(state), rollout)
+    else:
+      ref_log_probs = old_aux.get("ref_log_prob")
+    values = None
+    if plan.use_critic:
+      values = run("values", self.critic_values, state.critic_params, rollout, state.critic_adapters)
+    adv = run("adv", self.advantages, state, rollout, scored, old_log_probs, ref_log_probs, values, old_aux)
+    data = run(None, update_loop.update_data, rollout, old_log_probs, ref_log_probs, adv)
     results = {}  # role -> (trained: its params, or with LoRA its adapters (+ value head), opt state, metrics)
-    if self.plan.use_critic:
-      results["critic"] = critic_result or self.update_critic(state, data, values, adv["returns"], rngs["critic"])
-    results["actor"] = actor_result or self.update_actor(state, data, rngs["actor"])
+    if plan.use_critic:
+      results["critic"] = run("update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])
+    results["actor"] = run("update_actor", self.update_actor, state, data, keys["actor"])
+    return run(None, self.finish, state, rollout, scored, old_aux, values, adv, results)
+
+  def finish(self, state, rollout, scored, old_aux, values, adv, results) -> tuple[TrainState, dict]:
+    """The new state and the step's metrics from the phases' outputs."""
+    metrics = {**old_aux["metrics"], **adv["metrics"]}
     fields = {}
     for role, (trained, opt_state, role_metrics) in results.items():
       lora = self.plan.actor_lora if role == "actor" else self.plan.critic_lora
@@ -334,5 +345,11 @@ class PPOStep:
 
   def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
     """The fused step: every phase in one program."""
-    rollout = self.rollout(state.actor_params, batch, self.split_rng(rng)["gen"], state.actor_adapters)
-    return self.train_on_rollout(state, rollout, self.score(rollout, state.reward_params), rng)
+    rollout, scored = self.generate_and_score(state, batch, rng)
+    return self.train_on_rollout(state, rollout, scored, rng)
+
+
+def inline(name, fn, *args):
+  """The fused step's phase runner: each phase traced into the caller's program."""
+  del name
+  return fn(*args)
