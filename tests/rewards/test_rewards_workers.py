@@ -171,6 +171,10 @@ def test_a_slow_batch_says_how_far_it_got(tmp_path, caplog, monkeypatch):
   assert lines and all("/4 samples in " in line and "(2 worker processes; " in line for line in lines)
 
 
+@pytest.mark.skipif(
+  signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+  reason="SIGINT is ignored here (a background job of a non-interactive shell), so the workers ignore it too",
+)
 def test_ctrl_c_in_a_worker_stops_the_batch(tmp_path):
   scorer = RewardScorer(
     rewards.load_custom_reward_function(str(_write(tmp_path, MISBEHAVING))), num_workers=1, timeout_s=30.0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.models import Decoder, cast_floating, init_params, positions_from_mask
-from jaxrlhf.models.decoder import MASK_VALUE
+from jaxrlhf.models.attention import MASK_VALUE
 from jaxrlhf.rollout import SamplingParams, filter_logits, generate, greedy_tokens, token_log_probs
 
 EOS = 3
