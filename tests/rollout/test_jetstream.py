@@ -4,11 +4,13 @@ tokens (the first included, nothing appended); a request that does not fit fails
 answers JetStream's gRPC client on loopback."""
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -63,13 +65,33 @@ async def _decode(service, request) -> list[int]:
   return tokens
 
 
-def _answers(service, requests) -> list:
+@contextlib.contextmanager
+def running_driver(prefill_engine, generate_engine, params, interleaved=True):
+  """JetStream's Driver and an event loop for its servicer. The loop outlives the driver's threads: JetStream's
+  detokenize thread still calls into a request's loop just after the stream has ended, and on a closed loop that
+  call raises and the thread kills the process (a server's loop runs until the server stops)."""
+  loop = asyncio.new_event_loop()
+  driver = orchestrator.Driver(
+    prefill_engines=[prefill_engine],
+    generate_engines=[generate_engine],
+    prefill_params=[params],
+    generate_params=[params],
+    interleaved_mode=interleaved,
+  )
+  try:
+    yield driver, loop
+  finally:
+    driver.stop()
+    loop.close()
+
+
+def _answers(loop, service, requests) -> list:
   """Every request at once through JetStream's servicer; an exception is that request's answer."""
 
   async def run_all():
     return await asyncio.gather(*(_decode(service, r) for r in requests), return_exceptions=True)
 
-  return asyncio.run(run_all())
+  return loop.run_until_complete(run_all())
 
 
 def _without_eos(ids):
@@ -101,41 +123,28 @@ def test_orchestrator_answers_concurrent_requests_with_jaxrlhf_greedy_tokens(set
   model_config, params, prompts, greedy = setup
   prefill_engine = _served(model_config, params)
   generate_engine = prefill_engine if interleaved else _served(model_config, params)
-  driver = orchestrator.Driver(
-    prefill_engines=[prefill_engine],
-    generate_engines=[generate_engine],
-    prefill_params=[params],
-    generate_params=[params],
-    interleaved_mode=interleaved,
-  )
-  try:
+  with running_driver(prefill_engine, generate_engine, params, interleaved) as (driver, loop):
     too_long = list(range(4, 4 + 17))  # max_prefill_length is 16
     requests = [_token_request(p) for p in prompts] + [_token_request(too_long), _token_request(prompts[0], 5)]
-    answers = _answers(orchestrator.LLMOrchestrator(driver), requests)
+    answers = _answers(loop, orchestrator.LLMOrchestrator(driver), requests)
     # 7 requests over 3 slots: requests wait for slots freed by others, as in any server.
     assert answers[: len(prompts)] == [_without_eos(ids) for ids in greedy]
     assert answers[len(prompts)] == []  # JetStream's own servicer: the request ends empty, the server goes on
     assert answers[-1] == greedy[0][:5]  # the request's max_tokens
-    assert all(t.is_alive() for t in driver._all_threads)
-  finally:
-    driver.stop()
+    running = {thread.name for thread in threading.enumerate()}  # JetStream's threads, which die with the process
+    assert {"prefill-0", "transfer-0", "generate-0", "detokenize-0"} <= running
 
 
 def test_a_request_that_does_not_fit_fails_alone_with_a_message(setup):
   model_config, params, prompts, greedy = setup
   served = _served(model_config, params, slots=2)
-  driver = orchestrator.Driver(
-    prefill_engines=[served], generate_engines=[served], prefill_params=[params], generate_params=[params]
-  )
-  try:
+  with running_driver(served, served, params) as (driver, loop):
     service = CheckedOrchestrator(driver, served.tokenizer, served.max_prefill_length)
     requests = [_token_request(list(range(4, 4 + 17))), _token_request(prompts[1]), _token_request(prompts[2], 0)]
-    too_long, answer, no_tokens = _answers(service, requests)
+    too_long, answer, no_tokens = _answers(loop, service, requests)
     assert isinstance(too_long, ValueError) and "a prompt of 17 tokens: this server takes 1..16" in str(too_long)
     assert isinstance(no_tokens, ValueError) and "max_tokens=0: expected at least 1" in str(no_tokens)
     assert answer == _without_eos(greedy[1])
-  finally:
-    driver.stop()
 
 
 def test_later_api_reports_the_first_token_at_prefill(setup):
