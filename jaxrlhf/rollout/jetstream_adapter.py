@@ -83,11 +83,28 @@ def prefill_reports_first_token() -> bool:
   return typing.get_origin(annotation) is tuple
 
 
+# The length a row without a valid token (a finished or empty slot, a refused request) reports. JetStream ends a
+# request whose length passes its max_tokens before it reads the row's token; the later API would otherwise put
+# that invalid token at the end of the response's token ids.
+FINISHED_LENGTH = np.iinfo(np.int32).max
+
+
+@jax.jit
+def _finished_rows_at_finished_length(data_Bx3):
+  valid_B, length_B = data_Bx3[:, 1], data_Bx3[:, 2]
+  return data_Bx3.at[:, 2].set(jnp.where(valid_B != 0, length_B, FINISHED_LENGTH))
+
+
 def to_jetstream_result(result: ResultTokens):
-  """Our ResultTokens (the same layout) as JetStream's class, with the fields the installed version has."""
+  """Our ResultTokens as JetStream's class (the fields the installed version has); rows without a valid token
+  report `FINISHED_LENGTH`."""
   names = {field.name for field in dataclasses.fields(engine_api.ResultTokens)}
+  assert (result.tokens_idx, result.valid_idx, result.length_idx) == ((0, 1), (1, 2), (2, 3))  # our layout
   fields = dict(
-    data=result.data, tokens_idx=result.tokens_idx, valid_idx=result.valid_idx, length_idx=result.length_idx
+    data=_finished_rows_at_finished_length(result.data),
+    tokens_idx=result.tokens_idx,
+    valid_idx=result.valid_idx,
+    length_idx=result.length_idx,
   )
   if "samples_per_slot" in names:
     fields["samples_per_slot"] = result.samples_per_slot

@@ -25,7 +25,7 @@ from jaxrlhf import generate as generate_cli
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import Decoder, init_params
 from jaxrlhf.rollout import Engine, SamplingParams
-from jaxrlhf.rollout.jetstream_adapter import BOS_MARKER, HFTokenizer, JetStreamEngine
+from jaxrlhf.rollout.jetstream_adapter import BOS_MARKER, FINISHED_LENGTH, HFTokenizer, JetStreamEngine
 from jaxrlhf.serve import CheckedOrchestrator
 from tests.helpers import free_port
 
@@ -163,6 +163,8 @@ def test_later_api_reports_the_first_token_at_prefill(setup):
     state, result = served.generate(params, state)
     slot = result.convert_to_numpy().get_result_at_slot(2)
     if not slot.valid[0, 0]:
+      # A finished row's length passes any max_tokens: that version's orchestrator would else append its token.
+      assert slot.lengths[0] == FINISHED_LENGTH
       break
     tokens.append(int(slot.tokens[0, 0]))
   assert tokens == greedy[3]
