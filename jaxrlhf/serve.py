@@ -10,9 +10,9 @@ Needs the `jetstream` extra: pip install 'jaxrlhf[jetstream]'.
 Clients call JetStream's `Decode` RPC (jetstream.core.proto.jetstream_pb2_grpc.OrchestratorStub) with a text
 prompt (tokenized as `jaxrlhf.generate` does, no special token added) or token ids, and `max_tokens`; the
 stream answers the response tokens (google-jetstream 0.2.2 leaves out EOS), each request ending at EOS,
-`max_tokens` or --max_new_tokens. A request that cannot be served (a prompt longer than --max_prefill_length, an empty one,
-max_tokens < 1) fails alone with INVALID_ARGUMENT and a message. SIGINT / SIGTERM stop the server (exit 0).
-docs/serving.md has a client.
+`max_tokens` or --max_new_tokens. A request that cannot be served (a prompt longer than --max_prefill_length, an
+empty one, max_tokens < 1) fails alone with INVALID_ARGUMENT and a message. SIGINT / SIGTERM stop the server
+(exit 0). docs/serving.md has a client.
 """
 
 from __future__ import annotations
