@@ -250,3 +250,24 @@ def test_serve_answers_jetstreams_grpc_client_on_loopback(hf_dir):
       stdout, stderr = server.communicate()
   assert server.returncode == 0, stderr[-3000:]
   assert "serving JetStream's Orchestrator service on 127.0.0.1" in stderr and "stopped" in stderr
+
+
+def test_serve_names_bad_input(tmp_path, capsys):
+  from jaxrlhf import serve
+
+  with pytest.raises(SystemExit) as exited:
+    serve.parse_args(["--model", str(tmp_path), "--max_prefill_length", "100"])
+  assert exited.value.code == 2
+  assert "--max_prefill_length must be one of JetStream's prefill buckets [16, 32," in capsys.readouterr().err
+  missing = tmp_path / "no_such_checkpoint"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
+  proc = subprocess.run(
+    [sys.executable, "-m", "jaxrlhf.serve", "--model", str(missing)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f"python -m jaxrlhf.serve: error: --model {str(missing)!r} is not a directory" in proc.stderr
