@@ -29,7 +29,11 @@ from jaxrlhf.rollout.jetstream_adapter import BOS_MARKER, FINISHED_LENGTH, HFTok
 from jaxrlhf.serve import CheckedOrchestrator
 from tests.helpers import free_port
 
-logging.getLogger().setLevel(logging.WARNING)  # JetStream's orchestrator logs every step at INFO
+# Importing JetStream's orchestrator set the root logger to DEBUG with a handler on this process's stdout: the root
+# logger as it was for the other tests that share this process (JetStream logs every generate step at INFO).
+for _handler in [h for h in logging.getLogger().handlers if getattr(h, "stream", None) is sys.stdout]:
+  logging.getLogger().removeHandler(_handler)
+logging.getLogger().setLevel(logging.WARNING)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EOS = 3
