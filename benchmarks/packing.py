@@ -28,7 +28,7 @@ from jaxrlhf.models import Decoder, DecoderConfig  # noqa: E402
 from jaxrlhf.models.decoder import init_params  # noqa: E402
 from jaxrlhf.parallel import StepLayouts  # noqa: E402
 from jaxrlhf.trainer import PPOStep  # noqa: E402
-from jaxrlhf.trainer.state import TrainState, make_optimizer  # noqa: E402
+from jaxrlhf.trainer.state import RoleState, TrainState, make_optimizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT_LEN = RESPONSE_LEN = 64
@@ -95,15 +95,12 @@ def programs(step: PPOStep, params, rollout):
   """(old_log_prob, update_actor) as jitted thunks over fixed inputs."""
   old_log_prob = jax.jit(step.old_log_prob)
   update = jax.jit(step.update_actor)
-  log_probs = old_log_prob(params, rollout)[0]
+  weights = RoleState(params=params, opt_state=None)
+  log_probs = old_log_prob(weights, rollout)[0]
   state = TrainState(
     step=jnp.int32(0),
-    actor_params=params,
-    actor_adapters=None,
-    actor_opt_state=step.optimizers["actor"].init(params),
-    critic_params=None,
-    critic_opt_state=None,
-    critic_adapters=None,
+    actor=weights.replace(opt_state=step.roles["actor"].tx.init(params)),
+    critic=None,
     ref_params=None,
     reward_params=None,
     kl_coef=jnp.float32(0.0),
@@ -112,7 +109,7 @@ def programs(step: PPOStep, params, rollout):
   advantages = jax.random.normal(jax.random.key(1), rollout["responses"].shape) * rollout["response_mask"]
   data = dict(rollout, old_log_probs=log_probs, advantages=advantages)
   return {
-    "old_log_prob": lambda: old_log_prob(params, rollout),
+    "old_log_prob": lambda: old_log_prob(weights, rollout),
     "update_actor": lambda: update(state, data, jax.random.key(2)),
   }
 

@@ -89,7 +89,7 @@ config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, {fsdp}, 1
 config.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
 program = build_abstract_program(config, target.devices())
 state = program.abstract_state
-print(json.dumps({{"params": per_device_bytes(state.actor_params), "optimizer": per_device_bytes(state.actor_opt_state),
+print(json.dumps({{"params": per_device_bytes(state.actor.params), "optimizer": per_device_bytes(state.actor.opt_state),
                   "reference": per_device_bytes(state.ref_params) if state.ref_params is not None else 0}}))
 """
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)

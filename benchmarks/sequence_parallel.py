@@ -51,9 +51,9 @@ def measure(sp: int, response: int, packed: bool, target) -> dict:
   ppo, state, mesh = program.ppo, program.abstract_state, program.mesh
   rng = jax.random.key(0)
   # The update's inputs, traced (not compiled) through the phases before it, in the batch layout.
-  rollout = jax.eval_shape(ppo.rollout, state.actor_params, program.abstract_batch(8), rng)
+  rollout = jax.eval_shape(ppo.rollout, state.actor.weights, program.abstract_batch(8), rng)
   scored = jax.eval_shape(ppo.score, rollout, state.reward_params)
-  old = jax.eval_shape(ppo.old_log_prob, state.actor_params, rollout)
+  old = jax.eval_shape(ppo.old_log_prob, state.actor.weights, rollout)
   ref = jax.eval_shape(ppo.ref_log_prob, state.ref_params, rollout) if ppo.plan.ref_phase else None
   adv = jax.eval_shape(ppo.advantages, state, rollout, scored, old[0], ref, None, old[1])
   data = jax.eval_shape(update_loop.update_data, rollout, old[0], ref, adv)

@@ -232,6 +232,14 @@ _DOCS = {
     "keep the actor's optimizer state in pinned host memory between updates",
     SAME,
   ),
+  "critic.model.fsdp_config.param_offload": (
+    "keep the critic's parameters in pinned host memory between the phases that use them (values, update)",
+    SAME,
+  ),
+  "critic.model.fsdp_config.optimizer_offload": (
+    "keep the critic's optimizer state in pinned host memory between updates",
+    SAME,
+  ),
   "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
     "Ulysses sequence parallelism: devices of `mesh.fsdp` that split each sequence of the actor's training "
     "and log-prob forwards (all-to-all around attention; docs/sequence_parallel.md). Must divide `mesh.fsdp` "

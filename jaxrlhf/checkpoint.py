@@ -23,6 +23,7 @@ folder; `set_aside` moves it out of the run's steps without deleting anything.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -49,11 +50,49 @@ class CheckpointError(UserError, ValueError):
 
 def _without_reference(state):
   """Frozen models (reference policy, reward model, the actor's base and the critic's backbone under LoRA)
-  are rebuilt from their source, not saved."""
-  frozen = {"actor_params": None} if state.actor_adapters is not None else {}
-  if state.critic_adapters is not None:
-    frozen["critic_params"] = None
-  return state.replace(ref_params=None, reward_params=None, **frozen)
+  are rebuilt from their source, not saved (`RoleState.saved`)."""
+  critic = state.critic.saved() if state.critic is not None else None
+  return state.replace(ref_params=None, reward_params=None, actor=state.actor.saved(), critic=critic)
+
+
+# Checkpoints written before the trained roles had one state type (`RoleState`) hold each role's parts at the
+# top level: `actor_params`, `actor_opt_state`, `actor_adapters`, and the same for the critic.
+_ROLE_PARTS = ("params", "opt_state", "adapters")
+
+
+def _is_flat_roles(tree) -> bool:
+  return isinstance(tree, dict) and "actor_params" in tree
+
+
+def _flat_roles(state) -> dict:
+  """A TrainState (of arrays or abstract arrays) as the earlier flat layout's tree."""
+  flat = {field.name: getattr(state, field.name) for field in dataclasses.fields(state)}
+  for role in ("actor", "critic"):
+    role_state = flat.pop(role)
+    flat.update({f"{role}_{part}": getattr(role_state, part) if role_state else None for part in _ROLE_PARTS})
+  return flat
+
+
+def _from_flat_roles(flat: dict, like):
+  """The TrainState (`like`'s types: TrainState, RoleState) of a tree in the earlier flat layout."""
+  roles = {}
+  for role in ("actor", "critic"):
+    parts = {part: flat[f"{role}_{part}"] for part in _ROLE_PARTS}
+    roles[role] = type(like.actor)(**parts) if parts["opt_state"] is not None else None
+  rest = {key: value for key, value in flat.items() if not key.startswith(("actor_", "critic_"))}
+  return type(like)(**rest, **roles)
+
+
+def nested_roles(tree: dict) -> dict:
+  """A saved state tree in today's layout (`{"actor": {"params", "opt_state", "adapters"}, "critic": ...}`),
+  from either layout; a run without a critic has `critic` None."""
+  if not _is_flat_roles(tree):
+    return tree
+  nested = {key: value for key, value in tree.items() if not key.startswith(("actor_", "critic_"))}
+  for role in ("actor", "critic"):
+    parts = {part: tree.get(f"{role}_{part}") for part in _ROLE_PARTS}
+    nested[role] = parts if parts["opt_state"] is not None else None
+  return nested
 
 
 def _layer_sharding(sharding):
@@ -219,6 +258,10 @@ class Checkpointer:
         abstract = (
           unstack_layers(abstract, _abstract_layer) if saved == "unstacked" else stack_layers(abstract, _abstract_stack)
         )
+      # A checkpoint of the earlier flat layout is read in it, then nested (`nested_roles`).
+      abstract_state, flat = abstract, _is_flat_roles(saved_tree)
+      if flat:
+        abstract = _flat_roles(abstract)
       try:
         restored = self._manager.restore(
           step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
@@ -229,16 +272,20 @@ class Checkpointer:
           raise mismatch from e
         raise
     state = restored.state
+    if flat:
+      state = _from_flat_roles(state, abstract_state)
     if convert:
       logging.info("checkpoint step %d has %s layers: converting to %s", step, saved, wanted)
       state = stack_layers(state) if wanted == "stacked" else unstack_layers(state)
       target = _without_reference(target_state)
       state = jax.device_put(state, jax.tree.map(lambda x: x.sharding, target))
-    state = state.replace(ref_params=target_state.ref_params, reward_params=target_state.reward_params)
-    if target_state.actor_adapters is not None:
-      state = state.replace(actor_params=target_state.actor_params)
-    if target_state.critic_adapters is not None:
-      state = state.replace(critic_params=target_state.critic_params)
+    critic = state.critic.with_frozen(target_state.critic) if state.critic is not None else None
+    state = state.replace(
+      ref_params=target_state.ref_params,
+      reward_params=target_state.reward_params,
+      actor=state.actor.with_frozen(target_state.actor),
+      critic=critic,
+    )
     return state, restored.meta
 
   def _mismatch(self, step: int, saved_tree, abstract, config) -> CheckpointError | None:
@@ -360,7 +407,8 @@ def split_step_dir(path: str, key: str = "trainer.resume_from_path") -> tuple[st
 
 
 def read_checkpoint(step_dir: str, key: str = "trainer.resume_from_path"):
-  """(raw state dict of numpy/jax arrays, meta dict, config) of a `global_step_N` directory."""
+  """(raw state dict of numpy/jax arrays in today's layout (`nested_roles`), meta dict, config) of a
+  `global_step_N` directory."""
   run_dir, step = split_step_dir(step_dir, key)
   with ocp.CheckpointManager(
     run_dir, options=ocp.CheckpointManagerOptions(step_prefix=STEP_PREFIX), item_names=("state", "meta")
@@ -372,7 +420,7 @@ def read_checkpoint(step_dir: str, key: str = "trainer.resume_from_path"):
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
       )
   config = ml_collections.ConfigDict(json.loads(restored.meta["config"]))
-  return restored.state, restored.meta, config
+  return nested_roles(restored.state), restored.meta, config
 
 
 # ----- layer layouts: stacked (scanned layers) <-> unstacked (a loop of modules) -----------------------

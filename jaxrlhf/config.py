@@ -201,6 +201,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     grad_clip=1.0,
     ulysses_sequence_parallel_size=1,
   )
+  # verl's critic keeps its offload keys under its model section.
+  config.critic.model.fsdp_config = dict(param_offload=False, optimizer_offload=False)
 
   config.reward_model = dict(
     enable=False,

@@ -148,13 +148,14 @@ def export_checkpoint(
   state, _, config = read_checkpoint(step_dir, key="--checkpoint")
   # The run's model paths: a snapshot in another machine's hub cache is fetched here (weights only for a LoRA
   # run, whose frozen base is rebuilt from them).
-  lora = bool(state.get("actor_adapters") or state.get("critic_adapters"))
+  actor, critic = state["actor"], state.get("critic")
+  lora = bool(actor.get("adapters") or (critic and critic.get("adapters")))
   for key, section in (
     ("actor_rollout_ref.model.path", config.actor_rollout_ref.model),
     ("critic.model.path", config.critic.model),
   ):
     section.path = resolve_model_path(section.path, f"the checkpoint's {key}", weights=lora)
-  if critic_out and state.get("critic_params") is None and not state.get("critic_adapters"):
+  if critic_out and not critic:
     raise CheckpointError(f"--critic_out: the run of --checkpoint {step_dir!r} has no critic (critic.enable was off)")
   tokenizer_dir = os.path.join(os.path.dirname(os.path.abspath(step_dir)), "tokenizer")
   actor_params, actor_adapters = checkpoint_actor(state, config)
@@ -174,18 +175,18 @@ def export_checkpoint(
 
 def checkpoint_actor(state: dict, config):
   """(params, adapters or None) of a checkpoint's actor; a LoRA run's base is rebuilt from its source."""
-  adapters = state.get("actor_adapters")
+  adapters = state["actor"].get("adapters")
   if not adapters:
-    return state["actor_params"], None
+    return state["actor"]["params"], None
   return actor_base_params(config, model_config_from(config.actor_rollout_ref.model)), adapters
 
 
 def checkpoint_critic(state: dict, config):
   """(params, trained part or None) of a checkpoint's critic; a LoRA critic's backbone is rebuilt from its
   source (its saved trained part holds the adapters and the value head)."""
-  trained = state.get("critic_adapters")
+  trained = state["critic"].get("adapters")
   if not trained:
-    return state["critic_params"], None
+    return state["critic"]["params"], None
   critic_config = critic_config_from(config, model_config_from(config.actor_rollout_ref.model))
   return split_value_head(critic_base_params(config, critic_config))[0], trained
 

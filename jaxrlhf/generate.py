@@ -134,7 +134,7 @@ def load_model(path: str):
     model_section = config.actor_rollout_ref.model
     # A snapshot in another machine's hub cache is fetched here; a LoRA run's frozen base is rebuilt from it.
     model_section.path = resolve_model_path(
-      model_section.path, "the checkpoint's actor_rollout_ref.model.path", weights=bool(state.get("actor_adapters"))
+      model_section.path, "the checkpoint's actor_rollout_ref.model.path", weights=bool(state["actor"].get("adapters"))
     )
     model_config = model_config_from(model_section)
     actor_params, actor_adapters = checkpoint_actor(state, config)  # a LoRA run's adapters merged in

@@ -447,7 +447,7 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
       ),
       "actor_rollout_ref.actor.fsdp_config.*": Ignored(_FSDP),
       "actor_rollout_ref.ref.fsdp_config.*": Ignored(_FSDP),
-      "critic.model.fsdp_config.*": Ignored(_FSDP + "; the critic's state stays on the device"),
+      "critic.model.fsdp_config.*": Ignored(_FSDP),
       "critic.model.fsdp_config.fsdp_size": Ignored(
         "one mesh for every model: the actor's fsdp_config.fsdp_size sets it"
       ),

@@ -403,10 +403,13 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
     response_len=config.data.max_response_length,
   )
   notes = []
-  fsdp_configs = (config.actor_rollout_ref.ref.fsdp_config, config.actor_rollout_ref.actor.fsdp_config)
-  offload = any(c.param_offload for c in fsdp_configs) or config.actor_rollout_ref.actor.fsdp_config.optimizer_offload
-  layouts = program.layouts
-  if offload and layouts.ref_device is None and layouts.actor_host is None and layouts.actor_opt_host is None:
+  fsdp_configs = (
+    config.actor_rollout_ref.ref.fsdp_config,
+    config.actor_rollout_ref.actor.fsdp_config,
+    config.critic.model.fsdp_config,
+  )
+  offload = any(c.get("param_offload") or c.get("optimizer_offload") for c in fsdp_configs)
+  if offload and not program.layouts.offloaded:
     notes.append(
       f"offload requested, but {target.platform} targets compiled here expose no host memory: "
       "the offloaded state is counted in device memory (an upper bound)"

@@ -10,9 +10,10 @@ One step's round trip (docs/architecture.md "Mesh and layouts"):
                    `constrain_cache(cache)`        KV cache by batch and (repeated) kv-heads
       -> the rest: `to_train(responses, ...)`      back to the train batch layout; the gathered
                                                    generation copy dies with the rollout
-Offload (`memory_kind='pinned_host'`): `fetch(tree, layouts.ref_device)` brings the reference, the
-actor's parameters or its optimizer state into device memory for a phase that uses them,
-`fetch(tree, layouts.actor_opt_host)` returns the updated state; between phases they stay on the host.
+A trained role's state (the actor's, the critic's) has its own `RoleLayouts`: its params, what trains with
+LoRA, its optimizer state. Offload (`memory_kind='pinned_host'`): `RoleLayouts.on_device` brings a role's
+params and optimizer state into device memory for a phase that uses them, `RoleLayouts.store` returns the
+updated ones; `fetch(tree, layouts.ref_device)` the reference. Between phases they stay on the host.
 `StepLayouts()` (no mesh) constrains nothing: the single-device step.
 """
 
@@ -48,31 +49,88 @@ from jaxrlhf.parallel.layouts import (
 from jaxrlhf.parallel.mesh import ROLLOUT_TP_KEY
 
 
+def fetch(tree, shardings):
+  """Moves an offloaded tree into device memory (or back to host); identity for `shardings` None."""
+  return tree if shardings is None else jax.device_put(tree, shardings)
+
+
+def _on(tree, kind: str):
+  return jax.tree.map(lambda s: s.with_memory_kind(kind), tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleLayouts:
+  """Where a trained role's state (`trainer.state.RoleState`) lives: trees of NamedSharding in the train layout.
+
+  `params`: its weights (a LoRA critic's: the backbone, without the value head); `adapters`: with LoRA what
+  trains (the actor's adapters; the critic's {"lora", "head"}), else None; `opt`: the optimizer state of what
+  trains. With offload (`fsdp_config.param_offload` / `optimizer_offload`) the params and the optimizer state
+  live in pinned host memory between phases (`params_host`, `opt_host`); LoRA adapters are never offloaded.
+  """
+
+  params: Any = None
+  adapters: Any = None
+  opt: Any = None
+  params_host: Any = None
+  opt_host: Any = None
+
+  @property
+  def trained(self):
+    """The layout of what the optimizer updates: the params, or with LoRA the adapters."""
+    return self.params if self.adapters is None else self.adapters
+
+  @property
+  def params_device(self):
+    """Where a phase fetches the params into (None: they stay in device memory anyway)."""
+    return None if self.params_host is None else self.params
+
+  @property
+  def stored_params(self):
+    """Where the params live between phases: in host memory when offloaded."""
+    return self.params_host or self.params
+
+  @property
+  def stored_opt(self):
+    """Where the optimizer state lives between updates: in host memory when offloaded."""
+    return self.opt_host or self.opt
+
+  def on_device(self, state):
+    """A `RoleState` with its params (and optimizer state, if it holds one) in device memory for a phase."""
+    opt_device = None if self.opt_host is None or state.opt_state is None else self.opt
+    return state.replace(params=fetch(state.params, self.params_device), opt_state=fetch(state.opt_state, opt_device))
+
+  def store(self, state, trained, opt_state):
+    """`state` after an update: the new `trained` and optimizer state, back where they live between phases."""
+    trained_host = self.params_host if self.adapters is None else None
+    return state.with_trained(fetch(trained, trained_host), fetch(opt_state, self.opt_host))
+
+  def offloaded(self, params: bool, optimizer: bool) -> RoleLayouts:
+    """With the host copies the two `fsdp_config` keys ask for (the optimizer's needs `opt` set)."""
+    return dataclasses.replace(
+      self,
+      params_host=_on(self.params, "pinned_host") if params else None,
+      opt_host=_on(self.opt, "pinned_host") if optimizer else None,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class StepLayouts:
   mesh: Mesh | None = None
-  actor_train: Any = None  # trees of NamedSharding, one per parameter
+  actor_train: Any = None  # trees of NamedSharding, one per parameter: the actor's (also the reference's)
   actor_generation: Any = None  # of the rollout model's parameters (key/value heads repeated)
   # The steps from the train layout to `actor_generation` (`layouts.GENERATION_STAGING_RULES`): before the
   # key/value heads are repeated (only with copies; the other weights as in training), and after.
   actor_kv_staging: Any = None
   actor_generation_staging: Any = None
-  actor_adapters: Any = None  # LoRA adapters in the train layout (None without LoRA)
   critic_train: Any = None  # the critic's whole tree, value head included
-  # Critic LoRA: {"lora": adapters, "head": value head} in the train layout (`TrainState.critic_adapters`);
-  # the frozen backbone is `critic_train` without the head (`critic_params`). None without critic LoRA.
-  critic_adapters: Any = None
+  actor: RoleLayouts = RoleLayouts()  # the trained roles' state
+  critic: RoleLayouts = RoleLayouts()
   reward_train: Any = None
   generation_rules: tuple = ()
   # Copies of each key/value head in the generation layout (1, or more where the rollout TP devices
   # outnumber the heads: `layouts.generation_kv_repeat`); the rollout model has K x this many.
   generation_kv_repeat: int = 1
-  # Offload: device-memory shardings to fetch into, host ones to return to (None: nothing offloaded).
-  ref_device: Any = None
-  actor_device: Any = None
-  actor_host: Any = None
-  actor_opt_device: Any = None
-  actor_opt_host: Any = None
+  ref_device: Any = None  # with the reference offloaded: its device-memory shardings to fetch into
 
   def _constrain(self, tree, sharding_of):
     if self.mesh is None:
@@ -102,32 +160,35 @@ class StepLayouts:
     """Batch-major arrays in the train batch layout (leading dim over data x fsdp where it divides)."""
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape))
 
+  def role(self, name: str) -> RoleLayouts:
+    return getattr(self, name)
+
   def pin_gradients(self, grads, role: str):
-    """Gradients in the train layout of what `role` ("actor" or "critic") trains: its parameters, or with
-    LoRA its adapters (and the critic's value head). `update_loop.minibatch_gradients` pins each
-    micro-batch's and their sum: with the activations split by rows XLA otherwise sums each layer's weight
-    gradient whole on every device."""
-    shardings = (
-      self.critic_optimized
-      if role == "critic"
-      else (self.actor_train if self.actor_adapters is None else self.actor_adapters)
-    )
+    """Gradients in the train layout of what `role` ("actor" or "critic") trains (`RoleLayouts.trained`).
+    `update_loop.minibatch_gradients` pins each micro-batch's and their sum: with the activations split by
+    rows XLA otherwise sums each layer's weight gradient whole on every device."""
+    shardings = self.role(role).trained
     if self.mesh is None or shardings is None:
       return grads
     return jax.lax.with_sharding_constraint(grads, shardings)
 
-  @staticmethod
-  def fetch(tree, shardings):
-    """Moves an offloaded tree into device memory (or back to host); identity without offload."""
-    return tree if shardings is None else jax.device_put(tree, shardings)
+  fetch = staticmethod(fetch)
 
-  def with_offload(self, config, actor_opt_shardings) -> StepLayouts:
-    """Adds the pairs the `param_offload` / `optimizer_offload` keys ask for, where the devices can."""
-    rollout_ref = config.actor_rollout_ref
+  def with_optimizers(self, opt_shardings: dict) -> StepLayouts:
+    """With each role's optimizer-state shardings (`opt_shardings`: role -> tree)."""
+    roles = {role: dataclasses.replace(self.role(role), opt=opt) for role, opt in opt_shardings.items()}
+    return dataclasses.replace(self, **roles)
+
+  def with_offload(self, config) -> StepLayouts:
+    """Adds the host copies the `param_offload` / `optimizer_offload` keys ask for, where the devices can."""
+    rollout_ref, critic = config.actor_rollout_ref, config.critic.model.fsdp_config
+    actor = rollout_ref.actor.fsdp_config
     wanted = {
       "ref": rollout_ref.ref.fsdp_config.param_offload,
-      "actor": rollout_ref.actor.fsdp_config.param_offload,
-      "actor_opt": rollout_ref.actor.fsdp_config.optimizer_offload,
+      "actor": actor.param_offload,
+      "actor_opt": actor.optimizer_offload,
+      "critic": critic.param_offload,
+      "critic_opt": critic.optimizer_offload,
     }
     if not any(wanted.values()):
       return self
@@ -141,39 +202,25 @@ class StepLayouts:
         sorted(kinds),
       )
       return self
-    on = lambda tree, kind: jax.tree.map(lambda s: s.with_memory_kind(kind), tree)
-    offload = {}
-    if wanted["ref"]:
-      offload["ref_device"] = on(self.actor_train, "device")
-    if wanted["actor"]:
-      offload["actor_device"] = on(self.actor_train, "device")
-      offload["actor_host"] = on(self.actor_train, "pinned_host")
-    if wanted["actor_opt"]:
-      offload["actor_opt_device"] = on(actor_opt_shardings, "device")
-      offload["actor_opt_host"] = on(actor_opt_shardings, "pinned_host")
-    return dataclasses.replace(self, **offload)
+    return dataclasses.replace(
+      self,
+      ref_device=_on(self.actor_train, "device") if wanted["ref"] else None,
+      actor=self.actor.offloaded(wanted["actor"], wanted["actor_opt"]),
+      critic=self.critic.offloaded(wanted["critic"], wanted["critic_opt"]),
+    )
 
   @property
-  def actor_params(self):
-    """Where the actor's parameters live between phases: the train layout, on the host when offloaded."""
-    return self.actor_host or self.actor_train
-
-  @property
-  def critic_params(self):
-    """Where `TrainState.critic_params` lives: the whole critic, or with LoRA its backbone (no value head)."""
-    return self.critic_train if self.critic_adapters is None else split_value_head(self.critic_train)[0]
-
-  @property
-  def critic_optimized(self):
-    """What the critic's optimizer tracks: its params, or with LoRA its adapters and value head."""
-    return self.critic_train if self.critic_adapters is None else self.critic_adapters
+  def offloaded(self) -> bool:
+    """Whether anything lives in host memory between phases."""
+    roles = (self.actor, self.critic)
+    return self.ref_device is not None or any(r.params_host is not None or r.opt_host is not None for r in roles)
 
   @property
   def ref_params(self):
     """Where the reference policy lives between steps: the train layout, in host memory when offloaded."""
     if self.ref_device is None:
       return self.actor_train
-    return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), self.actor_train)
+    return _on(self.actor_train, "pinned_host")
 
 
 def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, reward_model_config) -> StepLayouts:
@@ -213,17 +260,20 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
     critic_adapters = critic_trained(
       logical_to_shardings(critic_adapter_logical, critic_adapter_shapes, mesh, TRAIN_RULES), critic_train
     )
+  actor_adapters = (
+    logical_to_shardings(adapter_logical, adapter_shapes, mesh, TRAIN_RULES) if adapter_shapes is not None else None
+  )
   return StepLayouts(
-    actor_adapters=(
-      logical_to_shardings(adapter_logical, adapter_shapes, mesh, TRAIN_RULES) if adapter_shapes is not None else None
-    ),
     mesh=mesh,
     actor_train=actor_train,
     actor_generation=actor_generation,
     actor_kv_staging=actor_kv_staging,
     actor_generation_staging=logical_to_shardings(rollout_logical, rollout_shapes, mesh, GENERATION_STAGING_RULES),
     critic_train=critic_train,
-    critic_adapters=critic_adapters,
+    actor=RoleLayouts(params=actor_train, adapters=actor_adapters),
+    critic=RoleLayouts(
+      params=critic_train if critic_adapters is None else split_value_head(critic_train)[0], adapters=critic_adapters
+    ),
     reward_train=train_shardings(reward_model_config, "reward") if reward_model_config is not None else None,
     generation_rules=gen_rules,
     generation_kv_repeat=kv_repeat,

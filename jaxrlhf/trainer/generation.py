@@ -30,15 +30,16 @@ class Generation:
     self.layouts = layouts
     self.lora_alpha = model_config.lora_alpha
 
-  def generation_params(self, actor_params, actor_adapters=None):
-    """The actor's weights in the generation layout and the rollout dtype; LoRA adapters merged in.
+  def generation_params(self, actor):
+    """The actor's weights (`RoleState.weights`) in the generation layout and the rollout dtype; LoRA adapters
+    merged in.
 
     Merging once per rollout (in the train layout, before the gather) costs one r-rank product per
     targeted kernel; decoding with the adapters unmerged would add two small matmuls to every targeted
     linear of every decode step (benchmarks/lora_generation.py measures both).
     """
-    actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
-    actor_params = merge_adapters(actor_params, actor_adapters, self.lora_alpha)
+    actor = self.layouts.actor.on_device(actor)
+    actor_params = merge_adapters(actor.params, actor.adapters, self.lora_alpha)
     # Cast before the reshard: the all-gathers move (and the gathered copy holds) the rollout dtype.
     return self.layouts.to_generation(cast_floating(actor_params, self.rollout_dtype), self.model_config)
 
@@ -55,7 +56,7 @@ class Generation:
       constrain_cache=self.layouts.constrain_cache,
     )
 
-  def rollout(self, actor_params, batch, rng, actor_adapters=None) -> dict:
+  def rollout(self, actor, batch, rng) -> dict:
     """Prompts x n (interleaved, group ids) -> responses and the sampler's log-probs of them (what rollout
     correction compares with the training forward's), returned in the train layout.
 
@@ -65,7 +66,7 @@ class Generation:
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0).astype(jnp.int32)
     # The gathered (and merged) copy lives only in this phase.
-    generation_params = self.generation_params(actor_params, actor_adapters)
+    generation_params = self.generation_params(actor)
     out = self.sample(generation_params, prompts_NxP, prompt_mask_NxP, rng, self.sampling)
     responses_NxR, response_mask_NxR, rollout_log_probs_NxR = self.layouts.to_train(
       (out["responses"], out["response_mask"], out["rollout_log_probs"])

@@ -1,6 +1,6 @@
 """The actor's and the critic's loss on one micro-batch (docs/algorithms.md §3-4), composed from `algos`.
 
-Both have the update loop's signature `loss(params, aux, micro, normalizers, rng) -> (loss, metrics)`;
+Both have the update loop's signature `loss(trained, aux, micro, normalizers, rng) -> (loss, metrics)`;
 `normalizers` are the mini-batch's (`algos.loss_normalizers`), so micro-batch losses add up.
 """
 
@@ -14,7 +14,7 @@ from jaxrlhf.trainer.update_loop import ROWS_PREFIX
 
 
 def actor_loss(
-  params,
+  trained,
   aux,
   micro,
   normalizers,
@@ -28,8 +28,8 @@ def actor_loss(
 ):
   """Policy loss - entropy bonus (+ KL loss to the reference). `actor`: the actor's config section.
 
-  aux: per-step values; `kl_gate` is 0 during the KL warm-up, else 1; with LoRA `base_params` is the
-  frozen base and `params` (what is differentiated) are the adapters; `ref_params` (the reference
+  `trained` (what is differentiated): the actor's `RoleState.trained`. aux: per-step values; `frozen` is the
+  rest of its weights (`RoleState.frozen`); `kl_gate` is 0 during the KL warm-up, else 1; `ref_params` (the reference
   policy's weights) when `kl_loss_type="full"`: the exact KL over the vocabulary needs its logits.
   `on_policy` (one epoch, one mini-batch): the current log-prob (stopped) is the old one, so the ratio
   is exactly 1, as in verl. `rollout_correction` (`algorithm.rollout_correction`, bypass mode): the
@@ -40,10 +40,10 @@ def actor_loss(
   epochs, with the entropy as verl's `actor/entropy` (the old-log-prob phase's metric otherwise).
   """
   mask = micro["response_mask"]
-  base, adapters = (aux["base_params"], params) if "base_params" in aux else (params, None)
+  weights = aux["frozen"].with_trained(trained, None)
   full_kl = actor.use_kl_loss and actor.kl_loss_type == "full"
   out = outputs.token_outputs(
-    base, micro, ("entropy",), adapters=adapters, ref_params=aux["ref_params"] if full_kl else None
+    weights.params, micro, ("entropy",), adapters=weights.adapters, ref_params=aux["ref_params"] if full_kl else None
   )
   log_prob, entropy = out["log_prob"], out["entropy"]
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy or first_epoch else micro["old_log_probs"]
@@ -89,13 +89,13 @@ def actor_loss(
   return loss, metrics
 
 
-def critic_loss(params, aux, micro, normalizers, unused_rng, *, outputs: ModelOutputs, critic):
+def critic_loss(trained, aux, micro, normalizers, unused_rng, *, outputs: ModelOutputs, critic):
   """Clipped value loss. `critic`: the critic's config section.
 
-  aux: None, or with LoRA {"base_params": the frozen backbone}; `params` (what is differentiated) are
-  then the critic's adapters and value head (`TrainState.critic_adapters`)."""
-  base, trained = (aux["base_params"], params) if aux and "base_params" in aux else (params, None)
-  vpreds = outputs.values(base, micro, trained)
+  `trained` (what is differentiated): the critic's `RoleState.trained`; aux["frozen"]: the rest of its
+  weights (`RoleState.frozen`)."""
+  weights = aux["frozen"].with_trained(trained, None)
+  vpreds = outputs.values(weights.params, micro, weights.adapters)
   vf_loss, vf_clipfrac = algos.compute_value_loss(
     vpreds,
     micro["values"],

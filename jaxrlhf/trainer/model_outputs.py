@@ -196,7 +196,7 @@ class ModelOutputs:
   def values(self, params, micro: dict, adapters=None):
     """V at the state before each response token, [N, R].
 
-    `adapters`: a LoRA critic's trained part (`TrainState.critic_adapters`: {"lora", "head"}); `params` is
+    `adapters`: a LoRA critic's trained part (`RoleState.adapters`: {"lora", "head"}); `params` is
     then its frozen backbone, run with the adapters unmerged and the trained value head."""
     if adapters is not None:
       params = critic_params_with(params, adapters)

@@ -11,7 +11,8 @@ them one by one. What each phase computes lives elsewhere, one place each:
 - losses: `losses`; the math they and the phases compose: `jaxrlhf.algos`;
 - micro-batch plans and the update loop: `update_loop` (+ `packing`);
 - layouts and the generation <-> train round trip: `jaxrlhf.parallel.StepLayouts`;
-- batch statistics: `batch_metrics`.
+- batch statistics: `batch_metrics`;
+- the trained roles (actor, critic: model, optimizer, schedule, LoRA, packing, where their state lives): `role`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ from jaxrlhf.trainer.batch_metrics import batch_metrics
 from jaxrlhf.trainer.generation import Generation
 from jaxrlhf.trainer.model_outputs import ModelOutputs
 from jaxrlhf.trainer.phase_plan import PhasePlan
-from jaxrlhf.trainer.state import TrainState
-
-ACTOR, CRITIC = "actor_rollout_ref.actor", "critic"  # config paths of the two trained sections
+from jaxrlhf.trainer.role import ROLE_PATHS, TrainedRole
+from jaxrlhf.trainer.state import RoleState, TrainState
 
 
 class PPOStep:
@@ -70,8 +70,6 @@ class PPOStep:
     self.reward_model = (
       Decoder(reward_model_config, head="reward", layout=layout("reward")) if reward_model_config else None
     )
-    self.lr_schedules = lr_schedules
-    self.optimizers = optimizers
     self.layouts = layouts
     self.kl_warmup_steps = kl_warmup_steps
     self.sampling = SamplingParams.from_rollout_config(
@@ -93,30 +91,45 @@ class PPOStep:
     self.batcher = update_loop.MicroBatcher(
       config,
       num_batch_shards,
-      {ACTOR: sp_sizes["actor"], CRITIC: sp_sizes["critic"]},
+      {path: sp_sizes[name] for name, path in ROLE_PATHS.items()},
       head_costs={
-        ACTOR: flops.head_cost(model_config, "lm", seq_len),
-        CRITIC: flops.head_cost(critic_model_config or model_config, "value", seq_len),
+        ROLE_PATHS["actor"]: flops.head_cost(model_config, "lm", seq_len),
+        ROLE_PATHS["critic"]: flops.head_cost(critic_model_config or model_config, "value", seq_len),
       },
     )
     self.plan = plan = PhasePlan.from_config(config, model_config, critic_model_config or model_config)
-    # The two trained roles: (config path, config section, packed).
-    self.sections = {"actor": (ACTOR, actor, plan.actor_packed), "critic": (CRITIC, config.critic, plan.critic_packed)}
+    self.roles = {
+      name: TrainedRole(
+        name=name,
+        section=section,
+        model=model,
+        tx=optimizers[name],
+        lr_schedule=lr_schedules[name],
+        packed=packed,
+        sequence_parallel=sp_sizes[name],
+        layouts=layouts.role(name),
+      )
+      for name, section, model, packed in (
+        ("actor", actor, self.actor, plan.actor_packed),
+        ("critic", config.critic, self.critic, plan.critic_packed),
+      )
+    }
     # The reference's weights are fetched like the actor's base with LoRA, else like its own copy.
-    self.ref_device = layouts.actor_device if plan.actor_lora else layouts.ref_device
+    self.ref_device = layouts.actor.params_device if plan.actor_lora else layouts.ref_device
     correction = config.algorithm.rollout_correction if plan.bypass else None
     self.actor_loss = functools.partial(
       losses.actor_loss, outputs=self.outputs, actor=actor, on_policy=plan.on_policy, rollout_correction=correction
     )
     self.first_epoch_actor_loss = functools.partial(self.actor_loss, first_epoch=True) if plan.old_in_update else None
     self.critic_loss = functools.partial(losses.critic_loss, outputs=self.outputs, critic=config.critic)
+    self.losses = {"actor": self.actor_loss, "critic": self.critic_loss}
     self.actor_update_metric_names: tuple[str, ...] = ()
 
   # ----- gen and reward ----------------------------------------------------------------------
 
-  def rollout(self, actor_params, batch, rng, actor_adapters=None) -> dict:
-    """Phase `gen` (`generation.Generation.rollout`)."""
-    return self.generation.rollout(actor_params, batch, rng, actor_adapters)
+  def rollout(self, actor: RoleState, batch, rng) -> dict:
+    """Phase `gen` (`generation.Generation.rollout`); `actor`: the actor's weights (`RoleState.weights`)."""
+    return self.generation.rollout(actor, batch, rng)
 
   def score(self, rollout: dict, reward_params=None) -> dict:
     """Phase `reward` (`reward.score_rollout`)."""
@@ -125,31 +138,36 @@ class PPOStep:
   # ----- forward-only phases: old/ref log-probs, values ---------------------------------------
 
   def _forward_phase(self, outputs_fn, rollout, role: str, phase: str):
-    path, section, packed = self.sections[role]
+    role = self.roles[role]
     seq_len = rollout["prompts"].shape[1] + rollout["responses"].shape[1]
     batching = self.batcher.phase_plan(
-      section, path, rollout["responses"].shape[0], seq_len, packed, self.batcher.forward_micro_per_device[phase]
+      role.section,
+      role.path,
+      rollout["responses"].shape[0],
+      seq_len,
+      role.packed,
+      self.batcher.forward_micro_per_device[phase],
     )
     return update_loop.forward_phase(outputs_fn, rollout, batching, self.layouts.to_train)
 
-  def old_log_prob(self, actor_params, rollout: dict, actor_adapters=None, ref_params=None):
-    """Phase `old_log_prob`: (log-probs of the rollout policy, aux). aux["metrics"] holds its entropy
-    (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the optimal token baselines. With
-    `ref_params` (full KL in the reward) aux also holds "full_kl" and "ref_log_prob" [N, R].
-    Bypass mode: the old log-probs are the sampler's (`rollout_log_probs`). With `plan.old_in_update` the
-    actor update's first epoch gives them (and the entropy): (None, no metrics)."""
+  def old_log_prob(self, actor: RoleState, rollout: dict, ref_params=None):
+    """Phase `old_log_prob`: (log-probs of the rollout policy, aux); `actor`: its weights (`RoleState.weights`).
+    aux["metrics"] holds its entropy (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the
+    optimal token baselines. With `ref_params` (full KL in the reward) aux also holds "full_kl" and
+    "ref_log_prob" [N, R]. Bypass mode: the old log-probs are the sampler's (`rollout_log_probs`). With
+    `plan.old_in_update` the actor update's first epoch gives them (and the entropy): (None, no metrics)."""
     if self.plan.old_in_update:
       return None, {"metrics": {}}
     if not self.plan.old_forward:
       return rollout["rollout_log_probs"], {"metrics": {}}
-    actor = self.config.actor_rollout_ref.actor
+    section = self.roles["actor"].section
     statistics = ("entropy",) + (("sum_pi_squared",) if self.plan.sum_pi_squared else ())
     if ref_params is not None:
       ref_params = self.layouts.fetch(ref_params, self.ref_device)
-    actor_params = self.layouts.fetch(actor_params, self.layouts.actor_device)
+    actor = self.roles["actor"].layouts.on_device(actor)
     out = jax.lax.stop_gradient(
       self._forward_phase(
-        lambda micro: self.outputs.token_outputs(actor_params, micro, statistics, actor_adapters, ref_params),
+        lambda micro: self.outputs.token_outputs(actor.params, micro, statistics, actor.adapters, ref_params),
         rollout,
         "actor",
         "old_log_prob",
@@ -158,7 +176,7 @@ class PPOStep:
     aux = {
       "metrics": {
         "actor/entropy": algos.agg_loss(
-          out["entropy"], rollout["response_mask"], actor.loss_agg_mode, loss_scale_factor=actor.loss_scale_factor
+          out["entropy"], rollout["response_mask"], section.loss_agg_mode, loss_scale_factor=section.loss_scale_factor
         )
       }
     }
@@ -167,7 +185,7 @@ class PPOStep:
 
   def reference_params(self, state: TrainState):
     """The reference policy's weights: its own copy, or with LoRA the actor's base (run without adapters)."""
-    return state.actor_params if self.plan.actor_lora else state.ref_params
+    return state.actor.params if self.plan.actor_lora else state.ref_params
 
   def ref_log_prob(self, ref_params, rollout: dict):
     ref_params = self.layouts.fetch(ref_params, self.ref_device)
@@ -175,9 +193,10 @@ class PPOStep:
       "log_prob"
     ]
 
-  def critic_values(self, critic_params, rollout: dict, critic_adapters=None):
-    """Phase `values`; `critic_adapters`: a LoRA critic's adapters and value head (None: full params)."""
-    outputs_fn = lambda micro: self.outputs.values(critic_params, micro, critic_adapters)
+  def critic_values(self, critic: RoleState, rollout: dict):
+    """Phase `values`; `critic`: the critic's weights (`RoleState.weights`)."""
+    critic = self.roles["critic"].layouts.on_device(critic)
+    outputs_fn = lambda micro: self.outputs.values(critic.params, micro, critic.adapters)
     return self._forward_phase(outputs_fn, rollout, "critic", "values") * rollout["response_mask"].astype(jnp.float32)
 
   # ----- adv and the updates ----------------------------------------------------------------------
@@ -203,90 +222,63 @@ class PPOStep:
       old_aux=old_aux or {},
     )
 
-  def _update(self, loss_fn, role: str, params, opt_state, aux, data, rng, lr, first_epoch_loss_fn=None):
-    path, section, packed = self.sections[role]
-    seq_len = data["prompts"].shape[1] + data["responses"].shape[1]
-    return update_loop.ppo_update(
-      loss_fn,
-      params,
-      opt_state,
-      aux,
-      data,
-      rng,
-      tx=self.optimizers[role],
-      lr=lr,
-      batching=self.batcher.update_plan(section, path, seq_len, packed),
-      mini_batch_rows=section.ppo_mini_batch_size * self.batcher.n,
-      epochs=section.ppo_epochs,
-      shuffle=section.shuffle,
-      loss_agg_mode=section.loss_agg_mode,
-      prefix=role,
-      to_train=self.layouts.to_train,
-      loss_scale_factor=section.loss_scale_factor,
-      pin_grads=functools.partial(self.layouts.pin_gradients, role=role),
-      first_epoch_loss_fn=first_epoch_loss_fn,
-    )
+  def update(self, name: str, state: TrainState, data: dict, rng):
+    """Phase `update_<name>`: PPO epochs of role `name`'s loss (the actor's skipped during `critic_warmup`).
 
-  def update_critic(self, state: TrainState, data: dict, values, returns, rng):
-    """Phase `update_critic`: PPO epochs of clipped value loss; trains the critic's params, or with LoRA its
-    adapters and value head (the backbone then rides in aux, frozen). -> (trained, opt_state, metrics)"""
-    trained, aux = (
-      (state.critic_adapters, {"base_params": state.critic_params})
-      if self.plan.critic_lora
-      else (state.critic_params, None)
-    )
-    return self._update(
-      self.critic_loss,
-      "critic",
-      trained,
-      state.critic_opt_state,
-      aux,
-      dict(data, values=values, returns=returns),
-      rng,
-      self.lr_schedules["critic"](state.step) * state.lr_scale,
-    )
-
-  def update_actor(self, state: TrainState, data: dict, rng):
-    """Phase `update_actor`: PPO epochs of the policy loss (skipped during `critic_warmup`).
-
-    Returns (trained, opt_state, metrics): `trained` is the actor's params, or its adapters with LoRA."""
-    actor = self.config.actor_rollout_ref.actor
-    kl_gate, warmup_steps = self.kl_gate(state.step), self.plan.actor_warmup_steps
-
-    def run(trained, opt_state):
-      """`trained`: the actor's params, or its adapters with LoRA (the base then rides in aux, frozen)."""
-      aux = {"kl_gate": kl_gate}
-      if self.plan.actor_lora:
-        aux["base_params"] = self.layouts.fetch(state.actor_params, self.layouts.actor_device)
-      else:
-        trained = self.layouts.fetch(trained, self.layouts.actor_device)
-      opt_state = self.layouts.fetch(opt_state, self.layouts.actor_opt_device)
-      actor_updates_done = jnp.maximum(state.step - warmup_steps, 0)  # the actor's lr schedule's own step
+    Returns (the role's new `RoleState`, metrics). What trains is `RoleState.trained`; the rest of the role's
+    weights (with LoRA the frozen base) ride in the loss's aux as `frozen` (`RoleState.frozen`)."""
+    role, role_state = self.roles[name], state.role(name)
+    aux, warmup_steps, first_epoch_loss_fn = {}, 0, None
+    if name == "actor":
+      warmup_steps, first_epoch_loss_fn = self.plan.actor_warmup_steps, self.first_epoch_actor_loss
+      aux["kl_gate"] = self.kl_gate(state.step)
       if self.plan.full_kl_loss:
         aux["ref_params"] = self.layouts.fetch(self.reference_params(state), self.ref_device)
-      trained, opt_state, metrics = self._update(
-        self.actor_loss,
-        "actor",
-        trained,
-        opt_state,
-        aux,
+    updates_done = jnp.maximum(state.step - warmup_steps, 0)  # the role's lr schedule's own step
+    lr = role.lr_schedule(updates_done) * state.lr_scale
+    seq_len = data["prompts"].shape[1] + data["responses"].shape[1]
+
+    def run(trained, opt_state):
+      device = role.layouts.on_device(role_state.with_trained(trained, opt_state))
+      trained, opt_state, metrics = update_loop.ppo_update(
+        self.losses[name],
+        device.trained,
+        device.opt_state,
+        dict(aux, frozen=device.frozen),
         data,
         rng,
-        self.lr_schedules["actor"](actor_updates_done) * state.lr_scale,
-        self.first_epoch_actor_loss,
+        tx=role.tx,
+        lr=lr,
+        batching=self.batcher.update_plan(role.section, role.path, seq_len, role.packed),
+        mini_batch_rows=role.section.ppo_mini_batch_size * self.batcher.n,
+        epochs=role.section.ppo_epochs,
+        shuffle=role.section.shuffle,
+        loss_agg_mode=role.section.loss_agg_mode,
+        prefix=name,
+        to_train=self.layouts.to_train,
+        loss_scale_factor=role.section.loss_scale_factor,
+        pin_grads=functools.partial(self.layouts.pin_gradients, role=name),
+        first_epoch_loss_fn=first_epoch_loss_fn,
       )
-      if actor.use_kl_loss:
-        metrics["actor/kl_coef"] = kl_gate * actor.kl_loss_coef
-      if not self.plan.actor_lora:
-        trained = self.layouts.fetch(trained, self.layouts.actor_host)
-      return trained, self.layouts.fetch(opt_state, self.layouts.actor_opt_host), metrics
+      if name == "actor" and role.section.use_kl_loss:
+        metrics["actor/kl_coef"] = aux["kl_gate"] * role.section.kl_loss_coef
+      stored = role.layouts.store(role_state, trained, opt_state)
+      return stored.trained, stored.opt_state, metrics
 
-    trained = state.actor_adapters if self.plan.actor_lora else state.actor_params
-    # Recorded when traced: the host drops these in warm-up steps (verl logs no actor update metrics).
-    result, self.actor_update_metric_names = update_loop.update_after_warmup(
-      run, warmup_steps, state.step, trained, state.actor_opt_state
+    (trained, opt_state, metrics), skipped = update_loop.update_after_warmup(
+      run, warmup_steps, state.step, role_state.trained, role_state.opt_state
     )
-    return result
+    if name == "actor":  # recorded when traced: the host drops these in warm-up steps (verl logs none)
+      self.actor_update_metric_names = skipped
+    return role_state.with_trained(trained, opt_state), metrics
+
+  def update_critic(self, state: TrainState, data: dict, rng):
+    """Phase `update_critic`: `data` holds the values and returns. -> (the critic's RoleState, metrics)"""
+    return self.update("critic", state, data, rng)
+
+  def update_actor(self, state: TrainState, data: dict, rng):
+    """Phase `update_actor` (after `critic_warmup`). -> (the actor's RoleState, metrics)"""
+    return self.update("actor", state, data, rng)
 
   # ----- composition --------------------------------------------------------------------------
   # One composition for every mode: `run(name, fn, *args)` runs each phase. The fused step traces them
@@ -300,7 +292,7 @@ class PPOStep:
   def generate_and_score(self, state: TrainState, batch: dict, rng, run: Callable | None = None) -> tuple[dict, dict]:
     """Phases gen and reward: (rollout, scored)."""
     run = run or inline
-    rollout = run("gen", self.rollout, state.actor_params, batch, self.split_rng(rng)["gen"], state.actor_adapters)
+    rollout = run("gen", self.rollout, state.actor.weights, batch, self.split_rng(rng)["gen"])
     return rollout, run("reward", self.score, rollout, state.reward_params)
 
   def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng, run: Callable | None = None):
@@ -308,10 +300,10 @@ class PPOStep:
     state and the metrics. One program in the fused step and for DAPO's rounds."""
     run, plan, keys = run or inline, self.plan, self.split_rng(rng)
     if plan.old_in_update:  # the update's first epoch gives them: no phase
-      old = self.old_log_prob(state.actor_params, rollout)
+      old = self.old_log_prob(state.actor.weights, rollout)
     else:
       ref_params = self.reference_params(state) if plan.full_kl_in_reward else None
-      old = run("old_log_prob", self.old_log_prob, state.actor_params, rollout, state.actor_adapters, ref_params)
+      old = run("old_log_prob", self.old_log_prob, state.actor.weights, rollout, ref_params)
     old_log_probs, old_aux = old
     if plan.ref_phase:
       ref_log_probs = run("ref", self.ref_log_prob, self.reference_params(state), rollout)
@@ -319,29 +311,29 @@ class PPOStep:
       ref_log_probs = old_aux.get("ref_log_prob")
     values = None
     if plan.use_critic:
-      values = run("values", self.critic_values, state.critic_params, rollout, state.critic_adapters)
+      values = run("values", self.critic_values, state.critic.weights, rollout)
     adv = run("adv", self.advantages, state, rollout, scored, old_log_probs, ref_log_probs, values, old_aux)
     data = run(None, update_loop.update_data, rollout, old_log_probs, ref_log_probs, adv)
-    results = {}  # role -> (trained: its params, or with LoRA its adapters (+ value head), opt state, metrics)
+    results = {}  # role -> (its new RoleState, metrics)
     if plan.use_critic:
-      results["critic"] = run("update_critic", self.update_critic, state, data, values, adv["returns"], keys["critic"])
+      critic_data = dict(data, values=values, returns=adv["returns"])
+      results["critic"] = run("update_critic", self.update_critic, state, critic_data, keys["critic"])
     results["actor"] = run("update_actor", self.update_actor, state, data, keys["actor"])
     return run(None, self.finish, state, rollout, scored, old_aux, values, adv, results)
 
   def finish(self, state, rollout, scored, old_aux, values, adv, results) -> tuple[TrainState, dict]:
     """The new state and the step's metrics from the phases' outputs."""
     metrics = {**old_aux["metrics"], **adv["metrics"]}
-    fields = {}
-    for role, (trained, opt_state, role_metrics) in results.items():
-      lora = self.plan.actor_lora if role == "actor" else self.plan.critic_lora
-      fields.update({f"{role}_adapters" if lora else f"{role}_params": trained, f"{role}_opt_state": opt_state})
+    roles = {}
+    for role, (role_state, role_metrics) in results.items():
+      roles[role] = role_state
       metrics.update(role_metrics)
     metrics.update(
       batch_metrics(
         rollout, scored, adv, values, self.config.data.max_prompt_length, self.config.algorithm.gdpo_reward_keys or ()
       )
     )
-    return state.replace(step=state.step + 1, kl_coef=adv["kl_coef"], **fields), metrics
+    return state.replace(step=state.step + 1, kl_coef=adv["kl_coef"], **roles), metrics
 
   def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
     """The fused step: every phase in one program."""

@@ -26,8 +26,7 @@ from jaxrlhf.models import (
   load_hf_config,
   model_config_from,
 )
-from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES, abstract_adapters
-from jaxrlhf.models.lora import critic_trained, split_value_head
+from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
 from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
 from jaxrlhf.parallel.layouts import activation_sharding
 from jaxrlhf.parallel.mesh import fsdp_size
@@ -46,8 +45,6 @@ class StepProgram:
   critic_model_config: DecoderConfig
   reward_model_config: DecoderConfig | None
   layouts: StepLayouts
-  optimizers: dict[str, Any]
-  opt_shardings: dict[str, Any]
   ppo: PPOStep
   abstract_state: TrainState
 
@@ -93,19 +90,19 @@ class StepProgram:
     """Mesh, per-layout sharding of each parameter group, per-device bytes (the trainer's start-up report)."""
     state = self.abstract_state
     counts = {
-      "actor params": per_device_bytes(state.actor_params),
+      "actor params": per_device_bytes(state.actor.params),
       "actor params (generation copy)": per_device_bytes(self._generation_copy(), self.layouts.actor_generation),
-      "actor optimizer": per_device_bytes(state.actor_opt_state),
-      **({"actor LoRA adapters": per_device_bytes(state.actor_adapters)} if state.actor_adapters is not None else {}),
+      "actor optimizer": per_device_bytes(state.actor.opt_state),
+      **({"actor LoRA adapters": per_device_bytes(state.actor.adapters)} if state.actor.lora else {}),
       "KV cache": self.kv_cache_bytes_per_device(),
     }
     if state.ref_params is not None:
       counts["ref params"] = per_device_bytes(state.ref_params)
-    if state.critic_params is not None:
-      counts["critic params"] = per_device_bytes(state.critic_params)
-      counts["critic optimizer"] = per_device_bytes(state.critic_opt_state)
-    if state.critic_adapters is not None:
-      counts["critic LoRA adapters + value head"] = per_device_bytes(state.critic_adapters)
+    if state.critic is not None:
+      counts["critic params"] = per_device_bytes(state.critic.params)
+      counts["critic optimizer"] = per_device_bytes(state.critic.opt_state)
+      if state.critic.lora:
+        counts["critic LoRA adapters + value head"] = per_device_bytes(state.critic.adapters)
     return layout_report(
       self.mesh, {"train": self.layouts.actor_train, "generation": self.layouts.actor_generation}, counts
     )
@@ -201,30 +198,9 @@ def _abstract(shapes, shardings):
 
 def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState:
   """The train state's leaves as the trainer creates them (`Trainer._init_state`), without allocating."""
-  layouts, optimizers, opt_shardings = (program_parts[k] for k in ("layouts", "optimizers", "opt_shardings"))
-  actor = Decoder(program_parts["model_config"], head="lm")
-  actor_shapes = abstract_params(actor)[0]
-  actor_params = _abstract(actor_shapes, layouts.actor_params)
-  adapter_shapes = abstract_adapters(actor)[0]
-  actor_adapters = _abstract(adapter_shapes, layouts.actor_adapters) if adapter_shapes is not None else None
-  trained_shapes = actor_shapes if adapter_shapes is None else adapter_shapes
-  actor_opt_state = _abstract(
-    jax.eval_shape(optimizers["actor"].init, trained_shapes), layouts.actor_opt_host or opt_shardings["actor"]
-  )
+  layouts = program_parts["layouts"]
+  actor_shapes = abstract_params(Decoder(program_parts["model_config"], head="lm"))[0]
   ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.plan.stores_reference else None
-  critic_params = critic_opt_state = critic_adapters = None
-  if ppo.plan.use_critic:
-    critic = Decoder(program_parts["critic_model_config"], head="value")
-    critic_shapes = abstract_params(critic)[0]
-    critic_trained_shapes = critic_shapes
-    if ppo.plan.critic_lora:  # the backbone frozen; the adapters and the value head train
-      critic_trained_shapes = critic_trained(abstract_adapters(critic)[0], critic_shapes)
-      critic_adapters = _abstract(critic_trained_shapes, layouts.critic_adapters)
-      critic_shapes = split_value_head(critic_shapes)[0]
-    critic_params = _abstract(critic_shapes, layouts.critic_params)
-    critic_opt_state = _abstract(
-      jax.eval_shape(optimizers["critic"].init, critic_trained_shapes), opt_shardings["critic"]
-    )
   reward_params = None
   if program_parts["reward_model_config"] is not None:
     reward_shapes = abstract_params(Decoder(program_parts["reward_model_config"], head="reward"))[0]
@@ -232,12 +208,8 @@ def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState
   scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated(mesh))
   return TrainState(
     step=scalar(jnp.int32),
-    actor_params=actor_params,
-    actor_opt_state=actor_opt_state,
-    actor_adapters=actor_adapters,
-    critic_params=critic_params,
-    critic_opt_state=critic_opt_state,
-    critic_adapters=critic_adapters,
+    actor=ppo.roles["actor"].abstract_state(),
+    critic=ppo.roles["critic"].abstract_state() if ppo.plan.use_critic else None,
     ref_params=ref_params,
     reward_params=reward_params,
     kl_coef=scalar(jnp.float32),
@@ -272,13 +244,10 @@ def build_program(
     "critic": make_lr_schedule(config.critic.optim, total_steps),
   }
   layouts = build_step_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
-  # With LoRA the actor's optimizer tracks the adapters only (the critic's: its adapters and value head).
-  actor_trained = layouts.actor_train if layouts.actor_adapters is None else layouts.actor_adapters
-  opt_shardings = {
-    "actor": opt_state_shardings(optimizers["actor"], actor_trained, replicated(mesh)),
-    "critic": opt_state_shardings(optimizers["critic"], layouts.critic_optimized, replicated(mesh)),
-  }
-  layouts = layouts.with_offload(config, opt_shardings["actor"])
+  # Each optimizer's state is laid out like what it tracks (`RoleLayouts.trained`).
+  layouts = layouts.with_optimizers(
+    {role: opt_state_shardings(tx, layouts.role(role).trained, replicated(mesh)) for role, tx in optimizers.items()}
+  ).with_offload(config)
   check_sequence_parallel(config, mesh, model_config, critic_model_config)
   num_batch_shards = mesh.shape["data"] * fsdp_size(mesh)
   ppo = PPOStep(
@@ -298,8 +267,6 @@ def build_program(
   check_micro_batches(config, ppo, num_batch_shards)
   parts = dict(
     layouts=layouts,
-    optimizers=optimizers,
-    opt_shardings=opt_shardings,
     model_config=model_config,
     critic_model_config=critic_model_config,
     reward_model_config=reward_model_config,

@@ -18,20 +18,65 @@ import optax
 
 
 @flax.struct.dataclass
+class RoleState:
+  """A trained role's state (the actor's or the critic's): its weights, what trains and its optimizer.
+
+  Without LoRA the params train. With LoRA (`lora_rank > 0`) `params` are frozen and `adapters` train:
+  the actor's base (also the reference policy: adapters off) and its adapters (fp32); the critic's
+  backbone (no value head) and {"lora": adapters (fp32), "head": {"score": the value head}}
+  (`models.lora.critic_trained`). `opt_state` tracks `trained`.
+  """
+
+  params: Any
+  opt_state: Any
+  adapters: Any = None  # None without LoRA
+
+  @property
+  def lora(self) -> bool:
+    return self.adapters is not None
+
+  @property
+  def trained(self):
+    """What the optimizer updates: the params, or with LoRA the adapters."""
+    return self.adapters if self.lora else self.params
+
+  @property
+  def weights(self) -> RoleState:
+    """The role's weights alone (no optimizer state): what a forward phase reads."""
+    return self.replace(opt_state=None)
+
+  @property
+  def frozen(self) -> RoleState:
+    """The weights around what trains, which a loss puts back (`frozen.with_trained(trained, None)`): without
+    LoRA nothing, with LoRA the frozen params (and the adapters, small, which the loss replaces)."""
+    return self.replace(opt_state=None) if self.lora else RoleState(params=None, opt_state=None)
+
+  def with_trained(self, trained, opt_state) -> RoleState:
+    """This state after an update of `trained` (`self.trained`'s new value) and the optimizer."""
+    return self.replace(opt_state=opt_state, **{"adapters" if self.lora else "params": trained})
+
+  def saved(self) -> RoleState:
+    """What a checkpoint holds: frozen params are rebuilt from their source, not saved."""
+    return self.replace(params=None) if self.lora else self
+
+  def with_frozen(self, frozen: RoleState) -> RoleState:
+    """A restored `saved()` state with the frozen params of `frozen` (the run's own, rebuilt)."""
+    return self.replace(params=frozen.params) if self.lora else self
+
+
+@flax.struct.dataclass
 class TrainState:
   step: jax.Array  # trainer steps done (int32)
-  actor_params: Any  # with LoRA: the frozen base (also the reference policy: adapters off)
-  actor_opt_state: Any  # over what the actor trains: its params, or its adapters with LoRA
-  actor_adapters: Any  # LoRA adapters (actor_rollout_ref.model.lora_rank > 0), fp32; else None
-  critic_params: Any  # None without a critic; with critic LoRA the frozen backbone (no value head)
-  critic_opt_state: Any  # over what the critic trains: its params, or its critic_adapters with LoRA
-  # Critic LoRA (critic.model.lora_rank > 0): what trains, {"lora": adapters (fp32), "head": {"score": the
-  # value head}} (`models.lora.critic_trained`); else None.
-  critic_adapters: Any
+  actor: RoleState
+  critic: RoleState | None  # None without a critic
   ref_params: Any  # None when no KL term needs the reference policy, and with LoRA (the base is the reference)
   reward_params: Any  # the reward model's (reward_model.enable), frozen; else None
   kl_coef: jax.Array  # KL-in-reward coefficient beta, updated by the KL controller
   lr_scale: jax.Array  # multiplies both learning-rate schedules; guards lower it after a rollback
+
+  def role(self, name: str) -> RoleState | None:
+    """The state of trained role `name` ("actor" or "critic")."""
+    return getattr(self, name)
 
 
 def make_optimizer(optim, grad_clip: float) -> optax.GradientTransformation:

@@ -25,9 +25,7 @@ from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_pro
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.errors import UserError
 from jaxrlhf.export import actor_base_params, critic_base_params, init_keys, write_hf
-from jaxrlhf.models import Decoder, generation_eos_ids, load_hf_params, load_tokenizer, pad_token_id
-from jaxrlhf.models.decoder import init_adapters
-from jaxrlhf.models.lora import critic_trained, split_value_head
+from jaxrlhf.models import generation_eos_ids, load_hf_params, load_tokenizer, pad_token_id
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import fsdp_size, mesh_from_config
 from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
@@ -140,8 +138,7 @@ class Trainer:
       self.validate_fn = jax.jit(
         validate,
         in_shardings=(
-          state_shardings.actor_params,
-          state_shardings.actor_adapters,
+          state_shardings.actor.weights,
           state_shardings.reward_params,
           None,
           replicated(self.mesh),
@@ -151,7 +148,7 @@ class Trainer:
     self.phased = PhasedStep(self.ppo, state_shardings, replicated(self.mesh))
     self.filter_groups = config.algorithm.filter_groups.enable
     self.gen_cursor = 0  # generation rounds drawn so far (dynamic sampling); saved in checkpoints
-    self.actor_num_params = count_params(self.state.actor_params)
+    self.actor_num_params = count_params(self.state.actor.params)
     self.peak_flops = device_peak_flops(self.mesh.devices.flat[0], trainer_cfg.peak_flops_per_device)
     self.rng = jax.random.key(trainer_cfg.seed)
 
@@ -201,51 +198,29 @@ class Trainer:
 
   def _init_state(self, shardings: TrainState) -> TrainState:
     """Loads or initialises every part of the state straight into `shardings` (the program's)."""
-    config, optimizers = self.config, self.program.optimizers
+    config, roles = self.config, self.ppo.roles
     actor_key, critic_key = init_keys(config)
-    actor_train = self.layouts.actor_train  # in device memory: the optimizer and the reference start from it
-    actor_params = actor_base_params(config, self.model_config, actor_train)
-    actor_adapters = None
-    if self.ppo.plan.actor_lora:  # fresh adapters (B = 0: the policy starts as the base); only they train
-      actor_adapters = jax.jit(
-        lambda key: init_adapters(Decoder(self.model_config, head="lm"), key)[0], out_shardings=shardings.actor_adapters
-      )(jax.random.fold_in(actor_key, 1))
-    actor_opt_state = jax.jit(optimizers["actor"].init, out_shardings=shardings.actor_opt_state)(
-      actor_params if actor_adapters is None else actor_adapters
-    )
+    # In device memory: the optimizer and the reference start from it.
+    actor_params = actor_base_params(config, self.model_config, self.layouts.actor_train)
     ref_params = None
     if self.ppo.plan.stores_reference:
       ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings.ref_params)(actor_params)
-    critic_params = critic_opt_state = critic_adapters = None
+    critic = None
     if self.ppo.plan.use_critic:
       # verl's critic format, the actor's checkpoint with a fresh value head, or all fresh.
       critic_params = critic_base_params(config, self.critic_model_config, self.layouts.critic_train)
-      if self.ppo.plan.critic_lora:  # fresh adapters (B = 0) and the value head train; the backbone is frozen
-        critic = Decoder(self.critic_model_config, head="value")
-        adapters = jax.jit(lambda key: init_adapters(critic, key)[0], out_shardings=shardings.critic_adapters["lora"])(
-          jax.random.fold_in(critic_key, 1)
-        )
-        critic_adapters = critic_trained(adapters, critic_params)
-        critic_params = split_value_head(critic_params)[0]
-      critic_opt_state = jax.jit(optimizers["critic"].init, out_shardings=shardings.critic_opt_state)(
-        critic_params if critic_adapters is None else critic_adapters
-      )
+      critic = roles["critic"].init_state(critic_params, critic_key)
     reward_params = None
     if self.reward_model_config is not None:
       reward_params = load_hf_params(
         config.reward_model.model.path, self.reward_model_config, head="reward", shardings=shardings.reward_params
       )
     put = lambda x: jax.device_put(x, replicated(self.mesh))
-    actor_params = jax.device_put(actor_params, shardings.actor_params)  # to the host with param_offload
     return TrainState(
       reward_params=reward_params,
       step=put(jnp.int32(0)),
-      actor_params=actor_params,
-      actor_opt_state=actor_opt_state,
-      actor_adapters=actor_adapters,
-      critic_params=critic_params,
-      critic_opt_state=critic_opt_state,
-      critic_adapters=critic_adapters,
+      actor=roles["actor"].init_state(actor_params, actor_key),  # to the host with param_offload
+      critic=critic,
       ref_params=ref_params,
       kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)),
       lr_scale=put(jnp.float32(1.0)),
@@ -424,15 +399,15 @@ class Trainer:
   def export_hf(self, out_dir: str) -> None:
     """The current actor as an HF causal LM in `out_dir` (the critic in `out_dir`/critic); with LoRA the
     adapters merged in, and alone in PEFT's layout in `out_dir`/lora_adapter."""
-    has_critic = self.state.critic_params is not None
+    critic = self.state.critic
     write_hf(
-      self.state.actor_params,
+      self.state.actor.params,
       self.config,
       out_dir,
-      actor_adapters=self.state.actor_adapters,
-      critic_params=self.state.critic_params,
-      critic_adapters=self.state.critic_adapters,
-      critic_out=os.path.join(out_dir, "critic") if has_critic else None,
+      actor_adapters=self.state.actor.adapters,
+      critic_params=critic.params if critic else None,
+      critic_adapters=critic.adapters if critic else None,
+      critic_out=os.path.join(out_dir, "critic") if critic else None,
       tokenizer_dir=os.path.join(self.run_dir, "tokenizer"),
     )
 
@@ -519,8 +494,7 @@ class Trainer:
       batch = self._load_batch(data, indices)
       batch_scores, batch_responses, batch_masks = jax.device_get(
         self.validate_fn(
-          self.state.actor_params,
-          self.state.actor_adapters,
+          self.state.actor.weights,
           self.state.reward_params,
           batch,
           jax.random.fold_in(val_rng, b),

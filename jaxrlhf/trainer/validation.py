@@ -21,21 +21,19 @@ from jaxrlhf.trainer.ppo_step import PPOStep
 
 
 def make_validation_fn(ppo: PPOStep, sampling: SamplingParams):
-  """`validate(actor_params, actor_adapters, reward_params, batch, rng) -> (model_scores_N, responses_NxR,
-  response_mask_NxR)`; `actor_adapters`: LoRA adapters or None.
+  """`validate(actor, reward_params, batch, rng) -> (model_scores_N, responses_NxR, response_mask_NxR)`;
+  `actor`: the actor's weights (`RoleState.weights`).
 
   Each prompt is sampled `val_kwargs.n` times with `sampling`; `model_scores_N` is the reward model's
   score (zeros without one): the rule reward runs on the host afterwards (`Trainer.validate`).
   """
 
-  def validate(actor_params, actor_adapters, reward_params, batch, rng):
+  def validate(actor, reward_params, batch, rng):
     n = ppo.config.actor_rollout_ref.rollout.val_kwargs.n
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
     generation = ppo.generation
-    rollout = generation.sample(
-      generation.generation_params(actor_params, actor_adapters), prompts_NxP, prompt_mask_NxP, rng, sampling
-    )
+    rollout = generation.sample(generation.generation_params(actor), prompts_NxP, prompt_mask_NxP, rng, sampling)
     scores_N = reward.model_scores(
       ppo.config.reward_model,
       ppo.reward_model,

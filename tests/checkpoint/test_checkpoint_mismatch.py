@@ -8,7 +8,7 @@ import pytest
 
 from jaxrlhf.checkpoint import Checkpointer, CheckpointError, config_differences
 from jaxrlhf.config import get_base_config
-from jaxrlhf.trainer.state import TrainState
+from jaxrlhf.trainer.state import RoleState, TrainState
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -17,12 +17,8 @@ def _state(width: int, adapters: bool = False) -> TrainState:
   weights = {"w": jnp.ones((2, width))}
   return TrainState(
     step=jnp.int32(3),
-    actor_params=weights,
-    actor_opt_state={"mu": weights},
-    actor_adapters={"a": jnp.ones((2, 1))} if adapters else None,
-    critic_params=None,
-    critic_opt_state=None,
-    critic_adapters=None,
+    actor=RoleState(params=weights, opt_state={"mu": weights}, adapters={"a": jnp.ones((2, 1))} if adapters else None),
+    critic=None,
     ref_params=None,
     reward_params=None,
     kl_coef=jnp.float32(0.1),
@@ -69,8 +65,8 @@ def test_a_state_that_does_not_fit_lists_every_setting_that_differs(saved, tmp_p
     assert "damaged" not in str(error.value) and "new trainer.experiment_name" in error.value.hint
   with pytest.raises(
     CheckpointError,
-    match=r"2 array\(s\) differ: actor_opt_state/mu/w \(2, 4\) saved, \(2, 3\) now; "
-    r"actor_params/w \(2, 4\) saved, \(2, 3\) now$",
+    match=r"2 array\(s\) differ: actor/opt_state/mu/w \(2, 4\) saved, \(2, 3\) now; "
+    r"actor/params/w \(2, 4\) saved, \(2, 3\) now$",
   ):
     saved.restore(3, _state(3))  # no config to compare: the arrays say it
   restored, meta = saved.restore(3, _state(4), config=changed)  # what fits restores, whatever the settings

@@ -40,11 +40,11 @@ def test_round_trip_and_resume_onto_another_mesh(tmp_path):
   restored, meta = checkpointer.restore(1, other.state)
   checkpointer.close()
   assert meta["step"] == 1 and json.loads(meta["config"])["mesh"]["fsdp"] == 8
-  _leaves_equal(restored.actor_params, trainer.state.actor_params)
-  _leaves_equal(restored.critic_opt_state, trainer.state.critic_opt_state)
+  _leaves_equal(restored.actor.params, trainer.state.actor.params)
+  _leaves_equal(restored.critic.opt_state, trainer.state.critic.opt_state)
   assert int(restored.step) == 1 and float(restored.kl_coef) == float(trainer.state.kl_coef)
   spec = lambda tree: [x.sharding.spec for x in jax.tree.leaves(tree)]
-  assert spec(restored.actor_params) == spec(other.state.actor_params)  # the new mesh's layout
+  assert spec(restored.actor.params) == spec(other.state.actor.params)  # the new mesh's layout
 
 
 def test_keep_n_prunes_old_checkpoints(tmp_path):
@@ -133,10 +133,10 @@ def test_non_finite_gradients_skip_the_update(tmp_path):
   # A poisoned batch: every reward is NaN, so advantages, losses and gradients are NaN.
   nan = lambda responses, mask, index: jax.numpy.full(responses.shape[:1], jax.numpy.nan)
   trainer.ppo.reward_fn = lambda *args: (nan(*args), nan(*args) * 0, nan(*args) * 0, nan(*args)[None][:0])
-  before = jax.device_get(trainer.state.actor_params)
+  before = jax.device_get(trainer.state.actor.params)
   metrics = trainer.train_step(0)
   assert metrics["actor/update_skipped"] == 1.0 and metrics["critic/update_skipped"] == 1.0
-  _leaves_equal(trainer.state.actor_params, before)
+  _leaves_equal(trainer.state.actor.params, before)
 
 
 def test_kl_blow_up_rolls_back_with_halved_lr_then_stops(tmp_path):

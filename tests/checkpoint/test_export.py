@@ -94,9 +94,9 @@ def test_train_from_hf_checkpoint_export_and_reload_in_transformers(tmp_path, hf
     hf_values = transformers.AutoModelForTokenClassification.from_pretrained(critic_out)(
       torch.tensor(ids)
     ).logits.numpy()[..., 0]
-  actor_params = jax.device_get(trainer.state.actor_params)
+  actor_params = jax.device_get(trainer.state.actor.params)
   np.testing.assert_allclose(hf_logits, ours(Decoder(trainer.model_config), actor_params), atol=1e-4)
-  critic_params = jax.device_get(trainer.state.critic_params)
+  critic_params = jax.device_get(trainer.state.critic.params)
   np.testing.assert_allclose(hf_values, ours(Decoder(trainer.model_config, head="value"), critic_params), atol=1e-4)
   assert os.path.exists(out / "tokenizer_config.json")
 

@@ -34,10 +34,10 @@ def test_checkpoint_resumes_into_the_other_layer_layout(tmp_path, saved_scan):
   checkpointer.close()
   assert meta["step"] == 1
   convert = unstack_layers if saved_scan else stack_layers
-  assert layer_layout(restored.actor_params) == ("unstacked" if saved_scan else "stacked")
-  _equal(restored.actor_params, convert(saved.state.actor_params))
-  _equal(restored.actor_opt_state, convert(saved.state.actor_opt_state))
-  _equal(restored.critic_params, convert(saved.state.critic_params))
+  assert layer_layout(restored.actor.params) == ("unstacked" if saved_scan else "stacked")
+  _equal(restored.actor.params, convert(saved.state.actor.params))
+  _equal(restored.actor.opt_state, convert(saved.state.actor.opt_state))
+  _equal(restored.critic.params, convert(saved.state.critic.params))
   shardings = lambda tree: [x.sharding for x in jax.tree.leaves(tree)]
-  assert shardings(restored.actor_params) == shardings(target.state.actor_params)
-  assert shardings(restored.actor_opt_state) == shardings(target.state.actor_opt_state)
+  assert shardings(restored.actor.params) == shardings(target.state.actor.params)
+  assert shardings(restored.actor.opt_state) == shardings(target.state.actor.opt_state)

@@ -183,11 +183,11 @@ def test_one_grpo_step_on_the_arith_recipe(tmp_path, smollm2_dir):
   from jaxrlhf.trainer import Trainer
 
   trainer = Trainer(_small_recipe(tmp_path, smollm2_dir), devices=jax.devices()[:1])
-  before = jax.device_get(trainer.state.actor_params["embed_tokens"]["embedding"][:64])
+  before = jax.device_get(trainer.state.actor.params["embed_tokens"]["embedding"][:64])
   metrics = trainer.train_step(0)
   assert np.isfinite(metrics["actor/pg_loss"]) and np.isfinite(metrics["actor/grad_norm"])
   assert 0.0 <= metrics["critic/score/mean"] <= 1.0
-  after = jax.device_get(trainer.state.actor_params["embed_tokens"]["embedding"][:64])
+  after = jax.device_get(trainer.state.actor.params["embed_tokens"]["embedding"][:64])
   assert not np.array_equal(before, after)
 
 
@@ -205,8 +205,8 @@ def test_one_ppo_step_with_a_critic_then_export_reloads_in_transformers(tmp_path
   metrics = trainer.train_step(0)
   assert np.isfinite(metrics["critic/vf_loss"]) and np.isfinite(metrics["actor/pg_loss"])
 
-  actor_params = jax.device_get(trainer.state.actor_params)
-  critic_params = jax.device_get(trainer.state.critic_params)
+  actor_params = jax.device_get(trainer.state.actor.params)
+  critic_params = jax.device_get(trainer.state.critic.params)
   out, critic_out = str(tmp_path / "actor_hf"), str(tmp_path / "critic_hf")
   write_hf(actor_params, trainer.config, out, critic_params=critic_params, critic_out=critic_out)
   assert os.path.exists(os.path.join(out, "tokenizer.json"))  # the source checkpoint's tokenizer, copied

@@ -31,7 +31,7 @@ from jaxrlhf.trainer import Trainer  # noqa: E402
 
 trainer = Trainer(config)
 metrics = trainer.train_step(0)
-params = jax.tree.leaves(trainer.state.actor_params)
+params = jax.tree.leaves(trainer.state.actor.params)
 metrics["param_checksum"] = float(sum(jax.numpy.sum(p).item() for p in params))
 with open(f"{out_prefix}.{process_id}.json", "w") as f:
   json.dump({k: v for k, v in metrics.items() if not k.startswith(("timing", "perf/t", "perf/mfu"))}, f)

@@ -37,10 +37,10 @@ def test_every_parameter_follows_the_rules_table_in_both_layouts(tmp_path, mesh,
     _mesh_config(tmp_path, mesh, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": generation_tp})
   )
   logical = _logical_axes(trainer)
-  flat_params = jax.tree_util.tree_flatten_with_path(trainer.state.actor_params)[0]
+  flat_params = jax.tree_util.tree_flatten_with_path(trainer.state.actor.params)[0]
   flat_logical = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, tuple))
   flat_gen = jax.tree.leaves(trainer.layouts.actor_generation)
-  flat_mu = jax.tree.leaves(trainer.state.actor_opt_state[1].mu)
+  flat_mu = jax.tree.leaves(trainer.state.actor.opt_state[1].mu)
   assert len(flat_params) == len(flat_logical) == len(flat_gen) == len(flat_mu)
   for (path, param), names, gen, mu in zip(flat_params, flat_logical, flat_gen, flat_mu):
     assert param.sharding.spec == _expected_spec(names, TRAIN_RULES, trainer.mesh), path
@@ -60,7 +60,7 @@ def test_every_parameter_follows_the_rules_table_in_both_layouts(tmp_path, mesh,
 def test_memory_per_device_scales_with_fsdp_and_tensor(tmp_path):
   def actor_bytes(mesh, devices=None):
     trainer = Trainer(_mesh_config(tmp_path / "x".join(map(str, mesh)), mesh), devices=devices)
-    return per_device_bytes(trainer.state.actor_params) + per_device_bytes(trainer.state.actor_opt_state)
+    return per_device_bytes(trainer.state.actor.params) + per_device_bytes(trainer.state.actor.opt_state)
 
   single = actor_bytes((1, 1, 1), jax.devices()[:1])
   for mesh in ((1, 8, 1), (1, 1, 8)):

@@ -93,7 +93,7 @@ def unsplit_steps(tmp_path_factory):
   steps = {}
   for packed in (False, True):
     trainer = Trainer(_config(tmp_path_factory.mktemp(f"sp1_{packed}"), 1, packed))
-    steps[packed] = trainer.train_step(0), jax.device_get(trainer.state.actor_params)
+    steps[packed] = trainer.train_step(0), jax.device_get(trainer.state.actor.params)
   return steps
 
 
@@ -114,7 +114,7 @@ def test_step_metrics_equal_sp1(tmp_path, unsplit_steps, sp, packed):
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
     want_actor,
-    jax.device_get(trainer.state.actor_params),
+    jax.device_get(trainer.state.actor.params),
   )
 
 

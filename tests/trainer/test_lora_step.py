@@ -54,19 +54,19 @@ def test_fresh_adapters_step_like_the_base_and_only_adapters_train(tmp_path, sca
   lora = _trainer(tmp_path / "lora", **ONE_UPDATE, **layout, **LORA)
   state = lora.state
   assert state.ref_params is None and base.state.ref_params is not None  # the base is the reference
-  num_adapters = count_adapter_params(state.actor_adapters)
+  num_adapters = count_adapter_params(state.actor.adapters)
   assert num_adapters == expected_adapter_params(lora.model_config) > 0
-  moments = [x for x in jax.tree.leaves(state.actor_opt_state) if x.ndim > 0]
+  moments = [x for x in jax.tree.leaves(state.actor.opt_state) if x.ndim > 0]
   assert sum(x.size for x in moments) == 2 * num_adapters  # Adam's mu and nu over the adapters only
-  base_before = _host(state.actor_params)
+  base_before = _host(state.actor.params)
 
   expected, got = base.train_step(0), lora.train_step(0)
   for key, value in expected.items():
     if key.startswith(TIMING_DEPENDENT) or key == "actor/grad_norm":  # the norm is over what trains
       continue
     np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
-  jax.tree.map(np.testing.assert_array_equal, _host(lora.state.actor_params), base_before)  # frozen
-  moved = [np.abs(x).max() for x in jax.tree.leaves(_host(lora.state.actor_adapters))]
+  jax.tree.map(np.testing.assert_array_equal, _host(lora.state.actor.params), base_before)  # frozen
+  moved = [np.abs(x).max() for x in jax.tree.leaves(_host(lora.state.actor.adapters))]
   assert min(moved) > 0  # every A and B trained (B left zero)
 
 
@@ -86,16 +86,18 @@ def _save_and_restore(tmp_path, overrides: dict, fields: tuple[str, ...]):
   checkpointer.close()
   assert meta["step"] == 2
   for field in fields:
-    jax.tree.map(np.testing.assert_array_equal, _host(getattr(restored, field)), _host(getattr(trainer.state, field)))
+    role, part = field.split(".")
+    want = getattr(trainer.state.role(role), part)
+    jax.tree.map(np.testing.assert_array_equal, _host(getattr(restored.role(role), part)), _host(want))
   return trainer, other, restored, saved, config
 
 
 def test_resume_restores_adapters_and_optimizer_state_exactly_and_exports(tmp_path):
   trainer, other, restored, saved, config = _save_and_restore(
-    tmp_path, LORA, ("actor_adapters", "actor_opt_state", "critic_params", "critic_opt_state", "actor_params")
+    tmp_path, LORA, ("actor.adapters", "actor.opt_state", "critic.params", "critic.opt_state", "actor.params")
   )
-  assert not saved.get("actor_params")  # the frozen base is rebuilt from its source, not saved
-  base, adapters = _host(restored.actor_params), _host(restored.actor_adapters)
+  assert not saved["actor"].get("params")  # the frozen base is rebuilt from its source, not saved
+  base, adapters = _host(restored.actor.params), _host(restored.actor.adapters)
   other.state = restored  # donated by the step below
   np.testing.assert_allclose(other.train_step(2)["actor/pg_loss"], trainer.train_step(2)["actor/pg_loss"], rtol=1e-6)
 
@@ -119,23 +121,23 @@ CRITIC_LORA = {"critic.model.lora_rank": 4, "critic.model.lora_alpha": 8}
 def test_critic_lora_trains_adapters_and_value_head_only(tmp_path):
   trainer = _trainer(tmp_path, **CRITIC_LORA)
   state = trainer.state
-  assert state.actor_adapters is None  # the actor fine-tunes in full
-  assert set(state.critic_adapters) == {"lora", "head"} and VALUE_HEAD not in state.critic_params
-  num_adapters = count_adapter_params(state.critic_adapters["lora"])
+  assert state.actor.adapters is None  # the actor fine-tunes in full
+  assert set(state.critic.adapters) == {"lora", "head"} and VALUE_HEAD not in state.critic.params
+  num_adapters = count_adapter_params(state.critic.adapters["lora"])
   assert num_adapters == expected_adapter_params(trainer.critic_model_config) > 0
   D = trainer.critic_model_config.hidden_size
-  num_trained = count_adapter_params(state.critic_adapters)
+  num_trained = count_adapter_params(state.critic.adapters)
   assert num_trained == num_adapters + D + 1  # the value head: kernel [D, 1] and bias [1]
-  moments = [x for x in jax.tree.leaves(state.critic_opt_state) if x.ndim > 0]
+  moments = [x for x in jax.tree.leaves(state.critic.opt_state) if x.ndim > 0]
   assert sum(x.size for x in moments) == 2 * num_trained  # Adam's mu and nu over what trains only
 
-  backbone, head = _host(state.critic_params), _host(state.critic_adapters["head"])
+  backbone, head = _host(state.critic.params), _host(state.critic.adapters["head"])
   losses = [trainer.train_step(step)["critic/vf_loss"] for step in range(3)]
   assert len(set(losses)) == 3  # the critic learns
-  jax.tree.map(np.testing.assert_array_equal, _host(trainer.state.critic_params), backbone)  # frozen
-  moved = [np.abs(x).max() for x in jax.tree.leaves(_host(trainer.state.critic_adapters["lora"]))]
+  jax.tree.map(np.testing.assert_array_equal, _host(trainer.state.critic.params), backbone)  # frozen
+  moved = [np.abs(x).max() for x in jax.tree.leaves(_host(trainer.state.critic.adapters["lora"]))]
   assert min(moved) > 0  # every A and B trained (B left zero)
-  changed = jax.tree.map(lambda a, b: np.abs(a - b).max(), _host(trainer.state.critic_adapters["head"]), head)
+  changed = jax.tree.map(lambda a, b: np.abs(a - b).max(), _host(trainer.state.critic.adapters["head"]), head)
   assert min(jax.tree.leaves(changed)) > 0
 
 
@@ -145,8 +147,8 @@ def test_fresh_critic_adapters_step_like_the_full_critic(tmp_path):
   # The same value head: initialised as a full critic's, then trained beside the adapters.
   jax.tree.map(
     np.testing.assert_array_equal,
-    _host(lora.state.critic_adapters["head"][VALUE_HEAD]),
-    _host(full.state.critic_params[VALUE_HEAD]),
+    _host(lora.state.critic.adapters["head"][VALUE_HEAD]),
+    _host(full.state.critic.params[VALUE_HEAD]),
   )
   expected, got = full.train_step(0), lora.train_step(0)
   assert "critic/vpred_mean" in got and "critic/values/mean" in got
@@ -161,10 +163,10 @@ def test_critic_lora_resumes_exactly_and_exports_merged(tmp_path):
   import transformers
 
   trainer, other, restored, saved, _ = _save_and_restore(
-    tmp_path, CRITIC_LORA, ("critic_adapters", "critic_opt_state", "critic_params", "actor_params", "actor_opt_state")
+    tmp_path, CRITIC_LORA, ("critic.adapters", "critic.opt_state", "critic.params", "actor.params", "actor.opt_state")
   )
-  assert not saved.get("critic_params") and saved["critic_adapters"]["head"]  # the backbone is rebuilt
-  backbone, trained = _host(restored.critic_params), _host(restored.critic_adapters)
+  assert not saved["critic"].get("params") and saved["critic"]["adapters"]["head"]  # the backbone is rebuilt
+  backbone, trained = _host(restored.critic.params), _host(restored.critic.adapters)
   other.state = restored  # donated by the step below
   np.testing.assert_allclose(other.train_step(2)["critic/vf_loss"], trainer.train_step(2)["critic/vf_loss"], rtol=1e-6)
 

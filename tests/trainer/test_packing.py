@@ -10,7 +10,7 @@ from jaxrlhf.models import Decoder, DecoderConfig
 from jaxrlhf.models.decoder import init_params
 from jaxrlhf.parallel import StepLayouts
 from jaxrlhf.trainer import PPOStep, Trainer, packing, update_loop
-from jaxrlhf.trainer.state import make_optimizer
+from jaxrlhf.trainer.state import RoleState, make_optimizer
 from tests.helpers import TIMING_DEPENDENT, programs_built, small_config
 
 PROMPT_LEN, RESPONSE_LEN = 6, 8
@@ -69,6 +69,9 @@ def make_rollout(num_rows, seed=0):
   }
 
 
+FULL = RoleState(params=None, opt_state=None).frozen  # full fine-tuning: nothing frozen beside what trains
+
+
 @pytest.fixture(scope="module")
 def params():
   actor, _ = init_params(Decoder(MODEL, head="lm"), jax.random.key(1))
@@ -82,8 +85,9 @@ def test_packed_log_probs_and_values_equal_padded(params):
   mask = np.asarray(rollout["response_mask"], bool)
   padded, packed = make_step(), make_step(use_remove_padding=True, use_dynamic_bsz=True)
   for phase, model_params in (("old_log_prob", actor_params), ("critic_values", critic_params)):
-    expected = jax.tree.leaves(jax.jit(getattr(padded, phase))(model_params, rollout))[0]  # old_log_prob: + metrics
-    got = jax.tree.leaves(jax.jit(getattr(packed, phase))(model_params, rollout))[0]
+    weights = RoleState(params=model_params, opt_state=None)
+    expected = jax.tree.leaves(jax.jit(getattr(padded, phase))(weights, rollout))[0]  # old_log_prob: + metrics
+    got = jax.tree.leaves(jax.jit(getattr(packed, phase))(weights, rollout))[0]
     np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(expected)[mask], atol=1e-5, rtol=1e-5, err_msg=phase)
 
 
@@ -91,7 +95,7 @@ def _minibatch(step, params, rollout):
   actor_params, critic_params = params
   rng = np.random.default_rng(3)
   mask_f = rollout["response_mask"].astype(jnp.float32)
-  log_probs, _ = step.old_log_prob(actor_params, rollout)
+  log_probs, _ = step.old_log_prob(RoleState(params=actor_params, opt_state=None), rollout)
   return dict(
     rollout,
     old_log_probs=log_probs + 0.1 * jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32),
@@ -113,10 +117,10 @@ def _gradients(step, params, minibatch, loss_agg_mode):
   def run(minibatch):
     key = jax.random.key(0)
     actor = update_loop.minibatch_gradients(
-      step.actor_loss, actor_params, {"kl_gate": 1.0}, minibatch, key, batching, loss_agg_mode
+      step.actor_loss, actor_params, {"kl_gate": 1.0, "frozen": FULL}, minibatch, key, batching, loss_agg_mode
     )
     critic = update_loop.minibatch_gradients(
-      step.critic_loss, critic_params, None, minibatch, key, batching, loss_agg_mode
+      step.critic_loss, critic_params, {"frozen": FULL}, minibatch, key, batching, loss_agg_mode
     )
     return actor, critic
 

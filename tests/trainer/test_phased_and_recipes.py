@@ -143,29 +143,29 @@ def test_critic_warmup_updates_only_the_critic_first(tmp_path):
   In that step the actor's update metrics are absent (not 0); its learning-rate schedule starts after."""
   overrides = {**ONE, "trainer.critic_warmup": 2, "actor_rollout_ref.actor.optim.lr_warmup_steps": 4}
   trainer = Trainer(small_config(tmp_path, **overrides), devices=jax.devices()[:1])
-  actor_before = jax.device_get(trainer.state.actor_params)
-  critic_before = jax.device_get(trainer.state.critic_params)
+  actor_before = jax.device_get(trainer.state.actor.params)
+  critic_before = jax.device_get(trainer.state.critic.params)
   first = trainer.train_step(0)
   same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-  assert same(actor_before, jax.device_get(trainer.state.actor_params))
-  assert not same(critic_before, jax.device_get(trainer.state.critic_params))
+  assert same(actor_before, jax.device_get(trainer.state.actor.params))
+  assert not same(critic_before, jax.device_get(trainer.state.critic.params))
   assert "actor/pg_loss" not in first and "actor/lr" not in first and "critic/vf_loss" in first
   assert "actor/entropy" in first  # the old-log-prob phase still runs, as in verl
   second = trainer.train_step(1)
   lr = trainer.config.actor_rollout_ref.actor.optim.lr
   assert second["actor/lr"] == 0.0  # the schedule's step 0 (warm-up from 0), not step 1
   trainer.train_step(2)
-  assert not same(actor_before, jax.device_get(trainer.state.actor_params))
+  assert not same(actor_before, jax.device_get(trainer.state.actor.params))
   assert trainer.train_step(3)["actor/lr"] == pytest.approx(lr * 2 / 4)
 
 
 def test_critic_warmup_1_skips_nothing(tmp_path):
   trainer = Trainer(small_config(tmp_path, **ONE, **{"trainer.critic_warmup": 1}), devices=jax.devices()[:1])
-  actor_before = jax.device_get(trainer.state.actor_params)
+  actor_before = jax.device_get(trainer.state.actor.params)
   assert "actor/pg_loss" in trainer.train_step(0)
   assert not all(
     np.array_equal(x, y)
-    for x, y in zip(jax.tree.leaves(actor_before), jax.tree.leaves(jax.device_get(trainer.state.actor_params)))
+    for x, y in zip(jax.tree.leaves(actor_before), jax.tree.leaves(jax.device_get(trainer.state.actor.params)))
   )
 
 
@@ -173,8 +173,8 @@ def test_critic_warmup_1_skips_nothing(tmp_path):
 def test_optimal_token_baselines_get_sum_pi_squared_from_the_old_log_prob_phase(tmp_path, estimator):
   trainer = Trainer(small_config(tmp_path, **ONE, **{"algorithm.adv_estimator": estimator}), devices=jax.devices()[:1])
   batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(0))
-  rollout = jax.jit(trainer.ppo.rollout)(trainer.state.actor_params, batch, jax.random.key(0))
-  _, aux = jax.jit(trainer.ppo.old_log_prob)(trainer.state.actor_params, rollout)
+  rollout = jax.jit(trainer.ppo.rollout)(trainer.state.actor.weights, batch, jax.random.key(0))
+  _, aux = jax.jit(trainer.ppo.old_log_prob)(trainer.state.actor.weights, rollout)
   mask = np.asarray(rollout["response_mask"], bool)
   sum_pi_squared = np.asarray(aux["sum_pi_squared"])[mask]
   assert np.all((sum_pi_squared > 0) & (sum_pi_squared <= 1))  # sum_v pi_v^2 of a distribution
@@ -211,7 +211,7 @@ def test_gdpo_reads_the_reward_components_and_validation_uses_acc(tmp_path):
   trainer = Trainer(small_config(tmp_path / "run", **overrides), devices=jax.devices()[:1])
   phased = trainer.phased
   batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(1))
-  rollout = phased.gen(trainer.state.actor_params, batch, jax.random.key(0))
+  rollout = phased.gen(trainer.state.actor.weights, batch, jax.random.key(0))
   scored = jax.device_get(phased.reward(rollout, trainer.state.reward_params))
   texts = decode_responses(trainer.tokenizer, np.asarray(rollout["responses"]), np.asarray(rollout["response_mask"]))
   np.testing.assert_array_equal(

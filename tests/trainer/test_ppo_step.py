@@ -122,12 +122,12 @@ def test_old_log_probs_from_the_first_epoch_equal_the_old_forward(tmp_path, fuse
       if not key.startswith(TIMING_DEPENDENT):
         np.testing.assert_allclose(a[key], value, **tolerance, err_msg=f"step {step} {key}")
   close = lambda x, y: np.testing.assert_allclose(x, y, **tolerance)
-  jax.tree.map(close, jax.device_get(reused.state.actor_opt_state), jax.device_get(forward.state.actor_opt_state))
+  jax.tree.map(close, jax.device_get(reused.state.actor.opt_state), jax.device_get(forward.state.actor.opt_state))
   # Adam moves every element by up to ~lr whatever its gradient's size, so an element whose gradient is near zero
   # turns fp32 rounding into a visible step: parameters agree to a small fraction of one step (lr).
   lr = reused.config.actor_rollout_ref.actor.optim.lr
   step_fraction = lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=(0.01 if mesh is None else 0.05) * lr)
-  jax.tree.map(step_fraction, jax.device_get(reused.state.actor_params), jax.device_get(forward.state.actor_params))
+  jax.tree.map(step_fraction, jax.device_get(reused.state.actor.params), jax.device_get(forward.state.actor.params))
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_the_old_log_prob_forward_stays_where_the_update_cannot_give_them(tmp_pa
 def one_device_step(tmp_path_factory):
   trainer = Trainer(small_config(tmp_path_factory.mktemp("one"), **{"mesh.fsdp": 1}), devices=jax.devices()[:1])
   metrics = trainer.train_step(0)
-  return metrics, jax.device_get(trainer.state.actor_params), jax.device_get(trainer.state.critic_params)
+  return metrics, jax.device_get(trainer.state.actor.params), jax.device_get(trainer.state.critic.params)
 
 
 # Every axis at once (2x2x2, generation data-parallel), the tensor axis alone at full width (8 kv heads over 8), and
@@ -176,8 +176,8 @@ def test_same_numbers_on_every_mesh(tmp_path, one_device_step, mesh, generation_
       continue
     np.testing.assert_allclose(metrics[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
   close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-  jax.tree.map(close, ref_actor, jax.device_get(sharded.state.actor_params))
-  jax.tree.map(close, ref_critic, jax.device_get(sharded.state.critic_params))
+  jax.tree.map(close, ref_actor, jax.device_get(sharded.state.actor.params))
+  jax.tree.map(close, ref_critic, jax.device_get(sharded.state.critic.params))
 
 
 def test_bf16_rollout_of_an_fp32_actor(tmp_path):
@@ -188,7 +188,7 @@ def test_bf16_rollout_of_an_fp32_actor(tmp_path):
   assert trainer.ppo.generation.rollout_actor.config.dtype == "bfloat16" and trainer.model_config.dtype == "float32"
   metrics = trainer.train_step(0)
   assert all(np.isfinite(v) for v in metrics.values())
-  assert all(x.dtype == jax.numpy.float32 for x in jax.tree.leaves(trainer.state.actor_params))
+  assert all(x.dtype == jax.numpy.float32 for x in jax.tree.leaves(trainer.state.actor.params))
   batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(1))
   hlo = trainer.jitted_step.lower(trainer.state, batch, jax.random.key(0)).as_text()
   bf16_dots = re.findall(r"dot_general.*\(tensor<[^>]*bf16>, tensor<[^>]*bf16>\) -> tensor<[^>]*f32>", hlo)

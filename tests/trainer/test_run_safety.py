@@ -73,11 +73,10 @@ SAVE_THEN_FILL = textwrap.dedent("""
     import resource, signal, sys
     import jax, jax.numpy as jnp, numpy as np
     from jaxrlhf.checkpoint import Checkpointer, CheckpointError
-    from jaxrlhf.trainer.state import TrainState
+    from jaxrlhf.trainer.state import RoleState, TrainState
     params = {"w": jnp.asarray(np.random.default_rng(0).random(250_000, np.float32))}  # 1 MB, incompressible
-    state = TrainState(step=jnp.int32(0), actor_params=params, actor_opt_state=None, actor_adapters=None,
-                       critic_params=None, critic_opt_state=None, critic_adapters=None, ref_params=None,
-                       reward_params=None, kl_coef=jnp.float32(0), lr_scale=jnp.float32(1))
+    state = TrainState(step=jnp.int32(0), actor=RoleState(params=params, opt_state=None), critic=None,
+                       ref_params=None, reward_params=None, kl_coef=jnp.float32(0), lr_scale=jnp.float32(1))
     checkpointer = Checkpointer(sys.argv[1])
     checkpointer.save(1, state, {"step": 1})
     checkpointer.wait()
