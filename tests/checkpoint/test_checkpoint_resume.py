@@ -118,7 +118,7 @@ def test_sigkill_after_a_save_then_auto_resume_reproduces_the_run(tmp_path):
   a, b = final(straight), final(killed)
   assert a.latest_step() == b.latest_step() == 6
   template = Trainer(_quickstart_config(tmp_path), devices=jax.devices()[:1]).state
-  _leaves_equal(a.restore(6, template)[0].actor_params, b.restore(6, template)[0].actor_params)
+  _leaves_equal(a.restore(6, template)[0].actor.params, b.restore(6, template)[0].actor.params)
   a.close(), b.close()
 
 
