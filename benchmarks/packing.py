@@ -28,6 +28,7 @@ from jaxrlhf.models import Decoder, DecoderConfig  # noqa: E402
 from jaxrlhf.models.decoder import init_params  # noqa: E402
 from jaxrlhf.parallel import StepLayouts  # noqa: E402
 from jaxrlhf.trainer import PPOStep  # noqa: E402
+from jaxrlhf.trainer.records import Rollout  # noqa: E402
 from jaxrlhf.trainer.state import RoleState, TrainState, make_optimizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +97,15 @@ def programs(step: PPOStep, params, rollout):
   old_log_prob = jax.jit(step.old_log_prob)
   update = jax.jit(step.update_actor)
   weights = RoleState(params=params, opt_state=None)
-  log_probs = old_log_prob(weights, rollout)[0]
+  rows, width = rollout["responses"].shape
+  record = Rollout(
+    **rollout,
+    rollout_log_probs=jnp.zeros((rows, width), jnp.float32),
+    sample_index=jnp.arange(rows, dtype=jnp.int32),
+    group_index=jnp.arange(rows, dtype=jnp.int32),
+    decode_steps=jnp.int32(width),
+  )
+  log_probs = old_log_prob(weights, record).log_probs
   state = TrainState(
     step=jnp.int32(0),
     actor=weights.replace(opt_state=step.roles["actor"].tx.init(params)),
@@ -109,7 +118,7 @@ def programs(step: PPOStep, params, rollout):
   advantages = jax.random.normal(jax.random.key(1), rollout["responses"].shape) * rollout["response_mask"]
   data = dict(rollout, old_log_probs=log_probs, advantages=advantages)
   return {
-    "old_log_prob": lambda: old_log_prob(weights, rollout),
+    "old_log_prob": lambda: old_log_prob(weights, record),
     "update_actor": lambda: update(state, data, jax.random.key(2)),
   }
 

@@ -55,8 +55,8 @@ def measure(sp: int, response: int, packed: bool, target) -> dict:
   scored = jax.eval_shape(ppo.score, rollout, state.reward_params)
   old = jax.eval_shape(ppo.old_log_prob, state.actor.weights, rollout)
   ref = jax.eval_shape(ppo.ref_log_prob, state.ref_params, rollout) if ppo.plan.ref_phase else None
-  adv = jax.eval_shape(ppo.advantages, state, rollout, scored, old[0], ref, None, old[1])
-  data = jax.eval_shape(update_loop.update_data, rollout, old[0], ref, adv)
+  adv = jax.eval_shape(ppo.advantages, state, rollout, scored, old, ref, None)
+  data = jax.eval_shape(update_loop.update_data, rollout, old, ref, adv)
   data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh, x.shape)), data)
   rng = jax.ShapeDtypeStruct((), rng.dtype, sharding=replicated(mesh))
   report, _ = compile_program("update_actor", jax.jit(ppo.update_actor), (state, data, rng), resident_bytes=0)

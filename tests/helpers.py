@@ -2,17 +2,25 @@
 a count of the XLA programs built."""
 
 import contextlib
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import jax.monitoring
 
 from jaxrlhf.config import load_config_file
+from jaxrlhf.trainer.preemption import EXIT_PREEMPTED
 
 # Metrics measured with a clock: they differ between any two runs, whatever the numerics.
 TIMING_DEPENDENT = ("timing_s/", "timing_per_token_ms/", "perf/time", "perf/throughput", "perf/mfu")
 
-_QUICKSTART = os.path.join(os.path.dirname(__file__), "..", "configs", "quickstart.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_QUICKSTART = os.path.join(ROOT, "configs", "quickstart.py")
+VAL_KEY = "val-core/jaxrlhf/recall/reward/mean@1"  # the built-in recall task's greedy validation reward
 
 
 def small_config(tmp_path, **overrides):
@@ -63,3 +71,71 @@ def programs_built():
   finally:
     jax.monitoring.unregister_event_duration_listener(compiled)
     jax.monitoring.unregister_event_listener(loaded)
+
+
+def rollout_of(prompts, prompt_mask, responses, response_mask, **fields):
+  """A `Rollout` record of these sequences (numpy or jax arrays); what a test does not set is zeros of its
+  shape (the sampler's log-probs), the row number (sample and group indices), or the response width."""
+  import numpy as np
+
+  from jaxrlhf.trainer.records import Rollout
+
+  n, width = np.shape(responses)
+  defaults = {
+    "rollout_log_probs": np.zeros((n, width), np.float32),
+    "sample_index": np.arange(n, dtype=np.int32),
+    "group_index": np.arange(n, dtype=np.int32),
+    "decode_steps": np.int32(width),
+  }
+  return Rollout(
+    prompts=prompts, prompt_mask=prompt_mask, responses=responses, response_mask=response_mask, **{**defaults, **fields}
+  )
+
+
+def scored_of(scores, **fields):
+  """A `Scored` record of sequence scores (numpy); no errors, no null ground truths, each score on the last token
+  of a one-token response unless `token_level_scores` is given."""
+  import numpy as np
+
+  from jaxrlhf.trainer.records import Scored
+
+  scores = np.asarray(scores, np.float32)
+  zeros = np.zeros(scores.shape, np.float32)
+  defaults = {"reward_errors": zeros, "null_ground_truths": zeros, "token_level_scores": scores[:, None]}
+  return Scored(scores=scores, **{**defaults, **fields})
+
+
+def run_train(*args, stop_when=None, timeout=900) -> subprocess.CompletedProcess:
+  """`python train.py *args` as a user runs it (one CPU device: the suite's XLA_FLAGS dropped).
+
+  `stop_when(validation rewards so far) -> bool` (VAL_KEY, read from the run's metrics.jsonl as it grows): a SIGTERM
+  as soon as it holds, and the trainer stops at the step boundary (exit status 143). A learning test stops once it
+  has shown what it checks instead of running the config's last steps."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  command = [sys.executable, "train.py", *args]
+  run_root = next(arg.split("=", 1)[1] for arg in args if arg.startswith("--config.trainer.default_local_dir="))
+  with open(os.path.join(run_root, "stdout"), "w+") as out, open(os.path.join(run_root, "stderr"), "w+") as err:
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+    stopped, deadline = False, time.monotonic() + timeout
+    while process.poll() is None:
+      if time.monotonic() > deadline:
+        process.kill()
+        raise AssertionError(f"{command} ran over {timeout} s")
+      if stop_when is not None and not stopped and stop_when(_validation_rewards(run_root)):
+        process.send_signal(signal.SIGTERM)
+        stopped = True
+      time.sleep(1.0)
+    out.seek(0), err.seek(0)
+    result = subprocess.CompletedProcess(command, process.returncode, out.read(), err.read())
+  assert result.returncode == (EXIT_PREEMPTED if stopped else 0), result.stderr[-3000:]
+  return result
+
+
+def _validation_rewards(run_root) -> list[float]:
+  """The validation rewards a run under `run_root` has logged so far (complete lines of its metrics.jsonl)."""
+  for directory, _, files in os.walk(run_root):
+    if "metrics.jsonl" in files:
+      with open(os.path.join(directory, "metrics.jsonl")) as f:
+        lines = [line for line in f.read().split("\n")[:-1] if line]
+      return [record[VAL_KEY] for record in map(json.loads, lines) if VAL_KEY in record]
+  return []

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf import algos
+from jaxrlhf.trainer.records import Advantages, Rollout, Scored
 
 
 def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
@@ -22,44 +23,44 @@ def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
 
 
 def batch_metrics(
-  rollout: dict,
-  scored: dict,
-  adv: dict,
+  rollout: Rollout,
+  scored: Scored,
+  adv: Advantages,
   values,
   max_prompt_length: int | None = None,
   component_keys: tuple[str, ...] = (),
 ) -> dict[str, jax.Array]:
   """From the rollout, its scores (`PPOStep.score`), the advantage phase's output and the values (or None).
 
-  GDPO's reward components (`scored["reward_components"]`, named by `component_keys`) give verl's
+  GDPO's reward components (`Scored.reward_components`, named by `component_keys`) give verl's
   `gdpo/<key>/{mean,std,max,min}` over the batch.
 
   `prompt_length/clip_ratio` counts prompts of `max_prompt_length` tokens (None: the padded width), so it
   means the same whether the batch's prompts were padded to a bucket or to the maximum.
   """
-  mask_f = rollout["response_mask"].astype(jnp.float32)
-  lengths_N = rollout["response_mask"].sum(axis=1)
-  prompt_lengths_N = rollout["prompt_mask"].sum(axis=1)
+  mask_f = rollout.response_mask.astype(jnp.float32)
+  lengths_N = rollout.response_mask.sum(axis=1)
+  prompt_lengths_N = rollout.prompt_mask.sum(axis=1)
   metrics = {}
-  metrics.update(_stats("critic/score", scored["scores"]))
-  metrics.update(_stats("critic/rewards", adv["token_level_rewards"].sum(axis=1)))
-  metrics.update(_stats("critic/advantages", adv["advantages"], mask_f))
-  metrics.update(_stats("critic/returns", adv["returns"], mask_f))
+  metrics.update(_stats("critic/score", scored.scores))
+  metrics.update(_stats("critic/rewards", adv.token_level_rewards.sum(axis=1)))
+  metrics.update(_stats("critic/advantages", adv.advantages, mask_f))
+  metrics.update(_stats("critic/returns", adv.returns, mask_f))
   if values is not None:
     metrics.update(_stats("critic/values", values, mask_f))
-    residual_var = algos.masked_var(adv["returns"] - values, mask_f)
-    metrics["critic/vf_explained_var"] = 1.0 - residual_var / (algos.masked_var(adv["returns"], mask_f) + 1e-5)
+    residual_var = algos.masked_var(adv.returns - values, mask_f)
+    metrics["critic/vf_explained_var"] = 1.0 - residual_var / (algos.masked_var(adv.returns, mask_f) + 1e-5)
   metrics.update(_stats("response_length", lengths_N))
   metrics["response_length/clip_ratio"] = jnp.mean((lengths_N == mask_f.shape[1]).astype(jnp.float32))
   metrics.update(_stats("prompt_length", prompt_lengths_N))
   metrics["prompt_length/clip_ratio"] = jnp.mean(
-    (prompt_lengths_N == (max_prompt_length or rollout["prompt_mask"].shape[1])).astype(jnp.float32)
+    (prompt_lengths_N == (max_prompt_length or rollout.prompt_mask.shape[1])).astype(jnp.float32)
   )
   metrics["perf/total_num_tokens"] = (prompt_lengths_N.sum() + lengths_N.sum()).astype(jnp.float32)
-  metrics["perf/decode_steps"] = jnp.asarray(rollout["decode_steps"], jnp.float32)
-  metrics["reward/num_errors"] = scored["reward_errors"].sum()
-  metrics["reward/num_null_ground_truth"] = scored["null_ground_truths"].sum()
-  for key, component_N in zip(component_keys, scored.get("reward_components", ())):
+  metrics["perf/decode_steps"] = jnp.asarray(rollout.decode_steps, jnp.float32)
+  metrics["reward/num_errors"] = scored.reward_errors.sum()
+  metrics["reward/num_null_ground_truth"] = scored.null_ground_truths.sum()
+  for key, component_N in zip(component_keys, () if scored.reward_components is None else scored.reward_components):
     metrics.update(
       {
         f"gdpo/{key}/{name}": fn(component_N)

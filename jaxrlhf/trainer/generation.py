@@ -12,6 +12,7 @@ from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating, kv_hea
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams, generate
+from jaxrlhf.trainer.records import Rollout
 
 
 class Generation:
@@ -56,7 +57,7 @@ class Generation:
       constrain_cache=self.layouts.constrain_cache,
     )
 
-  def rollout(self, actor, batch, rng) -> dict:
+  def rollout(self, actor, batch, rng) -> Rollout:
     """Prompts x n (interleaved, group ids) -> responses and the sampler's log-probs of them (what rollout
     correction compares with the training forward's), returned in the train layout.
 
@@ -72,19 +73,23 @@ class Generation:
       (out["responses"], out["response_mask"], out["rollout_log_probs"])
     )
     prompts_NxP, prompt_mask_NxP = self.layouts.to_train((prompts_NxP, prompt_mask_NxP))
-    rollout = {
-      "prompts": prompts_NxP,
-      "prompt_mask": prompt_mask_NxP,
-      "responses": responses_NxR,
-      "response_mask": response_mask_NxR,
-      "rollout_log_probs": rollout_log_probs_NxR,
-      "sample_index": jnp.repeat(batch["sample_index"], n, axis=0),
-      "group_index": jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
-      "decode_steps": out["num_steps"],
-    }
+    baseline = {}
     if self.config.algorithm.adv_estimator == "remax":
       greedy = dataclasses.replace(self.sampling, do_sample=False)
-      baseline = self.sample(generation_params, batch["input_ids"], batch["attention_mask"], rng, greedy)
-      rollout["baseline_responses"] = jnp.repeat(baseline["responses"], n, axis=0)
-      rollout["baseline_response_mask"] = jnp.repeat(baseline["response_mask"], n, axis=0)
+      greedy_out = self.sample(generation_params, batch["input_ids"], batch["attention_mask"], rng, greedy)
+      baseline = {
+        "baseline_responses": jnp.repeat(greedy_out["responses"], n, axis=0),
+        "baseline_response_mask": jnp.repeat(greedy_out["response_mask"], n, axis=0),
+      }
+    rollout = Rollout(
+      prompts=prompts_NxP,
+      prompt_mask=prompt_mask_NxP,
+      responses=responses_NxR,
+      response_mask=response_mask_NxR,
+      rollout_log_probs=rollout_log_probs_NxR,
+      sample_index=jnp.repeat(batch["sample_index"], n, axis=0),
+      group_index=jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
+      decode_steps=out["num_steps"],
+      **baseline,
+    )
     return rollout

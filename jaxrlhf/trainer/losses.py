@@ -1,7 +1,8 @@
 """The actor's and the critic's loss on one micro-batch (docs/algorithms.md §3-4), composed from `algos`.
 
-Both have the update loop's signature `loss(trained, aux, micro, normalizers, rng) -> (loss, metrics)`;
-`normalizers` are the mini-batch's (`algos.loss_normalizers`), so micro-batch losses add up.
+Both have the update loop's signature `loss(trained, aux, micro, normalizers, rng) -> (loss, (metrics, rows))`;
+`normalizers` are the mini-batch's (`algos.loss_normalizers`), so micro-batch losses add up. `rows`: per-row
+outputs ([rows, R]) that later epochs read (`update_loop.ppo_update`), usually none.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import jax
 
 from jaxrlhf import algos
 from jaxrlhf.trainer.model_outputs import ModelOutputs
-from jaxrlhf.trainer.update_loop import ROWS_PREFIX
 
 
 def actor_loss(
@@ -36,7 +36,7 @@ def actor_loss(
   loss is verl's `bypass_mode` with those settings, whatever `policy_loss.loss_mode` says (as verl).
   Decoupled correction weights arrive in the micro-batch (`rollout_is_weights`).
   `first_epoch` (`PhasePlan.old_in_update`): the update's first epoch, on the rollout policy's weights. Its
-  log-probs (stopped) are the old ones, and go out per row (`update_loop.ROWS_PREFIX`) for the later
+  log-probs (stopped) are the old ones, and go out per row (`rows["old_log_probs"]`) for the later
   epochs, with the entropy as verl's `actor/entropy` (the old-log-prob phase's metric otherwise).
   """
   mask = micro["response_mask"]
@@ -79,14 +79,16 @@ def actor_loss(
     # bypass mode: verl's rollout_corr/ family, each a mean over this micro-batch (see update_loop)
     **{key: value for key, value in pg_metrics.items() if key.startswith("rollout_corr/")},
   }
+  rows = {}
   if first_epoch:
-    metrics.update({"actor/entropy": entropy_loss, ROWS_PREFIX + "old_log_probs": old_log_prob})
+    metrics["actor/entropy"] = entropy_loss
+    rows["old_log_probs"] = old_log_prob
   if actor.use_kl_loss:
     kl = out["full_kl"] if full_kl else algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
     kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)
     loss = loss + aux["kl_gate"] * actor.kl_loss_coef * kl_loss
     metrics["actor/kl_loss"] = kl_loss
-  return loss, metrics
+  return loss, (metrics, rows)
 
 
 def critic_loss(trained, aux, micro, normalizers, unused_rng, *, outputs: ModelOutputs, critic):
@@ -109,4 +111,5 @@ def critic_loss(trained, aux, micro, normalizers, unused_rng, *, outputs: ModelO
   vpred_mean = algos.agg_loss(
     vpreds, micro["response_mask"], "token-mean", global_token_count=normalizers["global_token_count"]
   )
-  return vf_loss, {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac, "critic/vpred_mean": vpred_mean}
+  metrics = {"critic/vf_loss": vf_loss, "critic/vf_clipfrac": vf_clipfrac, "critic/vpred_mean": vpred_mean}
+  return vf_loss, (metrics, {})

@@ -15,7 +15,9 @@ import time
 import jax
 import numpy as np
 
+from jaxrlhf.trainer import records
 from jaxrlhf.trainer.ppo_step import PPOStep
+from jaxrlhf.trainer.records import Rollout, Scored
 
 
 class PhasedStep:
@@ -77,44 +79,42 @@ def group_is_informative(scores_N: np.ndarray, group_index_N: np.ndarray) -> np.
   return np.asarray(keep, bool)
 
 
-def left_pad_prompts(rollout: dict, width: int, pad_token_id: int) -> dict:
+def left_pad_prompts(rollout: Rollout, width: int, pad_token_id: int) -> Rollout:
   """A rollout's prompts (numpy) left-padded to `width` columns: rounds of bucketed prompt widths join."""
-  columns = width - rollout["prompts"].shape[1]
+  columns = width - rollout.prompts.shape[1]
   if columns == 0:
     return rollout
-  return dict(
-    rollout,
-    prompts=np.pad(rollout["prompts"], ((0, 0), (columns, 0)), constant_values=pad_token_id),
-    prompt_mask=np.pad(rollout["prompt_mask"], ((0, 0), (columns, 0))),
+  return rollout.replace(
+    prompts=np.pad(rollout.prompts, ((0, 0), (columns, 0)), constant_values=pad_token_id),
+    prompt_mask=np.pad(rollout.prompt_mask, ((0, 0), (columns, 0))),
   )
 
 
-def select_groups(rounds: list[tuple[dict, dict]], num_groups: int, metric: str, pad_token_id: int = 0):
-  """Kept groups of all rounds -> (rollout, scored) numpy dicts of exactly `num_groups` groups.
+def select_groups(rounds: list[tuple[Rollout, Scored]], num_groups: int, metric: str, pad_token_id: int = 0):
+  """Kept groups of all rounds -> (rollout, scored) records (numpy) of exactly `num_groups` groups.
 
   Groups keep their order of generation; group ids are renumbered 0..num_groups-1. Rounds whose
   prompts were padded to different widths are left-padded (with `pad_token_id`) to the widest.
   """
   rollout_parts, scored_parts, kept = [], [], 0
   for rollout, scored in rounds:
-    rollout = jax.device_get(rollout)
-    scored = jax.device_get(scored)
-    group_N = np.asarray(rollout["group_index"])
-    metric_N = np.asarray(scored["scores"] if metric == "score" else scored["token_level_scores"].sum(axis=1))
+    rollout, scored = jax.device_get((rollout, scored))
+    group_N = np.asarray(rollout.group_index)
+    metric_N = np.asarray(scored.scores if metric == "score" else scored.token_level_scores.sum(axis=1))
     informative = group_is_informative(metric_N, group_N)
     for g, keep in zip(np.unique(group_N), informative):
       if keep and kept < num_groups:
         rows = group_N == g
-        rollout_parts.append({k: np.asarray(v)[rows] for k, v in rollout.items() if np.ndim(v) > 0})
-        scored_parts.append({k: np.asarray(v)[rows] for k, v in scored.items()})
+        rollout_parts.append(records.take_rows(rollout, rows))
+        scored_parts.append(records.take_rows(scored, rows))
         kept += 1
   if kept < num_groups:
     return None
-  width = max(p["prompts"].shape[1] for p in rollout_parts)
-  rollout_parts = [left_pad_prompts(p, width, pad_token_id) for p in rollout_parts]
-  rollout = {k: np.concatenate([p[k] for p in rollout_parts]) for k in rollout_parts[0]}
-  n = len(rollout["group_index"]) // num_groups
-  rollout["group_index"] = np.repeat(np.arange(num_groups, dtype=np.int32), n)
-  rollout["decode_steps"] = np.asarray(max(int(np.asarray(r["decode_steps"])) for r, _ in rounds), np.int32)
-  scored = {k: np.concatenate([p[k] for p in scored_parts]) for k in scored_parts[0]}
-  return rollout, scored
+  width = max(p.prompts.shape[1] for p in rollout_parts)
+  rollout = records.concatenate_rows([left_pad_prompts(p, width, pad_token_id) for p in rollout_parts])
+  n = len(rollout.group_index) // num_groups
+  rollout = rollout.replace(
+    group_index=np.repeat(np.arange(num_groups, dtype=np.int32), n),
+    decode_steps=np.asarray(max(int(np.asarray(r.decode_steps)) for r, _ in rounds), np.int32),
+  )
+  return rollout, records.concatenate_rows(scored_parts)

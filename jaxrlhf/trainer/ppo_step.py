@@ -35,6 +35,7 @@ from jaxrlhf.trainer.batch_metrics import batch_metrics
 from jaxrlhf.trainer.generation import Generation
 from jaxrlhf.trainer.model_outputs import ModelOutputs
 from jaxrlhf.trainer.phase_plan import PhasePlan
+from jaxrlhf.trainer.records import Advantages, OldLogProbs, Rollout, Scored
 from jaxrlhf.trainer.role import ROLE_PATHS, TrainedRole
 from jaxrlhf.trainer.state import RoleState, TrainState
 
@@ -127,39 +128,39 @@ class PPOStep:
 
   # ----- gen and reward ----------------------------------------------------------------------
 
-  def rollout(self, actor: RoleState, batch, rng) -> dict:
+  def rollout(self, actor: RoleState, batch, rng) -> Rollout:
     """Phase `gen` (`generation.Generation.rollout`); `actor`: the actor's weights (`RoleState.weights`)."""
     return self.generation.rollout(actor, batch, rng)
 
-  def score(self, rollout: dict, reward_params=None) -> dict:
+  def score(self, rollout: Rollout, reward_params=None) -> Scored:
     """Phase `reward` (`reward.score_rollout`)."""
     return reward.score_rollout(self.config.reward_model, self.reward_fn, self.reward_model, reward_params, rollout)
 
   # ----- forward-only phases: old/ref log-probs, values ---------------------------------------
 
-  def _forward_phase(self, outputs_fn, rollout, role: str, phase: str):
+  def _forward_phase(self, outputs_fn, rollout: Rollout, role: str, phase: str):
     role = self.roles[role]
-    seq_len = rollout["prompts"].shape[1] + rollout["responses"].shape[1]
+    seq_len = rollout.prompts.shape[1] + rollout.responses.shape[1]
     batching = self.batcher.phase_plan(
       role.section,
       role.path,
-      rollout["responses"].shape[0],
+      rollout.responses.shape[0],
       seq_len,
       role.packed,
       self.batcher.forward_micro_per_device[phase],
     )
-    return update_loop.forward_phase(outputs_fn, rollout, batching, self.layouts.to_train)
+    return update_loop.forward_phase(outputs_fn, rollout.sequences(), batching, self.layouts.to_train)
 
-  def old_log_prob(self, actor: RoleState, rollout: dict, ref_params=None):
-    """Phase `old_log_prob`: (log-probs of the rollout policy, aux); `actor`: its weights (`RoleState.weights`).
-    aux["metrics"] holds its entropy (`actor/entropy`, as verl); aux["sum_pi_squared"] [N, R] feeds the
-    optimal token baselines. With `ref_params` (full KL in the reward) aux also holds "full_kl" and
-    "ref_log_prob" [N, R]. Bypass mode: the old log-probs are the sampler's (`rollout_log_probs`). With
-    `plan.old_in_update` the actor update's first epoch gives them (and the entropy): (None, no metrics)."""
+  def old_log_prob(self, actor: RoleState, rollout: Rollout, ref_params=None) -> OldLogProbs:
+    """Phase `old_log_prob`: the rollout policy's log-probs; `actor`: its weights (`RoleState.weights`).
+    Its metrics hold the entropy (`actor/entropy`, as verl); `sum_pi_squared` feeds the optimal token
+    baselines. With `ref_params` (full KL in the reward) also `full_kl` and `ref_log_probs`. Bypass mode: the
+    old log-probs are the sampler's (`rollout_log_probs`). With `plan.old_in_update` the actor update's first
+    epoch gives them (and the entropy): log-probs None, no metrics."""
     if self.plan.old_in_update:
-      return None, {"metrics": {}}
+      return OldLogProbs(log_probs=None, metrics={})
     if not self.plan.old_forward:
-      return rollout["rollout_log_probs"], {"metrics": {}}
+      return OldLogProbs(log_probs=rollout.rollout_log_probs, metrics={})
     section = self.roles["actor"].section
     statistics = ("entropy",) + (("sum_pi_squared",) if self.plan.sum_pi_squared else ())
     if ref_params is not None:
@@ -173,31 +174,32 @@ class PPOStep:
         "old_log_prob",
       )
     )
-    aux = {
-      "metrics": {
-        "actor/entropy": algos.agg_loss(
-          out["entropy"], rollout["response_mask"], section.loss_agg_mode, loss_scale_factor=section.loss_scale_factor
-        )
-      }
-    }
-    aux.update({key: out[key] for key in ("sum_pi_squared", "full_kl", "ref_log_prob") if key in out})
-    return (rollout["rollout_log_probs"] if self.plan.bypass else out["log_prob"]), aux
+    entropy = algos.agg_loss(
+      out["entropy"], rollout.response_mask, section.loss_agg_mode, loss_scale_factor=section.loss_scale_factor
+    )
+    return OldLogProbs(
+      log_probs=rollout.rollout_log_probs if self.plan.bypass else out["log_prob"],
+      metrics={"actor/entropy": entropy},
+      sum_pi_squared=out.get("sum_pi_squared"),
+      full_kl=out.get("full_kl"),
+      ref_log_probs=out.get("ref_log_prob"),
+    )
 
   def reference_params(self, state: TrainState):
     """The reference policy's weights: its own copy, or with LoRA the actor's base (run without adapters)."""
     return state.actor.params if self.plan.actor_lora else state.ref_params
 
-  def ref_log_prob(self, ref_params, rollout: dict):
+  def ref_log_prob(self, ref_params, rollout: Rollout):
     ref_params = self.layouts.fetch(ref_params, self.ref_device)
     return self._forward_phase(lambda micro: self.outputs.token_outputs(ref_params, micro), rollout, "actor", "ref")[
       "log_prob"
     ]
 
-  def critic_values(self, critic: RoleState, rollout: dict):
+  def critic_values(self, critic: RoleState, rollout: Rollout):
     """Phase `values`; `critic`: the critic's weights (`RoleState.weights`)."""
     critic = self.roles["critic"].layouts.on_device(critic)
     outputs_fn = lambda micro: self.outputs.values(critic.params, micro, critic.adapters)
-    return self._forward_phase(outputs_fn, rollout, "critic", "values") * rollout["response_mask"].astype(jnp.float32)
+    return self._forward_phase(outputs_fn, rollout, "critic", "values") * rollout.response_mask.astype(jnp.float32)
 
   # ----- adv and the updates ----------------------------------------------------------------------
 
@@ -206,9 +208,9 @@ class PPOStep:
     return (step >= self.kl_warmup_steps).astype(jnp.float32)
 
   def advantages(
-    self, state: TrainState, rollout: dict, scored: dict, old_log_probs, ref_log_probs, values, old_aux=None
-  ):
-    """Phase `adv` (`advantage.advantages`); `old_aux`: `old_log_prob`'s aux."""
+    self, state: TrainState, rollout: Rollout, scored: Scored, old: OldLogProbs, ref_log_probs, values
+  ) -> Advantages:
+    """Phase `adv` (`advantage.advantages`)."""
     return advantage.advantages(
       self.config.algorithm,
       decoupled_correction=self.plan.decoupled_correction,
@@ -216,10 +218,9 @@ class PPOStep:
       kl_gate=self.kl_gate(state.step),
       rollout=rollout,
       scored=scored,
-      old_log_probs=old_log_probs,
+      old=old,
       ref_log_probs=ref_log_probs,
       values=values,
-      old_aux=old_aux or {},
     )
 
   def update(self, name: str, state: TrainState, data: dict, rng):
@@ -289,13 +290,15 @@ class PPOStep:
   def split_rng(rng):
     return dict(zip(("gen", "actor", "critic"), jax.random.split(rng, 3)))
 
-  def generate_and_score(self, state: TrainState, batch: dict, rng, run: Callable | None = None) -> tuple[dict, dict]:
+  def generate_and_score(
+    self, state: TrainState, batch: dict, rng, run: Callable | None = None
+  ) -> tuple[Rollout, Scored]:
     """Phases gen and reward: (rollout, scored)."""
     run = run or inline
     rollout = run("gen", self.rollout, state.actor.weights, batch, self.split_rng(rng)["gen"])
     return rollout, run("reward", self.score, rollout, state.reward_params)
 
-  def train_on_rollout(self, state: TrainState, rollout: dict, scored: dict, rng, run: Callable | None = None):
+  def train_on_rollout(self, state: TrainState, rollout: Rollout, scored: Scored, rng, run: Callable | None = None):
     """Everything after the reward: old_log_prob, ref, values, adv, update_critic, update_actor, then the new
     state and the metrics. One program in the fused step and for DAPO's rounds."""
     run, plan, keys = run or inline, self.plan, self.split_rng(rng)
@@ -304,26 +307,25 @@ class PPOStep:
     else:
       ref_params = self.reference_params(state) if plan.full_kl_in_reward else None
       old = run("old_log_prob", self.old_log_prob, state.actor.weights, rollout, ref_params)
-    old_log_probs, old_aux = old
     if plan.ref_phase:
       ref_log_probs = run("ref", self.ref_log_prob, self.reference_params(state), rollout)
     else:
-      ref_log_probs = old_aux.get("ref_log_prob")
+      ref_log_probs = old.ref_log_probs
     values = None
     if plan.use_critic:
       values = run("values", self.critic_values, state.critic.weights, rollout)
-    adv = run("adv", self.advantages, state, rollout, scored, old_log_probs, ref_log_probs, values, old_aux)
-    data = run(None, update_loop.update_data, rollout, old_log_probs, ref_log_probs, adv)
+    adv = run("adv", self.advantages, state, rollout, scored, old, ref_log_probs, values)
+    data = run(None, update_loop.update_data, rollout, old, ref_log_probs, adv)
     results = {}  # role -> (its new RoleState, metrics)
     if plan.use_critic:
-      critic_data = dict(data, values=values, returns=adv["returns"])
+      critic_data = dict(data, values=values, returns=adv.returns)
       results["critic"] = run("update_critic", self.update_critic, state, critic_data, keys["critic"])
     results["actor"] = run("update_actor", self.update_actor, state, data, keys["actor"])
-    return run(None, self.finish, state, rollout, scored, old_aux, values, adv, results)
+    return run(None, self.finish, state, rollout, scored, old.metrics, values, adv, results)
 
-  def finish(self, state, rollout, scored, old_aux, values, adv, results) -> tuple[TrainState, dict]:
+  def finish(self, state, rollout, scored, old_metrics, values, adv, results) -> tuple[TrainState, dict]:
     """The new state and the step's metrics from the phases' outputs."""
-    metrics = {**old_aux["metrics"], **adv["metrics"]}
+    metrics = {**old_metrics, **adv.metrics}
     roles = {}
     for role, (role_state, role_metrics) in results.items():
       roles[role] = role_state
@@ -333,7 +335,7 @@ class PPOStep:
         rollout, scored, adv, values, self.config.data.max_prompt_length, self.config.algorithm.gdpo_reward_keys or ()
       )
     )
-    return state.replace(step=state.step + 1, kl_coef=adv["kl_coef"], **roles), metrics
+    return state.replace(step=state.step + 1, kl_coef=adv.kl_coef, **roles), metrics
 
   def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
     """The fused step: every phase in one program."""

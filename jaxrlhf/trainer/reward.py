@@ -30,6 +30,7 @@ from jaxrlhf.data import PromptDataset
 from jaxrlhf.errors import UserError
 from jaxrlhf.models.decoder import Decoder, reward_model_scores
 from jaxrlhf.trainer.model_outputs import sequence_inputs
+from jaxrlhf.trainer.records import Rollout, Scored
 
 # Exceptions raised by reward callbacks (Ctrl-C too), newest last; callbacks run on XLA's threads, hence the lock.
 _callback_errors: list[BaseException] = []
@@ -249,41 +250,39 @@ def sequence_scores(
 
 
 def score_rollout(
-  reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params, rollout: dict
-) -> dict:
+  reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params, rollout: Rollout
+) -> Scored:
   """The step's reward phase: sequence scores (+ DAPO overlong penalty) placed on the last valid token.
 
-  Returns `scores` [N], `reward_errors` [N], `null_ground_truths` [N], `token_level_scores` [N, R], for GDPO
-  the rule reward's `reward_components` [K, N], and for ReMax the greedy baseline's `reward_baselines` [N].
+  For GDPO the record holds the rule reward's `reward_components` [K, N], for ReMax the greedy baseline's
+  `reward_baselines` [N].
   """
-  responses_NxR, response_mask_NxR = rollout["responses"], rollout["response_mask"]
+  responses_NxR, response_mask_NxR = rollout.responses, rollout.response_mask
   score = functools.partial(
     sequence_scores,
     reward_model_config,
     reward_fn,
     reward_model,
     reward_params,
-    rollout["prompts"],
-    rollout["prompt_mask"],
+    rollout.prompts,
+    rollout.prompt_mask,
   )
   scores_N, errors_N, null_ground_truths_N, components_KxN = score(
-    responses_NxR, response_mask_NxR, rollout["sample_index"]
+    responses_NxR, response_mask_NxR, rollout.sample_index
   )
   overlong = reward_model_config.overlong_buffer
   if overlong.enable:
     scores_N = scores_N + algos.overlong_penalty(
       response_mask_NxR.sum(axis=1), responses_NxR.shape[1], overlong.len, overlong.penalty_factor
     )
-  out = {
-    "scores": scores_N,
-    "reward_errors": errors_N,
-    "null_ground_truths": null_ground_truths_N,
-    "token_level_scores": algos.place_scores_on_last_token(scores_N, response_mask_NxR),
-  }
-  if components_KxN.shape[0]:
-    out["reward_components"] = components_KxN
-  if "baseline_responses" in rollout:
-    out["reward_baselines"] = score(
-      rollout["baseline_responses"], rollout["baseline_response_mask"], rollout["sample_index"]
-    )[0]
-  return out
+  baselines_N = None
+  if rollout.baseline_responses is not None:
+    baselines_N = score(rollout.baseline_responses, rollout.baseline_response_mask, rollout.sample_index)[0]
+  return Scored(
+    scores=scores_N,
+    reward_errors=errors_N,
+    null_ground_truths=null_ground_truths_N,
+    token_level_scores=algos.place_scores_on_last_token(scores_N, response_mask_NxR),
+    reward_components=components_KxN if components_KxN.shape[0] else None,
+    reward_baselines=baselines_N,
+  )

@@ -226,12 +226,12 @@ class Trainer:
       lr_scale=put(jnp.float32(1.0)),
     )
 
-  def _device_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    """Global host arrays -> arrays in the batch layout (scalars replicated)."""
-    return {
-      k: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh))
-      for k, v in arrays.items()
-    }
+  def _device_batch(self, arrays):
+    """A tree (a dict, a record) of global host arrays -> arrays in the batch layout (scalars replicated)."""
+    return jax.tree.map(
+      lambda v: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh)),
+      arrays,
+    )
 
   def _prompt_width(self, dataset, indices: np.ndarray) -> int:
     """`data.bucket_prompt_lengths`: the batch's longest prompt rounded up to a bucket; else max_prompt_length."""

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jaxrlhf import algos
 from jaxrlhf.trainer import packing
 from jaxrlhf.trainer.model_outputs import sequence_inputs
+from jaxrlhf.trainer.records import Advantages, OldLogProbs, Rollout
 from jaxrlhf.trainer.state import apply_gradients
 
 
@@ -128,27 +129,23 @@ def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
   return packing.pack(ids_NxS, valid_NxS, batching)
 
 
-SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")  # what a model's forward reads
 # Loss metrics that are means over one micro-batch (bypass mode's rollout correction, as verl reduces them):
 # averaged over the micro-batches that ran. Every other metric is normalised by the mini-batch's counts and
 # summed.
 MICRO_MEAN_PREFIXES = ("rollout_corr/",)
-# A loss's per-row outputs ([rows, R]): concatenated over the micro-batches (padding rows dropped), not summed.
-ROWS_PREFIX = "rows/"
 
 
 def forward_phase(
-  outputs_fn: Callable, rollout: dict, batching: packing.MicroBatching | None, to_train: Callable = lambda tree: tree
+  outputs_fn: Callable, sequences: dict, batching: packing.MicroBatching | None, to_train: Callable = lambda tree: tree
 ):
-  """`outputs_fn(micro) -> [N, R]` (or a tree of them) over the rollout: at once on padded rows
+  """`outputs_fn(micro) -> [N, R]` (or a tree of them) over `sequences` (`Rollout.sequences()`): at once on padded rows
   (`batching` None), by micro-batches of padded rows, or slot by slot on packed rows (an empty slot is
   skipped; 0 off the response mask) when packing pays (`packing.packing_pays`; else padded micro-batches
   of the same rows). `to_train` pins each micro-batch's rows to the batch layout, so every device runs
   its share of a micro-batch, not all of it."""
-  sequences = {key: rollout[key] for key in SEQUENCE_KEYS}
   if batching is None:
     return outputs_fn(sequences)
-  num_rows = rollout["responses"].shape[0]
+  num_rows = sequences["responses"].shape[0]
 
   def padded():
     if batching.padded_at_once:
@@ -162,8 +159,8 @@ def forward_phase(
 
   if not batching.packed:
     return padded()
-  plan = pack_sequences(rollout, batching)
-  mask_NxR = rollout["response_mask"]
+  plan = pack_sequences(sequences, batching)
+  mask_NxR = sequences["response_mask"]
   slot_micro = lambda k: to_train(dict(sequences, packed=packing.slot(plan, k)))
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), jax.eval_shape(outputs_fn, slot_micro(0)))
 
@@ -177,7 +174,7 @@ def forward_phase(
     return out
 
   out = jax.lax.cond(
-    packing.packing_pays(plan, batching, rollout["prompts"].shape[1], mask_NxR.shape[1]),
+    packing.packing_pays(plan, batching, sequences["prompts"].shape[1], mask_NxR.shape[1]),
     packed,
     lambda: jax.tree.map(lambda x: x.astype(jnp.float32), padded()),
   )
@@ -196,9 +193,12 @@ def minibatch_gradients(
   loss_scale_factor: float | None = None,
   pin_grads: Callable = lambda tree: tree,
 ):
-  """Summed gradients and metrics of one mini-batch over its micro-batches (padded rows or packed slots).
+  """Summed gradients and metrics of one mini-batch over its micro-batches (padded rows or packed slots), and the
+  loss's per-row outputs: (grads, metrics, rows).
 
-  `loss_fn(params, aux, micro, normalizers, rng) -> (loss, metrics)`; `to_train` pins a micro-batch to
+  `loss_fn(params, aux, micro, normalizers, rng) -> (loss, (metrics, rows))`: `metrics` scalars (summed over the
+  micro-batches: the losses are normalised by the mini-batch's counts), `rows` a dict of [rows, R] arrays (joined
+  over the micro-batches, padding rows dropped; empty for most losses). `to_train` pins a micro-batch to
   the training layout; `loss_scale_factor` is `seq-mean-token-sum-norm`'s divisor (None: the padded length).
   `pin_grads` pins a gradient tree to the parameters' layout: each micro-batch's gradients and their sum
   (a loop carry, whose layout XLA does not infer: left alone it held the 7B's stacked MLP gradients
@@ -213,25 +213,23 @@ def minibatch_gradients(
   add = lambda grads_acc, grads: pin_grads(jax.tree.map(jnp.add, grads_acc, grads))
 
   def gradients(micro, micro_rng):
-    (_, metrics), grads = grad_fn(params, aux, to_train(micro), normalizers, micro_rng)
-    return pin_grads(grads), metrics
+    (_, outputs), grads = grad_fn(params, aux, to_train(micro), normalizers, micro_rng)
+    return pin_grads(grads), outputs
 
-  def finish(grads, micro_metrics, micro_batches_run):
+  def finish(grads, micro_outputs, micro_batches_run):
     # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
-    def reduce(key, v):
-      if key.startswith(ROWS_PREFIX):
-        return v.reshape((-1,) + v.shape[2:])[: minibatch["responses"].shape[0]]
-      return v.sum() / micro_batches_run if key.startswith(MICRO_MEAN_PREFIXES) else v.sum()
-
-    return grads, {k: reduce(k, v) for k, v in micro_metrics.items()}
+    micro_metrics, micro_rows = micro_outputs
+    reduce = lambda key, v: v.sum() / micro_batches_run if key.startswith(MICRO_MEAN_PREFIXES) else v.sum()
+    join = lambda v: v.reshape((-1,) + v.shape[2:])[: minibatch["responses"].shape[0]]
+    return grads, {k: reduce(k, v) for k, v in micro_metrics.items()}, {k: join(v) for k, v in micro_rows.items()}
 
   def padded():
     rows = packing.pad_rows(minibatch, batching.num_micro * batching.rows)
     micro_batches = jax.tree.map(lambda x: x.reshape((batching.num_micro, batching.rows) + x.shape[1:]), rows)
 
     def padded_step(grads_acc, inputs):
-      grads, metrics = gradients(*inputs)
-      return add(grads_acc, grads), metrics
+      grads, outputs = gradients(*inputs)
+      return add(grads_acc, grads), outputs
 
     return finish(*jax.lax.scan(padded_step, zeros, (micro_batches, micro_rngs)), float(batching.num_micro))
 
@@ -251,29 +249,27 @@ def minibatch_gradients(
       run = lambda: gradients(micro, micro_rng)
       skip_shapes = jax.eval_shape(run)
       skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), skip_shapes)
-      grads, metrics = jax.lax.cond(plan["used"][k], run, skip)  # an empty slot costs nothing
-      return add(grads_acc, grads), metrics
+      grads, outputs = jax.lax.cond(plan["used"][k], run, skip)  # an empty slot costs nothing
+      return add(grads_acc, grads), outputs
 
-    grads, micro_metrics = jax.lax.scan(packed_step, zeros, (jnp.arange(batching.num_micro), micro_rngs))
-    return finish(grads, micro_metrics, jnp.maximum(jnp.sum(plan["used"]), 1).astype(jnp.float32))
+    grads, micro_outputs = jax.lax.scan(packed_step, zeros, (jnp.arange(batching.num_micro), micro_rngs))
+    return finish(grads, micro_outputs, jnp.maximum(jnp.sum(plan["used"]), 1).astype(jnp.float32))
 
   pays = packing.packing_pays(plan, batching, minibatch["prompts"].shape[1], minibatch["responses"].shape[1])
-  grads, metrics = jax.lax.cond(pays, packed, padded)
-  return grads, dict(metrics, **{"perf/packed": pays.astype(jnp.float32)})
+  grads, metrics, rows = jax.lax.cond(pays, packed, padded)
+  return grads, dict(metrics, **{"perf/packed": pays.astype(jnp.float32)}), rows
 
 
-def update_data(rollout: dict, old_log_probs, ref_log_probs, adv: dict) -> dict:
-  """What the updates read: the sequences (the response mask after any rollout rejection), old
+def update_data(rollout: Rollout, old: OldLogProbs, ref_log_probs, adv: Advantages) -> dict:
+  """What the updates read, per row: the sequences (the response mask after any rollout rejection), old
   log-probs (unless None), advantages, and the reference's log-probs and rollout correction weights when present."""
-  data = {key: rollout[key] for key in ("prompts", "prompt_mask", "responses")}
-  data.update(response_mask=adv["response_mask"], advantages=adv["advantages"])
-  if old_log_probs is not None:  # None: the actor update's first epoch gives them (`PhasePlan.old_in_update`)
-    data["old_log_probs"] = old_log_probs
-  if "rollout_is_weights" in adv:
-    data["rollout_is_weights"] = adv["rollout_is_weights"]
-  if ref_log_probs is not None:
-    data["ref_log_probs"] = ref_log_probs
-  return data
+  data = dict(rollout.sequences(), response_mask=adv.response_mask, advantages=adv.advantages)
+  optional = {
+    "old_log_probs": old.log_probs,  # None: the actor update's first epoch gives them (`PhasePlan.old_in_update`)
+    "rollout_is_weights": adv.rollout_is_weights,
+    "ref_log_probs": ref_log_probs,
+  }
+  return dict(data, **{key: value for key, value in optional.items() if value is not None})
 
 
 def ppo_update(
@@ -300,7 +296,7 @@ def ppo_update(
   """`epochs` x mini-batches of `mini_batch_rows` (one optimizer step each) x micro-batches (`batching`).
 
   `first_epoch_loss_fn` (one mini-batch of padded rows): the first epoch's loss instead of `loss_fn`; its
-  per-row outputs (metrics named `ROWS_PREFIX` + key) join `data` under that key for the later epochs,
+  per-row outputs (the loss's `rows`) join `data` under their keys for the later epochs,
   and its metrics that the later epochs lack are the first epoch's.
   Returns (params, opt_state, metrics averaged over the optimizer steps, plus `<prefix>/lr`).
   """
@@ -318,7 +314,7 @@ def ppo_update(
   def minibatch_step(loss_fn, carry, inputs):
     params, opt_state = carry
     minibatch, minibatch_rng = inputs
-    grads, metrics = minibatch_gradients(
+    grads, metrics, rows = minibatch_gradients(
       loss_fn, params, aux, minibatch, minibatch_rng, batching, loss_agg_mode, to_train, loss_scale_factor, pin_grads
     )
     params, opt_state, grad_norm, skipped = apply_gradients(tx, params, opt_state, grads, lr)
@@ -326,30 +322,32 @@ def ppo_update(
     metrics[f"{prefix}/update_skipped"] = skipped  # non-finite gradients: the update was not applied
     if "perf/packed" in metrics:  # the fraction of this section's mini-batches that ran packed
       metrics[f"perf/packed/{prefix}"] = metrics.pop("perf/packed")
-    return (params, opt_state), metrics
+    return (params, opt_state), (metrics, rows)
 
   def epoch(loss_fn, data, carry, epoch_rng):
-    """-> (carry, metrics stacked over the mini-batches, the epoch's row order)."""
+    """-> (carry, (metrics, per-row outputs) stacked over the mini-batches, the epoch's row order)."""
     perm_rng, mini_rng = jax.random.split(epoch_rng)
     order = jax.random.permutation(perm_rng, num_rows) if shuffle else jnp.arange(num_rows)
     epoch_data = jax.tree.map(lambda x: x[order], data)
-    carry, metrics = jax.lax.scan(
+    carry, outputs = jax.lax.scan(
       lambda c, inputs: minibatch_step(loss_fn, c, inputs),
       carry,
       (split(epoch_data, num_mini), jax.random.split(mini_rng, num_mini)),
     )
-    return carry, metrics, order
+    return carry, outputs, order
 
   def epochs_of(loss_fn, data, carry, epoch_rngs):
-    return jax.lax.scan(lambda c, epoch_rng: epoch(loss_fn, data, c, epoch_rng)[:2], carry, epoch_rngs)
+    """-> (carry, metrics stacked over epochs x mini-batches)."""
+    carry, (metrics, _) = jax.lax.scan(lambda c, epoch_rng: epoch(loss_fn, data, c, epoch_rng)[:2], carry, epoch_rngs)
+    return carry, metrics
 
   epoch_rngs = jax.random.split(rng, epochs)
   if first_epoch_loss_fn is None:
     (params, opt_state), metrics = epochs_of(loss_fn, data, (params, opt_state), epoch_rngs)
     metrics = {k: v.mean() for k, v in metrics.items()}
   else:
-    carry, first, order = epoch(first_epoch_loss_fn, data, (params, opt_state), epoch_rngs[0])
-    rows = {k[len(ROWS_PREFIX) :]: first.pop(k)[0] for k in [k for k in first if k.startswith(ROWS_PREFIX)]}
+    carry, (first, rows), order = epoch(first_epoch_loss_fn, data, (params, opt_state), epoch_rngs[0])
+    rows = {k: v[0] for k, v in rows.items()}  # the one mini-batch's
     data = dict(data, **{k: jnp.zeros_like(v).at[order].set(v) for k, v in rows.items()})  # back to row order
     (params, opt_state), rest = epochs_of(loss_fn, data, carry, epoch_rngs[1:]) if epochs > 1 else (carry, {})
     metrics = {

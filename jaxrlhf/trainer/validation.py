@@ -33,17 +33,17 @@ def make_validation_fn(ppo: PPOStep, sampling: SamplingParams):
     prompts_NxP = jnp.repeat(batch["input_ids"], n, axis=0)
     prompt_mask_NxP = jnp.repeat(batch["attention_mask"], n, axis=0)
     generation = ppo.generation
-    rollout = generation.sample(generation.generation_params(actor), prompts_NxP, prompt_mask_NxP, rng, sampling)
+    out = generation.sample(generation.generation_params(actor), prompts_NxP, prompt_mask_NxP, rng, sampling)
     scores_N = reward.model_scores(
       ppo.config.reward_model,
       ppo.reward_model,
       reward_params,
       prompts_NxP,
       prompt_mask_NxP,
-      rollout["responses"],
-      rollout["response_mask"],
+      out["responses"],
+      out["response_mask"],
     )
-    return scores_N, rollout["responses"], rollout["response_mask"]
+    return scores_N, out["responses"], out["response_mask"]
 
   return validate
 

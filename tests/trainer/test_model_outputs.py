@@ -10,6 +10,8 @@ from jaxrlhf import algos
 from jaxrlhf.models import Decoder, DecoderConfig, init_params
 from jaxrlhf.rollout import token_log_probs
 from jaxrlhf.trainer.model_outputs import ModelOutputs, chunk_length, sequence_inputs
+from jaxrlhf.trainer.state import RoleState
+from tests.helpers import rollout_of
 from tests.trainer.test_packing import MODEL, make_rollout, make_step
 
 TEMPERATURE = 0.7
@@ -112,8 +114,10 @@ def test_forward_phase_micro_batches_equal_one_pass(packed):
     ("ref_log_prob", actor_params),
     ("critic_values", critic_params),
   ):
-    want = jax.tree.leaves(jax.jit(getattr(one_pass, phase))(model_params, rollout))[0]  # old_log_prob: + metrics
-    got = jax.tree.leaves(jax.jit(getattr(micro, phase))(model_params, rollout))[0]
+    record, weights = rollout_of(**rollout), RoleState(params=model_params, opt_state=None)
+    args = (model_params if phase == "ref_log_prob" else weights, record)
+    want = jax.tree.leaves(jax.jit(getattr(one_pass, phase))(*args))[0]  # old_log_prob: + metrics
+    got = jax.tree.leaves(jax.jit(getattr(micro, phase))(*args))[0]
     close(np.asarray(got)[mask], np.asarray(want)[mask], 1e-5)
 
 

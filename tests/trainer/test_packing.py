@@ -11,7 +11,7 @@ from jaxrlhf.models.decoder import init_params
 from jaxrlhf.parallel import StepLayouts
 from jaxrlhf.trainer import PPOStep, Trainer, packing, update_loop
 from jaxrlhf.trainer.state import RoleState, make_optimizer
-from tests.helpers import TIMING_DEPENDENT, programs_built, small_config
+from tests.helpers import TIMING_DEPENDENT, programs_built, rollout_of, small_config
 
 PROMPT_LEN, RESPONSE_LEN = 6, 8
 MODEL = DecoderConfig(
@@ -86,8 +86,9 @@ def test_packed_log_probs_and_values_equal_padded(params):
   padded, packed = make_step(), make_step(use_remove_padding=True, use_dynamic_bsz=True)
   for phase, model_params in (("old_log_prob", actor_params), ("critic_values", critic_params)):
     weights = RoleState(params=model_params, opt_state=None)
-    expected = jax.tree.leaves(jax.jit(getattr(padded, phase))(weights, rollout))[0]  # old_log_prob: + metrics
-    got = jax.tree.leaves(jax.jit(getattr(packed, phase))(weights, rollout))[0]
+    record = rollout_of(**rollout)
+    expected = jax.tree.leaves(jax.jit(getattr(padded, phase))(weights, record))[0]  # old_log_prob: + metrics
+    got = jax.tree.leaves(jax.jit(getattr(packed, phase))(weights, record))[0]
     np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(expected)[mask], atol=1e-5, rtol=1e-5, err_msg=phase)
 
 
@@ -95,7 +96,7 @@ def _minibatch(step, params, rollout):
   actor_params, critic_params = params
   rng = np.random.default_rng(3)
   mask_f = rollout["response_mask"].astype(jnp.float32)
-  log_probs, _ = step.old_log_prob(RoleState(params=actor_params, opt_state=None), rollout)
+  log_probs = step.old_log_prob(RoleState(params=actor_params, opt_state=None), rollout_of(**rollout)).log_probs
   return dict(
     rollout,
     old_log_probs=log_probs + 0.1 * jnp.asarray(rng.normal(size=mask_f.shape), jnp.float32),
@@ -122,7 +123,7 @@ def _gradients(step, params, minibatch, loss_agg_mode):
     critic = update_loop.minibatch_gradients(
       step.critic_loss, critic_params, {"frozen": FULL}, minibatch, key, batching, loss_agg_mode
     )
-    return actor, critic
+    return actor[:2], critic[:2]  # (grads, metrics): these losses have no per-row outputs
 
   return batching, run(minibatch)
 

@@ -8,7 +8,7 @@ import pytest
 from jaxrlhf.trainer import Trainer
 from jaxrlhf.trainer.phased import group_is_informative, select_groups
 from jaxrlhf.trainer.reward import decode_responses
-from tests.helpers import TIMING_DEPENDENT, small_config
+from tests.helpers import TIMING_DEPENDENT, rollout_of, scored_of, small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ONE = {"mesh.fsdp": 1}
@@ -37,19 +37,17 @@ def test_group_filter_keeps_groups_with_varied_scores():
   scores = np.array([1, 1, 0, 1, 0, 0, 1, 0], np.float32)
   groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
   np.testing.assert_array_equal(group_is_informative(scores, groups), [False, True, False, True])
-  rollout = {
-    "group_index": groups,
-    "responses": np.arange(8)[:, None],
-    "decode_steps": np.int32(3),
-    "prompts": np.zeros((8, 2), np.int32),
-    "prompt_mask": np.ones((8, 2), np.int32),
-  }
-  scored = {"scores": scores, "token_level_scores": scores[:, None]}
+  responses = np.arange(8)[:, None]
+  rollout = rollout_of(
+    np.zeros((8, 2), np.int32), np.ones((8, 2), np.int32), responses, np.ones_like(responses), group_index=groups
+  )
+  scored = scored_of(scores)
   assert select_groups([(rollout, scored)], 3, "score") is None  # only 2 informative groups
   picked, picked_scores = select_groups([(rollout, scored), (rollout, scored)], 3, "score")
-  np.testing.assert_array_equal(picked["responses"][:, 0], [2, 3, 6, 7, 2, 3])
-  np.testing.assert_array_equal(picked["group_index"], [0, 0, 1, 1, 2, 2])
-  np.testing.assert_array_equal(picked_scores["scores"], [0, 1, 1, 0, 0, 1])
+  np.testing.assert_array_equal(picked.responses[:, 0], [2, 3, 6, 7, 2, 3])
+  np.testing.assert_array_equal(picked.group_index, [0, 0, 1, 1, 2, 2])
+  np.testing.assert_array_equal(picked.sample_index, [2, 3, 6, 7, 2, 3])
+  np.testing.assert_array_equal(picked_scores.scores, [0, 1, 1, 0, 0, 1])
 
 
 def test_dapo_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
@@ -94,14 +92,8 @@ def test_overlong_penalty_is_linear_over_the_buffer(tmp_path):
     jnp.zeros((0, responses.shape[0])),
   )
   mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], jnp.int32)  # lengths 1, 2, 3 of max 3, buffer 2
-  rollout = {
-    "prompts": jnp.ones((3, 2), jnp.int32),
-    "prompt_mask": jnp.ones((3, 2), jnp.int32),
-    "responses": jnp.zeros((3, 3), jnp.int32),
-    "response_mask": mask,
-    "sample_index": jnp.arange(3),
-  }
-  scores = trainer.ppo.score(rollout)["scores"]
+  rollout = rollout_of(jnp.ones((3, 2), jnp.int32), jnp.ones((3, 2), jnp.int32), jnp.zeros((3, 3), jnp.int32), mask)
+  scores = trainer.ppo.score(rollout).scores
   np.testing.assert_allclose(np.asarray(scores), [1.0, 0.5, 0.0])  # expected length 1: -(L-1)/2
 
 
@@ -174,9 +166,9 @@ def test_optimal_token_baselines_get_sum_pi_squared_from_the_old_log_prob_phase(
   trainer = Trainer(small_config(tmp_path, **ONE, **{"algorithm.adv_estimator": estimator}), devices=jax.devices()[:1])
   batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(0))
   rollout = jax.jit(trainer.ppo.rollout)(trainer.state.actor.weights, batch, jax.random.key(0))
-  _, aux = jax.jit(trainer.ppo.old_log_prob)(trainer.state.actor.weights, rollout)
-  mask = np.asarray(rollout["response_mask"], bool)
-  sum_pi_squared = np.asarray(aux["sum_pi_squared"])[mask]
+  old = jax.jit(trainer.ppo.old_log_prob)(trainer.state.actor.weights, rollout)
+  mask = np.asarray(rollout.response_mask, bool)
+  sum_pi_squared = np.asarray(old.sum_pi_squared)[mask]
   assert np.all((sum_pi_squared > 0) & (sum_pi_squared <= 1))  # sum_v pi_v^2 of a distribution
   metrics = trainer.train_step(0)
   assert not trainer.ppo.plan.use_critic and np.isfinite(metrics["actor/pg_loss"])
@@ -213,9 +205,9 @@ def test_gdpo_reads_the_reward_components_and_validation_uses_acc(tmp_path):
   batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(1))
   rollout = phased.gen(trainer.state.actor.weights, batch, jax.random.key(0))
   scored = jax.device_get(phased.reward(rollout, trainer.state.reward_params))
-  texts = decode_responses(trainer.tokenizer, np.asarray(rollout["responses"]), np.asarray(rollout["response_mask"]))
+  texts = decode_responses(trainer.tokenizer, np.asarray(rollout.responses), np.asarray(rollout.response_mask))
   np.testing.assert_array_equal(
-    scored["reward_components"], [[float(len(t) % 2 == 0) for t in texts], [float("3" in t) for t in texts]]
+    scored.reward_components, [[float(len(t) % 2 == 0) for t in texts], [float("3" in t) for t in texts]]
   )
   metrics = trainer.train_step(0)
   assert "gdpo/format/mean" in metrics and "gdpo/acc/max" in metrics and np.isfinite(metrics["actor/pg_loss"])

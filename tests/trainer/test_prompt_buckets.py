@@ -12,7 +12,7 @@ from jaxrlhf.data.builtin import RECALL_DATA_SOURCE, build_tokenizer
 from jaxrlhf.rollout import prompt_length_buckets
 from jaxrlhf.trainer import Trainer
 from jaxrlhf.trainer.phased import select_groups
-from tests.helpers import TIMING_DEPENDENT, programs_built, small_config
+from tests.helpers import TIMING_DEPENDENT, programs_built, rollout_of, scored_of, small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 MAX_PROMPT_LENGTH = 40  # buckets 16, 32, 40
@@ -88,19 +88,15 @@ def test_buckets_stop_at_the_maximum_and_batches_keep_the_last_columns(tmp_path)
 def test_dapo_rounds_of_different_widths_join_left_padded():
   groups = np.array([0, 0, 1, 1])
   scores = np.array([0, 1, 1, 0], np.float32)
+  responses = np.ones((4, 3), np.int32)
   round_of = lambda width: (
-    {
-      "group_index": groups,
-      "prompts": np.full((4, width), 7),
-      "decode_steps": np.int32(1),
-      "prompt_mask": np.ones((4, width), np.int32),
-    },
-    {"scores": scores},
+    rollout_of(np.full((4, width), 7), np.ones((4, width), np.int32), responses, responses, group_index=groups),
+    scored_of(scores),
   )
   picked, _ = select_groups([round_of(16), round_of(32)], 4, "score", pad_token_id=0)
-  assert picked["prompts"].shape == (8, 32)
-  np.testing.assert_array_equal(picked["prompt_mask"].sum(1), [16] * 4 + [32] * 4)
-  assert (picked["prompts"][:4, :16] == 0).all() and (picked["prompts"][:4, 16:] == 7).all()
+  assert picked.prompts.shape == (8, 32)
+  np.testing.assert_array_equal(picked.prompt_mask.sum(1), [16] * 4 + [32] * 4)
+  assert (picked.prompts[:4, :16] == 0).all() and (picked.prompts[:4, 16:] == 7).all()
 
 
 def test_bucketed_prompts_give_the_metrics_of_full_padding(tmp_path):

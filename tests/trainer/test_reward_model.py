@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.trainer import Trainer
-from tests.helpers import small_config
+from tests.helpers import rollout_of, small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -54,17 +54,13 @@ def test_reward_model_scores_match_transformers(tmp_path, reward_checkpoint, com
   rng = np.random.default_rng(0)
   prompts = rng.integers(5, 60, (3, 6)).astype(np.int32)
   responses = rng.integers(5, 60, (3, 3)).astype(np.int32)
-  rollout = {
-    "prompts": jnp.asarray(prompts),
-    "prompt_mask": jnp.ones((3, 6), jnp.int32),
-    "responses": jnp.asarray(responses),
-    "response_mask": jnp.ones((3, 3), jnp.int32),
-    "sample_index": jnp.arange(3, dtype=jnp.int32),
-  }
+  rollout = rollout_of(
+    jnp.asarray(prompts), jnp.ones((3, 6), jnp.int32), jnp.asarray(responses), jnp.ones((3, 3), jnp.int32)
+  )
   rule = np.zeros(3, np.float32)
   if combine:
-    rule = np.asarray(trainer.ppo.reward_fn(rollout["responses"], rollout["response_mask"], rollout["sample_index"])[0])
-  scores = np.asarray(trainer.ppo.score(rollout, trainer.state.reward_params)["scores"])
+    rule = np.asarray(trainer.ppo.reward_fn(rollout.responses, rollout.response_mask, rollout.sample_index)[0])
+  scores = np.asarray(trainer.ppo.score(rollout, trainer.state.reward_params).scores)
   with torch.no_grad():
     expected = hf_model(torch.tensor(np.concatenate([prompts, responses], 1), dtype=torch.long)).logits[:, 0].numpy()
   np.testing.assert_allclose(scores, expected + rule, atol=1e-4)
