@@ -11,9 +11,18 @@ from jaxrlhf.trainer import Trainer
 from tests.helpers import TIMING_DEPENDENT, programs_built, small_config
 
 
-def test_step_compiles_once(tmp_path):
-  trainer = Trainer(small_config(tmp_path), devices=jax.devices()[:1])
-  first = trainer.train_step(0)
+@pytest.fixture(scope="module")
+def one_device_run(tmp_path_factory):
+  """The small config's trainer on one device after its first step: (trainer, metrics, actor params, critic
+  params), the params copied to the host. Several tests read this one compile of the fused step (a step with a
+  host callback, the rule reward, is never kept in the persistent compilation cache)."""
+  trainer = Trainer(small_config(tmp_path_factory.mktemp("one"), **{"mesh.fsdp": 1}), devices=jax.devices()[:1])
+  metrics = trainer.train_step(0)
+  return trainer, metrics, jax.device_get(trainer.state.actor.params), jax.device_get(trainer.state.critic.params)
+
+
+def test_step_compiles_once(one_device_run):
+  trainer, first, _, _ = one_device_run
   with programs_built() as events:
     second = trainer.train_step(1)  # a different batch of prompts
   assert events == [], f"the second PPO step compiled {len(events)} program(s)"
@@ -44,8 +53,8 @@ SPEC_METRIC_PREFIXES = (
 )
 
 
-def test_metrics_follow_spec_names(tmp_path):
-  metrics = Trainer(small_config(tmp_path), devices=jax.devices()[:1]).train_step(0)
+def test_metrics_follow_spec_names(one_device_run):
+  metrics = one_device_run[1]
   for key in (
     "actor/pg_loss",
     "actor/pg_clipfrac",
@@ -91,7 +100,9 @@ def _without_old_in_update(trainer):
   return trainer
 
 
-@pytest.mark.parametrize("fused,mesh", [(True, None), (False, (2, 2, 2))])
+# Phased on one device, fused on a mesh: each mode and each layout once (phased on a mesh compiled eight programs
+# for 8 devices, twice the time of the rest of this file's pairs).
+@pytest.mark.parametrize("fused,mesh", [(False, None), (True, (2, 2, 2))])
 def test_old_log_probs_from_the_first_epoch_equal_the_old_forward(tmp_path, fused, mesh):
   # One mini-batch per epoch, nothing before the update reading old log-probs: the update's first epoch
   # gives them. Same numbers, in fp32, as the old-log-prob forward, with the KL loss and the critic on
@@ -144,19 +155,12 @@ def test_the_old_log_prob_forward_stays_where_the_update_cannot_give_them(tmp_pa
   assert not Trainer(config, devices=jax.devices()[:1]).ppo.plan.old_in_update
 
 
-@pytest.fixture(scope="module")
-def one_device_step(tmp_path_factory):
-  trainer = Trainer(small_config(tmp_path_factory.mktemp("one"), **{"mesh.fsdp": 1}), devices=jax.devices()[:1])
-  metrics = trainer.train_step(0)
-  return metrics, jax.device_get(trainer.state.actor.params), jax.device_get(trainer.state.critic.params)
-
-
 # Every axis at once (2x2x2, generation data-parallel), the tensor axis alone at full width (8 kv heads over 8), and
 # a training layout resharded to a wider generation TP (1x2x4 -> TP 8). Each mesh compiles the whole step for 8
 # devices (about a minute and a half here), so single-axis meshes the first one covers are left out.
 @pytest.mark.parametrize("mesh,generation_tp", [((2, 2, 2), 1), ((1, 1, 8), 1), ((1, 2, 4), 8)])
-def test_same_numbers_on_every_mesh(tmp_path, one_device_step, mesh, generation_tp):
-  ref_metrics, ref_actor, ref_critic = one_device_step
+def test_same_numbers_on_every_mesh(tmp_path, one_device_run, mesh, generation_tp):
+  _, ref_metrics, ref_actor, ref_critic = one_device_run
   data, fsdp, tensor = mesh
   sharded = Trainer(
     small_config(
