@@ -105,14 +105,14 @@ def scored_of(scores, **fields):
   return Scored(scores=scores, **{**defaults, **fields})
 
 
-def run_train(*args, stop_when=None, timeout=900) -> subprocess.CompletedProcess:
-  """`python train.py *args` as a user runs it (one CPU device: the suite's XLA_FLAGS dropped).
+def run_train(config_file: str, *args, stop_when=None, timeout=900) -> subprocess.CompletedProcess:
+  """`python train.py --config config_file *args` as a user runs it (one CPU device: the suite's XLA_FLAGS dropped).
 
   `stop_when(validation rewards so far) -> bool` (VAL_KEY, read from the run's metrics.jsonl as it grows): a SIGTERM
   as soon as it holds, and the trainer stops at the step boundary (exit status 143). A learning test stops once it
   has shown what it checks instead of running the config's last steps."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  command = [sys.executable, "train.py", *args]
+  command = [sys.executable, "train.py", "--config", config_file, *args]
   run_root = next(arg.split("=", 1)[1] for arg in args if arg.startswith("--config.trainer.default_local_dir="))
   with open(os.path.join(run_root, "stdout"), "w+") as out, open(os.path.join(run_root, "stderr"), "w+") as err:
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)

@@ -27,6 +27,7 @@ from jaxrlhf.parallel.mesh import (
 from jaxrlhf.parallel.step_layouts import build_step_layouts
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.trainer.generation import Generation
+from jaxrlhf.trainer.state import RoleState
 from tests.helpers import small_config
 
 SAMPLING = SamplingParams(max_new_tokens=6, eos_token_ids=(3,), pad_token_id=0, do_sample=False)
@@ -119,7 +120,10 @@ def _rollout(shape, k, sp, kv_heads):
   params = jax.device_put(init_params(Decoder(model), jax.random.key(0))[0], layouts.actor_train)
   prompts_BxP = jax.random.randint(jax.random.key(1), (8, 5), 4, 64)
   mask_BxP = jnp.ones((8, 5), jnp.int32).at[1, :2].set(0).at[6, :4].set(0)
-  run = jax.jit(lambda p, x, m: generation.sample(generation.generation_params(p), x, m, jax.random.key(0), SAMPLING))
+  weights = lambda p: RoleState(params=p, opt_state=None)
+  run = jax.jit(
+    lambda p, x, m: generation.sample(generation.generation_params(weights(p)), x, m, jax.random.key(0), SAMPLING)
+  )
   compiled = run.lower(params, prompts_BxP, mask_BxP).compile()
   return jax.device_get(compiled(params, prompts_BxP, mask_BxP)), layouts, compiled.as_text()
 

@@ -18,7 +18,9 @@ from jaxrlhf.data import PromptDataset
 from jaxrlhf.rewards import ERROR_KEY, RewardFunctionError, RewardScorer, score_batch
 from jaxrlhf.rewards import batch as batch_module
 from jaxrlhf.trainer.batch_metrics import batch_metrics
+from jaxrlhf.trainer.records import Advantages
 from jaxrlhf.trainer.reward import make_reward_fn, score_on_host
+from tests.helpers import rollout_of, scored_of
 
 TIMEOUT_S = 1.0
 
@@ -210,10 +212,11 @@ def test_null_ground_truths_are_counted_and_warned_about_once(caplog):
   warnings = [r.getMessage() for r in caplog.records if "null reward_model.ground_truth" in r.getMessage()]
   assert len(warnings) == 1
   assert "2 of 5 data rows" in warnings[0] and "row 1 (data_source 'gsm8k'), row 3 (data_source 'gsm8k')" in warnings[0]
+  ones, zeros = np.ones((5, 1), np.int32), np.zeros((5, 1), np.float32)
   metrics = batch_metrics(
-    {"response_mask": np.ones((5, 1), np.int32), "prompt_mask": np.ones((5, 1), np.int32), "decode_steps": 1},
-    {"scores": scores, "reward_errors": errors, "null_ground_truths": null_ground_truths},
-    {"token_level_rewards": np.zeros((5, 1)), "advantages": np.zeros((5, 1)), "returns": np.zeros((5, 1))},
+    rollout_of(ones, ones, ones, ones, decode_steps=np.int32(1)),
+    scored_of(scores, reward_errors=errors, null_ground_truths=null_ground_truths),
+    Advantages(advantages=zeros, returns=zeros, token_level_rewards=zeros, response_mask=ones, kl_coef=0.0, metrics={}),
     None,
   )
   assert float(metrics["reward/num_null_ground_truth"]) == 2.0

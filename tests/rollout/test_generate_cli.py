@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-import flax.struct
 import jax
+import jax.numpy as jnp
 import pytest
 
 from jaxrlhf.checkpoint import Checkpointer
@@ -15,6 +15,7 @@ from jaxrlhf.config import get_base_config
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import Decoder, init_params
 from jaxrlhf.rollout import SamplingParams, generate, pad_prompts
+from jaxrlhf.trainer.state import RoleState, TrainState
 from tests.models import hf_fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,15 +113,6 @@ def test_jsonl_prompts_give_the_same_greedy_responses_in_a_new_process(greedy_te
   assert [r["response_ids"] for r in rows] == [r["response_ids"] for r in greedy_text_run[0][::2]]
 
 
-@flax.struct.dataclass
-class _State:  # the fields of the train state that a checkpoint needs here
-  actor_params: dict
-  actor_adapters: dict | None = None  # LoRA adapters (none here)
-  critic_adapters: dict | None = None  # critic LoRA (none here)
-  ref_params: dict | None = None
-  reward_params: dict | None = None
-
-
 def test_training_checkpoint_directory_with_chat_and_sampling(tmp_path):
   from jaxrlhf import generate as cli
   from jaxrlhf.models import model_config_from
@@ -141,7 +133,16 @@ def test_training_checkpoint_directory_with_chat_and_sampling(tmp_path):
   run_dir = tmp_path / "run"
   tokenizer = build_tokenizer(save_dir=str(run_dir / "tokenizer"))
   checkpointer = Checkpointer(str(run_dir), async_save=False)
-  checkpointer.save(3, _State(params), {"step": 3, "config": config.to_json()})
+  state = TrainState(
+    step=jnp.int32(3),
+    actor=RoleState(params=params, opt_state=None),  # what generate reads; no optimizer state needed here
+    critic=None,
+    ref_params=None,
+    reward_params=None,
+    kl_coef=jnp.float32(0),
+    lr_scale=jnp.float32(1),
+  )
+  checkpointer.save(3, state, {"step": 3, "config": config.to_json()})
   checkpointer.close()
   step_dir = str(run_dir / "global_step_3")
   (tmp_path / "p.txt").write_text("\n".join(PROMPTS) + "\n")
