@@ -176,6 +176,9 @@ def get_base_config() -> ml_collections.ConfigDict:
       tensor_model_parallel_size=1,
       dtype=_placeholder(str),  # generation compute dtype: float32 | bfloat16; None = actor's model.dtype
       max_num_batched_tokens=8192,
+      # Rows decoding at once per generation shard (vLLM's concurrent sequences): a finished row's slot takes the
+      # next prompt inside the compiled loop; the KV cache holds this many rows. None = the whole batch at once.
+      max_num_seqs=_placeholder(int),
       log_prob_micro_batch_size_per_gpu=_placeholder(int),
       val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
     ),
@@ -449,6 +452,7 @@ _RANGES = {
       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
       "critic.forward_micro_batch_size_per_gpu",
+      "actor_rollout_ref.rollout.max_num_seqs",
     )
   },
   "actor_rollout_ref.model.logits_chunk_size": _at_least(0),  # 0 = no chunking

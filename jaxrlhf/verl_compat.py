@@ -524,7 +524,8 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
       "actor_rollout_ref.rollout.name": Ignored(_VLLM),
       "actor_rollout_ref.rollout.mode": Ignored(_VLLM),
       "actor_rollout_ref.rollout.gpu_memory_utilization": Ignored(
-        "vLLM's KV-cache share of GPU memory: XLA sizes the KV cache for the batch when it compiles"
+        "vLLM's KV-cache share of GPU memory: XLA sizes the KV cache when it compiles, for "
+        "actor_rollout_ref.rollout.max_num_seqs rows per generation shard (the whole batch when unset)"
       ),
       "actor_rollout_ref.rollout.enforce_eager": Ignored("vLLM's CUDA-graph switch: the sampler is always compiled"),
       "actor_rollout_ref.rollout.free_cache_engine": Ignored(
@@ -535,10 +536,8 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
       "actor_rollout_ref.rollout.cudagraph_capture_sizes": Ignored(_VLLM),
       "actor_rollout_ref.rollout.disable_log_stats": Ignored(_VLLM),
       "actor_rollout_ref.rollout.max_num_batched_tokens": Ignored(
-        "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"
-      ),
-      "actor_rollout_ref.rollout.max_num_seqs": Ignored(
-        "vLLM's scheduler budget: the whole batch (train_batch_size x n) generates at once"
+        "vLLM's token budget per scheduler step: jaxrlhf's rows decode one token per step, "
+        "bounded by actor_rollout_ref.rollout.max_num_seqs"
       ),
       "actor_rollout_ref.rollout.max_model_len": Ignored(
         "vLLM's longest sequence: jaxrlhf's KV cache holds data.max_prompt_length + data.max_response_length"

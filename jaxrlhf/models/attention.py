@@ -165,6 +165,7 @@ def xla_attention(
 
 def decode_attention(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, query_index, kv_mask_BxS, window=None, window_on=None):
   """One query per row (a decode step) over the KV cache in its own [B, K, S, H] layout -> [B, K, G, H].
+  `query_index`: the query's cache column, one for every row (a scalar) or one per row ([B]).
 
   Both products are batched matmuls over (B, K) with S or H as the contracted axis in place, so XLA
   moves no part of the cache. Read as [B, S, K, H] (the cache-free calls' layout), with transposes and a
@@ -175,7 +176,12 @@ def decode_attention(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, query_index, kv_ma
     "bkgh,bksh->bkgs", q_BxKxGxH, keys_BxKxSxH.astype(dtype), preferred_element_type=jnp.float32
   ) / jnp.sqrt(head_dim).astype(jnp.float32)
   key_index_S = jnp.arange(keys_BxKxSxH.shape[2])
-  allowed_BxS = _allowed(jnp.reshape(query_index, (1,)), key_index_S, kv_mask_BxS, None, None, window, window_on)[:, 0]
+  query_index = jnp.asarray(query_index)
+  if query_index.ndim == 0:  # every row's query at one cache column
+    allowed_BxS = _allowed(query_index[None], key_index_S, kv_mask_BxS, None, None, window, window_on)[:, 0]
+  else:  # one column per row ([B]: the rollout's slots)
+    row_allowed = lambda index, mask_S: _allowed(index[None], key_index_S, mask_S[None], None, None, window, window_on)
+    allowed_BxS = jax.vmap(row_allowed)(query_index, kv_mask_BxS)[:, 0, 0]
   scores_BxKxGxS = jnp.where(allowed_BxS[:, None, None], scores_BxKxGxS, MASK_VALUE)
   probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(dtype)
   return jnp.einsum(

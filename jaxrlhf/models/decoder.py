@@ -15,7 +15,8 @@ Attention works in two modes with one code path:
 - no cache: causal self-attention over the given tokens, keys masked by `kv_mask_BxS` (padding);
 - cache: the new keys/values are written at `cache_index` into a preallocated cache and queries attend
   to every cached position <= their own index that `kv_mask_BxS` marks valid; the cache may be longer
-  than `kv_mask_BxS` (S), and then only its first S columns are read.
+  than `kv_mask_BxS` (S), and then only its first S columns are read. A decode step (one token per row) may
+  give `cache_index` per row ([B]): each row writes and attends at its own column (the rollout's slots).
 Packed rows (`use_remove_padding`, no cache) add `segment_ids_BxL`: several sequences share a row and
 attention is block-diagonal causal, a token sees only earlier tokens of its own segment; segment 0 is
 padding and sees nothing. Positions then restart in each segment (the caller passes them).
@@ -355,7 +356,7 @@ def _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, num_keys: int):
   beyond them. The stacked cache is not written here: written per layer inside the layer scan (its slice taken
   out, updated, put back), XLA moved every layer's whole slice several times per decode step, most of a small
   model's decode time."""
-  zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
+  zero = jnp.zeros((), jnp.int32)
   new_kv, layer_kv = {}, {}
   for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
     stacked = cache[name]
@@ -364,8 +365,22 @@ def _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, num_keys: int):
     old_BxKxSxH = jax.lax.dynamic_slice(
       stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero), (1, batch, kv_heads, num_keys, dim)
     )[0]
-    layer_kv[name] = jax.lax.dynamic_update_slice(old_BxKxSxH, new_kv[name], (zero, zero, index, zero))
+    layer_kv[name] = write_columns(old_BxKxSxH, new_kv[name], cache_index, batch_axis=0, length_axis=2)
   return new_kv, layer_kv
+
+
+def write_columns(x, new, index, *, batch_axis: int, length_axis: int):
+  """`new` written into `x` from column `index` of the length axis on: one index for every row (a scalar, a
+  `dynamic_update_slice`), or one per row ([B], a decode step whose rows are at different points: the rollout's
+  slots, `rollout/slots.py`; a scatter along the batch axis that partitions with it)."""
+  index = jnp.asarray(index, jnp.int32)
+  if index.ndim == 0:
+    return jax.lax.dynamic_update_slice(x, new, tuple(index if a == length_axis else 0 for a in range(x.ndim)))
+  row_length_axis = length_axis - (length_axis > batch_axis)
+  write_row = lambda x_row, new_row, i: jax.lax.dynamic_update_slice(
+    x_row, new_row, tuple(i if a == row_length_axis else 0 for a in range(x_row.ndim))
+  )
+  return jax.vmap(write_row, in_axes=(batch_axis, batch_axis, 0), out_axes=batch_axis)(x, new, index)
 
 
 class MLP(nn.Module):
@@ -538,9 +553,10 @@ class Decoder(nn.Module):
       new_kv = None if cache is None else {name: jnp.stack([kv[name] for kv in per_layer]) for name in cache}
     new_cache = None
     if cache is not None:  # every layer's new columns [layers, B, K, L, H] written at once, in place
-      zero, index = jnp.zeros((), jnp.int32), jnp.asarray(cache_index, jnp.int32)
+      batch_axis, length_axis = CACHE_LOGICAL_AXES.index("batch"), CACHE_LOGICAL_AXES.index("length")
       new_cache = {
-        name: jax.lax.dynamic_update_slice(cache[name], new_kv[name], (zero, zero, zero, index, zero)) for name in cache
+        name: write_columns(cache[name], new_kv[name], cache_index, batch_axis=batch_axis, length_axis=length_axis)
+        for name in cache
       }
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import jax
@@ -150,6 +151,15 @@ class StepLayouts:
 
   def to_generation_batch(self, tree):
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape, dict(self.generation_rules)["batch"]))
+
+  def generation_batch_shards(self, rows: int) -> int:
+    """Blocks of rows `to_generation_batch` splits a batch of `rows` into (1 without a mesh): the devices of
+    the batch axes that divide it. Shard d holds rows [d rows / D, (d + 1) rows / D)."""
+    if self.mesh is None:
+      return 1
+    axes = batch_sharding(self.mesh, (rows,), dict(self.generation_rules)["batch"]).spec[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return math.prod(self.mesh.shape[axis] for axis in axes)
 
   def constrain_cache(self, cache):
     return self._constrain(

@@ -1,4 +1,5 @@
-"""Generation: jitted prefill + while-loop decode with a KV cache, prompt buckets, a JetStream-style engine."""
+"""Generation: jitted prefill + while-loop decode with a KV cache (the whole batch, or `max_num_seqs` slots refilled
+in-graph), prompt buckets, a JetStream-style engine."""
 
 from jaxrlhf.rollout.buckets import (
   DEFAULT_BATCH_BUCKETS,
@@ -23,6 +24,7 @@ from jaxrlhf.rollout.sampler import (
   token_keys,
   token_log_probs,
 )
+from jaxrlhf.rollout.slots import generate_in_slots, row_keys
 
 __all__ = [
   "DEFAULT_BATCH_BUCKETS",
@@ -48,4 +50,6 @@ __all__ = [
   "request_key",
   "token_keys",
   "token_log_probs",
+  "generate_in_slots",
+  "row_keys",
 ]

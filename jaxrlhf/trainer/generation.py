@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating, kv_heads_repeated
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.parallel.step_layouts import StepLayouts
-from jaxrlhf.rollout import SamplingParams, generate
+from jaxrlhf.rollout import SamplingParams, generate, generate_in_slots
 from jaxrlhf.trainer.records import Rollout
 
 
@@ -45,15 +45,24 @@ class Generation:
     return self.layouts.to_generation(cast_floating(actor_params, self.rollout_dtype), self.model_config)
 
   def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
-    """`generate` with the rollout model, the prompts in the generation layout and the cache pinned."""
+    """`generate` with the rollout model, the prompts in the generation layout and the cache pinned; with
+    `rollout.max_num_seqs`, `generate_in_slots`: that many rows decode at once per generation shard."""
     apply = lambda params, *inputs: self.rollout_actor.apply({"params": params}, *inputs)
-    return generate(
-      apply,
+    inputs = (
       generation_params,
       self.rollout_actor.config,
       *self.layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP)),
+    )
+    slots = self.config.actor_rollout_ref.rollout.max_num_seqs
+    if slots is None:
+      return generate(apply, *inputs, rng, sampling, constrain_cache=self.layouts.constrain_cache)
+    return generate_in_slots(
+      apply,
+      *inputs,
       rng,
       sampling,
+      slots=slots,
+      shards=self.layouts.generation_batch_shards(prompts_NxP.shape[0]),
       constrain_cache=self.layouts.constrain_cache,
     )
 

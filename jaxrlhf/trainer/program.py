@@ -114,18 +114,28 @@ class StepProgram:
     return jax.tree.map(cast, abstract_params(self.ppo.generation.rollout_actor)[0])
 
   def kv_cache_bytes_per_device(self) -> int:
-    """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout."""
-    data_cfg, n = self.config.data, self.config.actor_rollout_ref.rollout.n
+    """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout. With
+    `rollout.max_num_seqs`: the slots' cache plus every prompt's (prompt columns only; `rollout/slots.py`)."""
+    data_cfg, rollout = self.config.data, self.config.actor_rollout_ref.rollout
     # DAPO's dynamic sampling generates gen_batch_size prompts a round.
     prompts = (
       (data_cfg.gen_batch_size or data_cfg.train_batch_size)
       if self.config.algorithm.filter_groups.enable
       else data_cfg.train_batch_size
     )
+    rows, prompt_len = prompts * rollout.n, data_cfg.max_prompt_length
+    whole = prompt_len + data_cfg.max_response_length
+    if rollout.max_num_seqs is None:
+      return self._cache_bytes(rows, whole)
+    shards = self.layouts.generation_batch_shards(rows)
+    slots = shards * min(rollout.max_num_seqs, rows // shards)
+    return self._cache_bytes(slots, whole) + self._cache_bytes(rows, prompt_len)
+
+  def _cache_bytes(self, rows: int, length: int) -> int:
     sizes = dict(
       layers=self.model_config.num_hidden_layers,
-      batch=prompts * n,
-      length=data_cfg.max_prompt_length + data_cfg.max_response_length,
+      batch=rows,
+      length=length,
       kv_heads=self.ppo.generation.rollout_actor.config.num_key_value_heads,  # copies included
       head_dim=self.model_config.resolved_head_dim,
     )
