@@ -371,16 +371,16 @@ def _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, num_keys: int):
 
 def write_columns(x, new, index, *, batch_axis: int, length_axis: int):
   """`new` written into `x` from column `index` of the length axis on: one index for every row (a scalar, a
-  `dynamic_update_slice`), or one per row ([B], a decode step whose rows are at different points: the rollout's
-  slots, `rollout/slots.py`; a scatter along the batch axis that partitions with it)."""
+  `dynamic_update_slice`), or one per row ([B], one new column each: a decode step whose rows are at different
+  points, the rollout's slots in `rollout/slots.py`; a scatter of (row, column) pairs)."""
   index = jnp.asarray(index, jnp.int32)
   if index.ndim == 0:
     return jax.lax.dynamic_update_slice(x, new, tuple(index if a == length_axis else 0 for a in range(x.ndim)))
-  row_length_axis = length_axis - (length_axis > batch_axis)
-  write_row = lambda x_row, new_row, i: jax.lax.dynamic_update_slice(
-    x_row, new_row, tuple(i if a == row_length_axis else 0 for a in range(x_row.ndim))
-  )
-  return jax.vmap(write_row, in_axes=(batch_axis, batch_axis, 0), out_axes=batch_axis)(x, new, index)
+  at = [slice(None)] * x.ndim
+  at[batch_axis], at[length_axis] = jnp.arange(x.shape[batch_axis]), index
+  # Advanced indices on two axes put their (row) axis first in the indexed result: [B, the other axes].
+  rows = jnp.moveaxis(jnp.take(new, 0, axis=length_axis), batch_axis - (batch_axis > length_axis), 0)
+  return x.at[tuple(at)].set(rows, unique_indices=True, indices_are_sorted=True)
 
 
 class MLP(nn.Module):

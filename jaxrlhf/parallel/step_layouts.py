@@ -8,6 +8,7 @@ One step's round trip (docs/architecture.md "Mesh and layouts"):
                                                    the rollout TP devices (tensor x fsdp's rollout_tp)
                    `to_generation_batch(prompts)`  batch over the generation rules' batch axes
                    `constrain_cache(cache)`        KV cache by batch and (repeated) kv-heads
+                   `generation_shards(rows)`       the batch's blocks, for generation in slots
       -> the rest: `to_train(responses, ...)`      back to the train batch layout; the gathered
                                                    generation copy dies with the rollout
 A trained role's state (the actor's, the critic's) has its own `RoleLayouts`: its params, what trains with
@@ -25,7 +26,7 @@ import math
 from typing import Any
 
 import jax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrlhf.models.decoder import (
   CACHE_LOGICAL_AXES,
@@ -48,6 +49,7 @@ from jaxrlhf.parallel.layouts import (
   logical_to_shardings,
 )
 from jaxrlhf.parallel.mesh import ROLLOUT_TP_KEY
+from jaxrlhf.rollout.slots import Shards
 
 
 def fetch(tree, shardings):
@@ -115,6 +117,42 @@ class RoleLayouts:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshShards(Shards):
+  """A mesh's generation shards: the batch axes that split the batch (every cache and row array is split by
+  exactly those, whatever else its size would allow), key/value heads as the generation rules say; `map` runs
+  in a `shard_map`, so each device updates its own slots from its own rows."""
+
+  mesh: Any = None
+  batch_axes: tuple = ()
+  rules: tuple = ()
+
+  def _batch_entry(self):
+    return None if not self.batch_axes else self.batch_axes[0] if len(self.batch_axes) == 1 else self.batch_axes
+
+  def _cache_spec(self, shape) -> PartitionSpec:
+    spec = list(activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.rules).spec)
+    spec += [None] * (len(shape) - len(spec))
+    spec[CACHE_LOGICAL_AXES.index("batch")] = self._batch_entry()
+    return PartitionSpec(*spec)
+
+  def _row_spec(self, shape) -> PartitionSpec:
+    return PartitionSpec(self._batch_entry(), *([None] * (len(shape) - 1)))
+
+  def constrain_cache(self, cache):
+    pin = lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self._cache_spec(x.shape)))
+    return jax.tree.map(pin, cache)
+
+  def map(self, fn, cache, rows, const_caches, const_rows):
+    cache_specs = lambda tree: jax.tree.map(lambda x: self._cache_spec(x.shape), tree)
+    row_specs = lambda tree: jax.tree.map(lambda x: self._row_spec(x.shape), tree)
+    in_specs = (cache_specs(cache), row_specs(rows), cache_specs(const_caches), row_specs(const_rows))
+    # The vma check is off: the local update's loops and scatters carry no varying-axis annotations.
+    return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=in_specs[:2], check_vma=False)(
+      cache, rows, const_caches, const_rows
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class StepLayouts:
   mesh: Mesh | None = None
   actor_train: Any = None  # trees of NamedSharding, one per parameter: the actor's (also the reference's)
@@ -152,14 +190,14 @@ class StepLayouts:
   def to_generation_batch(self, tree):
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape, dict(self.generation_rules)["batch"]))
 
-  def generation_batch_shards(self, rows: int) -> int:
-    """Blocks of rows `to_generation_batch` splits a batch of `rows` into (1 without a mesh): the devices of
-    the batch axes that divide it. Shard d holds rows [d rows / D, (d + 1) rows / D)."""
+  def generation_shards(self, rows: int) -> Shards:
+    """The blocks `to_generation_batch` splits a batch of `rows` into (the devices of the batch axes that divide
+    it; shard d holds rows [d rows / D, (d + 1) rows / D)), for generation in slots (`rollout/slots.py`)."""
     if self.mesh is None:
-      return 1
+      return Shards()
     axes = batch_sharding(self.mesh, (rows,), dict(self.generation_rules)["batch"]).spec[0]
     axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    return math.prod(self.mesh.shape[axis] for axis in axes)
+    return MeshShards(math.prod(self.mesh.shape[axis] for axis in axes), self.mesh, axes, self.generation_rules)
 
   def constrain_cache(self, cache):
     return self._constrain(

@@ -29,6 +29,7 @@ cache D x slots x (P + R - 1), against N x (P + R - 1) for the static batch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -109,6 +110,30 @@ def _widths(ndim: int, axis: int, after: int):
   return [(0, after) if a == axis else (0, 0) for a in range(ndim)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Shards:
+  """The generation shards of a batch: `count` contiguous blocks of rows, and how code runs on each block's own
+  rows. Here (no mesh) the blocks are one array's, and `map` vmaps over them; `StepLayouts.generation_shards`
+  gives a mesh's (a `shard_map`: each device updates its own rows, nothing moves between devices)."""
+
+  count: int = 1
+
+  def constrain_cache(self, cache):
+    return cache
+
+  def map(self, fn, cache, rows, const_caches, const_rows):
+    """fn(cache, rows, const_caches, const_rows) -> (cache, rows) on one block's local views: caches
+    [layers, rows of the block, K, S, H], rows [rows of the block, ...]; `const_*` are read only."""
+    split = lambda axis: lambda x: _by_shard(x, axis, self.count)
+    merge = lambda axis: lambda x: _merge_shards(x, axis)
+    args = (cache, rows, const_caches, const_rows)
+    axes = (_BATCH, 0, _BATCH, 0)
+    cache, rows = jax.vmap(fn, in_axes=axes, out_axes=axes[:2])(
+      *(jax.tree.map(split(axis), arg) for arg, axis in zip(args, axes))
+    )
+    return jax.tree.map(merge(_BATCH), cache), jax.tree.map(merge(0), rows)
+
+
 def generate_in_slots(
   apply_fn: Callable,
   params,
@@ -119,32 +144,33 @@ def generate_in_slots(
   sampling: SamplingParams,
   *,
   slots: int,
-  shards: int = 1,
-  constrain_cache: Callable | None = None,
+  shards: int | Shards = 1,
   inserts_per_step: int = INSERTS_PER_STEP,
 ):
   """Samples up to `max_new_tokens` per left-padded prompt with `slots` rows decoding at once per shard.
 
   Same arguments and outputs as `sampler.generate` (`apply_fn` must accept a per-row `cache_index` in a
-  decode step, as `Decoder` does), plus `slots` (rows decoding at once in each of `shards` contiguous blocks
-  of the batch; more than a shard's rows is the whole shard) and per-row keys (module docstring).
-  `num_steps`: loop steps run (each one decode step of every slot).
+  decode step, as `Decoder` does), plus `slots` (rows decoding at once in each shard; more than a shard's rows
+  is the whole shard), `shards` (a count, or the mesh's `Shards`: it also pins the caches) and per-row keys
+  (module docstring). `num_steps`: loop steps run (each one decode step of every slot).
   """
+  shards = shards if isinstance(shards, Shards) else Shards(int(shards))
   rows, prompt_len = prompt_ids_NxP.shape
-  if rows % shards:
-    raise ValueError(f"{rows} rows do not split into {shards} generation shards")
-  per_shard = rows // shards
+  if rows % shards.count:
+    raise ValueError(f"{rows} rows do not split into {shards.count} generation shards")
+  per_shard = rows // shards.count
   slots = max(1, min(int(slots), per_shard))
-  batch = shards * slots
   response_len = sampling.max_new_tokens
   total_len = cache_length(prompt_len, response_len, response_len)
-  constrain_cache = constrain_cache or (lambda cache: cache)
   eos_E = jnp.asarray(sampling.eos_token_ids, jnp.int32)
   prompt_mask_NxP = prompt_mask_NxP.astype(jnp.int32)
-  keys_N = row_keys(rng, rows)
-  last_position_N = jnp.maximum(prompt_mask_NxP.sum(axis=1) - 1, 0)
-  last_token_N = prompt_ids_NxP[:, -1].astype(jnp.int32)
-
+  # What a slot reads of its row when the row enters it.
+  prompts = dict(
+    mask=prompt_mask_NxP,
+    last_token=prompt_ids_NxP[:, -1].astype(jnp.int32),
+    last_position=jnp.maximum(prompt_mask_NxP.sum(axis=1) - 1, 0),
+    key=jax.random.key_data(row_keys(rng, rows)),
+  )
   prompt_cache = prefill_prompts(
     apply_fn,
     params,
@@ -152,123 +178,111 @@ def generate_in_slots(
     prompt_ids_NxP,
     prompt_mask_NxP,
     rows_per_call=slots,
-    shards=shards,
-    constrain_cache=constrain_cache,
+    shards=shards.count,
+    constrain_cache=shards.constrain_cache,
   )
-  prompt_cache_6d = jax.tree.map(lambda x: _by_shard(x, _BATCH, shards), prompt_cache)
 
-  # The first `slots` rows of every shard fill the slots (a static copy); rows are local to their shard.
-  first_rows = lambda x: _merge_shards(_by_shard(x, 0, shards)[:, :slots], 0)
-  cache = jax.tree.map(
-    lambda x: jnp.pad(_merge_shards(x[:, :, :slots], _BATCH), _widths(x.ndim - 1, _LENGTH, total_len - prompt_len)),
-    prompt_cache_6d,
+  # The first `slots` rows of every shard fill the slots (a static copy); a slot's `row` is local to its shard.
+  first_rows = lambda x, axis=0: _merge_shards(
+    jax.lax.slice_in_dim(_by_shard(x, axis, shards.count), 0, slots, axis=axis + 1), axis
   )
-  cache = constrain_cache(cache)
+  cache = jax.tree.map(
+    lambda x: jnp.pad(first_rows(x, _BATCH), _widths(x.ndim, _LENGTH, total_len - prompt_len)), prompt_cache
+  )
+  cache = shards.constrain_cache(cache)
   state = dict(
-    row=_merge_shards(jnp.broadcast_to(jnp.arange(slots, dtype=jnp.int32), (shards, slots)), 0),
-    generated=jnp.zeros((batch,), jnp.int32),
-    live=jnp.ones((batch,), bool),
-    token=first_rows(last_token_N),
-    kv_mask=jnp.pad(first_rows(prompt_mask_NxP), ((0, 0), (0, total_len - prompt_len))),
-    next=jnp.full((shards,), slots, jnp.int32),
+    row=jnp.tile(jnp.arange(slots, dtype=jnp.int32), shards.count),
+    generated=jnp.zeros((shards.count * slots,), jnp.int32),
+    live=jnp.ones((shards.count * slots,), bool),
+    token=first_rows(prompts["last_token"]),
+    position=first_rows(prompts["last_position"]),
+    key=first_rows(prompts["key"]),
+    kv_mask=jnp.pad(first_rows(prompts["mask"]), ((0, 0), (0, total_len - prompt_len))),
+    next=jnp.full((shards.count,), slots, jnp.int32),  # each shard's next waiting row
   )
   outputs = dict(
-    tokens=jnp.full((shards, per_shard, response_len), sampling.pad_token_id, jnp.int32),
-    log_probs=jnp.zeros((shards, per_shard, response_len), jnp.float32),
-    valid=jnp.zeros((shards, per_shard, response_len), jnp.int32),
+    tokens=jnp.full((rows, response_len), sampling.pad_token_id, jnp.int32),
+    log_probs=jnp.zeros((rows, response_len), jnp.float32),
+    valid=jnp.zeros((rows, response_len), jnp.int32),
   )
   inserts = min(inserts_per_step, slots) if per_shard > slots else 0
-  shard_prompt_mask = _by_shard(prompt_mask_NxP, 0, shards)
 
-  def insert(cache, state):
-    """Each shard's first free slots take its next rows (at most `inserts` per step)."""
+  def insert(slot_cache, state, prompt_cache, prompts):
+    """A shard's first free slots take its next rows (at most `inserts` per step)."""
+    free = jnp.nonzero(~state["live"], size=inserts, fill_value=slots)[0]
+    first = state["next"][0]
+    for j in range(inserts):
+      ok = (free[j] < slots) & (first + j < per_shard)
+      slot, row = jnp.minimum(free[j], slots - 1), jnp.minimum(first + j, per_shard - 1)
+      slot_cache = jax.tree.map(lambda whole, part: _put_prompt(whole, part, slot, row, ok), slot_cache, prompt_cache)
+      take = lambda x, row=row: jax.lax.dynamic_slice_in_dim(x, row, 1, axis=0)
+      entering = dict(
+        row=row[None],
+        generated=jnp.zeros((1,), jnp.int32),
+        live=jnp.ones((1,), bool),
+        token=take(prompts["last_token"]),
+        position=take(prompts["last_position"]),
+        key=take(prompts["key"]),
+        kv_mask=jnp.pad(take(prompts["mask"]), ((0, 0), (0, total_len - prompt_len))),
+      )
+      state = {
+        name: _put_row(value, entering[name], slot, ok) if name in entering else value for name, value in state.items()
+      }
+      state["next"] = state["next"] + ok.astype(jnp.int32)
+    return slot_cache, state
 
-    def one_shard(cache_sh, prompt_sh, mask_sh, state_sh):
-      slot_ids = jnp.nonzero(~state_sh["live"], size=inserts, fill_value=slots)[0]
-      first_row = state_sh["next"]
-      for j in range(inserts):
-        row = first_row + j
-        ok = (slot_ids[j] < slots) & (row < per_shard)
-        slot, row = jnp.minimum(slot_ids[j], slots - 1), jnp.minimum(row, per_shard - 1)
-
-        def put(whole, new, slot=slot, ok=ok):
-          old = jax.lax.dynamic_slice_in_dim(whole, slot, 1, axis=0)
-          return jax.lax.dynamic_update_slice_in_dim(whole, jnp.where(ok, new, old), slot, axis=0)
-
-        cache_sh = jax.tree.map(lambda whole, prompt: _put_prompt(whole, prompt, slot, row, ok), cache_sh, prompt_sh)
-        state_sh = dict(
-          state_sh,
-          row=put(state_sh["row"], row[None]),
-          generated=put(state_sh["generated"], jnp.zeros((1,), jnp.int32)),
-          live=put(state_sh["live"], jnp.ones((1,), bool)),
-          kv_mask=put(
-            state_sh["kv_mask"],
-            jnp.pad(jax.lax.dynamic_slice_in_dim(mask_sh, row, 1, axis=0), ((0, 0), (0, total_len - prompt_len))),
-          ),
-        )
-        state_sh["next"] = state_sh["next"] + ok.astype(jnp.int32)
-      return cache_sh, state_sh
-
-    shard_axis = _BATCH  # the caches as [layers, D, slots or rows, K, S, H]: D at the batch axis
-    cache_6d = jax.tree.map(lambda x: _by_shard(x, _BATCH, shards), cache)
-    state_sh = {name: value if name == "next" else _by_shard(value, 0, shards) for name, value in state.items()}
-    cache_6d, state_sh = jax.vmap(one_shard, in_axes=(shard_axis, shard_axis, 0, 0), out_axes=(shard_axis, 0))(
-      cache_6d, prompt_cache_6d, shard_prompt_mask, state_sh
-    )
-    cache = constrain_cache(jax.tree.map(lambda x: _merge_shards(x, _BATCH), cache_6d))
-    return cache, {name: value if name == "next" else _merge_shards(value, 0) for name, value in state_sh.items()}
-
-  def body(carry):
-    step, cache, state, outputs = carry
-    if inserts:
-      cache, state = insert(cache, state)
-    # The slot's global row (its shard's block + its local row) names its prompt and its key.
-    global_row = _merge_shards(
-      _by_shard(state["row"], 0, shards) + (jnp.arange(shards, dtype=jnp.int32) * per_shard)[:, None], 0
-    )
-    generated = state["generated"]
-    column = prompt_len - 1 + generated  # this step's input: the last prompt token, then each sampled one
-    kv_mask = state["kv_mask"] | (jnp.arange(total_len)[None, :] == column[:, None]).astype(jnp.int32)
-    token, log_prob, cache = decode_step(
-      apply_fn,
-      params,
-      jnp.where(generated == 0, last_token_N[global_row], state["token"]),
-      last_position_N[global_row] + generated,
-      kv_mask,
-      cache,
-      column,
-      token_keys(keys_N[global_row], generated),
-      sampling,
-    )
-    cache = constrain_cache(cache)
-    live = state["live"]
-
-    def record(out_sh, row_sh, at_sh, value_sh, live_sh):
-      return out_sh.at[jnp.where(live_sh, row_sh, per_shard), at_sh].set(value_sh, mode="drop")
-
-    shard = lambda x: _by_shard(x, 0, shards)
+  def advance(slot_cache, rows_in, prompt_cache, prompts):
+    """A shard after a decode step: its tokens recorded, finished rows' slots freed and refilled."""
+    state, outputs, (token, log_prob) = rows_in["state"], rows_in["outputs"], rows_in["sampled"]
+    live, generated = state["live"], state["generated"]
+    at = (jnp.where(live, state["row"], per_shard), generated)  # a free slot's token is dropped
     outputs = {
-      name: jax.vmap(record)(outputs[name], shard(state["row"]), shard(generated), shard(value), shard(live))
+      name: outputs[name].at[at].set(value, mode="drop")
       for name, value in (("tokens", token), ("log_probs", log_prob), ("valid", jnp.ones_like(token)))
     }
     generated = generated + live.astype(jnp.int32)
-    finished = jnp.isin(token, eos_E) | (generated >= response_len)
-    state = dict(state, generated=generated, live=live & ~finished, token=token, kv_mask=kv_mask)
-    return step + 1, cache, state, outputs
+    live = live & ~(jnp.isin(token, eos_E) | (generated >= response_len))
+    state = dict(state, generated=generated, live=live, token=token)
+    if inserts:
+      slot_cache, state = insert(slot_cache, state, prompt_cache, prompts)
+    return slot_cache, dict(rows_in, state=state, outputs=outputs)
 
-  def cond(carry):
-    _, _, state, _ = carry
-    return jnp.any(state["live"]) | jnp.any(state["next"] < per_shard)
+  def body(carry):
+    step, cache, state, outputs = carry
+    generated = state["generated"]
+    column = prompt_len - 1 + generated  # this step's input: the last prompt token, then each sampled one
+    kv_mask = state["kv_mask"] | (jnp.arange(total_len)[None, :] == column[:, None]).astype(jnp.int32)
+    sampled_token, log_prob, cache = decode_step(
+      apply_fn,
+      params,
+      state["token"],
+      state["position"] + generated,
+      kv_mask,
+      cache,
+      column,
+      token_keys(jax.random.wrap_key_data(state["key"]), generated),
+      sampling,
+    )
+    cache = shards.constrain_cache(cache)
+    rows_in = dict(state=dict(state, kv_mask=kv_mask), outputs=outputs, sampled=(sampled_token, log_prob))
+    cache, rows_out = shards.map(advance, cache, rows_in, prompt_cache, prompts)
+    return step + 1, cache, rows_out["state"], rows_out["outputs"]
 
+  cond = lambda carry: jnp.any(carry[2]["live"])
   steps, _, _, outputs = jax.lax.while_loop(cond, body, (jnp.int32(0), cache, state, outputs))
-  tokens, log_probs, valid = (_merge_shards(outputs[name], 0) for name in ("tokens", "log_probs", "valid"))
   return {
-    "responses": tokens,
-    "response_mask": valid,
-    "rollout_log_probs": log_probs,
-    "response_lengths": valid.sum(axis=1),
+    "responses": outputs["tokens"],
+    "response_mask": outputs["valid"],
+    "rollout_log_probs": outputs["log_probs"],
+    "response_lengths": outputs["valid"].sum(axis=1),
     "num_steps": steps,
   }
+
+
+def _put_row(whole, new, slot, ok):
+  """`whole` ([slots, ...]) with row `slot` replaced by `new` ([1, ...]) where `ok`."""
+  old = jax.lax.dynamic_slice_in_dim(whole, slot, 1, axis=0)
+  return jax.lax.dynamic_update_slice_in_dim(whole, jnp.where(ok, new, old), slot, axis=0)
 
 
 def _put_prompt(slot_cache, prompt_cache, slot, row, ok):

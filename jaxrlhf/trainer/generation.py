@@ -62,8 +62,7 @@ class Generation:
       rng,
       sampling,
       slots=slots,
-      shards=self.layouts.generation_batch_shards(prompts_NxP.shape[0]),
-      constrain_cache=self.layouts.constrain_cache,
+      shards=self.layouts.generation_shards(prompts_NxP.shape[0]),
     )
 
   def rollout(self, actor, batch, rng) -> Rollout:

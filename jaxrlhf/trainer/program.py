@@ -127,7 +127,7 @@ class StepProgram:
     whole = prompt_len + data_cfg.max_response_length
     if rollout.max_num_seqs is None:
       return self._cache_bytes(rows, whole)
-    shards = self.layouts.generation_batch_shards(rows)
+    shards = self.layouts.generation_shards(rows).count
     slots = shards * min(rollout.max_num_seqs, rows // shards)
     return self._cache_bytes(slots, whole) + self._cache_bytes(rows, prompt_len)
 

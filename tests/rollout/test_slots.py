@@ -144,7 +144,7 @@ def _mesh_rollout(slots):
   config = resolve_config(small_config("/tmp/unused", **overrides))
   model = dataclasses.replace(MODEL, num_attention_heads=8, num_key_value_heads=4)
   layouts = build_step_layouts(config, mesh_from_config(config), model, model, None)
-  assert layouts.generation_batch_shards(32) == 4
+  assert layouts.generation_shards(32).count == 4
   sampling = _sampling(True)
   generation = Generation(config, model, sampling, layouts)
   params = jax.device_put(init_params(Decoder(model), jax.random.key(0))[0], layouts.actor_train)
