@@ -2,7 +2,7 @@
 takes the next waiting prompt inside the same compiled loop, so the KV cache holds `max_num_seqs` rows per
 generation shard instead of the whole batch.
 
-The pattern is JetStream's prefill / insert / generate, in-graph (docs/architecture.md, "Generation"):
+The pattern is JetStream's prefill / insert / generate, in-graph (docs/architecture.md, "Generation", Slots):
 - prefill: every prompt's KV cache ([layers, N, K, P, H], prompt columns only), computed `slots` rows per
   shard at a time, so prefill activations are bounded by the slots too;
 - insert: a free slot gets the next prompt of its shard: its prompt columns copied into the slot's row of
@@ -14,8 +14,8 @@ The pattern is JetStream's prefill / insert / generate, in-graph (docs/architect
 
 Shards. The batch is split over the generation layout's data-parallel shards D (contiguous blocks, the
 layout `StepLayouts.to_generation_batch` gives it); each shard has its own slots and its own queue of
-rows, so an insert never moves data between devices (the per-shard updates are vmapped over D: the
-gathers and scatters are batched along the sharded axis).
+rows, so an insert never moves data between devices: the per-shard record and refill run on each shard's
+local rows (`Shards.map`: a vmap over D here, a `shard_map` on a mesh, `StepLayouts.generation_shards`).
 
 Sampling keys are per row: row r's token t is drawn with `token_keys(fold_in(rng, r), t)`, so what a row
 samples depends on the seed, its row and its prompt only, not on `max_num_seqs`, its slot or the step at
