@@ -171,24 +171,37 @@ def generate_in_slots(
     last_position=jnp.maximum(prompt_mask_NxP.sum(axis=1) - 1, 0),
     key=jax.random.key_data(row_keys(rng, rows)),
   )
-  prompt_cache = prefill_prompts(
-    apply_fn,
-    params,
-    model_config,
-    prompt_ids_NxP,
-    prompt_mask_NxP,
-    rows_per_call=slots,
-    shards=shards.count,
-    constrain_cache=shards.constrain_cache,
-  )
-
   # The first `slots` rows of every shard fill the slots (a static copy); a slot's `row` is local to its shard.
   first_rows = lambda x, axis=0: _merge_shards(
     jax.lax.slice_in_dim(_by_shard(x, axis, shards.count), 0, slots, axis=axis + 1), axis
   )
-  cache = jax.tree.map(
-    lambda x: jnp.pad(first_rows(x, _BATCH), _widths(x.ndim, _LENGTH, total_len - prompt_len)), prompt_cache
-  )
+  inserts = min(inserts_per_step, slots) if per_shard > slots else 0
+  if inserts:
+    prompt_cache = prefill_prompts(
+      apply_fn,
+      params,
+      model_config,
+      prompt_ids_NxP,
+      prompt_mask_NxP,
+      rows_per_call=slots,
+      shards=shards.count,
+      constrain_cache=shards.constrain_cache,
+    )
+    cache = jax.tree.map(
+      lambda x: jnp.pad(first_rows(x, _BATCH), _widths(x.ndim, _LENGTH, total_len - prompt_len)), prompt_cache
+    )
+  else:  # every row has its slot from the start: prefilled in place, no separate prompt cache
+    prompt_cache = None
+    cache, _ = prefill_cache(
+      apply_fn,
+      params,
+      model_config,
+      prompt_ids_NxP,
+      prompt_mask_NxP,
+      total_len,
+      shards.constrain_cache,
+      visible_length=prompt_len,
+    )
   cache = shards.constrain_cache(cache)
   state = dict(
     row=jnp.tile(jnp.arange(slots, dtype=jnp.int32), shards.count),
@@ -205,7 +218,6 @@ def generate_in_slots(
     log_probs=jnp.zeros((rows, response_len), jnp.float32),
     valid=jnp.zeros((rows, response_len), jnp.int32),
   )
-  inserts = min(inserts_per_step, slots) if per_shard > slots else 0
 
   def insert(slot_cache, state, prompt_cache, prompts):
     """A shard's first free slots take its next rows (at most `inserts` per step)."""

@@ -125,11 +125,10 @@ class StepProgram:
     )
     rows, prompt_len = prompts * rollout.n, data_cfg.max_prompt_length
     whole = prompt_len + data_cfg.max_response_length
-    if rollout.max_num_seqs is None:
-      return self._cache_bytes(rows, whole)
     shards = self.layouts.generation_shards(rows).count
-    slots = shards * min(rollout.max_num_seqs, rows // shards)
-    return self._cache_bytes(slots, whole) + self._cache_bytes(rows, prompt_len)
+    if rollout.max_num_seqs is None or rollout.max_num_seqs >= rows // shards:
+      return self._cache_bytes(rows, whole)
+    return self._cache_bytes(shards * rollout.max_num_seqs, whole) + self._cache_bytes(rows, prompt_len)
 
   def _cache_bytes(self, rows: int, length: int) -> int:
     sizes = dict(
