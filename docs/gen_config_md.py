@@ -269,6 +269,13 @@ _DOCS = {
     "same key (verl's default: `bfloat16`)",
   ),
   "actor_rollout_ref.rollout.max_num_batched_tokens": ("token budget of one generation batch", SAME),
+  "actor_rollout_ref.rollout.max_num_seqs": (
+    "rows that decode at once per generation shard (a data-parallel block of the generation layout; one device "
+    "without a mesh): the KV cache holds this many rows, and a finished row's slot takes the next prompt inside the "
+    "compiled loop (`jaxrlhf/rollout/slots.py`); rows sample with per-row keys, so responses do not depend on it. "
+    "None = the whole batch at once (one key for the batch)",
+    "same key (vLLM's concurrent sequences per engine; verl's default 1024)",
+  ),
   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": (
     "sequences per device per micro-batch of the "
     "old-log-prob phase (and of the reference and "

@@ -275,7 +275,6 @@ def generate_in_slots(
       token_keys(jax.random.wrap_key_data(state["key"]), generated),
       sampling,
     )
-    cache = shards.constrain_cache(cache)
     rows_in = dict(state=dict(state, kv_mask=kv_mask), outputs=outputs, sampled=(sampled_token, log_prob))
     cache, rows_out = shards.map(advance, cache, rows_in, prompt_cache, prompts)
     return step + 1, cache, rows_out["state"], rows_out["outputs"]
