@@ -181,6 +181,19 @@ def get_base_config() -> ml_collections.ConfigDict:
       max_num_seqs=_placeholder(int),
       log_prob_micro_batch_size_per_gpu=_placeholder(int),
       val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
+      # Multi-turn rollouts with tools (verl's MultiTurnConfig; docs/tools.md): the policy's turns end at EOS, the
+      # tool calls in a turn run on the host, their responses enter the sequence out of the loss.
+      multi_turn=dict(
+        enable=False,
+        max_assistant_turns=_placeholder(int),  # None = until the response budget
+        max_user_turns=_placeholder(int),  # tool-response turns; None = until the response budget
+        tool_config_path=_placeholder(str),  # verl's tool YAML (tools: - class_name, config, tool_schema)
+        max_parallel_calls=1,  # tool calls of one turn that run (the rest dropped, as verl)
+        max_tool_response_length=256,  # characters of a tool's response text kept (as verl)
+        tool_response_truncate_side="middle",  # left | right | middle
+        format="hermes",  # <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+        tool_timeout_s=30.0,  # beyond verl: a call running longer returns an error text to the policy
+      ),
     ),
     ref=dict(
       fsdp_config=dict(param_offload=False),
@@ -336,6 +349,8 @@ _CHOICES = {
   "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
   "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
   "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
+  "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
+  "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
 }
 
 
@@ -453,8 +468,13 @@ _RANGES = {
       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
       "critic.forward_micro_batch_size_per_gpu",
       "actor_rollout_ref.rollout.max_num_seqs",
+      "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+      "actor_rollout_ref.rollout.multi_turn.max_user_turns",
+      "actor_rollout_ref.rollout.multi_turn.max_parallel_calls",
+      "actor_rollout_ref.rollout.multi_turn.max_tool_response_length",
     )
   },
+  "actor_rollout_ref.rollout.multi_turn.tool_timeout_s": _above(0),
   "actor_rollout_ref.model.logits_chunk_size": _at_least(0),  # 0 = no chunking
   **{f"{section}.model.lora_rank": _at_least(0) for section in ("actor_rollout_ref", "critic")},  # 0 = off
   **{f"{section}.model.lora_alpha": _above(0) for section in ("actor_rollout_ref", "critic")},
@@ -563,6 +583,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   actor = config.actor_rollout_ref.actor
   _check_rollout_correction(config)
   _check_gdpo(config)
+  _check_multi_turn(config)
   critic_overrides = [k for k, v in config.critic.model.override_config.items() if v is not None]
   critic_path = config.critic.model.path
   if critic_overrides and (not critic_path or critic_path == config.actor_rollout_ref.model.path):
@@ -661,6 +682,29 @@ def _check_sampling(prefix: str, sampling) -> None:
     raise ConfigError(f"config key '{prefix}.top_p' must be in (0, 1], got {sampling.top_p!r} (1.0 = off)")
   if sampling.top_k < -1:
     raise ConfigError(f"config key '{prefix}.top_k' must be >= -1, got {sampling.top_k!r} (-1 = off)")
+
+
+def _check_multi_turn(config) -> None:
+  """Multi-turn rollouts need tools, and generate the whole batch at once (no slots)."""
+  rollout = config.actor_rollout_ref.rollout
+  multi_turn = rollout.multi_turn
+  if not multi_turn.enable:
+    return
+  if not multi_turn.tool_config_path:
+    raise ConfigError(
+      "actor_rollout_ref.rollout.multi_turn.enable=True needs actor_rollout_ref.rollout.multi_turn.tool_config_path "
+      "(a tool YAML in verl's layout; docs/tools.md): jaxrlhf's multi-turn rollouts are tool rollouts"
+    )
+  if config.reward_model.enable:
+    raise ConfigError(
+      "reward_model.enable=True with actor_rollout_ref.rollout.multi_turn.enable=True: a reward model over "
+      "multi-turn responses is not supported yet; score them with the rule reward (reward_model.enable=False)"
+    )
+  if rollout.max_num_seqs is not None:
+    raise ConfigError(
+      f"actor_rollout_ref.rollout.max_num_seqs={rollout.max_num_seqs} with multi_turn.enable=True: multi-turn "
+      "rollouts keep every trajectory's KV cache between turns (the whole batch at once); unset max_num_seqs"
+    )
 
 
 def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

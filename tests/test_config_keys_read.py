@@ -30,6 +30,7 @@ READ_ELSEWHERE = {
   "trainer.guard.lr_backoff": ("jaxrlhf/trainer/trainer.py", "a guard rolls back"),
   "trainer.guard.max_rollbacks": ("jaxrlhf/trainer/guards.py", "a guard rolls back"),
   "trainer.guard.reward_drop": ("jaxrlhf/trainer/guards.py", "a reward window's worth of steps"),
+  "actor_rollout_ref.rollout.multi_turn": ("jaxrlhf/trainer/multi_turn.py", "multi-turn rollouts (its enable)"),
   # A section read whole: every key under it.
   "critic.model.override_config": ("jaxrlhf/models/hf_io.py", "a critic checkpoint of its own (critic.model.path)"),
 }

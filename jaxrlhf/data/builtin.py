@@ -6,6 +6,10 @@ number in the response), so a policy is rewarded for the right number with or wi
 marker. A constant guess scores 0.1; attention to the right position solves it for every list, so a
 tiny model trained from scratch with PPO generalises to the held-out validation lists.
 
+`lookup`: "secret ?" asks for a digit only the row's `lookup` tool knows (multi-turn rollouts with tools,
+configs/quickstart_tools.py): the policy calls the tool (its call is one word of the vocabulary), then answers
+`#### <digit>` in a second turn.
+
 `arith`: one addition or subtraction of two numbers below 20 for a pretrained chat model (the recipe
 configs/grpo_smollm2_arith.py), as chat messages its own template renders: two worked examples as earlier
 turns ("What is 3 + 4?" -> "3 + 4 = 7\n#### 7"), then the question. Scored by the strict GSM8K rule, so
@@ -28,6 +32,11 @@ from jaxrlhf.rewards.registry import RECALL_DATA_SOURCE  # its rule is registere
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>")
 WORDS = ("####", ":", "first", "last", "+", "=", "?")
 NUMBERS = tuple(str(i) for i in range(20))
+# The `lookup` task's words, after the others (their ids unchanged): the tool turn's role, the question, and the
+# task's one tool call written as a single word, a hermes call the parser reads (a tiny model from scratch learns
+# one token, not a JSON string).
+LOOKUP_CALL = '<tool_call>{"name":"lookup","arguments":{}}</tool_call>'
+TOOL_WORDS = ("<|tool|>", "secret", LOOKUP_CALL)
 CHAT_TEMPLATE = (
   "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} {% endfor %}"
   "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -38,12 +47,13 @@ _NUM_DIGITS = 10
 _VAL_SIZE = 256
 
 
-def build_tokenizer(save_dir: str | None = None):
-  """A real HF fast tokenizer (word level, with a chat template); saved with save_pretrained if asked."""
+def build_tokenizer(save_dir: str | None = None, extra_words: tuple[str, ...] = ()):
+  """A real HF fast tokenizer (word level, with a chat template); saved with save_pretrained if asked.
+  `extra_words`: more words after the built-in ones (tests write tool calls as single words)."""
   from tokenizers import Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
 
-  vocab = {word: i for i, word in enumerate(SPECIAL_TOKENS + WORDS + NUMBERS)}
+  vocab = {word: i for i, word in enumerate(SPECIAL_TOKENS + WORDS + NUMBERS + TOOL_WORDS + tuple(extra_words))}
   backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
   backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   tokenizer = PreTrainedTokenizerFast(
@@ -51,7 +61,7 @@ def build_tokenizer(save_dir: str | None = None):
     pad_token="<pad>",
     eos_token="<eos>",
     unk_token="<unk>",
-    additional_special_tokens=["<|user|>", "<|assistant|>"],
+    additional_special_tokens=["<|user|>", "<|assistant|>", "<|tool|>"],
   )
   tokenizer.chat_template = CHAT_TEMPLATE
   if save_dir:
@@ -127,7 +137,49 @@ def arith_rows(split: str) -> list[dict]:
   return rows
 
 
-TASKS = {"recall": recall_rows, "arith": arith_rows}
+LOOKUP_DATA_SOURCE = "jaxrlhf/lookup"
+_LOOKUP_TRAIN_SIZE, _LOOKUP_VAL_SIZE = 4096, 256
+LOOKUP_TOOL_BONUS = 0.1  # verl's tool-call shaping (examples' gsm8k_toolcall_shaping): a response that calls a tool
+
+
+@register_reward(LOOKUP_DATA_SOURCE)
+def lookup_score(data_source, solution_str, ground_truth, extra_info=None):
+  """verl's tool-call shaping (its gsm8k_toolcall_shaping example), for an answer only a lookup can back: a
+  trajectory that called the tool (more than verl's 2 turns) scores `LOOKUP_TOOL_BONUS`, plus the strict GSM8K rule
+  (`#### N`; the tool's own text has no `####`, so reading it back is not answering) with 0.1 for the format
+  alone; one that did not scores 0. `acc`: the rule alone, 1 or 0."""
+  acc = gsm8k.compute_score(solution_str, ground_truth, method="strict")
+  if (extra_info or {}).get("num_turns", 0) <= 2:
+    return {"score": 0.0, "acc": acc}
+  shaped = gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=LOOKUP_TOOL_BONUS)
+  return {"score": LOOKUP_TOOL_BONUS + shaped, "acc": acc}
+
+
+def lookup_rows(split: str) -> list[dict]:
+  """Multi-turn tool task: every prompt asks for "secret ?", a digit only the row's `lookup` tool knows (its
+  `tools_kwargs`, as verl's preprocessors write them), so guessing scores 0.1 and calling the tool then copying its
+  answer after `####` scores 1."""
+  rng = np.random.default_rng(99 if split == "test" else 98)
+  rows = []
+  for index, digit in enumerate(rng.integers(0, 10, _LOOKUP_VAL_SIZE if split == "test" else _LOOKUP_TRAIN_SIZE)):
+    rows.append(
+      {
+        "data_source": LOOKUP_DATA_SOURCE,
+        "prompt": [{"role": "user", "content": "secret ?"}],
+        "ability": "tool",
+        "reward_model": {"style": "rule", "ground_truth": str(digit)},
+        "extra_info": {
+          "split": split,
+          "index": index,
+          "need_tools_kwargs": True,
+          "tools_kwargs": {"lookup": {"create_kwargs": {"table": {"secret": str(digit)}}}},
+        },
+      }
+    )
+  return rows
+
+
+TASKS = {"recall": recall_rows, "arith": arith_rows, "lookup": lookup_rows}
 
 
 def builtin_rows(spec: str) -> list[dict]:

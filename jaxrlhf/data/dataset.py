@@ -99,14 +99,16 @@ def _messages(row: dict, prompt_key: str, where: str):
   )
 
 
-def encode_prompts(tokenizer, conversations) -> list[list[int]]:
+def encode_prompts(tokenizer, conversations, tools=None) -> list[list[int]]:
   """Token ids of each conversation as the model is prompted with it: the chat template with the generation prompt
   (or, without a template, the contents one per line). Rendered and tokenized as one batch: a call per row spent
-  twice as long in Python (10 s for the quickstart's 20,000 rows)."""
+  twice as long in Python (10 s for the quickstart's 20,000 rows). `tools`: OpenAI function schemas the template
+  renders (multi-turn rollouts, as verl's `apply_chat_template(..., tools=)`)."""
   if not conversations:
     return []
   if getattr(tokenizer, "chat_template", None):
-    texts = tokenizer.apply_chat_template(list(conversations), add_generation_prompt=True, tokenize=False)
+    kwargs = {"tools": list(tools)} if tools else {}
+    texts = tokenizer.apply_chat_template(list(conversations), add_generation_prompt=True, tokenize=False, **kwargs)
   else:
     texts = ["\n".join(m["content"] for m in messages) for messages in conversations]
   return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -165,12 +167,16 @@ def build_dataset(
   reward_fn_key: str = "data_source",
   truncation: str = "error",
   filter_overlong_prompts: bool = False,
+  tools=None,
 ) -> PromptDataset:
+  """`tools`: the tool schemas of a multi-turn rollout, rendered into each prompt by the chat template."""
   rows, places = _rows_and_places(files)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
   ids_list, sources, truths, extras = [], [], [], []
   filtered = 0
-  encoded = encode_prompts(tokenizer, [_messages(row, prompt_key, where) for row, where in zip(rows, places)])
+  encoded = encode_prompts(
+    tokenizer, [_messages(row, prompt_key, where) for row, where in zip(rows, places)], tools=tools
+  )
   for row, ids, where in zip(rows, encoded, places):
     if len(ids) > max_prompt_length and filter_overlong_prompts:
       filtered += 1

@@ -7,7 +7,8 @@ host's turns, and each turn is one compiled loop (docs/architecture.md, "Multi-t
   the host appends between two of its turns (a tool's response rendered by the chat template, then the
   assistant's generation prompt): each is fed like a sampled token but chosen by the host, written to the
   response with loss mask 0 and log-prob 0. Then the row samples until it emits an end-of-sequence token or
-  its response reaches R columns. Rows the host has finished (`live` False) do not move. The loop ends when
+  its response reaches R columns (or, given `stop_token_ids`, emits a token that closes a tool call). Rows the host has
+finished (`live` False) do not move. The loop ends when
   every row has ended its turn.
 
 A row's response column t is fed at cache column P + t and drawn with `token_keys(its key, t)`, whichever turn
@@ -25,6 +26,7 @@ from collections.abc import Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrlhf.rollout.sampler import SamplingParams, cache_length, decode_step, prefill_cache, token_keys
 from jaxrlhf.rollout.slots import row_keys
@@ -44,6 +46,10 @@ class TurnState:
   loss_mask: jax.Array  # [N, R] int32: 1 on the tokens the policy sampled
   log_probs: jax.Array  # [N, R] float32: the sampled tokens' log-probs (0 on forced tokens)
   steps: jax.Array  # [] int32: decode steps run over all turns
+
+  def sequence_mask(self) -> np.ndarray:
+    """[N, R] int32 every response column written (sampled and forced): the response's attention mask (host)."""
+    return (np.arange(self.responses.shape[1])[None, :] < np.asarray(self.length)[:, None]).astype(np.int32)
 
 
 def start_turns(
@@ -88,13 +94,15 @@ def run_turn(
   live_N,
   sampling: SamplingParams,
   constrain_cache: Callable | None = None,
+  stop_token_ids: tuple[int, ...] = (),
 ) -> TurnState:
   """One turn of every live row: its `forced_len_N` forced tokens (`forced_NxF`, host-chosen), then sampled ones
-  until end-of-sequence or the response budget. `apply_fn` must accept a per-row `cache_index` (as `Decoder`)."""
+  until end-of-sequence (or one of `stop_token_ids`: a token that closes a tool call) or the response budget.
+  `apply_fn` must accept a per-row `cache_index` (as `Decoder`)."""
   rows, response_len = state.responses.shape
   total_len = state.kv_mask.shape[1]
   prompt_len = total_len - response_len + 1
-  eos_E = jnp.asarray(sampling.eos_token_ids, jnp.int32)
+  eos_E = jnp.asarray(tuple(sampling.eos_token_ids) + tuple(stop_token_ids), jnp.int32)
   constrain_cache = constrain_cache or (lambda cache: cache)
   forced_len_N = forced_len_N.astype(jnp.int32)
   turn_start_N = state.length

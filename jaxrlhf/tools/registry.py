@@ -151,8 +151,12 @@ def _build_tool(entry: Any, where: str, config_dir: str) -> BaseTool:
 
 
 def load_tools(tool_config_path: str) -> dict[str, BaseTool]:
-  """The tools of a verl tool config YAML, by the name the policy calls them (`tool_schema.function.name`)."""
-  path = os.path.abspath(os.path.expanduser(str(tool_config_path)))
+  """The tools of a verl tool config YAML, by the name the policy calls them (`tool_schema.function.name`);
+  `builtin:<name>` is a packaged config (`builtin_config_path`)."""
+  tool_config_path = str(tool_config_path)
+  if tool_config_path.startswith("builtin:"):
+    tool_config_path = builtin_config_path(tool_config_path.split(":", 1)[1])
+  path = os.path.abspath(os.path.expanduser(tool_config_path))
   if not os.path.isfile(path):
     raise ToolConfigError(f"tool config {path!r} does not exist")
   try:

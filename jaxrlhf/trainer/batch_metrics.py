@@ -39,7 +39,7 @@ def batch_metrics(
   means the same whether the batch's prompts were padded to a bucket or to the maximum.
   """
   mask_f = rollout.response_mask.astype(jnp.float32)
-  lengths_N = rollout.response_mask.sum(axis=1)
+  lengths_N = rollout.sequence_mask().sum(axis=1)  # verl's: with tool responses in a multi-turn rollout
   prompt_lengths_N = rollout.prompt_mask.sum(axis=1)
   metrics = {}
   metrics.update(_stats("critic/score", scored.scores))

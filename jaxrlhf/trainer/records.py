@@ -33,10 +33,22 @@ class Rollout:
   decode_steps: jax.Array  # [] decode loop iterations run
   baseline_responses: jax.Array | None = None  # [N, R] ReMax: the greedy response of each row's prompt
   baseline_response_mask: jax.Array | None = None
+  # Multi-turn rollouts (`rollout.multi_turn`): `response_mask` is then the loss mask (the policy's own tokens) and
+  # this one every token of the response, tool responses included (verl's attention mask over the response).
+  response_attention_mask: jax.Array | None = None  # [N, R]
+  num_turns: jax.Array | None = None  # [N] verl's num_turns: assistant turns + tool turns + 1
+  tool_rewards: jax.Array | None = None  # [N, C] each tool call's step reward, NaN past the row's calls
 
   def sequences(self) -> dict[str, jax.Array]:
-    """What a model's forward reads (`SEQUENCE_FIELDS`)."""
-    return {name: getattr(self, name) for name in SEQUENCE_FIELDS}
+    """What a model's forward reads (`SEQUENCE_FIELDS`, and a multi-turn rollout's `response_attention_mask`)."""
+    fields = {name: getattr(self, name) for name in SEQUENCE_FIELDS}
+    if self.response_attention_mask is not None:
+      fields["response_attention_mask"] = self.response_attention_mask
+    return fields
+
+  def sequence_mask(self) -> jax.Array:
+    """[N, R] every token of each response: the attention mask of a multi-turn rollout, else `response_mask`."""
+    return self.response_mask if self.response_attention_mask is None else self.response_attention_mask
 
 
 @flax.struct.dataclass

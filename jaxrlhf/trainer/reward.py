@@ -116,23 +116,38 @@ def score_on_host(
   sample_index_N,
   extra_keys=None,
   require_extra_keys=False,
+  trajectory_infos=None,
 ):
   """(scores_N, extras) of decoded responses by the rule reward (`rewards.score_batch`; a `RewardScorer`
   says where it runs), each row looked up by its `sample_index` in `dataset`. Validation calls it directly
-  (every extra the reward returns); the step through `make_reward_fn`'s callback."""
+  (every extra the reward returns); the step through `make_reward_fn`'s callback. `trajectory_infos`: per row,
+  what a multi-turn rollout adds to the row's `extra_info` (`trajectory_infos`), as verl's reward managers do."""
   warn_null_ground_truths(dataset)
   texts = decode_responses(tokenizer, responses_NxR, response_mask_NxR)
   rows = np.asarray(sample_index_N).tolist()
+  extra_infos = [dataset.extra_infos[i] for i in rows]
+  if trajectory_infos is not None:
+    extra_infos = [{**info, **more} for info, more in zip(extra_infos, trajectory_infos)]
   return rewards.score_batch(
     compute_score_fn,
     [dataset.data_sources[i] for i in rows],
     texts,
     [dataset.ground_truths[i] for i in rows],
-    [dataset.extra_infos[i] for i in rows],
+    extra_infos,
     extra_keys=extra_keys,
     require_extra_keys=require_extra_keys,
     on_error=on_error,
   )
+
+
+def trajectory_infos(num_turns_N, tool_rewards_NxC) -> list[dict]:
+  """Per row, what verl's reward managers add to a multi-turn row's `extra_info`: `num_turns`, each tool call's
+  step reward (`tool_rewards`) and `turn_scores` (verl's tool agent loop leaves it empty). The reward function
+  combines them with its score as it likes; by default they are not added (verl's)."""
+  return [
+    {"num_turns": int(turns), "tool_rewards": [float(r) for r in rewards if np.isfinite(r)], "turn_scores": []}
+    for turns, rewards in zip(np.asarray(num_turns_N), np.asarray(tool_rewards_NxC))
+  ]
 
 
 def make_reward_fn(
@@ -153,7 +168,7 @@ def make_reward_fn(
   """
   warn_null_ground_truths(dataset)
 
-  def host_score(responses_NxR, response_mask_NxR, sample_index_N):
+  def host_score(responses_NxR, response_mask_NxR, sample_index_N, num_turns_N=None, tool_rewards_NxC=None):
     try:
       scores_N, extras = score_on_host(
         tokenizer,
@@ -165,6 +180,7 @@ def make_reward_fn(
         sample_index_N,
         extra_keys=component_keys,
         require_extra_keys=True,
+        trajectory_infos=None if num_turns_N is None else trajectory_infos(num_turns_N, tool_rewards_NxC),
       )
     except BaseException as error:  # KeyboardInterrupt too: Ctrl-C during scoring stops the run as Ctrl-C
       with _callback_errors_lock:
@@ -186,12 +202,13 @@ def make_reward_fn(
       components_KxN.astype(np.float32),
     )
 
-  def reward_fn(responses_NxR, response_mask_NxR, sample_index_N):
+  def reward_fn(responses_NxR, response_mask_NxR, sample_index_N, *trajectories):
+    """`trajectories`: a multi-turn rollout's (num_turns_N, tool_rewards_NxC), or nothing."""
     num_rows = responses_NxR.shape[0]
     row = jax.ShapeDtypeStruct((num_rows,), jnp.float32)
     result = (row, row, row, jax.ShapeDtypeStruct((len(component_keys), num_rows), jnp.float32))
     return jax.pure_callback(
-      host_score, result, responses_NxR, response_mask_NxR, sample_index_N, vmap_method="sequential"
+      host_score, result, responses_NxR, response_mask_NxR, sample_index_N, *trajectories, vmap_method="sequential"
     )
 
   return reward_fn
@@ -229,6 +246,7 @@ def sequence_scores(
   responses_NxR,
   response_mask_NxR,
   sample_index_N,
+  trajectories=None,
 ):
   """(scores_N, errors_N, null_ground_truths_N, components_KxN): the rule reward, the reward model's score,
   or (combine_with_rule) their sum; the rule reward's failed samples, rows with a null ground truth and
@@ -241,7 +259,7 @@ def sequence_scores(
   components_KxN = jnp.zeros((0,) + zeros_N.shape, jnp.float32)
   if uses_rule_reward(reward_model_config):
     scores_N, errors_N, null_ground_truths_N, components_KxN = reward_fn(
-      responses_NxR, response_mask_NxR, sample_index_N
+      responses_NxR, response_mask_NxR, sample_index_N, *(trajectories or ())
     )
   scores_N = scores_N + model_scores(
     reward_model_config, reward_model, reward_params, prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR
@@ -257,7 +275,10 @@ def score_rollout(
   For GDPO the record holds the rule reward's `reward_components` [K, N], for ReMax the greedy baseline's
   `reward_baselines` [N].
   """
-  responses_NxR, response_mask_NxR = rollout.responses, rollout.response_mask
+  # The whole response is scored (verl decodes a multi-turn response with its tool text); the score sits on the
+  # last policy token, verl's "last valid token" (a multi-turn response never ends with tool tokens).
+  responses_NxR, response_mask_NxR = rollout.responses, rollout.sequence_mask()
+  trajectories = None if rollout.num_turns is None else (rollout.num_turns, rollout.tool_rewards)
   score = functools.partial(
     sequence_scores,
     reward_model_config,
@@ -268,7 +289,7 @@ def score_rollout(
     rollout.prompt_mask,
   )
   scores_N, errors_N, null_ground_truths_N, components_KxN = score(
-    responses_NxR, response_mask_NxR, rollout.sample_index
+    responses_NxR, response_mask_NxR, rollout.sample_index, trajectories
   )
   overlong = reward_model_config.overlong_buffer
   if overlong.enable:
@@ -282,7 +303,7 @@ def score_rollout(
     scores=scores_N,
     reward_errors=errors_N,
     null_ground_truths=null_ground_truths_N,
-    token_level_scores=algos.place_scores_on_last_token(scores_N, response_mask_NxR),
+    token_level_scores=algos.place_scores_on_last_token(scores_N, rollout.response_mask),
     reward_components=components_KxN if components_KxN.shape[0] else None,
     reward_baselines=baselines_N,
   )

@@ -29,9 +29,11 @@ from jaxrlhf.models import generation_eos_ids, load_hf_params, load_tokenizer, p
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import fsdp_size, mesh_from_config
 from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
+from jaxrlhf.tools.registry import load_tools
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
+from jaxrlhf.trainer.multi_turn import MultiTurnGeneration
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
 from jaxrlhf.trainer.program import build_program, model_configs
@@ -43,6 +45,7 @@ from jaxrlhf.trainer.reward import (
   score_on_host,
   uses_rule_reward,
 )
+from jaxrlhf.trainer.reward import trajectory_infos as reward_trajectory_infos
 from jaxrlhf.trainer.run_lock import RunLock
 from jaxrlhf.trainer.state import TrainState
 from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
@@ -145,7 +148,14 @@ class Trainer:
         ),
         out_shardings=replicated(self.mesh),
       )
-    self.phased = PhasedStep(self.ppo, state_shardings, replicated(self.mesh))
+    self.multi_turn = None
+    if config.actor_rollout_ref.rollout.multi_turn.enable:
+      # Phase gen is a host loop of compiled turns; the training phases after it stay one program.
+      self.multi_turn = MultiTurnGeneration(self.ppo, self.tokenizer, self.train_data, self._device_batch, self.tools)
+      self.val_sampling = val_sampling if self.val_data is not None else None
+    self.phased = PhasedStep(
+      self.ppo, state_shardings, replicated(self.mesh), gen=self.multi_turn and self.multi_turn.rollout
+    )
     self.filter_groups = config.algorithm.filter_groups.enable
     self.gen_cursor = 0  # generation rounds drawn so far (dynamic sampling); saved in checkpoints
     self.actor_num_params = count_params(self.state.actor.params)
@@ -158,7 +168,11 @@ class Trainer:
     """Tokenizer, datasets and batch schedules: every data error before anything is built or compiled."""
     data_cfg, trainer_cfg = config.data, config.trainer
     self.tokenizer = tokenizer_from_config(config, os.path.join(self.run_dir, "tokenizer"))
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn
+    # Multi-turn: the prompts are rendered with the tools' schemas (verl's `apply_chat_template(..., tools=)`).
+    self.tools = load_tools(multi_turn.tool_config_path) if multi_turn.enable else None
     dataset_kwargs = dict(
+      tools=[tool.tool_schema.to_dict() for tool in self.tools.values()] if self.tools else None,
       max_prompt_length=data_cfg.max_prompt_length,
       prompt_key=data_cfg.prompt_key,
       reward_fn_key=data_cfg.reward_fn_key,
@@ -274,18 +288,23 @@ class Trainer:
         self.state, device_metrics, extra["training/num_gen_batches"] = self._dynamic_sampling_step(rng, timings)
       else:
         batch = self.train_batch(step)
-        if self.config.trainer.fuse_step:
+        if self.config.trainer.fuse_step and self.multi_turn is None:
           self.state, device_metrics = self.jitted_step(self.state, batch, rng)
         else:
           run = timed(timings)
           rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
-          self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
+          if self.config.trainer.fuse_step:  # multi-turn: everything after the reward in one program
+            self.state, device_metrics = run("train", self.phased.train_on_rollout, self.state, rollout, scored, rng)
+          else:
+            self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
       metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     actor_updated = self.ppo.plan.actor_updates_at(step)
     if not actor_updated:  # verl reports no actor metrics for a step whose actor did not update
       for key in self.ppo.actor_update_metric_names:
         metrics.pop(key, None)
     elapsed = time.perf_counter() - start
+    if self.multi_turn is not None:  # turns per trajectory, tool calls and errors, tool time (host-side)
+      extra.update(self.multi_turn.last_metrics)
     metrics.update(extra)
     tokens = metrics["perf/total_num_tokens"]
     response_tokens = metrics["response_length/mean"] * self._num_sequences
@@ -486,20 +505,35 @@ class Trainer:
     num_batches = -(-len(data) // batch_size)
     # Pad the last batch with repeats of row 0 so every batch has one shape (one compile); drop them after.
     order = np.concatenate([np.arange(len(data)), np.zeros(num_batches * batch_size - len(data), np.int64)])
-    scores, responses, masks = [], [], []
+    scores, responses, masks, trajectory_infos = [], [], [], []
     # A fresh key per validation (and per batch), from a stream the training steps' keys never use.
     val_rng = jax.random.fold_in(jax.random.fold_in(self.rng, _VALIDATION_STREAM), step)
     for b in range(num_batches):
       indices = order[b * batch_size : (b + 1) * batch_size]
       batch = self._load_batch(data, indices)
-      batch_scores, batch_responses, batch_masks = jax.device_get(
-        self.validate_fn(
-          self.state.actor.weights,
-          self.state.reward_params,
-          batch,
-          jax.random.fold_in(val_rng, b),
+      if self.multi_turn is None:
+        batch_scores, batch_responses, batch_masks = jax.device_get(
+          self.validate_fn(
+            self.state.actor.weights,
+            self.state.reward_params,
+            batch,
+            jax.random.fold_in(val_rng, b),
+          )
         )
-      )
+      else:  # the tool agent loop with val_kwargs' sampling; the rule reward sees every trajectory's tool rewards
+        repeat = lambda x: np.repeat(np.asarray(x), n, axis=0)
+        state, trajectories = self.multi_turn.trajectories(
+          self.state.actor.weights,
+          repeat(data.input_ids[indices]),
+          repeat(data.attention_mask[indices]),
+          repeat(indices),
+          jax.random.fold_in(val_rng, b),
+          self.val_sampling,
+          data,
+        )
+        batch_responses, batch_masks = state.responses, state.sequence_mask()
+        batch_scores = np.zeros(len(batch_responses), np.float32)
+        trajectory_infos.extend(reward_trajectory_infos(*self.multi_turn.trajectory_arrays(trajectories)))
       scores.append(batch_scores)
       responses.append(batch_responses)
       masks.append(batch_masks)
@@ -516,6 +550,7 @@ class Trainer:
         responses,
         masks,
         np.repeat(np.arange(len(data)), n),
+        trajectory_infos=trajectory_infos[:valid] if self.multi_turn is not None else None,
       )
       variables.pop(rewards.ERROR_KEY, None)
       scores = scores + rule_scores

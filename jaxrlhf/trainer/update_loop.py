@@ -125,7 +125,9 @@ class MicroBatcher:
 def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
   """The packing plan of `data`'s sequences (valid prompt tokens + response prefix)."""
   ids_NxS, _, _ = sequence_inputs(data["prompts"], data["prompt_mask"], data["responses"])
-  valid_NxS = jnp.concatenate([data["prompt_mask"], data["response_mask"]], axis=1)
+  # Every token of the sequence (with tool responses, in a multi-turn rollout), not only the loss's.
+  response_valid_NxR = data.get("response_attention_mask", data["response_mask"])
+  valid_NxS = jnp.concatenate([data["prompt_mask"], response_valid_NxR], axis=1)
   return packing.pack(ids_NxS, valid_NxS, batching)
 
 

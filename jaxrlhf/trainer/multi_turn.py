@@ -1,0 +1,174 @@
+"""Phase `gen` of a multi-turn rollout (`actor_rollout_ref.rollout.multi_turn`; docs/architecture.md, "Multi-turn
+rollouts"): a host loop of compiled programs instead of one program.
+
+Programs: the actor's weights in the generation layout (once per rollout), the prompts' prefill, one turn (every live
+trajectory at once: `rollout.turns.run_turn`), and the record in the train layout. Between turns the host decodes,
+parses and runs the tool calls (`rollout.agent_loop.ToolAgentLoop`, `jaxrlhf.tools`). The training phases after it
+stay one program (`PhasedStep.train_on_rollout`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import numpy as np
+
+from jaxrlhf.rollout import SamplingParams
+from jaxrlhf.rollout.agent_loop import (
+  CallOutcome,
+  ToolAgentLoop,
+  ToolMessages,
+  TurnLimits,
+  tool_call_close_ids,
+  trajectory_metrics,
+)
+from jaxrlhf.rollout.turns import run_turn, start_turns
+from jaxrlhf.tools.hermes import MalformedCall, parse_tool_calls
+from jaxrlhf.tools.runner import ToolRunner
+from jaxrlhf.trainer.records import Rollout
+
+
+PARSERS = {"hermes": parse_tool_calls}  # multi_turn.format -> text -> (content, calls)
+
+
+def create_kwargs(call, tools_kwargs: dict) -> dict | None:
+  """The `create_kwargs` a row gives the tool a call names (verl reads only these of `tools_kwargs[name]`)."""
+  if isinstance(call, MalformedCall):
+    return None
+  return (tools_kwargs.get(call.name) or {}).get("create_kwargs")
+
+
+def max_tool_calls(multi_turn, response_length: int) -> int:
+  """A bound on one trajectory's tool calls (the width of `Rollout.tool_rewards`): a tool turn takes at least two
+  response tokens (one sampled, one of the response), and `max_parallel_calls` calls at most."""
+  turns = response_length // 2
+  if multi_turn.max_assistant_turns:
+    turns = min(turns, multi_turn.max_assistant_turns)
+  if multi_turn.max_user_turns:
+    turns = min(turns, multi_turn.max_user_turns)
+  return max(1, turns * multi_turn.max_parallel_calls)
+
+
+class MultiTurnGeneration:
+  """`rollout(actor, batch, rng) -> Rollout`, what `PPOStep.rollout` is for one-turn rollouts; `actor`: the actor's
+  weights (`RoleState.weights`). `last_metrics`: the last rollout's trajectory metrics and tool time."""
+
+  def __init__(self, ppo, tokenizer, dataset, put, tools):
+    """`dataset`: the training rows (their `extra_info.tools_kwargs`); `put`: host arrays -> the batch layout;
+    `tools`: by name (`jaxrlhf.tools.load_tools`)."""
+    config = ppo.config
+    self.config = config
+    self.multi_turn = multi_turn = config.actor_rollout_ref.rollout.multi_turn
+    self.generation = generation = ppo.generation
+    self.layouts = layouts = generation.layouts
+    self.sampling = ppo.sampling
+    self.dataset = dataset
+    self.put = put
+    self.response_length = config.data.max_response_length
+    self.tools = tools
+    schemas = [tool.tool_schema.to_dict() for tool in self.tools.values()]
+    self.runner = ToolRunner(
+      self.tools,
+      multi_turn.max_parallel_calls,
+      multi_turn.tool_timeout_s,
+      max_response_length=multi_turn.max_tool_response_length,
+      truncate_side=multi_turn.tool_response_truncate_side,
+    )
+    self.loop = ToolAgentLoop(
+      tokenizer,
+      TurnLimits.from_config(multi_turn),
+      self._parse,
+      self._execute,
+      ToolMessages(tokenizer, schemas),
+      ppo.sampling.eos_token_ids,
+    )
+    # One call per turn runs (verl drops the rest): the turn may end where the call closes. With more, the policy
+    # writes them all, then EOS.
+    stop_ids = tool_call_close_ids(tokenizer) if multi_turn.max_parallel_calls == 1 else ()
+    self.tool_seconds = 0.0
+    self.last_metrics: dict[str, float] = {}
+    apply = lambda params, *inputs: generation.rollout_actor.apply({"params": params}, *inputs)
+    model_config = generation.rollout_actor.config
+    self._weights = jax.jit(generation.generation_params)
+
+    @functools.partial(jax.jit, static_argnames="sampling")
+    def start(params, prompts_NxP, prompt_mask_NxP, rng, sampling):
+      prompts_NxP, prompt_mask_NxP = layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP))
+      return start_turns(
+        apply, params, model_config, prompts_NxP, prompt_mask_NxP, rng, sampling, layouts.constrain_cache
+      )
+
+    @functools.partial(jax.jit, static_argnames="sampling", donate_argnums=1)
+    def turn(params, state, forced_NxR, forced_len_N, live_N, sampling):
+      forced_NxR, forced_len_N, live_N = layouts.to_generation_batch((forced_NxR, forced_len_N, live_N))
+      return run_turn(
+        apply, params, state, forced_NxR, forced_len_N, live_N, sampling, layouts.constrain_cache, stop_ids
+      )
+
+    self._start, self._turn = start, turn
+
+  # ----- tools --------------------------------------------------------------------------------------
+
+  def _parse(self, text: str) -> list:
+    return PARSERS[self.multi_turn.format](text)[1]
+
+  def _execute(self, calls) -> list[CallOutcome]:
+    start = time.perf_counter()
+    results = self.runner.run_round([(row, call, create_kwargs(call, kwargs)) for row, call, kwargs in calls])
+    self.tool_seconds += time.perf_counter() - start
+    return [
+      CallOutcome(text=r.text, reward=r.step_reward, error=r.error is not None or isinstance(call, MalformedCall))
+      for r, (_, call, _) in zip(results, calls)
+    ]
+
+  # ----- the phase ----------------------------------------------------------------------------------
+
+  def trajectories(self, actor, prompts_NxP, prompt_mask_NxP, sample_index_N, rng, sampling: SamplingParams, dataset):
+    """Every row's trajectory: (the final `TurnState` on the host, one `Trajectory` per row)."""
+    params = self._weights(actor)
+    state = self._start(params, prompts_NxP, prompt_mask_NxP, rng, sampling=sampling)
+    tools_kwargs = [dataset.extra_infos[i].get("tools_kwargs") or {} for i in np.asarray(sample_index_N).tolist()]
+    turn = lambda state, *inputs: self._turn(params, state, *inputs, sampling=sampling)
+    self.tool_seconds = 0.0
+    state, trajectories = self.loop.run(state, turn, self.response_length, tools_kwargs)
+    return jax.device_get(state), trajectories
+
+  def trajectory_arrays(self, trajectories) -> tuple[np.ndarray, np.ndarray]:
+    """(num_turns [N] int32, tool_rewards [N, C] float32 with NaN past each row's calls): what the reward function
+    sees of each trajectory (`reward.trajectory_infos`), as arrays a record carries."""
+    calls = max_tool_calls(self.multi_turn, self.response_length)
+    tool_rewards = np.full((len(trajectories), calls), np.nan, np.float32)
+    for row, trajectory in enumerate(trajectories):
+      kept = trajectory.tool_rewards[:calls]
+      tool_rewards[row, : len(kept)] = kept
+    return np.asarray([t.num_turns for t in trajectories], np.int32), tool_rewards
+
+  def rollout(self, actor, batch, rng) -> Rollout:
+    n = self.config.actor_rollout_ref.rollout.n
+    prompts_NxP, prompt_mask_NxP, sample_index_N = (
+      np.repeat(np.asarray(jax.device_get(batch[key])), n, axis=0)
+      for key in ("input_ids", "attention_mask", "sample_index")
+    )
+    state, trajectories = self.trajectories(
+      actor, prompts_NxP, prompt_mask_NxP.astype(np.int32), sample_index_N, rng, self.sampling, self.dataset
+    )
+    self.last_metrics = {**trajectory_metrics(trajectories), "timing_s/tool_calls": self.tool_seconds}
+    num_turns, tool_rewards = self.trajectory_arrays(trajectories)
+    rows = len(trajectories)
+    groups = np.repeat(np.arange(rows // n, dtype=np.int32), n)
+    record = Rollout(
+      prompts=prompts_NxP,
+      prompt_mask=prompt_mask_NxP.astype(np.int32),
+      responses=state.responses,
+      response_mask=state.loss_mask,
+      rollout_log_probs=state.log_probs,
+      sample_index=sample_index_N.astype(np.int32),
+      group_index=groups,
+      decode_steps=np.asarray(state.steps, np.int32),
+      response_attention_mask=state.sequence_mask(),
+      num_turns=num_turns,
+      tool_rewards=tool_rewards,
+    )
+    return self.put(record)
