@@ -24,11 +24,12 @@ def overlong_penalty(lengths_N, max_response_length: int, buffer_len: int, penal
 def place_scores_on_last_token(scores_N, response_mask_NxR):
   """[N] sequence scores -> [N, R] fp32, each score on its row's last response token, 0 elsewhere.
 
-  Responses are contiguous from position 0, so the last token is at length - 1; an empty response
-  scores nothing.
+  The last token is the mask's last 1: length - 1 for a response contiguous from position 0, the policy's last
+  token of a multi-turn response (tool tokens are 0 in its mask). An empty response scores nothing.
   """
-  lengths_N = response_mask_NxR.sum(axis=1)
-  last_NxR = jax.nn.one_hot(jnp.maximum(lengths_N - 1, 0), response_mask_NxR.shape[1])
+  width = response_mask_NxR.shape[1]
+  last_N = width - 1 - jnp.argmax(response_mask_NxR[:, ::-1] > 0, axis=1)
+  last_NxR = jax.nn.one_hot(last_N, width)
   return last_NxR * scores_N[:, None] * response_mask_NxR.astype(jnp.float32)
 
 

@@ -27,6 +27,15 @@ def test_scores_sit_on_the_last_response_token():
   assert got[2].sum() == 0  # an empty response scores nothing
 
 
+def test_a_multi_turn_score_sits_on_the_policys_last_token():
+  # Tool tokens are 0 in the loss mask: the score goes on the last 1, past the holes (verl's last valid token).
+  mask = np.array([[1, 1, 0, 0, 0, 1, 1, 0], [1, 0, 0, 0, 0, 0, 0, 1], [1, 1, 1, 0, 0, 0, 0, 0]], np.int32)
+  got = np.asarray(algos.place_scores_on_last_token(np.array([0.5, 2.0, -1.0], np.float32), mask))
+  want = np.zeros(mask.shape, np.float32)
+  want[0, 6], want[1, 7], want[2, 2] = 0.5, 2.0, -1.0
+  np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("ctrl", ["fixed", "adaptive"])
 @pytest.mark.parametrize("name", ["kl", "low_var_kl", "mse"])
 def test_apply_kl_penalty_matches_numpy(ctrl, name):
