@@ -20,7 +20,7 @@ def get_config():
   config.data.train_files = ("builtin:lookup:train",)
   config.data.val_files = ("builtin:lookup:test",)
   config.data.max_prompt_length = 6
-  config.data.max_response_length = 10
+  config.data.max_response_length = 8
   config.actor_rollout_ref.model.override_config.vocab_size = 40  # the built-in tokenizer's 35 words
   config.data.train_batch_size = 64
   config.data.val_batch_size = 256
@@ -30,7 +30,7 @@ def get_config():
   multi_turn = rollout.multi_turn
   multi_turn.enable = True
   multi_turn.tool_config_path = "builtin:lookup"
-  multi_turn.max_assistant_turns = 3
+  multi_turn.max_assistant_turns = 2
 
   actor = config.actor_rollout_ref.actor
   actor.ppo_mini_batch_size = 64

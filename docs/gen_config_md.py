@@ -287,6 +287,44 @@ _DOCS = {
     "sequences per device per micro-batch of the reference log-prob phase; None = the rollout's",
     SAME,
   ),
+  "actor_rollout_ref.rollout.multi_turn.enable": (
+    "multi-turn rollouts with tools ([tools.md](tools.md)): a turn ends at EOS (or, with one call per turn, where a "
+    "tool call closes); the host runs the turn's tool calls and appends their responses through the chat template, "
+    "out of the loss; generation goes on from the KV cache",
+    "same key (verl 0.9.1 selects its tool loop by `rollout.agent.default_agent_loop=tool_agent` or the rows' "
+    "`agent_name`; verl_compat translates both to this key)",
+  ),
+  "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": (
+    "a trajectory ends after this many policy turns (a call in the last one does not run); None = no limit",
+    SAME,
+  ),
+  "actor_rollout_ref.rollout.multi_turn.max_user_turns": (
+    "a trajectory ends after the policy's turn that follows this many tool turns; None = no limit",
+    SAME,
+  ),
+  "actor_rollout_ref.rollout.multi_turn.tool_config_path": (
+    "the tool YAML (`tools: - class_name, config, tool_schema`); `builtin:<name>` for a packaged one "
+    "(`gsm8k`, `calculator`, `lookup`)",
+    SAME,
+  ),
+  "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": (
+    "tool calls of one turn that run, concurrently (the rest are dropped, as verl)",
+    SAME,
+  ),
+  "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": (
+    "characters of a tool response kept (verl's truncation marker added)",
+    SAME,
+  ),
+  "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": (
+    "`left` keeps the end, `right` the start, `middle` both ends",
+    SAME,
+  ),
+  "actor_rollout_ref.rollout.multi_turn.format": ("the tool-call format the parser reads: `hermes`", SAME),
+  "actor_rollout_ref.rollout.multi_turn.tool_timeout_s": (
+    "seconds a tool call may take (create and execute); a call over it, like one that raises, returns an "
+    "error text the policy reads",
+    "jaxrlhf's (verl has no timeout: a hanging tool blocks its batch)",
+  ),
   "actor_rollout_ref.rollout.val_kwargs.temperature": ("validation sampling temperature", SAME),
   "actor_rollout_ref.rollout.val_kwargs.top_k": ("validation top-k", SAME),
   "actor_rollout_ref.rollout.val_kwargs.top_p": ("validation top-p", SAME),

@@ -128,8 +128,10 @@ def convert(
   answer_column: str,
   ground_truth_fn: Callable[[str], Optional[str]],
   instruction: str,
+  row_fn: Callable[..., dict[str, Any]] = make_row,
 ) -> dict[str, str]:
-  """The whole CLI: read every split, convert, and only then write; returns ``{split: parquet path}``."""
+  """The whole CLI: read every split, convert, and only then write; returns ``{split: parquet path}``.
+  ``row_fn``: one row from ``make_row``'s arguments (the multi-turn variant adds a system prompt and tool kwargs)."""
   parser = argparse.ArgumentParser(description=description)
   parser.add_argument(
     "--local_dir",
@@ -168,7 +170,7 @@ def convert(
             f"{path}: row {len(rows)} of split {split!r}: no final answer found in column "
             f"{answer_column!r}: {answer[-200:]!r}"
           )
-        row = make_row(args.data_source, split, len(rows), question, answer, ground_truth, instruction)
+        row = row_fn(args.data_source, split, len(rows), question, answer, ground_truth, instruction)
         # Other columns (MATH's level/type) are kept, as verl's datasets.map keeps them.
         row.update({k: v for k, v in record.items() if k not in (question_column, answer_column, *row)})
         rows.append(row)

@@ -33,7 +33,9 @@ from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.parallel.report import fmt_bytes, per_device_bytes
 from jaxrlhf.trainer.flops import step_phase_flops
+from jaxrlhf.trainer.multi_turn import TurnPrograms, max_tool_calls
 from jaxrlhf.trainer.phased import PhasedStep
+from jaxrlhf.trainer.records import Rollout
 from jaxrlhf.trainer.program import StepProgram, build_program, model_configs
 from jaxrlhf.trainer.state import TrainState
 
@@ -105,7 +107,7 @@ class ProgramReport:
 class AotReport:
   target: Target
   num_hosts: int
-  mode: str  # "fused" | "phased"
+  mode: str  # "fused" | "phased", after "multi-turn, " for a multi-turn rollout (its gen programs)
   layout_report: str
   programs: list[ProgramReport]
   analytic_flops: dict[str, float]  # by phase
@@ -159,13 +161,13 @@ def _eos_ids(model_path: str) -> tuple[int, ...]:
   return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
-def _rule_reward_on_device(responses_NxR, response_mask_NxR, sample_index_N):
+def _rule_reward_on_device(responses_NxR, response_mask_NxR, sample_index_N, *trajectories):
   """Stands in for the rule reward's host callback, which cannot be lowered without the target's runtime.
 
   Same shapes in and out; on the device a host callback costs only the transfer of these small
   arrays, so the program's memory and FLOPs are unchanged. This program is measured, never run.
   """
-  del responses_NxR, sample_index_N
+  del responses_NxR, sample_index_N, trajectories
   scores_N = response_mask_NxR.sum(axis=1).astype(np.float32) * 0.0
   return scores_N, scores_N, scores_N, scores_N[None, :][:0]  # scores, errors, null ground truths; no GDPO: [0, N]
 
@@ -340,7 +342,8 @@ def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
   """A `PhasedStep` runner that compiles each phase instead of running it (see `phased.timed`)."""
   state_bytes = _device_bytes(program.abstract_state)
 
-  def run(name, jitted, *args):
+  def run(name, jitted, *args, resident_state: bool = False):
+    """`resident_state`: the whole train state stays on the devices beside `args` (none of it is an argument)."""
     # PRNG keys are split on the host between phases (concrete CPU arrays): give them as target arrays.
     args = jax.tree.map(
       lambda x: (
@@ -350,6 +353,7 @@ def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
     )
     given = args[0]
     state_given = state_bytes if isinstance(given, TrainState) else _device_bytes(given) if given is not None else 0
+    state_given = 0 if resident_state else state_given
     report, compiled = compile_program(name or "glue", jitted, args, resident_bytes=state_bytes - state_given)
     if name is not None:
       reports.append(report)
@@ -370,6 +374,37 @@ def _rows_like(tree, rows: int, mesh):
   return jax.tree.map(one, tree)
 
 
+def _multi_turn_rollout(program: StepProgram, run, state, rng):
+  """Compiles a multi-turn rollout's programs (`trainer.multi_turn.TurnPrograms`: the generation weights, the
+  prefill, one turn) and returns the abstract `Rollout` the host loop builds from them, in the batch layout."""
+  config, mesh = program.config, program.mesh
+  programs = TurnPrograms(program.ppo, program.ppo.sampling)
+  rows = config.data.train_batch_size * config.actor_rollout_ref.rollout.n
+  prompt_len, response_len = config.data.max_prompt_length, config.data.max_response_length
+  rows_of = lambda shape, dtype=np.int32: jax.ShapeDtypeStruct(
+    (rows,) + shape, dtype, sharding=batch_sharding(mesh, (rows,) + shape)
+  )
+  params = run("gen_weights", programs.weights, state.actor.weights)
+  prompts = rows_of((prompt_len,))
+  turn_state = run("gen_prefill", programs.start, params, prompts, prompts, rng, resident_state=True)
+  turn_inputs = (rows_of((response_len,)), rows_of(()), rows_of((), np.bool_))
+  run("gen_turn", programs.turn, params, turn_state, *turn_inputs, resident_state=True)
+  calls = max_tool_calls(config.actor_rollout_ref.rollout.multi_turn, response_len)
+  return Rollout(
+    prompts=rows_of((prompt_len,)),
+    prompt_mask=rows_of((prompt_len,)),
+    responses=rows_of((response_len,)),
+    response_mask=rows_of((response_len,)),
+    rollout_log_probs=rows_of((response_len,), np.float32),
+    sample_index=rows_of(()),
+    group_index=rows_of(()),
+    decode_steps=jax.ShapeDtypeStruct((), np.int32, sharding=replicated(mesh)),
+    response_attention_mask=rows_of((response_len,)),
+    num_turns=rows_of(()),
+    tool_rewards=rows_of((calls,), np.float32),
+  )
+
+
 def compile_step(config, target: Target, *, phases: bool | None = None) -> AotReport:
   """Builds `config`'s step on `target`'s devices, compiles it (fused, or phase by phase) and measures it."""
   devices = target.devices()
@@ -380,7 +415,18 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
   state, rng = program.abstract_state, program.abstract_rng()
   train_rows = config.data.train_batch_size
   reports: list[ProgramReport] = []
-  if not phases and not dynamic_sampling:
+  multi_turn = config.actor_rollout_ref.rollout.multi_turn.enable
+  if multi_turn:
+    rng = jax.random.key(0)
+    run = _phase_runner(program, reports)
+    phased = PhasedStep(program.ppo, program.state_shardings, replicated(program.mesh))
+    rollout = _multi_turn_rollout(program, run, state, rng)
+    scored = run("reward", phased.program(program.ppo.score), rollout, state.reward_params)
+    if phases:
+      phased.train(state, rollout, scored, rng, run)
+    else:
+      run("train", phased.train_on_rollout, state, rollout, scored, rng)
+  elif not phases and not dynamic_sampling:
     jitted = program.jit_step()
     reports.append(compile_program("step", jitted, (state, program.abstract_batch(train_rows), rng))[0])
   else:
@@ -418,7 +464,7 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
   return AotReport(
     target,
     num_hosts,
-    "phased" if phases else "fused",
+    ("multi-turn, " if multi_turn else "") + ("phased" if phases else "fused"),
     program.layout_report(),
     reports,
     flops,

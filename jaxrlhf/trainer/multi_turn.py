@@ -51,6 +51,37 @@ def max_tool_calls(multi_turn, response_length: int) -> int:
   return max(1, turns * multi_turn.max_parallel_calls)
 
 
+class TurnPrograms:
+  """The compiled programs of a multi-turn rollout with one sampling setting: `weights(actor) -> params` (the
+  actor's weights in the generation layout and the rollout dtype, `Generation.generation_params`),
+  `start(params, prompts_NxP, prompt_mask_NxP, rng) -> TurnState` (the prefill) and
+  `turn(params, state, forced_NxR, forced_len_N, live_N) -> TurnState` (one turn; the state is donated: the KV cache
+  is updated in place). `stop_ids`: tokens that also end a turn (a tool call's close)."""
+
+  def __init__(self, ppo, sampling: SamplingParams, stop_ids: tuple[int, ...] = (), weights=None):
+    generation = ppo.generation
+    layouts = generation.layouts
+    apply = lambda params, *inputs: generation.rollout_actor.apply({"params": params}, *inputs)
+    model_config = generation.rollout_actor.config
+    self.weights = weights or jax.jit(generation.generation_params)
+
+    @jax.jit
+    def start(params, prompts_NxP, prompt_mask_NxP, rng):
+      prompts_NxP, prompt_mask_NxP = layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP))
+      return start_turns(
+        apply, params, model_config, prompts_NxP, prompt_mask_NxP, rng, sampling, layouts.constrain_cache
+      )
+
+    @functools.partial(jax.jit, donate_argnums=1)
+    def turn(params, state, forced_NxR, forced_len_N, live_N):
+      forced_NxR, forced_len_N, live_N = layouts.to_generation_batch((forced_NxR, forced_len_N, live_N))
+      return run_turn(
+        apply, params, state, forced_NxR, forced_len_N, live_N, sampling, layouts.constrain_cache, stop_ids
+      )
+
+    self.start, self.turn = start, turn
+
+
 class MultiTurnGeneration:
   """`rollout(actor, batch, rng) -> Rollout`, what `PPOStep.rollout` is for one-turn rollouts; `actor`: the actor's
   weights (`RoleState.weights`). `last_metrics`: the last rollout's trajectory metrics and tool time."""
@@ -60,9 +91,8 @@ class MultiTurnGeneration:
     `tools`: by name (`jaxrlhf.tools.load_tools`)."""
     config = ppo.config
     self.config = config
+    self.ppo = ppo
     self.multi_turn = multi_turn = config.actor_rollout_ref.rollout.multi_turn
-    self.generation = generation = ppo.generation
-    self.layouts = layouts = generation.layouts
     self.sampling = ppo.sampling
     self.dataset = dataset
     self.put = put
@@ -86,28 +116,19 @@ class MultiTurnGeneration:
     )
     # One call per turn runs (verl drops the rest): the turn may end where the call closes. With more, the policy
     # writes them all, then EOS.
-    stop_ids = tool_call_close_ids(tokenizer) if multi_turn.max_parallel_calls == 1 else ()
+    self.stop_ids = tool_call_close_ids(tokenizer) if multi_turn.max_parallel_calls == 1 else ()
     self.tool_seconds = 0.0
     self.last_metrics: dict[str, float] = {}
-    apply = lambda params, *inputs: generation.rollout_actor.apply({"params": params}, *inputs)
-    model_config = generation.rollout_actor.config
-    self._weights = jax.jit(generation.generation_params)
+    self._programs: dict[SamplingParams, TurnPrograms] = {}
 
-    @functools.partial(jax.jit, static_argnames="sampling")
-    def start(params, prompts_NxP, prompt_mask_NxP, rng, sampling):
-      prompts_NxP, prompt_mask_NxP = layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP))
-      return start_turns(
-        apply, params, model_config, prompts_NxP, prompt_mask_NxP, rng, sampling, layouts.constrain_cache
+  def programs(self, sampling: SamplingParams) -> TurnPrograms:
+    """The turn programs of `sampling` (training, validation), built once each; they share the weights program."""
+    if sampling not in self._programs:
+      shared = next(iter(self._programs.values()), None)
+      self._programs[sampling] = TurnPrograms(
+        self.ppo, sampling, self.stop_ids, weights=shared.weights if shared else None
       )
-
-    @functools.partial(jax.jit, static_argnames="sampling", donate_argnums=1)
-    def turn(params, state, forced_NxR, forced_len_N, live_N, sampling):
-      forced_NxR, forced_len_N, live_N = layouts.to_generation_batch((forced_NxR, forced_len_N, live_N))
-      return run_turn(
-        apply, params, state, forced_NxR, forced_len_N, live_N, sampling, layouts.constrain_cache, stop_ids
-      )
-
-    self._start, self._turn = start, turn
+    return self._programs[sampling]
 
   # ----- tools --------------------------------------------------------------------------------------
 
@@ -127,10 +148,11 @@ class MultiTurnGeneration:
 
   def trajectories(self, actor, prompts_NxP, prompt_mask_NxP, sample_index_N, rng, sampling: SamplingParams, dataset):
     """Every row's trajectory: (the final `TurnState` on the host, one `Trajectory` per row)."""
-    params = self._weights(actor)
-    state = self._start(params, prompts_NxP, prompt_mask_NxP, rng, sampling=sampling)
+    programs = self.programs(sampling)
+    params = programs.weights(actor)
+    state = programs.start(params, prompts_NxP, prompt_mask_NxP, rng)
     tools_kwargs = [dataset.extra_infos[i].get("tools_kwargs") or {} for i in np.asarray(sample_index_N).tolist()]
-    turn = lambda state, *inputs: self._turn(params, state, *inputs, sampling=sampling)
+    turn = lambda state, *inputs: programs.turn(params, state, *inputs)
     self.tool_seconds = 0.0
     state, trajectories = self.loop.run(state, turn, self.response_length, tools_kwargs)
     return jax.device_get(state), trajectories
