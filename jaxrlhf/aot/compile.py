@@ -35,8 +35,8 @@ from jaxrlhf.parallel.report import fmt_bytes, per_device_bytes
 from jaxrlhf.trainer.flops import step_phase_flops
 from jaxrlhf.trainer.multi_turn import TurnPrograms, max_tool_calls
 from jaxrlhf.trainer.phased import PhasedStep
-from jaxrlhf.trainer.records import Rollout
 from jaxrlhf.trainer.program import StepProgram, build_program, model_configs
+from jaxrlhf.trainer.records import Rollout
 from jaxrlhf.trainer.state import TrainState
 
 _BUFFER_RE = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w\-]+)\(")

@@ -29,7 +29,6 @@ from jaxrlhf.tools.hermes import MalformedCall, parse_tool_calls
 from jaxrlhf.tools.runner import ToolRunner
 from jaxrlhf.trainer.records import Rollout
 
-
 PARSERS = {"hermes": parse_tool_calls}  # multi_turn.format -> text -> (content, calls)
 
 
