@@ -5,7 +5,7 @@ jaxrlhf's tree uses verl's key names, so most keys apply as they are; `TABLE` li
 jaxrlhf knows, as one of:
   - translated: the same intent under jaxrlhf's names (GPUs per node x nodes -> the mesh);
   - ignored: no meaning here (vLLM, Ray, FSDP wrapping), listed once at start-up with the reason;
-  - refused: a feature jaxrlhf lacks (Megatron, vision-language, multi-turn), one line per family.
+  - refused: a feature jaxrlhf lacks (Megatron, vision-language, interactions), one line per family.
 Any key in neither the tree nor the table is an error that names it; every problem of a command line is
 reported at once, one line each. docs/verl_scripts.md is generated from `SECTIONS` (the table).
 
@@ -17,7 +17,10 @@ Two users of the table:
     command and the table of mapped / translated / ignored keys. A `key=null` is printed as the verl
     override `key=null` (no `--config.` flag can say None), and a value only the user's shell knows
     (`trainer.nnodes=$SLURM_JOB_NUM_NODES`) as the verl override `key="$VAR"`, with every key whose
-    translation depends on it: train.py translates them when it runs, with the shell's values.
+    translation depends on it: train.py translates them when it runs, with the shell's values. A Hydra base
+    YAML (`--config-path=... --config-name=NAME`, built on verl's ppo_trainer as verl's examples are) is read
+    where the script runs from (its `$(pwd)`: the current folder or a folder above the script): its settings
+    apply before the script's own. A tool config it finds is loaded, so tools jaxrlhf lacks are refused.
 
 Values follow Hydra's grammar as verl's scripts use it: `null`, `True/False` (any case), numbers,
 `[a,b]` / `['a','b']` lists, quoted strings, nothing (`key=`: the empty string); `+key=value` (Hydra's
@@ -271,25 +274,89 @@ class _LeftToShell:
 LEFT_TO_SHELL = _LeftToShell()
 NEEDS_VALUE = "jaxrlhf needs this value to decide whether it can be ignored: set its variable where you run verl_compat"
 
-_MULTI_TURN = "multi-turn rollouts: not yet (issue 35)"
-_MULTI_TURN_INERT = {
-  "actor_rollout_ref.rollout.multi_turn.enable": False,
-  "actor_rollout_ref.rollout.multi_turn.format": None,  # any value: tool-call parsing only
-  "actor_rollout_ref.rollout.agent.num_workers": None,
-  "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent",
-  "actor_rollout_ref.rollout.over_sample_rate": 0,
-}  # SGLang's early stop of multi-turn rollouts
+# ----- multi-turn rollouts with tools (verl 0.9.1's multi_turn and agent keys) ---------------------
+
+MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
+AGENT = "actor_rollout_ref.rollout.agent"
+TOOL_CONFIG = f"{MULTI_TURN}.tool_config_path"
+# The tool-call formats jaxrlhf parses (jaxrlhf.tools.hermes); verl 0.9.1 registers more parsers.
+TOOL_FORMATS = ("hermes",)
 
 
-def _multi_turn(key, value, overrides) -> str | None:
-  del overrides
-  if key not in _MULTI_TURN_INERT:
-    return _MULTI_TURN  # whatever the value
-  if _MULTI_TURN_INERT[key] is None:
-    return None
-  if value is LEFT_TO_SHELL:
+def _tool_format(value, overrides, config) -> dict:
+  del overrides, config
+  if value not in TOOL_FORMATS:
+    raise UserError(
+      f"refused: tool-call format {value!r}: jaxrlhf parses {' and '.join(TOOL_FORMATS)} only "
+      "(<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>); verl's other parsers "
+      "(gpt-oss, qwen3_coder, glm, kimi, ...) are not yet"
+    )
+  return {f"{MULTI_TURN}.format": value}
+
+
+def _default_agent_loop(value, overrides, config) -> dict:
+  # verl 0.9.1 picks the loop per row: the rows' agent_name column, else this key. Its tool loop is
+  # jaxrlhf's multi-turn rollout; its single-turn loop is jaxrlhf's rollout without tools.
+  del overrides, config
+  if value == "tool_agent":
+    return {f"{MULTI_TURN}.enable": True}
+  if value in (None, "single_turn_agent"):
+    return {}
+  raise UserError(
+    f"refused: agent loop {value!r}: jaxrlhf runs verl's single_turn_agent and tool_agent loops only "
+    "(custom agent loops are not supported)"
+  )
+
+
+def _data_tool_config(key, value, overrides) -> str | None:
+  del key
+  rollout = overrides.get(TOOL_CONFIG)
+  if LEFT_TO_SHELL in (value, rollout) and value is not None:
     return NEEDS_VALUE
-  return None if value == _MULTI_TURN_INERT[key] else _MULTI_TURN
+  if value in (None, "", rollout):
+    return None
+  return (
+    f"data.tool_config_path={value!r} differs from {TOOL_CONFIG}={rollout!r}: verl's dataset would "
+    "measure prompts with one tool list and roll out with another; set the rollout's key only"
+  )
+
+
+def _reward_function(part: str):
+  """verl 0.9.1's reward.custom_reward_function.{path,name} -> custom_reward_function.*; verl takes the
+  top-level custom_reward_function instead when any of its keys is set (its reward loop copies it over)."""
+  legacy = ("custom_reward_function.path", "custom_reward_function.name")
+
+  def translate(value, overrides, config):
+    del config
+    if any(overrides.get(key) is not None for key in legacy):
+      return {}, [
+        (f"reward.custom_reward_function.{part}", str(value), "verl takes the custom_reward_function.* keys, set too")
+      ]
+    return {f"custom_reward_function.{part}": value}
+
+  return Translated(
+    translate,
+    f"custom_reward_function.{part} (verl 0.9.1's place for it; the top-level keys win when set, as in verl)",
+    inputs=legacy,
+  )
+
+
+# verl's test sampler: random order, no curriculum (what jaxrlhf's data.shuffle=True does).
+_RANDOM_SAMPLER = ("pkg://tests.utils.dataset.test_create_rl_sampler_on_cpu", "RandomCurriculumSampler")
+_SAMPLER = (
+  "a curriculum sampler class (data.sampler, gone from verl's data config by 0.9.1): jaxrlhf draws the rows "
+  "in order or shuffled (data.shuffle)"
+)
+
+
+def _sampler(key, value, overrides) -> str | None:
+  del key, value
+  chosen = (overrides.get("data.sampler.class_path"), overrides.get("data.sampler.class_name"))
+  if LEFT_TO_SHELL in chosen:
+    return NEEDS_VALUE
+  if chosen == (None, None) or (chosen == _RANDOM_SAMPLER and overrides.get("data.shuffle") is not False):
+    return None
+  return _SAMPLER
 
 
 def _strategy(key, value, overrides) -> str | None:
@@ -300,7 +367,8 @@ def _strategy(key, value, overrides) -> str | None:
 _REWARD_MANAGERS = {
   "prime": "PRIME's reward manager (the PRIME recipe's verification with timeouts and implicit "
   "process rewards): jaxrlhf has no PRIME recipe",
-  "collabllm": "CollabLLM's conversation-level rewards: " + _MULTI_TURN,
+  "collabllm": "CollabLLM's conversation-level rewards over turns with a simulated user: jaxrlhf's "
+  "multi-turn rollouts are tool rollouts (no user simulator)",
 }
 
 
@@ -407,6 +475,19 @@ _MEGATRON = (
   "Megatron-LM's tensor/pipeline/context/expert parallelism: jaxrlhf trains with FSDP (and Ulysses SP) "
   "over its mesh; drop the megatron keys (trainer.n_gpus_per_node sizes the mesh, "
   "ulysses_sequence_parallel_size splits long sequences)"
+)
+_DEAD = "read nowhere in verl 0.9.1"
+_CUSTOM_AGENT_LOOP = (
+  "a custom agent loop, its manager or its server: jaxrlhf's rollouts are verl's single_turn_agent and "
+  "tool_agent loops (multi_turn.enable)"
+)
+_FUNCTION_TOOLS = (
+  "verl's @function_tool Python functions: not yet; declare the tools in the tool config YAML "
+  "(multi_turn.tool_config_path, docs/tools.md)"
+)
+_INTERACTIONS = (
+  "interaction agents (a simulated user answering the policy's turns): gone from verl 0.9.1; jaxrlhf's "
+  "multi-turn rollouts are tool rollouts"
 )
 _VISION = "vision-language data (images, videos, audio): jaxrlhf's decoders read text only"
 _CHECKPOINT = "checkpoints always hold model, optimizer and data state (Orbax)"
@@ -563,6 +644,8 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "verl's rollout traces (weave, mlflow): jaxrlhf writes validation generations to "
         "<run dir>/val_generations.jsonl (trainer.log_val_generations)"
       ),
+      "actor_rollout_ref.rollout.sglang_rollout_mode": Ignored(_VLLM),
+      "actor_rollout_ref.rollout.server.*": Ignored(_VLLM),
       "actor_rollout_ref.rollout.checkpoint_engine.*": Ignored(
         "verl's weight transfer to the rollout engine: the sampler reads the actor's weights in place"
       ),
@@ -657,6 +740,7 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
           "reward_model.overlong_buffer",
         )
       },
+      **{f"reward.custom_reward_function.{part}": _reward_function(part) for part in ("path", "name")},
       "reward_model.reward_kwargs.max_resp_len": Translated(
         _max_resp_len, "nothing: checked to equal data.max_response_length, where jaxrlhf's overlong buffer ends"
       ),
@@ -734,7 +818,9 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
   (
     "Data loading",
     {
-      "data.return_raw_chat": Ignored("the prompt is tokenized once, through the chat template"),
+      "data.return_raw_chat": Ignored(
+        f"{_DEAD}: verl's dataset always returns the chat messages; jaxrlhf tokenizes them through the chat template"
+      ),
       "data.return_raw_input_ids": Ignored("the prompt is tokenized once, through the chat template"),
       "data.return_full_prompt": Ignored("the prompt is tokenized once, through the chat template"),
       "data.dataloader_num_workers": Ignored("the whole data set is tokenized up front; batches are host arrays"),
@@ -748,6 +834,82 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "custom dataset class",
       ),
       "data.apply_chat_template_kwargs.*": Refused("chat template arguments", _CHAT_TEMPLATE_KWARGS),
+      **{
+        f"data.sampler.{name}": Ignored(
+          "null, or verl's RandomCurriculumSampler test class (random order, no curriculum): jaxrlhf shuffles "
+          "the rows (data.shuffle)",
+          _sampler,
+          "any other sampler class",
+          "custom sampler",
+        )
+        for name in ("class_path", "class_name")
+      },
+    },
+  ),
+  (
+    "Multi-turn rollouts with tools",
+    {
+      # The multi_turn keys of jaxrlhf's tree (max_assistant_turns, max_user_turns, tool_config_path,
+      # max_parallel_calls, max_tool_response_length, tool_response_truncate_side) are mapped as they are.
+      f"{MULTI_TURN}.enable": _rename(
+        f"{MULTI_TURN}.enable",
+        "tool rollouts, as the scripts that set it mean; verl 0.9.1 itself runs its tool loop only with "
+        "agent.default_agent_loop=tool_agent or the rows' agent_name column",
+      ),
+      f"{MULTI_TURN}.format": Translated(
+        _tool_format, f"{MULTI_TURN}.format: hermes; verl's other tool-call parsers refused"
+      ),
+      f"{AGENT}.default_agent_loop": Translated(
+        _default_agent_loop,
+        f"tool_agent -> {MULTI_TURN}.enable=True (verl 0.9.1's tool loop); single_turn_agent -> nothing; "
+        "any other loop refused",
+      ),
+      f"{AGENT}.num_workers": Ignored(
+        "the Ray actors that run verl's agent loops: jaxrlhf runs the tool calls on the host "
+        "(multi_turn.max_parallel_calls per turn)"
+      ),
+      **{
+        key: Ignored(
+          "null: verl's own agent loops",
+          _refused_unless(None, "", reason=_CUSTOM_AGENT_LOOP),
+          "a path or class",
+          "custom agent loops",
+        )
+        for key in (
+          f"{AGENT}.agent_loop_config_path",
+          f"{AGENT}.agent_loop_manager_class",
+          f"{AGENT}.custom_async_server.*",
+        )
+      },
+      **{
+        key: Ignored(
+          "null: no function tools",
+          _refused_unless(None, "", reason=_FUNCTION_TOOLS),
+          "a path",
+          "function tools",
+        )
+        for key in (f"{MULTI_TURN}.function_tool_path", "data.function_tool_path")
+      },
+      "data.tool_config_path": Ignored(
+        f"verl mirrors {TOOL_CONFIG} here (its prompt-length filter counts the tool schemas)",
+        _data_tool_config,
+        "a path other than the rollout's",
+        "multi-turn",
+      ),
+      f"{MULTI_TURN}.interaction_config_path": Ignored(
+        "null: no interaction",
+        _refused_unless(None, "", reason=_INTERACTIONS),
+        "a path",
+        "interactions",
+      ),
+      **{
+        f"{MULTI_TURN}.{name}": Ignored(f"{_DEAD} (a setting of verl's retired SGLang rollout)")
+        for name in ("num_repeat_rollouts", "use_inference_chat_template", "tokenization_sanity_check_mode")
+      },
+      "actor_rollout_ref.rollout.over_sample_rate": Ignored(
+        "SGLang's early stop (the last over_sample_rate of a batch's requests aborted): jaxrlhf generates "
+        "in-graph, every row to its end"
+      ),
     },
   ),
   (
@@ -767,22 +929,6 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
           "actor_rollout_ref.actor.freeze_vision_tower",
         )
       },
-      **{
-        key: Ignored(
-          "single-turn rollouts, as jaxrlhf's (verl's default)",
-          _multi_turn,
-          "anything but single-turn settings (`multi_turn.enable=False`, `multi_turn.format`, "
-          "`agent.num_workers`, `agent.default_agent_loop=single_turn_agent`, `over_sample_rate=0`)",
-          "multi-turn",
-        )
-        for key in (
-          "actor_rollout_ref.rollout.multi_turn.*",
-          "actor_rollout_ref.rollout.agent.*",
-          "actor_rollout_ref.rollout.over_sample_rate",
-          "data.tool_config_path",
-          "data.function_tool_path",
-        )
-      },
     },
   ),
 ]
@@ -790,7 +936,13 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
 FAMILIES = {
   "Megatron-LM": _MEGATRON,
   "vision-language": _VISION,
-  "multi-turn": _MULTI_TURN + " (tools, agent loops, interactions)",
+  "multi-turn": "a tool setting jaxrlhf cannot follow: data.tool_config_path other than the rollout's, or a "
+  "tool config whose tools do not load in jaxrlhf (verl's sandbox_fusion, search, geo3k and MCP tools; a "
+  "verl tool class): port the tool to jaxrlhf.tools.BaseTool (docs/tools.md)",
+  "interactions": _INTERACTIONS,
+  "function tools": _FUNCTION_TOOLS,
+  "custom agent loops": _CUSTOM_AGENT_LOOP,
+  "custom sampler": _SAMPLER,
   "reward manager": "; ".join(f"{name}: {why}" for name, why in _REWARD_MANAGERS.items())
   + "; any other manager but naive, dapo, batch and gdpo: jaxrlhf has no such manager",
   "reward model tokenizer": _INPUT_TOKENIZER,
@@ -799,7 +951,8 @@ FAMILIES = {
   "multi-token prediction": _MTP,
   "chat template arguments": _CHAT_TEMPLATE_KWARGS + " (not yet a config key)",
   "custom reward loop": "a custom reward loop class: jaxrlhf's reward is custom_reward_function",
-  "Hydra base config": "a base config other than verl's ppo_trainer sets values jaxrlhf cannot read",
+  "Hydra base config": "a base YAML (--config-name) jaxrlhf cannot read: not found where the script runs, not "
+  "built on verl's ppo_trainer, or with values it cannot read (interpolations, lists of mappings)",
 }
 TABLE: dict[str, Translated | Ignored | Refused] = {
   key: entry for _, entries in SECTIONS for key, entry in entries.items()
@@ -1179,16 +1332,17 @@ def translate_script(
 
   script = read_script(path, env)
   config = load_config_file(config_path) if config_path else get_base_config()
+  base = _hydra_base(script)
+  args = base.overrides + [str(word) for word in script.overrides]
+  refusals = {**base.refusals, **_tool_config_refusal(args, script.path, base.notes)}
   report = plan(
-    [str(word) for word in script.overrides],
+    args,
     config,
     shell_text={str(word): word.shell.split("=", 1)[1] for word in script.overrides if word.shell is not None},
-    refusals=_hydra_base(script),
+    refusals=refusals,
   )
-  for word in script.hydra_args:
-    if word.startswith("-"):
-      flag, _, value = word.partition("=")
-      report.ignored.append((flag, value, "verl's Hydra base config: jaxrlhf's base is --config FILE"))
+  report.ignored += base.rows
+  report.notes += base.notes
   passthrough = [word.shell if word.unquoted else f'"{word.shell}"' for word in script.passthrough]
   for word in passthrough:
     report.notes.append(f"{word} is left to your shell: train.py reads the key=value overrides it holds")
@@ -1197,25 +1351,181 @@ def translate_script(
   return jaxrlhf_command(report, config_path or DEFAULT_CONFIG, passthrough), report, script
 
 
-def _hydra_base(script: Script) -> dict[str, tuple[str, list[str]]]:
-  """{family: (reason, [argument])} when the script's Hydra base config is not verl's ppo_trainer defaults."""
-  names = [
-    word.split("=", 1)[1] if "=" in word else script.hydra_args[k + 1]
-    for k, word in enumerate(script.hydra_args)
-    if word.startswith(("--config-name", "-cn")) and ("=" in word or k + 1 < len(script.hydra_args))
+# ----- the script's Hydra base config and tool config ----------------------------------------------
+
+
+@dataclasses.dataclass
+class HydraBase:
+  """What a script's `--config-path` / `--config-name` become: the base YAML's settings as overrides (set
+  before the script's own, which win), refusals, report rows and notes."""
+
+  overrides: list[str] = dataclasses.field(default_factory=list)
+  refusals: dict[str, tuple[str, list[str]]] = dataclasses.field(default_factory=dict)
+  rows: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+
+# verl's scripts run from their project root (PROJECT_DIR="$(pwd)"): a path under it is looked for there.
+_PROJECT_ROOT = re.compile(r"(\$\(pwd\)|`pwd`|\$PWD|\$\{PWD\})(/|$)")
+
+
+def _project_file(text: str, script_path: str) -> str | None:
+  """The file a script's path names, or None: `$(pwd)/...` and relative paths are looked for under the current
+  directory, then under each folder above the script (its project root); other shell values are unknown."""
+  match = _PROJECT_ROOT.match(text)
+  tail = os.path.expanduser(text[match.end() :] if match else text)
+  if not tail or "$" in tail or "`" in tail:
+    return None
+  if os.path.isabs(tail):
+    return tail if os.path.isfile(tail) else None
+  folder, roots = os.path.dirname(os.path.abspath(script_path)), [os.getcwd()]
+  while True:
+    roots.append(folder)
+    if os.path.dirname(folder) == folder:
+      break
+    folder = os.path.dirname(folder)
+  return next((os.path.join(root, tail) for root in roots if os.path.isfile(os.path.join(root, tail))), None)
+
+
+def _hydra_flags(words: Sequence[str]) -> dict[str, str]:
+  """{--config-path | --config-name | --config-dir: value} of Hydra's flags (short forms and `flag value` too)."""
+  long = {"-cp": "--config-path", "-cn": "--config-name", "-cd": "--config-dir"}
+  flags, words = {}, list(words)
+  for k, word in enumerate(words):
+    flag, equals, value = str(word).partition("=")
+    flag = long.get(flag, flag)
+    if flag not in long.values():
+      continue
+    if not equals:
+      value = str(words[k + 1]) if k + 1 < len(words) else ""
+    flags[flag] = value.strip("'\"")
+  return flags
+
+
+def _hydra_base(script: Script) -> HydraBase:
+  """verl's ppo_trainer is jaxrlhf's base; a YAML built on it (`defaults: [ppo_trainer, _self_]`, as verl's
+  examples write them) is read when the script's --config-path leads to it; anything else is refused."""
+  flags, base = _hydra_flags(script.hydra_args), HydraBase()
+  name = flags.get("--config-name")
+  stem = os.path.splitext(os.path.basename(name))[0] if name else "ppo_trainer"
+  if stem in _HYDRA_BASES:
+    base.rows = [
+      (flag, value, "verl's Hydra base config: jaxrlhf's base is --config FILE") for flag, value in flags.items()
+    ]
+    if _HYDRA_BASES[stem]:
+      family, reason = _HYDRA_BASES[stem]
+      base.refusals[family] = (reason, [f"--config-name={name}"])
+    return base
+  folders = [flags[flag] for flag in ("--config-path", "--config-dir") if flag in flags] or [""]
+  found = next(
+    (file for folder in folders if (file := _project_file(os.path.join(folder, f"{stem}.yaml"), script.path))), None
+  )
+  if found is None:
+    base.refusals["Hydra base config"] = (
+      f"{stem}.yaml is not found under {' or '.join(repr(folder or '.') for folder in folders)}: run "
+      "verl_compat from the folder the script runs in (its $(pwd)), or pass the YAML's settings as key=value",
+      [f"--config-name={name}"],
+    )
+    return base
+  base.overrides, problems = _read_hydra_yaml(found)
+  for family, reason in problems:
+    earlier = base.refusals.get(family, (None,))[0]
+    base.refusals[family] = ("; ".join(filter(None, (earlier, reason))), [f"--config-name={name}"])
+  base.rows = [
+    (flag, value, f"read: {found}" if flag == "--config-name" else "where the base YAML was found")
+    for flag, value in flags.items()
   ]
-  for name in names:
-    base = os.path.splitext(os.path.basename(name.strip("'\"")))[0]
-    if base not in _HYDRA_BASES:
-      return {
-        "Hydra base config": (
-          FAMILIES["Hydra base config"] + "; pass its settings as key=value",
-          [f"--config-name={name}"],
+  base.notes.append(
+    f"--config-name={name}: {len(base.overrides)} settings of {found} apply before the script's own "
+    "(verl's ppo_trainer defaults under them)"
+  )
+  return base
+
+
+def _read_hydra_yaml(path: str) -> tuple[list[str], list[tuple[str, str]]]:
+  """(the YAML's settings as key=value overrides, [(family, why) refused]) of a Hydra config built on verl's
+  ppo_trainer."""
+  import yaml  # here: only scripts with a base YAML need it
+
+  try:
+    with open(path) as file:
+      document = yaml.safe_load(file)
+  except (OSError, yaml.YAMLError) as error:
+    return [], [("Hydra base config", f"cannot read {path}: {error}")]
+  if not isinstance(document, dict):
+    return [], [("Hydra base config", f"{path} is not a mapping of settings")]
+  problems = []
+  document.pop("hydra", None)  # Hydra's own settings (its search path)
+  for entry in document.pop("defaults", None) or []:
+    if entry == "_self_" or (isinstance(entry, str) and _HYDRA_BASES.get(entry, False) is None):
+      continue
+    if isinstance(entry, str) and _HYDRA_BASES.get(entry):
+      problems.append(_HYDRA_BASES[entry])
+    else:
+      problems.append(
+        ("Hydra base config", f"{path}: defaults entry {entry!r}: jaxrlhf reads YAMLs built on verl's ppo_trainer only")
+      )
+  overrides = []
+
+  def walk(node, prefix):
+    for key, value in node.items():
+      if isinstance(value, dict):
+        walk(value, f"{prefix}{key}.")
+        continue
+      text = _hydra_text(value)
+      if text is None or "${" in text:
+        problems.append(
+          ("Hydra base config", f"{path}: {prefix}{key}={value!r} (a value jaxrlhf cannot read: set it as key=value)")
         )
-      }
-    if _HYDRA_BASES[base]:
-      family, reason = _HYDRA_BASES[base]
-      return {family: (reason, [f"--config-name={name}"])}
+      else:
+        overrides.append(f"{prefix}{key}={text}")
+
+  walk(document, "")
+  return overrides, problems
+
+
+def _hydra_text(value) -> str | None:
+  """A YAML value as a Hydra override's text that `parse_value` reads back the same; None when there is none."""
+  if value is None or isinstance(value, (bool, int, float)):
+    text = "null" if value is None else str(value)
+  elif isinstance(value, str):
+    text = value if not re.search(r"[\s,\[\]()'\"]", value) else f"'{value}'" if "'" not in value else f'"{value}"'
+  elif isinstance(value, list) and all(not isinstance(item, (dict, list)) for item in value):
+    items = [_hydra_text(item) for item in value]
+    text = None if None in items else "[" + ",".join(items) + "]"
+  else:
+    return None
+  try:
+    return text if text is not None and parse_value(text) == value else None
+  except UserError:
+    return None
+
+
+def _tool_config_refusal(args: Sequence[str], script_path: str, notes: list[str]) -> dict[str, tuple[str, list[str]]]:
+  """{"multi-turn": (why, [argument])} when the tool config the script names is found and its tools do not load
+  in jaxrlhf (verl's sandbox_fusion or search tools); a path only the shell knows is left to train.py."""
+  arg = next((a for a in reversed(args) if a.lstrip("+").startswith(f"{TOOL_CONFIG}=")), None)
+  if arg is None:
+    return {}
+  raw = arg.split("=", 1)[1]
+  try:
+    value = parse_value(raw)
+  except UserError:
+    return {}
+  found = _project_file(value, script_path) if isinstance(value, str) else None
+  if found is None:
+    return {}
+  from jaxrlhf.tools import ToolConfigError, load_tools  # here: loading the table must not import the tools
+
+  try:
+    load_tools(found)
+  except ToolConfigError as error:
+    return {"multi-turn": (f"{error} (port the tool to jaxrlhf.tools.BaseTool: docs/tools.md)", [arg])}
+  if _PROJECT_ROOT.match(value):
+    notes.append(
+      f"{TOOL_CONFIG}: $(pwd) is the script's project root, where its tools load from {found}: "
+      "give train.py that path (train.py runs from jaxrlhf's root)"
+    )
   return {}
 
 
