@@ -71,8 +71,10 @@ def render() -> str:
     "close). Every problem of a command line is reported at once.",
     "",
     "Hydra's base config: `--config-name=ppo_trainer` is verl's defaults (jaxrlhf's "
-    "`configs/verl_defaults.py`); `ppo_megatron_trainer` is refused (Megatron-LM); any other name is refused",
-    "because its values cannot be read (pass them as key=value).",
+    "`configs/verl_defaults.py`); `ppo_megatron_trainer` is refused (Megatron-LM); any other name is read from",
+    "`<config-path>/<name>.yaml` (searched from where verl_compat runs, then from the folders above the script, where",
+    "verl's scripts assume its checkout): a YAML on `defaults: [ppo_trainer, _self_]` becomes overrides placed before",
+    "the script's own (verl's sglang_multiturn configs); one that cannot be found is refused, naming where it looked.",
   ]
   for title, entries in verl_compat.SECTIONS:
     lines += ["", f"### {title}", "", "| verl key | becomes | why |", "|---|---|---|"]
