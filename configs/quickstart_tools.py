@@ -32,17 +32,18 @@ def get_config():
   multi_turn.tool_config_path = "builtin:lookup"
   multi_turn.max_assistant_turns = 2
 
+  # As configs/quickstart_grpo.py: two mini-batches of 32 prompts, two epochs, a constant lr, a small entropy bonus.
   actor = config.actor_rollout_ref.actor
-  actor.ppo_mini_batch_size = 64
-  actor.ppo_epochs = 1
+  actor.ppo_mini_batch_size = 32
+  actor.optim.lr_scheduler_type = "constant"
   actor.use_kl_loss = False
   actor.entropy_coeff = 0.01
 
   config.critic.enable = False
   config.algorithm.adv_estimator = "grpo"
 
-  config.trainer.total_training_steps = 60
-  config.trainer.test_freq = 20
+  config.trainer.total_training_steps = 200
+  config.trainer.test_freq = 25
   config.trainer.project_name = "quickstart"
   config.trainer.experiment_name = "lookup_tools_grpo"
   return config

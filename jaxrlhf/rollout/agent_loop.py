@@ -60,8 +60,9 @@ class Trajectory:
 
 
 def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-  """verl's `num_turns/{min,max,mean}` and `tool_call_counts/{min,max,mean}`, and the tool errors: the mean per
-  trajectory and the share of calls that returned a result (`tool_calls/success_rate`, 0 without calls)."""
+  """verl's `num_turns/{min,max,mean}` and `tool_call_counts/{min,max,mean}`; the tool errors per trajectory
+  (`tool_errors/mean`) and the share of trajectories that called a tool and got a result from every call
+  (`tool_calls/success_rate`)."""
   metrics = {}
   for name, values in (
     ("num_turns", [t.num_turns for t in trajectories]),
@@ -69,10 +70,8 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
   ):
     values = np.asarray(values, np.float64)
     metrics.update({f"{name}/min": values.min(), f"{name}/max": values.max(), f"{name}/mean": values.mean()})
-  calls = sum(t.tool_calls for t in trajectories)
-  errors = sum(t.tool_errors for t in trajectories)
-  metrics["tool_errors/mean"] = errors / len(trajectories)
-  metrics["tool_calls/success_rate"] = (calls - errors) / calls if calls else 0.0
+  metrics["tool_errors/mean"] = np.mean([t.tool_errors for t in trajectories])
+  metrics["tool_calls/success_rate"] = np.mean([t.tool_calls > 0 and not t.tool_errors for t in trajectories])
   return {name: float(value) for name, value in metrics.items()}
 
 

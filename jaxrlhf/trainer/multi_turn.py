@@ -175,7 +175,11 @@ class MultiTurnGeneration:
     state, trajectories = self.trajectories(
       actor, prompts_NxP, prompt_mask_NxP.astype(np.int32), sample_index_N, rng, self.sampling, self.dataset
     )
-    self.last_metrics = {**trajectory_metrics(trajectories), "timing_s/tool_calls": self.tool_seconds}
+    self.last_metrics = {
+      **trajectory_metrics(trajectories),
+      **self.runner.pop_metrics(),  # tools/{calls, errors, timeouts, raised, unknown_tools, malformed_calls, ...}
+      "timing_s/tool_calls": self.tool_seconds,
+    }
     num_turns, tool_rewards = self.trajectory_arrays(trajectories)
     rows = len(trajectories)
     groups = np.repeat(np.arange(rows // n, dtype=np.int32), n)

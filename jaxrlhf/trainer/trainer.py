@@ -29,6 +29,7 @@ from jaxrlhf.models import generation_eos_ids, load_hf_params, load_tokenizer, p
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import fsdp_size, mesh_from_config
 from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
+from jaxrlhf.rollout.agent_loop import trajectory_metrics
 from jaxrlhf.tools.registry import load_tools
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
@@ -505,7 +506,7 @@ class Trainer:
     num_batches = -(-len(data) // batch_size)
     # Pad the last batch with repeats of row 0 so every batch has one shape (one compile); drop them after.
     order = np.concatenate([np.arange(len(data)), np.zeros(num_batches * batch_size - len(data), np.int64)])
-    scores, responses, masks, trajectory_infos = [], [], [], []
+    scores, responses, masks, trajectory_infos, all_trajectories = [], [], [], [], []
     # A fresh key per validation (and per batch), from a stream the training steps' keys never use.
     val_rng = jax.random.fold_in(jax.random.fold_in(self.rng, _VALIDATION_STREAM), step)
     for b in range(num_batches):
@@ -534,6 +535,7 @@ class Trainer:
         batch_responses, batch_masks = state.responses, state.sequence_mask()
         batch_scores = np.zeros(len(batch_responses), np.float32)
         trajectory_infos.extend(reward_trajectory_infos(*self.multi_turn.trajectory_arrays(trajectories)))
+        all_trajectories.extend(trajectories)
       scores.append(batch_scores)
       responses.append(batch_responses)
       masks.append(batch_masks)
@@ -558,6 +560,8 @@ class Trainer:
     metrics = validation_metrics(
       data.data_sources, {name: v.reshape(len(data), n) for name, v in variables.items()}, masks
     )
+    if self.multi_turn is not None:  # turns and tool calls of the validation trajectories (verl's val-aux/num_turns)
+      metrics.update({f"val-aux/{k}": v for k, v in trajectory_metrics(all_trajectories[:valid]).items()})
     scores = scores.reshape(len(data), n)
     num_logged = min(self.config.trainer.log_val_generations, valid)
     if num_logged and jax.process_index() == 0:
