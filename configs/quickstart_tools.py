@@ -19,6 +19,7 @@ def get_config():
 
   config.data.train_files = ("builtin:lookup:train",)
   config.data.val_files = ("builtin:lookup:test",)
+  config.data.tokenizer = "builtin:lookup"  # the built-in words and the tool task's
   config.data.max_prompt_length = 6
   config.data.max_response_length = 8
   config.actor_rollout_ref.model.override_config.vocab_size = 40  # the built-in tokenizer's 35 words

@@ -32,9 +32,10 @@ from jaxrlhf.rewards.registry import RECALL_DATA_SOURCE  # its rule is registere
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>")
 WORDS = ("####", ":", "first", "last", "+", "=", "?")
 NUMBERS = tuple(str(i) for i in range(20))
-# The `lookup` task's words, after the others (their ids unchanged): the tool turn's role, the question, and the
-# task's one tool call written as a single word, a hermes call the parser reads (a tiny model from scratch learns
-# one token, not a JSON string).
+# The `lookup` task's words (`build_tokenizer(task="lookup")`, data.tokenizer=builtin:lookup), after the others: the
+# tool turn's role, the question, and the task's one tool call written as a single word, a hermes call the parser
+# reads (a tiny model from scratch learns one token, not a JSON string). Only that tokenizer has them: a policy of
+# another task that samples an id past the base words decodes it as before.
 LOOKUP_CALL = '<tool_call>{"name":"lookup","arguments":{}}</tool_call>'
 TOOL_WORDS = ("<|tool|>", "secret", LOOKUP_CALL)
 CHAT_TEMPLATE = (
@@ -47,13 +48,15 @@ _NUM_DIGITS = 10
 _VAL_SIZE = 256
 
 
-def build_tokenizer(save_dir: str | None = None, extra_words: tuple[str, ...] = ()):
+def build_tokenizer(save_dir: str | None = None, extra_words: tuple[str, ...] = (), task: str = "recall"):
   """A real HF fast tokenizer (word level, with a chat template); saved with save_pretrained if asked.
-  `extra_words`: more words after the built-in ones (tests write tool calls as single words)."""
+  `task="lookup"` adds the tool task's words; `extra_words`: more words after those (tests write tool calls as
+  single words)."""
   from tokenizers import Tokenizer, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
 
-  vocab = {word: i for i, word in enumerate(SPECIAL_TOKENS + WORDS + NUMBERS + TOOL_WORDS + tuple(extra_words))}
+  tool_words = TOOL_WORDS if task == "lookup" else ()
+  vocab = {word: i for i, word in enumerate(SPECIAL_TOKENS + WORDS + NUMBERS + tool_words + tuple(extra_words))}
   backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
   backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   tokenizer = PreTrainedTokenizerFast(
@@ -61,7 +64,7 @@ def build_tokenizer(save_dir: str | None = None, extra_words: tuple[str, ...] = 
     pad_token="<pad>",
     eos_token="<eos>",
     unk_token="<unk>",
-    additional_special_tokens=["<|user|>", "<|assistant|>", "<|tool|>"],
+    additional_special_tokens=["<|user|>", "<|assistant|>"] + (["<|tool|>"] if tool_words else []),
   )
   tokenizer.chat_template = CHAT_TEMPLATE
   if save_dir:

@@ -59,7 +59,8 @@ def tokenizer_from_config(config, save_dir: str):
   if not name:
     raise ConfigError("no tokenizer: set data.tokenizer (e.g. 'builtin:recall') or actor_rollout_ref.model.path")
   if name.startswith("builtin:"):
-    build_tokenizer(save_dir=save_dir)  # written next to the run so users can load it the usual way
+    # Written next to the run so users can load it the usual way; `builtin:lookup` has the tool task's words.
+    build_tokenizer(save_dir=save_dir, task=name.split(":", 1)[1])
     name = save_dir
   return load_tokenizer(name)
 

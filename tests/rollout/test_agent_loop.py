@@ -28,7 +28,7 @@ CALLS = {
   for name in ("nope", "slow", "boom")
 }
 BAD_CALL = '<tool_call>{"name":"lookup",</tool_call>'
-TOKENIZER = build_tokenizer(extra_words=(*CALLS.values(), BAD_CALL))
+TOKENIZER = build_tokenizer(extra_words=(*CALLS.values(), BAD_CALL), task="lookup")
 VOCAB = len(TOKENIZER.get_vocab())
 TOKEN = TOKENIZER.convert_tokens_to_ids
 RESPONSE = 64
