@@ -15,6 +15,7 @@ import time
 import jax
 import numpy as np
 
+from jaxrlhf.data.dataset import DataError
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.rollout.agent_loop import (
   CallOutcome,
@@ -37,6 +38,36 @@ def create_kwargs(call, tools_kwargs: dict) -> dict | None:
   if isinstance(call, MalformedCall):
     return None
   return (tools_kwargs.get(call.name) or {}).get("create_kwargs")
+
+
+def tools_kwargs_notes(extra_infos, tool_names, key: str) -> list[str]:
+  """What is off in the rows' `extra_info.tools_kwargs` (verl reads them without a check): rows that say
+  `need_tools_kwargs` and have none, and kwargs for a tool the config does not have (a typo gives that tool no
+  `create_kwargs`). One line per kind, naming the data key, a count and the first row."""
+  missing, unknown = [], {}
+  for row, info in enumerate(extra_infos):
+    kwargs = info.get("tools_kwargs") or {}
+    if not isinstance(kwargs, dict):
+      raise ValueError(
+        f"{key} row {row}: extra_info.tools_kwargs must be a mapping of tool name -> kwargs, got {kwargs!r}"
+      )
+    if info.get("need_tools_kwargs") and not kwargs:
+      missing.append(row)
+    for name in kwargs:
+      if name not in tool_names:
+        unknown.setdefault(name, row)
+  notes = []
+  if missing:
+    notes.append(
+      f"{key}: {len(missing)} rows have extra_info.need_tools_kwargs but no tools_kwargs (first: row {missing[0]}); "
+      "their tools are created without create_kwargs"
+    )
+  for name, row in unknown.items():
+    notes.append(
+      f"{key}: extra_info.tools_kwargs names tool {name!r} (first: row {row}), which the tool config does not "
+      f"have ({sorted(tool_names)}); it is never read"
+    )
+  return notes
 
 
 def max_tool_calls(multi_turn, response_length: int) -> int:

@@ -34,7 +34,7 @@ from jaxrlhf.tools.registry import load_tools
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
-from jaxrlhf.trainer.multi_turn import MultiTurnGeneration
+from jaxrlhf.trainer.multi_turn import MultiTurnGeneration, tools_kwargs_notes
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
 from jaxrlhf.trainer.program import build_program, model_configs
@@ -188,6 +188,9 @@ class Trainer:
     for key, dataset in (("data.train_files", self.train_data), ("data.val_files", self.val_data)):
       if dataset is not None and dataset.filtering_note(key):
         print(dataset.filtering_note(key), flush=True)
+      if dataset is not None and self.tools:
+        for note in tools_kwargs_notes(dataset.extra_infos, set(self.tools), key):
+          print(note, flush=True)
     if compute_score is None and (not config.reward_model.enable or config.reward_model.combine_with_rule):
       # validate_run saw a sample of each file; every row is here now, still before anything compiles.
       check_data_sources_known(self.train_data.data_sources, "data.train_files")

@@ -104,3 +104,19 @@ def test_a_training_step_and_validation_run_on_the_rollout(setup):
   assert np.isfinite(metrics["actor/pg_loss"])
   val = trainer.validate(0)
   assert "val-core/jaxrlhf/lookup/acc/mean@1" in val and "val-aux/num_turns/mean" in val
+
+
+def test_tools_kwargs_that_are_off_are_reported():
+  from jaxrlhf.trainer.multi_turn import tools_kwargs_notes
+
+  rows = [
+    {"tools_kwargs": {"lookup": {"create_kwargs": {"table": {"a": 1}}}}},
+    {"need_tools_kwargs": True},
+    {"need_tools_kwargs": True, "tools_kwargs": {"lokup": {}}},
+  ]
+  notes = tools_kwargs_notes(rows, {"lookup"}, "data.train_files")
+  assert len(notes) == 2
+  assert "1 rows have extra_info.need_tools_kwargs but no tools_kwargs (first: row 1)" in notes[0]
+  assert "'lokup' (first: row 2)" in notes[1] and "['lookup']" in notes[1]
+  with pytest.raises(ValueError, match="data.val_files row 0: extra_info.tools_kwargs must be a mapping"):
+    tools_kwargs_notes([{"tools_kwargs": "lookup"}], {"lookup"}, "data.val_files")
