@@ -15,7 +15,6 @@ import time
 import jax
 import numpy as np
 
-from jaxrlhf.data.dataset import DataError
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.rollout.agent_loop import (
   CallOutcome,
