@@ -45,6 +45,22 @@ def small_config(tmp_path, **overrides):
   return config
 
 
+def subprocess_env(devices: int | None = None, optimize: bool = False, **extra: str) -> dict:
+  """The environment for a command a test starts (train.py, a CLI, a worker): this one's, less the suite's 8 CPU
+  devices (one, as a user's run has, or `devices`), still with LLVM at -O1 (conftest: a third less compile time
+  for the same programs, and the commands' compiles share the suite's cache with each other). `optimize=True`
+  drops -O1 too (the command compiles as a user's does), `extra` sets more variables (XLA_FLAGS among them: then
+  exactly those flags)."""
+  flags = [] if optimize else ["--xla_backend_optimization_level=1"]
+  if devices is not None:
+    flags.append(f"--xla_force_host_platform_device_count={devices}")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  if flags:
+    env["XLA_FLAGS"] = " ".join(flags)
+  env.update(extra)
+  return env
+
+
 def free_port() -> int:
   """A TCP port on localhost nobody listens on (for a jax.distributed coordinator)."""
   with socket.socket() as s:
@@ -106,12 +122,12 @@ def scored_of(scores, **fields):
 
 
 def run_train(config_file: str, *args, stop_when=None, timeout=900) -> subprocess.CompletedProcess:
-  """`python train.py --config config_file *args` as a user runs it (one CPU device: the suite's XLA_FLAGS dropped).
+  """`python train.py --config config_file *args` as a user runs it (one CPU device, `subprocess_env`).
 
   `stop_when(validation rewards so far) -> bool` (VAL_KEY, read from the run's metrics.jsonl as it grows): a SIGTERM
   as soon as it holds, and the trainer stops at the step boundary (exit status 143). A learning test stops once it
   has shown what it checks instead of running the config's last steps."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = subprocess_env()
   command = [sys.executable, "train.py", "--config", config_file, *args]
   run_root = next(arg.split("=", 1)[1] for arg in args if arg.startswith("--config.trainer.default_local_dir="))
   with open(os.path.join(run_root, "stdout"), "w+") as out, open(os.path.join(run_root, "stderr"), "w+") as err:

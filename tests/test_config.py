@@ -7,6 +7,7 @@ import pytest
 
 from jaxrlhf import config as config_module
 from jaxrlhf.config import ConfigError, get_base_config, resolve_config, validate_config
+from tests.helpers import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,7 +114,7 @@ def test_gae_without_critic_is_an_error():
 
 
 def _train(*flags):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = subprocess_env()
   return subprocess.run(
     [sys.executable, "train.py", "--config", "configs/quickstart.py", *flags],
     cwd=ROOT,

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from jaxrlhf.aot.targets import TargetError, parse_target
+from tests.helpers import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -55,7 +56,7 @@ def run_aot(tmp_path, config_text: str, *args):
   config_path = tmp_path / "config.py"
   config_path.write_text(textwrap.dedent(config_text))
   json_path = tmp_path / "report.json"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the target's devices, not 8 CPUs
+  env = subprocess_env(optimize=True)  # the target's devices, not 8 CPUs; its compiler's passes as a user's run
   result = subprocess.run(
     [sys.executable, "-m", "jaxrlhf.aot", "--config", str(config_path), "--json", str(json_path), *args],
     cwd=ROOT,

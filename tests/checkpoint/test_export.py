@@ -13,7 +13,7 @@ from jaxrlhf.checkpoint import Checkpointer
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import Decoder, positions_from_mask
 from jaxrlhf.trainer import Trainer
-from tests.helpers import small_config
+from tests.helpers import small_config, subprocess_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,7 +61,7 @@ def test_train_from_hf_checkpoint_export_and_reload_in_transformers(tmp_path, hf
   checkpointer.close()
 
   out, critic_out = tmp_path / "actor_hf", tmp_path / "critic_hf"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = subprocess_env()
   result = subprocess.run(
     [
       sys.executable,

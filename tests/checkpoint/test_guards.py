@@ -10,7 +10,7 @@ import pytest
 
 from jaxrlhf.trainer import Trainer
 from jaxrlhf.trainer.guards import Guard, GuardError
-from tests.helpers import small_config
+from tests.helpers import small_config, subprocess_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,7 +54,7 @@ def test_kl_warmup_turns_the_kl_term_on_later(tmp_path):
 
 
 def test_a_run_stopped_by_guards_exits_non_zero_with_the_reason(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = subprocess_env()
   result = subprocess.run(
     [
       sys.executable,

@@ -21,7 +21,7 @@ from jaxrlhf.models import Decoder, DecoderConfig, init_params, save_hf_checkpoi
 from jaxrlhf.models.hub import download_patterns, hub_id_of, parse_hub_id, resolve_model_path, resolve_model_paths
 from jaxrlhf.trainer.trainer import tokenizer_from_config
 from jaxrlhf.validate import validate_run
-from tests.helpers import small_config
+from tests.helpers import small_config, subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COUNTER = os.path.join(ROOT, "tests", "cli", "count_compiles.py")
@@ -240,8 +240,7 @@ def test_a_missing_critic_id_fails_validation_naming_its_key(cache, tmp_path):
 
 
 def _run(cache, *args):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, HF_HUB_CACHE=cache, HF_HUB_OFFLINE="1")
+  env = subprocess_env(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, HF_HUB_CACHE=cache, HF_HUB_OFFLINE="1")
   return subprocess.run(
     [sys.executable, COUNTER, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
   )

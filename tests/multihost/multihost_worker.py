@@ -8,7 +8,8 @@ import os
 import sys
 
 process_id, num_processes, port, local_devices, out_prefix, run_dir = sys.argv[1:7]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
+# The test's flags (tests.helpers.subprocess_env: LLVM at -O1) and this process's devices.
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={local_devices}"
 
 import jax  # noqa: E402
 

@@ -8,14 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, subprocess_env
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_worker.py")
 
 
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = subprocess_env()
   port = str(free_port())
   workers = [
     subprocess.Popen(

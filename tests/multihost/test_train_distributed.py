@@ -7,15 +7,14 @@ import sys
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.slow
 def test_two_processes_train_one_mesh(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{free_port()}", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = subprocess_env(devices=2, JAX_COORDINATOR_ADDRESS=f"localhost:{free_port()}")
   command = [
     sys.executable,
     "train.py",

@@ -6,12 +6,14 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.helpers import subprocess_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.slow
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):
-  monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device in the kernel, as in Colab's CPU runtime
+  monkeypatch.setenv("XLA_FLAGS", subprocess_env()["XLA_FLAGS"])  # one CPU device in the kernel, as in Colab's
   monkeypatch.setenv("JAXRLHF_NOTEBOOK_STEPS", "20")
   path = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
   notebook = nbformat.read(path, as_version=4)
@@ -27,7 +29,7 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
 
 
 def _execute(name, monkeypatch, steps):
-  monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device, as in Colab's CPU runtime
+  monkeypatch.setenv("XLA_FLAGS", subprocess_env()["XLA_FLAGS"])  # one CPU device, as in Colab's CPU runtime
   monkeypatch.setenv("JAXRLHF_NOTEBOOK_STEPS", str(steps))
   for key in ("JAXRLHF_MODEL_PATH", "JAXRLHF_DATA_DIR"):
     monkeypatch.delenv(key, raising=False)  # the notebook builds its tiny model and data

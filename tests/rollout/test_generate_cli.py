@@ -16,6 +16,7 @@ from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import Decoder, init_params
 from jaxrlhf.rollout import SamplingParams, generate, pad_prompts
 from jaxrlhf.trainer.state import RoleState, TrainState
+from tests.helpers import subprocess_env
 from tests.models import hf_fixtures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,7 +34,7 @@ def hf_dir(tmp_path_factory):
 
 
 def _cli(*args):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
+  env = subprocess_env(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   proc = subprocess.run(
     [sys.executable, "-m", "jaxrlhf.generate", *map(str, args)],
     cwd=ROOT,

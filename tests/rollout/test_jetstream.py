@@ -27,7 +27,7 @@ from jaxrlhf.models import Decoder, init_params
 from jaxrlhf.rollout import Engine, SamplingParams
 from jaxrlhf.rollout.jetstream_adapter import BOS_MARKER, FINISHED_LENGTH, HFTokenizer, JetStreamEngine
 from jaxrlhf.serve import CheckedOrchestrator
-from tests.helpers import free_port
+from tests.helpers import free_port, subprocess_env
 
 # Importing JetStream's orchestrator set the root logger to DEBUG with a handler on this process's stdout: the root
 # logger as it was for the other tests that share this process (JetStream logs every generate step at INFO).
@@ -210,7 +210,7 @@ def test_serve_answers_jetstreams_grpc_client_on_loopback(hf_dir):
   expected = [[t for t in row["response_ids"] if t not in eos_ids] for row in rows]
 
   port = free_port()
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
+  env = subprocess_env(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   args = ["--model", hf_dir, "--host", "127.0.0.1", "--port", port, "--temperature", 0, "--max_new_tokens", 8]
   args += ["--max_prefill_length", 16, "--max_concurrent_decodes", 2]
   server = subprocess.Popen(
@@ -264,7 +264,7 @@ def test_serve_names_bad_input(tmp_path, capsys):
   assert exited.value.code == 2
   assert "--max_prefill_length must be one of JetStream's prefill buckets [16, 32," in capsys.readouterr().err
   missing = tmp_path / "no_such_checkpoint"
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
+  env = subprocess_env(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   proc = subprocess.run(
     [sys.executable, "-m", "jaxrlhf.serve", "--model", str(missing)],
     cwd=ROOT,
