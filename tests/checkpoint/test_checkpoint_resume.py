@@ -1,4 +1,5 @@
-"""Real Orbax checkpoints: round trip, resume across meshes, keep-N, SIGKILL + auto resume, guards."""
+"""Real Orbax checkpoints: round trip, resume across meshes, keep-N, resume after SIGKILL, SIGTERM and Ctrl-C (each
+against one uninterrupted run), guards."""
 
 import json
 import os
@@ -13,9 +14,10 @@ import pytest
 
 from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
 from jaxrlhf.config import load_config_file
+from jaxrlhf.tracking import read_metrics
 from jaxrlhf.trainer import Trainer
 from jaxrlhf.trainer.guards import GuardError
-from tests.helpers import TIMING_DEPENDENT, small_config
+from tests.helpers import TIMING_DEPENDENT, small_config, subprocess_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,10 +91,24 @@ def _records(run_root):
   return {r["step"]: r for r in records if "training/global_step" in r}  # last record per step wins
 
 
-def test_sigkill_after_a_save_then_auto_resume_reproduces_the_run(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  straight = tmp_path / "straight"
-  subprocess.run(_train_cmd(straight), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+def _training_steps(run_dir):
+  return [
+    int(r["training/global_step"]) for r in read_metrics(run_dir / "metrics.jsonl") if "training/global_step" in r
+  ]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory):
+  """`_train_cmd`'s 6 steps without a stop: what each interrupted and resumed run below must reproduce (one run for
+  the module; a save changes no metric, so the runs saving every 4 steps compare with it too)."""
+  root = tmp_path_factory.mktemp("uninterrupted")
+  subprocess.run(_train_cmd(root), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True, timeout=600)
+  return root
+
+
+def test_sigkill_after_a_save_then_auto_resume_reproduces_the_run(uninterrupted_run, tmp_path):
+  env = subprocess_env()
+  straight = uninterrupted_run
 
   killed = tmp_path / "killed"
   process = subprocess.Popen(
@@ -120,6 +136,98 @@ def test_sigkill_after_a_save_then_auto_resume_reproduces_the_run(tmp_path):
   template = Trainer(_quickstart_config(tmp_path), devices=jax.devices()[:1]).state
   _leaves_equal(a.restore(6, template)[0].actor.params, b.restore(6, template)[0].actor.params)
   a.close(), b.close()
+
+
+_COMPARED = ("actor/", "critic/", "response_length/", "training/")
+
+
+def _compared(run_root):
+  """The training metrics of each record metrics.jsonl holds for a step, in order."""
+  rows = read_metrics(os.path.join(run_root, "quickstart", "recall_ppo", "metrics.jsonl"))
+  return [{k: v for k, v in row.items() if k.startswith(_COMPARED)} for row in rows if "training/global_step" in row]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_last_finished_step_and_the_resumed_run_matches_an_uninterrupted_one(
+  uninterrupted_run, tmp_path
+):
+  flags = ("--config.trainer.save_freq=4",)  # no periodic save before step 4: the one at the stop is SIGTERM's
+  interrupted_root = tmp_path / "interrupted"
+  run_dir = interrupted_root / "quickstart" / "recall_ppo"
+  process = subprocess.Popen(
+    _train_cmd(interrupted_root, *flags),
+    cwd=ROOT,
+    env=subprocess_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  deadline = time.time() + 300
+  while process.poll() is None and time.time() < deadline:  # SIGTERM once step 2 is logged (no save before 4)
+    if os.path.exists(run_dir / "metrics.jsonl") and 2 in _training_steps(run_dir):
+      break
+    time.sleep(0.05)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 143, stderr[-3000:]
+  stopped = max(_training_steps(run_dir))
+  assert 2 <= stopped < 6
+  assert (
+    f"train.py: SIGTERM after step {stopped}: saved {run_dir}/global_step_{stopped}; "
+    "trainer.resume_mode=auto continues from it" in stderr
+  )
+  assert "Traceback" not in stderr
+
+  resumed = subprocess.run(
+    _train_cmd(interrupted_root, *flags), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600
+  )
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+  assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
+  assert _compared(interrupted_root) == _compared(uninterrupted_run)
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_a_save_then_resume_logs_each_step_once(uninterrupted_run, tmp_path):
+  run_dir = tmp_path / "quickstart" / "recall_ppo"
+  # A suite started in the background by a non-interactive shell (`make test &`) ignores SIGINT, and an ignored
+  # signal stays ignored across exec: the run would never stop. A handled one is reset to its default there.
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    process = subprocess.Popen(
+      _train_cmd(tmp_path),
+      cwd=ROOT,
+      env=subprocess_env(),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  deadline = time.time() + 300
+  # Interrupt once step 3 is logged after the save at step 2: step 3 is then in metrics.jsonl twice unless cut.
+  while process.poll() is None and time.time() < deadline:
+    if (
+      (run_dir / "global_step_2").is_dir()
+      and os.path.exists(run_dir / "metrics.jsonl")
+      and 3 in _training_steps(run_dir)
+    ):
+      break
+    time.sleep(0.05)
+  process.send_signal(signal.SIGINT)
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 130 and "train.py: interrupted" in stderr and "Traceback" not in stderr, stderr[-3000:]
+  saved = max(int(name.rsplit("_", 1)[1]) for name in os.listdir(run_dir) if name.startswith("global_step_"))
+  assert 3 in _training_steps(run_dir) and saved < max(_training_steps(run_dir))
+
+  resumed = subprocess.run(
+    _train_cmd(tmp_path), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600
+  )
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
+  dropped = read_metrics(os.path.join(run_dir, "metrics.dropped.jsonl"))
+  assert [r["step"] for r in dropped] == list(range(saved + 1, saved + 1 + len(dropped))) and dropped
+  assert _compared(tmp_path) == _compared(uninterrupted_run)
 
 
 def _quickstart_config(tmp_path):

@@ -9,10 +9,8 @@ cases, that nothing was compiled (jax.monitoring's backend-compile events: 0).
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import pyarrow as pa
@@ -24,7 +22,7 @@ from jaxrlhf.data.builtin import build_tokenizer, recall_rows
 from jaxrlhf.models import Decoder, DecoderConfig, init_params, save_hf_checkpoint
 from jaxrlhf.tracking import read_metrics
 from jaxrlhf.trainer import Trainer
-from tests.helpers import small_config
+from tests.helpers import small_config, subprocess_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,8 +53,7 @@ class Result:
 
 
 def run_cli(*args, timeout=300):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = subprocess_env(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   return Result(
     subprocess.run(
       [sys.executable, COUNTER, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
@@ -539,72 +536,12 @@ def test_auto_resume_sets_an_unreadable_latest_checkpoint_aside_and_takes_the_on
   assert f"resumed from step 1: {run_dir}/global_step_1" in capsys.readouterr().out
 
 
-def _train_flags(run_root, steps):
-  return [
-    "train.py",
-    "--config",
-    "configs/quickstart.py",
-    f"--config.trainer.default_local_dir={run_root}",
-    "--config.trainer.logger=('jsonl',)",
-    f"--config.trainer.total_training_steps={steps}",
-    "--config.trainer.save_freq=2",
-    "--config.trainer.test_freq=-1",
-    "--config.trainer.val_before_train=False",
-    "--config.trainer.resume_mode=auto",
-    "--config.trainer.plot=False",
-  ]
-
-
 def _training_steps(run_dir):
   return [
     int(r["training/global_step"])
     for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     if "training/global_step" in r
   ]
-
-
-@pytest.mark.slow
-def test_ctrl_c_after_a_save_then_resume_logs_each_step_once(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  run_dir = tmp_path / "quickstart" / "recall_ppo"
-  # A suite started in the background by a non-interactive shell (`make test &`) ignores SIGINT, and an ignored
-  # signal stays ignored across exec: the run would never stop. A handled one is reset to its default there.
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    process = subprocess.Popen(
-      [sys.executable, *_train_flags(tmp_path, 6)],
-      cwd=ROOT,
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-  finally:
-    signal.signal(signal.SIGINT, previous)
-  deadline = time.time() + 300
-  # Interrupt once step 3 is logged after the save at step 2: step 3 is then in metrics.jsonl twice unless cut.
-  while process.poll() is None and time.time() < deadline:
-    if (
-      (run_dir / "global_step_2").is_dir()
-      and os.path.exists(run_dir / "metrics.jsonl")
-      and 3 in _training_steps(run_dir)
-    ):
-      break
-    time.sleep(0.05)
-  process.send_signal(signal.SIGINT)
-  _, stderr = process.communicate(timeout=300)
-  assert process.returncode == 130 and "train.py: interrupted" in stderr and "Traceback" not in stderr, stderr[-3000:]
-  saved = max(int(name.rsplit("_", 1)[1]) for name in os.listdir(run_dir) if name.startswith("global_step_"))
-  assert 3 in _training_steps(run_dir) and saved < max(_training_steps(run_dir))
-
-  resumed = subprocess.run(
-    [sys.executable, *_train_flags(tmp_path, 6)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-  )
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
-  dropped = read_metrics(os.path.join(run_dir, "metrics.dropped.jsonl"))
-  assert [r["step"] for r in dropped] == list(range(saved + 1, saved + 1 + len(dropped))) and dropped
 
 
 @pytest.mark.slow

@@ -1,21 +1,19 @@
 """Nothing lost (README "Bad input"): one run per run directory, a failed checkpoint save stops the run in one
-line, and SIGTERM saves the last finished step so that a resume continues exactly."""
+line. (SIGTERM saves the last finished step so that a resume continues exactly: tests/checkpoint/
+test_checkpoint_resume.py, beside the SIGKILL resume and the uninterrupted run both compare with.)"""
 
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 import types
 
 import pytest
 
 from jaxrlhf.checkpoint import Checkpointer
-from jaxrlhf.tracking import read_metrics
 from jaxrlhf.trainer.run_lock import LOCK_NAME, RunDirectoryLocked, RunLock
-from tests.cli.test_bad_input import ROOT, _train_flags, _training_steps, assert_user_error, run_cli
+from tests.cli.test_bad_input import ROOT, assert_user_error, run_cli
+from tests.helpers import subprocess_env
 
 HOLD = textwrap.dedent("""
     import os, sys, time
@@ -29,9 +27,7 @@ HOLD = textwrap.dedent("""
 
 
 def _env():
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  return env
+  return subprocess_env(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
 
 
 def _holder(run_dir, mode):
@@ -140,54 +136,3 @@ def test_writes_abandoned_by_a_failed_save_report_nothing_more_and_other_unraisa
   monkeypatch.setenv("JAXRLHF_DEBUG", "1")
   hook(abandoned)
   assert seen[-1] is abandoned
-
-
-_COMPARED = ("actor/", "critic/", "response_length/", "training/")
-
-
-@pytest.mark.slow
-def test_sigterm_saves_the_last_finished_step_and_the_resumed_run_matches_an_uninterrupted_one(tmp_path):
-  def flags(root):
-    return [*_train_flags(root, 6), "--config.trainer.save_freq=4"]
-
-  interrupted_root, reference_root = tmp_path / "interrupted", tmp_path / "reference"
-  run_dir = interrupted_root / "quickstart" / "recall_ppo"
-  process = subprocess.Popen(
-    [sys.executable, *flags(interrupted_root)],
-    cwd=ROOT,
-    env=_env(),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
-  deadline = time.time() + 300
-  while process.poll() is None and time.time() < deadline:  # SIGTERM once step 2 is logged (no save before 4)
-    if os.path.exists(run_dir / "metrics.jsonl") and 2 in _training_steps(run_dir):
-      break
-    time.sleep(0.05)
-  process.send_signal(signal.SIGTERM)
-  _, stderr = process.communicate(timeout=300)
-  assert process.returncode == 143, stderr[-3000:]
-  stopped = max(_training_steps(run_dir))
-  assert 2 <= stopped < 6
-  assert (
-    f"train.py: SIGTERM after step {stopped}: saved {run_dir}/global_step_{stopped}; "
-    "trainer.resume_mode=auto continues from it" in stderr
-  )
-  assert "Traceback" not in stderr
-
-  resumed = subprocess.run(
-    [sys.executable, *flags(interrupted_root)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600
-  )
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  reference = subprocess.run(
-    [sys.executable, *flags(reference_root)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600
-  )
-  assert reference.returncode == 0, reference.stderr[-3000:]
-
-  def records(root):
-    rows = read_metrics(os.path.join(root, "quickstart", "recall_ppo", "metrics.jsonl"))
-    return [{k: v for k, v in row.items() if k.startswith(_COMPARED)} for row in rows if "training/global_step" in row]
-
-  assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
-  assert records(interrupted_root) == records(reference_root)
