@@ -299,7 +299,7 @@ def test_checkpoints_to_keep_count_actor_and_critic_together():
 def test_generation_tp_keeps_training_fsdp():
   _, report, _ = verl_compat.translate_script(_script("generation_tp.sh"), env=ENV)
   assert "mesh.tensor" not in report.assignments
-  assert ("actor_rollout_ref.rollout.multi_turn.format", "hermes") in {(k, raw) for k, raw, _ in report.ignored}
+  assert report.assignments.get("actor_rollout_ref.rollout.multi_turn.format") == "hermes"  # translated (issue 35)
   with pytest.raises(UserError, match=r"tensor_model_parallel_size=3 must divide the 16 GPUs"):
     verl_compat.apply_overrides(
       get_base_config(),
@@ -355,12 +355,11 @@ def test_refused_families_and_unknown_keys_in_one_message():
   with pytest.raises(UserError) as caught:
     verl_compat.translate_script(_script("refused_families.sh"), env=ENV)
   lines = str(caught.value).splitlines()
-  assert lines[0] == "6 problems with the verl overrides:"
+  assert lines[0] == "5 problems with the verl overrides:"
   body = "\n".join(lines[1:])
   assert sum("refused (Megatron-LM)" in line for line in lines) == 1  # 5 keys (and the base config), one line
   assert "[--config-name=ppo_megatron_trainer.yaml and 4 more]" in body
   assert "refused (vision-language)" in body and "[data.image_key]" in body
-  assert "refused (multi-turn): multi-turn rollouts: not yet (issue 35)" in body
   assert "refused (reward manager): PRIME's reward manager" in body
   assert "unknown config key 'trainer.total_trainig_steps'" in body
   assert "did you mean 'trainer.total_training_steps'" in body
@@ -371,9 +370,9 @@ def test_refused_families_and_unknown_keys_in_one_message():
 @pytest.mark.parametrize(
   "overrides, message",
   [
-    (["reward_model.reward_manager=collabllm"], r"refused \(reward manager\): CollabLLM.*multi-turn rollouts: not yet"),
+    (["reward_model.reward_manager=collabllm"], r"refused \(reward manager\): CollabLLM.*no user simulator"),
     (["reward_model.reward_manager=remote"], r"refused \(reward manager\): reward manager 'remote'"),
-    (["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"], r"refused \(multi-turn\)"),
+    (["actor_rollout_ref.rollout.agent.default_agent_loop=react_agent"], r"default_agent_loop"),
     (["critic.strategy=megatron"], r"refused \(Megatron-LM\)"),
     (["reward_model.model.input_tokenizer=Qwen/Qwen2-7B-Instruct"], r"refused \(reward model tokenizer\)"),
     (["trainer.logger=['console','wandbb']"], r"unknown logger 'wandbb'"),
@@ -401,7 +400,7 @@ def test_refused_families_and_unknown_keys_in_one_message():
     (["data.custom_cls.path=my_dataset.py", "data.custom_cls.name=MyDataset"], r"refused \(custom dataset class\)"),
     (["+data.apply_chat_template_kwargs.enable_thinking=False"], r"refused \(chat template arguments\)"),
     (["actor_rollout_ref.actor.freeze_vision_tower=True"], r"refused \(vision-language\)"),
-    (["actor_rollout_ref.rollout.over_sample_rate=0.1"], r"refused \(multi-turn\)"),
+    (["actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml"], r"refused \(interactions\)"),
     (["actor_rollout_ref.ref.strategy=megatron"], r"refused \(Megatron-LM\)"),
     (
       ["actor_rollout_ref.model.lora.rank=64", "actor_rollout_ref.model.lora.alpha=64"],
@@ -423,8 +422,9 @@ def test_a_refusal_that_depends_on_a_value_only_the_shell_knows():
   def plan(arg):
     return verl_compat.plan([arg], get_base_config(), shell_text={arg: arg.split("=", 1)[1]})
 
-  with pytest.raises(UserError, match=r"refused \(multi-turn\)"):  # refused whatever the path
-    plan("actor_rollout_ref.rollout.multi_turn.tool_config_path=$(pwd)/tools.yaml")
+  # Ignored when empty, refused (function tools) when set: the shell's value decides.
+  with pytest.raises(UserError, match=r"function_tool_path'=\$\(pwd\)/tools.py: jaxrlhf needs this value"):
+    plan("actor_rollout_ref.rollout.multi_turn.function_tool_path=$(pwd)/tools.py")
   with pytest.raises(UserError, match=r"'reward_model.reward_manager'=\$RM: jaxrlhf needs this value"):
     plan("reward_model.reward_manager=$RM")
 
