@@ -121,12 +121,12 @@ def scored_of(scores, **fields):
   return Scored(scores=scores, **{**defaults, **fields})
 
 
-def run_train(config_file: str, *args, stop_when=None, timeout=900) -> subprocess.CompletedProcess:
+def run_train(config_file: str, *args, stop_when=None, val_key=VAL_KEY, timeout=900) -> subprocess.CompletedProcess:
   """`python train.py --config config_file *args` as a user runs it (one CPU device, `subprocess_env`).
 
-  `stop_when(validation rewards so far) -> bool` (VAL_KEY, read from the run's metrics.jsonl as it grows): a SIGTERM
-  as soon as it holds, and the trainer stops at the step boundary (exit status 143). A learning test stops once it
-  has shown what it checks instead of running the config's last steps."""
+  `stop_when(validation rewards so far) -> bool` (`val_key`, VAL_KEY unless given, read from the run's metrics.jsonl
+  as it grows): a SIGTERM as soon as it holds, and the trainer stops at the step boundary (exit status 143). A
+  learning test stops once it has shown what it checks instead of running the config's last steps."""
   env = subprocess_env()
   command = [sys.executable, "train.py", "--config", config_file, *args]
   run_root = next(arg.split("=", 1)[1] for arg in args if arg.startswith("--config.trainer.default_local_dir="))
@@ -137,7 +137,7 @@ def run_train(config_file: str, *args, stop_when=None, timeout=900) -> subproces
       if time.monotonic() > deadline:
         process.kill()
         raise AssertionError(f"{command} ran over {timeout} s")
-      if stop_when is not None and not stopped and stop_when(_validation_rewards(run_root)):
+      if stop_when is not None and not stopped and stop_when(_validation_rewards(run_root, val_key)):
         process.send_signal(signal.SIGTERM)
         stopped = True
       time.sleep(1.0)
@@ -147,11 +147,12 @@ def run_train(config_file: str, *args, stop_when=None, timeout=900) -> subproces
   return result
 
 
-def _validation_rewards(run_root) -> list[float]:
-  """The validation rewards a run under `run_root` has logged so far (complete lines of its metrics.jsonl)."""
+def _validation_rewards(run_root, val_key) -> list[float]:
+  """The validation rewards (`val_key`) a run under `run_root` has logged so far (its metrics.jsonl's complete
+  lines)."""
   for directory, _, files in os.walk(run_root):
     if "metrics.jsonl" in files:
       with open(os.path.join(directory, "metrics.jsonl")) as f:
         lines = [line for line in f.read().split("\n")[:-1] if line]
-      return [record[VAL_KEY] for record in map(json.loads, lines) if VAL_KEY in record]
+      return [record[val_key] for record in map(json.loads, lines) if val_key in record]
   return []

@@ -10,6 +10,8 @@ import pytest
 from tests.helpers import ROOT, run_train
 
 ACC = "val-core/jaxrlhf/lookup/acc/mean@1"
+# The run stops once its validation reaches TARGET (SIGTERM, exit 143): seed 1 at step 150 of 200 (0.90; 1.0 at 175).
+TARGET = 0.8
 
 
 @pytest.mark.slow
@@ -18,14 +20,17 @@ def test_the_tool_quickstart_learns_to_call_the_tool_and_use_its_answer(tmp_path
     os.path.join(ROOT, "configs", "quickstart_tools.py"),
     f"--config.trainer.default_local_dir={tmp_path}",
     "--config.trainer.logger=('console','jsonl')",
+    stop_when=lambda val: bool(val) and val[-1] >= TARGET,
+    val_key=ACC,
   )
   with open(tmp_path / "quickstart" / "lookup_tools_grpo" / "metrics.jsonl") as f:
     records = [json.loads(line) for line in f]
   val = [r[ACC] for r in records if ACC in r]
   steps = [r for r in records if "tool_calls/success_rate" in r]
-  assert val[0] == 0.0 and val[-1] >= 0.8, val  # 0.95 at step 200 for seeds 1 and 2 (step 125 for seed 2)
+  assert val[0] == 0.0 and val[-1] >= TARGET, val
   assert steps[0]["tool_calls/success_rate"] < 0.3 and steps[-1]["tool_calls/success_rate"] >= 0.95
   for key in ("num_turns/mean", "num_turns/max", "tool_call_counts/mean", "tool_errors/mean", "timing_s/tool_calls"):
     assert key in steps[-1], key
   assert steps[-1]["num_turns/mean"] > 3.9  # call, tool reply, answer: verl counts 4 turns
-  assert records[-1]["val-aux/tool_calls/success_rate"] >= 0.95
+  validations = [r for r in records if "val-aux/tool_calls/success_rate" in r]
+  assert validations[-1]["val-aux/tool_calls/success_rate"] >= 0.95
