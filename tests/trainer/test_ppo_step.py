@@ -30,15 +30,6 @@ def test_step_compiles_once(one_device_run):
   assert int(trainer.state.step) == 2
 
 
-def test_first_update_has_ratio_one(tmp_path):
-  config = small_config(
-    tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.actor.ppo_epochs": 1}
-  )
-  metrics = Trainer(config, devices=jax.devices()[:1]).train_step(0)
-  assert metrics["actor/ppo_kl"] == 0.0
-  assert metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/pg_clipfrac_lower"] == 0.0
-
-
 SPEC_METRIC_PREFIXES = (
   "actor/",
   "critic/",
@@ -184,14 +175,21 @@ def test_same_numbers_on_every_mesh(tmp_path, one_device_run, mesh, generation_t
   jax.tree.map(close, ref_critic, jax.device_get(sharded.state.critic.params))
 
 
-def test_bf16_rollout_of_an_fp32_actor(tmp_path):
-  """rollout.dtype=bfloat16: generation runs bf16 matmuls on a cast copy; training stays fp32."""
-  trainer = Trainer(
-    small_config(tmp_path, **{"actor_rollout_ref.rollout.dtype": "bfloat16"}), devices=jax.devices()[:1]
-  )
+def test_bf16_rollout_of_an_fp32_actor_and_a_first_update_with_ratio_one(tmp_path):
+  """rollout.dtype=bfloat16: generation runs bf16 matmuls on a cast copy; training stays fp32. One mini-batch, one
+  epoch: the only update is at the old policy, a ratio of exactly 1 (the old log-probs are the fp32 actor's, not
+  the bf16 sampler's), whatever the rollout's dtype."""
+  overrides = {
+    "actor_rollout_ref.rollout.dtype": "bfloat16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+    "actor_rollout_ref.actor.ppo_epochs": 1,
+  }
+  trainer = Trainer(small_config(tmp_path, **overrides), devices=jax.devices()[:1])
   assert trainer.ppo.generation.rollout_actor.config.dtype == "bfloat16" and trainer.model_config.dtype == "float32"
   metrics = trainer.train_step(0)
   assert all(np.isfinite(v) for v in metrics.values())
+  assert metrics["actor/ppo_kl"] == 0.0
+  assert metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/pg_clipfrac_lower"] == 0.0
   assert all(x.dtype == jax.numpy.float32 for x in jax.tree.leaves(trainer.state.actor.params))
   batch = trainer._load_batch(trainer.train_data, trainer.schedule.indices(1))
   hlo = trainer.jitted_step.lower(trainer.state, batch, jax.random.key(0)).as_text()

@@ -99,12 +99,21 @@ def test_dapo_rounds_of_different_widths_join_left_padded():
   assert (picked.prompts[:4, :16] == 0).all() and (picked.prompts[:4, 16:] == 7).all()
 
 
-def test_bucketed_prompts_give_the_metrics_of_full_padding(tmp_path):
+def test_bucketed_prompts_give_the_metrics_of_full_padding_with_one_step_program_per_bucket(tmp_path):
   full = Trainer(_config(tmp_path, False), devices=jax.devices()[:1])
   bucketed = Trainer(_config(tmp_path, True), devices=jax.devices()[:1])
+  widths = [
+    bucketed._load_batch(bucketed.train_data, bucketed.schedule.indices(s))["input_ids"].shape[1] for s in range(4)
+  ]
+  assert widths == [16, 32, 16, 32]
   for step in range(2):  # bucket 16, then 32
     _assert_same_metrics(full.train_step(step), bucketed.train_step(step), f"step {step}")
   _assert_same_metrics(full.validate(), bucketed.validate(), "validation")
+  with programs_built() as events:
+    bucketed.train_step(2)
+    bucketed.train_step(3)
+  assert events == [], f"steps on buckets already used compiled {len(events)} program(s)"
+  assert bucketed.jitted_step._cache_size() == 2
 
 
 def test_phased_dapo_rounds_with_bucketed_prompts_give_the_metrics_of_full_padding(tmp_path):
@@ -125,18 +134,3 @@ def test_phased_dapo_rounds_with_bucketed_prompts_give_the_metrics_of_full_paddi
   for step in range(2):
     _assert_same_metrics(full.train_step(step), bucketed.train_step(step), f"step {step}")
   assert full.gen_cursor == bucketed.gen_cursor
-
-
-def test_a_run_compiles_one_step_program_per_bucket(tmp_path):
-  trainer = Trainer(_config(tmp_path, True), devices=jax.devices()[:1])
-  widths = [
-    trainer._load_batch(trainer.train_data, trainer.schedule.indices(s))["input_ids"].shape[1] for s in range(4)
-  ]
-  assert widths == [16, 32, 16, 32]
-  trainer.train_step(0)
-  trainer.train_step(1)
-  with programs_built() as events:
-    trainer.train_step(2)
-    trainer.train_step(3)
-  assert events == [], f"steps on buckets already used compiled {len(events)} program(s)"
-  assert trainer.jitted_step._cache_size() == 2
