@@ -159,6 +159,12 @@ _DOCS = {
   "data.seed": ("seed of the prompt order", SAME),
   "data.truncation": ("an over-long prompt: `error`, or keep its `left`/`right`/`middle` part", SAME),
   "data.filter_overlong_prompts": ("drop prompts longer than `max_prompt_length` when loading", SAME),
+  "data.train_max_samples": (
+    "use this many rows of `train_files` (<= 0: all): with `shuffle` a subset drawn with `seed` at load, else the "
+    "first rows; chosen before `filter_overlong_prompts`",
+    SAME,
+  ),
+  "data.val_max_samples": ("as `train_max_samples`, for `val_files`", SAME),
   "data.bucket_prompt_lengths": (
     "left-pad each batch's prompts (training, DAPO rounds, validation) to its longest "
     "prompt rounded up to a length bucket (16, 32, 64, ... below `max_prompt_length`, "

@@ -125,6 +125,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     seed=1,
     truncation="error",  # error | left | right | middle
     filter_overlong_prompts=False,
+    train_max_samples=-1,  # rows of data.train_files used: a subset chosen once at load (<= 0: every row)
+    val_max_samples=-1,  # likewise for data.val_files
     # Beyond verl: pad each batch's prompts to its longest prompt rounded up to a length bucket
     # (rollout.buckets.prompt_length_buckets), not always to max_prompt_length. False = verl's padding.
     bucket_prompt_lengths=True,

@@ -144,9 +144,17 @@ class PromptDataset:
   ground_truths: list
   extra_infos: list
   num_filtered: int = 0  # rows dropped by `filter_overlong_prompts`
+  num_read: int = 0  # rows the files hold, when `max_samples` kept fewer (0: every row was kept)
 
   def __len__(self) -> int:
     return len(self.data_sources)
+
+  def sampling_note(self, key: str, max_samples_key: str) -> str | None:
+    """What `data.train_max_samples` (`max_samples_key`) did to the rows of `key` (None: every row kept)."""
+    if not self.num_read:
+      return None
+    kept = len(self) + self.num_filtered
+    return f"{key}: {max_samples_key}={kept} uses {kept} of its {self.num_read} rows"
 
   def filtering_note(self, key: str) -> str | None:
     """What `data.filter_overlong_prompts` did to the rows of `key` (None: nothing dropped)."""
@@ -168,9 +176,19 @@ def build_dataset(
   truncation: str = "error",
   filter_overlong_prompts: bool = False,
   tools=None,
+  max_samples: int = -1,
+  shuffle: bool = True,
+  seed: int | None = None,
 ) -> PromptDataset:
-  """`tools`: the tool schemas of a multi-turn rollout, rendered into each prompt by the chat template."""
+  """`tools`: the tool schemas of a multi-turn rollout, rendered into each prompt by the chat template.
+  `max_samples` (verl's `data.train_max_samples`/`val_max_samples`): keep that many rows, chosen before anything is
+  tokenized or filtered: with `shuffle` a random subset (`seed`), in the order drawn, else the first ones; <= 0 keeps
+  every row."""
   rows, places = _rows_and_places(files)
+  num_read = len(rows)
+  if 0 < max_samples < num_read:
+    chosen = np.random.default_rng(seed).choice(num_read, max_samples, replace=False) if shuffle else range(max_samples)
+    rows, places = [rows[i] for i in chosen], [places[i] for i in chosen]
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
   ids_list, sources, truths, extras = [], [], [], []
   filtered = 0
@@ -201,7 +219,8 @@ def build_dataset(
     if ids:
       input_ids[i, -len(ids) :] = ids
       attention_mask[i, -len(ids) :] = 1
-  return PromptDataset(input_ids, attention_mask, sources, truths, extras, filtered)
+  num_sampled_from = num_read if len(rows) < num_read else 0
+  return PromptDataset(input_ids, attention_mask, sources, truths, extras, filtered, num_sampled_from)
 
 
 class BatchSchedule:

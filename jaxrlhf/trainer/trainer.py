@@ -181,13 +181,25 @@ class Trainer:
       truncation=data_cfg.truncation,
       filter_overlong_prompts=data_cfg.filter_overlong_prompts,
     )
-    self.train_data = build_dataset(data_cfg.train_files, self.tokenizer, **dataset_kwargs)
-    self.val_data = (
-      build_dataset(data_cfg.val_files, self.tokenizer, **dataset_kwargs) if any(data_cfg.val_files) else None
+    # verl's train/val_max_samples: a subset drawn with the prompt order's seed, chosen before anything is tokenized.
+    dataset_kwargs.update(shuffle=data_cfg.shuffle, seed=data_cfg.seed)
+    self.train_data = build_dataset(
+      data_cfg.train_files, self.tokenizer, max_samples=data_cfg.train_max_samples, **dataset_kwargs
     )
-    for key, dataset in (("data.train_files", self.train_data), ("data.val_files", self.val_data)):
-      if dataset is not None and dataset.filtering_note(key):
-        print(dataset.filtering_note(key), flush=True)
+    self.val_data = (
+      build_dataset(data_cfg.val_files, self.tokenizer, max_samples=data_cfg.val_max_samples, **dataset_kwargs)
+      if any(data_cfg.val_files)
+      else None
+    )
+    for key, dataset, split in (
+      ("data.train_files", self.train_data, "train"),
+      ("data.val_files", self.val_data, "val"),
+    ):
+      for note in (
+        (dataset.sampling_note(key, f"data.{split}_max_samples"), dataset.filtering_note(key)) if dataset else ()
+      ):
+        if note:
+          print(note, flush=True)
       if dataset is not None and self.tools:
         for note in tools_kwargs_notes(dataset.extra_infos, set(self.tools), key):
           print(note, flush=True)

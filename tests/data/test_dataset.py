@@ -78,6 +78,30 @@ def test_filtering_is_counted_and_a_too_small_dataset_counts_rows_before_and_aft
     BatchSchedule(len(filtered), 2, seed=0, key="data.gen_batch_size", num_dropped=filtered.num_filtered)
 
 
+def test_max_samples_keeps_a_seeded_subset_or_the_first_rows_before_tokenizing_and_filtering(tmp_path, tokenizer):
+  """verl's data.train_max_samples / val_max_samples: with shuffle the rows numpy's generator of `seed` draws, in
+  the order drawn; without, the first ones; <= 0 or more than the file holds: every row."""
+  path = tmp_path / "rows.jsonl"
+  lengths = [1, 6, 2, 6, 3, 6, 4, 1, 2, 3]  # digits per prompt: 6 digits is 10 tokens, over 8
+  path.write_text(
+    "".join(json.dumps(_row("last : " + " ".join("5" * n), truth=str(i))) + "\n" for i, n in enumerate(lengths))
+  )
+  drawn = np.random.default_rng(3).choice(10, 4, replace=False)
+  subset = build_dataset(str(path), tokenizer, max_prompt_length=20, max_samples=4, seed=3)
+  assert subset.ground_truths == [str(i) for i in drawn]
+  np.testing.assert_array_equal(subset.attention_mask.sum(1), [lengths[i] + 4 for i in drawn])
+  assert subset.sampling_note("data.train_files", "data.train_max_samples") == (
+    "data.train_files: data.train_max_samples=4 uses 4 of its 10 rows"
+  )
+  first = build_dataset(
+    str(path), tokenizer, max_prompt_length=8, max_samples=4, shuffle=False, filter_overlong_prompts=True
+  )
+  assert first.ground_truths == ["0", "2"] and first.num_filtered == 2  # chosen first, then filtered
+  for every in (-1, 0, 10, 11):
+    data = build_dataset(str(path), tokenizer, max_prompt_length=20, max_samples=every, seed=3)
+    assert data.ground_truths == [str(i) for i in range(10)] and data.sampling_note("k", "m") is None
+
+
 def test_row_errors_name_the_file_of_the_row_not_the_list_of_files(tmp_path, tokenizer):
   good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
   good.write_text(json.dumps(_row("first : 1")) + "\n")
