@@ -219,8 +219,8 @@ def build_dataset(
     if ids:
       input_ids[i, -len(ids) :] = ids
       attention_mask[i, -len(ids) :] = 1
-  num_sampled_from = num_read if len(rows) < num_read else 0
-  return PromptDataset(input_ids, attention_mask, sources, truths, extras, filtered, num_sampled_from)
+  num_read = num_read if len(rows) < num_read else 0  # 0: every row kept
+  return PromptDataset(input_ids, attention_mask, sources, truths, extras, filtered, num_read)
 
 
 class BatchSchedule:

@@ -180,9 +180,10 @@ class Trainer:
       reward_fn_key=data_cfg.reward_fn_key,
       truncation=data_cfg.truncation,
       filter_overlong_prompts=data_cfg.filter_overlong_prompts,
+      # verl's train/val_max_samples: a subset drawn with the prompt order's seed, chosen before tokenizing.
+      shuffle=data_cfg.shuffle,
+      seed=data_cfg.seed,
     )
-    # verl's train/val_max_samples: a subset drawn with the prompt order's seed, chosen before anything is tokenized.
-    dataset_kwargs.update(shuffle=data_cfg.shuffle, seed=data_cfg.seed)
     self.train_data = build_dataset(
       data_cfg.train_files, self.tokenizer, max_samples=data_cfg.train_max_samples, **dataset_kwargs
     )
@@ -195,12 +196,12 @@ class Trainer:
       ("data.train_files", self.train_data, "train"),
       ("data.val_files", self.val_data, "val"),
     ):
-      for note in (
-        (dataset.sampling_note(key, f"data.{split}_max_samples"), dataset.filtering_note(key)) if dataset else ()
-      ):
+      if dataset is None:
+        continue
+      for note in (dataset.sampling_note(key, f"data.{split}_max_samples"), dataset.filtering_note(key)):
         if note:
           print(note, flush=True)
-      if dataset is not None and self.tools:
+      if self.tools:
         for note in tools_kwargs_notes(dataset.extra_infos, set(self.tools), key):
           print(note, flush=True)
     if compute_score is None and (not config.reward_model.enable or config.reward_model.combine_with_rule):
