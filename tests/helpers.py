@@ -48,8 +48,9 @@ def small_config(tmp_path, **overrides):
 
 def subprocess_env(devices: int | None = None, optimize: bool = False, **extra: str) -> dict:
   """The environment for a command a test starts (train.py, a CLI, a worker): this one's, less the suite's 8 CPU
-  devices (one, as a user's run has, or `devices`), still with LLVM at -O1 (conftest: a third less compile time
-  for the same programs, and the commands' compiles share the suite's cache with each other). `optimize=True`
+  devices (one, as a user's run has, or `devices`), with LLVM at -O1, not the suite's -O0 (commands run hundreds of
+  steps of bigger models: -O1 compiles a third faster than the default -O2 and runs the quickstart's step as fast,
+  where -O0 runs it 2.5x slower; the commands' compiles share the suite's cache with each other). `optimize=True`
   drops -O1 too (the command compiles as a user's does), `extra` sets more variables (XLA_FLAGS among them: then
   exactly those flags)."""
   flags = [] if optimize else ["--xla_backend_optimization_level=1"]

@@ -3,6 +3,7 @@ against one uninterrupted run), guards."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,7 +68,10 @@ def test_unfinished_checkpoint_is_ignored_and_bad_paths_are_named(tmp_path):
     split_step_dir(str(tmp_path / "run" / "global_step_3"))
 
 
-def _train_cmd(run_root, *flags):
+STEPS = 8  # room for three stops, each after a save every 2 steps, and a last run to the end
+
+
+def _train_cmd(run_root):
   return [
     sys.executable,
     "train.py",
@@ -75,159 +79,124 @@ def _train_cmd(run_root, *flags):
     "configs/quickstart.py",
     f"--config.trainer.default_local_dir={run_root}",
     "--config.trainer.logger=('jsonl',)",
-    "--config.trainer.total_training_steps=6",
+    f"--config.trainer.total_training_steps={STEPS}",
     "--config.trainer.save_freq=2",
     "--config.trainer.test_freq=-1",
     "--config.trainer.val_before_train=False",
     "--config.trainer.resume_mode=auto",
     "--config.trainer.plot=False",
-    *flags,
+    "--config.data.train_max_samples=2048",  # of 19,744 recall prompts: enough for 8 steps of 128, tokenized fast
   ]
 
 
-def _records(run_root):
-  with open(os.path.join(run_root, "quickstart", "recall_ppo", "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r for r in records if "training/global_step" in r}  # last record per step wins
+def _start(run_root):
+  """train.py in the background, as a shell started it: a suite run in the background by a non-interactive shell
+  (`make test &`) ignores SIGINT, and an ignored signal stays ignored across exec (the run would not stop at
+  Ctrl-C); a handled one is reset to its default there."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    return subprocess.Popen(
+      _train_cmd(run_root), cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+  finally:
+    signal.signal(signal.SIGINT, previous)
+
+
+def _wait_for(process, condition, what):
+  deadline = time.time() + 300
+  while not condition():
+    assert process.poll() is None, f"train.py ended before {what}: {process.communicate()[1][-3000:]}"
+    assert time.time() < deadline, f"no {what} in 300 s"
+    time.sleep(0.05)
 
 
 def _training_steps(run_dir):
+  if not os.path.exists(run_dir / "metrics.jsonl"):
+    return []
   return [
     int(r["training/global_step"]) for r in read_metrics(run_dir / "metrics.jsonl") if "training/global_step" in r
   ]
 
 
+def _saved_steps(run_dir):
+  if not os.path.isdir(run_dir):
+    return []
+  return sorted(int(name.rsplit("_", 1)[1]) for name in os.listdir(run_dir) if re.fullmatch(r"global_step_\d+", name))
+
+
+def _records(run_root):
+  """The last record of each step in metrics.jsonl, less what a clock measured."""
+  records = read_metrics(os.path.join(run_root, "quickstart", "recall_ppo", "metrics.jsonl"))
+  return {
+    r["step"]: {k: v for k, v in r.items() if not k.startswith(TIMING_DEPENDENT)}
+    for r in records
+    if "training/global_step" in r
+  }
+
+
 @pytest.fixture(scope="module")
 def uninterrupted_run(tmp_path_factory):
-  """`_train_cmd`'s 6 steps without a stop: what each interrupted and resumed run below must reproduce (one run for
-  the module; a save changes no metric, so the runs saving every 4 steps compare with it too)."""
+  """`_train_cmd`'s steps without a stop: what the interrupted and resumed run below must reproduce."""
   root = tmp_path_factory.mktemp("uninterrupted")
   subprocess.run(_train_cmd(root), cwd=ROOT, env=subprocess_env(), check=True, capture_output=True, timeout=600)
   return root
 
 
-def test_sigkill_after_a_save_then_auto_resume_reproduces_the_run(uninterrupted_run, tmp_path):
-  env = subprocess_env()
-  straight = uninterrupted_run
-
-  killed = tmp_path / "killed"
-  process = subprocess.Popen(
-    _train_cmd(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-  )
-  run_dir = killed / "quickstart" / "recall_ppo"
-  deadline = time.time() + 600
-  while not (run_dir / "global_step_2").is_dir() and process.poll() is None and time.time() < deadline:
-    time.sleep(0.05)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  assert (run_dir / "global_step_2").is_dir()
-  subprocess.run(_train_cmd(killed), cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
-
-  expected, resumed = _records(straight), _records(killed)
-  assert sorted(resumed) == sorted(expected) == list(range(1, 7))
-  for step in range(3, 7):
-    for key, value in expected[step].items():
-      if key.startswith(TIMING_DEPENDENT):
-        continue
-      assert resumed[step][key] == value, (step, key)
-  final = lambda root: Checkpointer(str(root / "quickstart" / "recall_ppo"))
-  a, b = final(straight), final(killed)
-  assert a.latest_step() == b.latest_step() == 6
-  template = Trainer(_quickstart_config(tmp_path), devices=jax.devices()[:1]).state
-  _leaves_equal(a.restore(6, template)[0].actor.params, b.restore(6, template)[0].actor.params)
-  a.close(), b.close()
-
-
-_COMPARED = ("actor/", "critic/", "response_length/", "training/")
-
-
-def _compared(run_root):
-  """The training metrics of each record metrics.jsonl holds for a step, in order."""
-  rows = read_metrics(os.path.join(run_root, "quickstart", "recall_ppo", "metrics.jsonl"))
-  return [{k: v for k, v in row.items() if k.startswith(_COMPARED)} for row in rows if "training/global_step" in row]
-
-
 @pytest.mark.slow
-def test_sigterm_saves_the_last_finished_step_and_the_resumed_run_matches_an_uninterrupted_one(
-  uninterrupted_run, tmp_path
-):
-  flags = ("--config.trainer.save_freq=4",)  # no periodic save before step 4: the one at the stop is SIGTERM's
-  interrupted_root = tmp_path / "interrupted"
-  run_dir = interrupted_root / "quickstart" / "recall_ppo"
-  process = subprocess.Popen(
-    _train_cmd(interrupted_root, *flags),
-    cwd=ROOT,
-    env=subprocess_env(),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
-  deadline = time.time() + 300
-  while process.poll() is None and time.time() < deadline:  # SIGTERM once step 2 is logged (no save before 4)
-    if os.path.exists(run_dir / "metrics.jsonl") and 2 in _training_steps(run_dir):
-      break
-    time.sleep(0.05)
+def test_ctrl_c_then_sigterm_then_sigkill_each_resume_to_the_uninterrupted_run(uninterrupted_run, tmp_path):
+  """One run stopped three ways, each resumed by `trainer.resume_mode=auto`: Ctrl-C after a save, SIGTERM (saves
+  the last finished step, exit 143), SIGKILL after a save; then it runs to the end. Its metrics, one record per step,
+  and its final weights are those of the run never stopped."""
+  run_dir = tmp_path / "quickstart" / "recall_ppo"
+
+  # Ctrl-C once step 3 is logged after the save at step 2: step 3 would be in metrics.jsonl twice unless cut.
+  process = _start(tmp_path)
+  _wait_for(process, lambda: 2 in _saved_steps(run_dir) and 3 in _training_steps(run_dir), "step 3 after a save")
+  process.send_signal(signal.SIGINT)
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 130 and "train.py: interrupted" in stderr and "Traceback" not in stderr, stderr[-3000:]
+  saved, logged = max(_saved_steps(run_dir)), max(_training_steps(run_dir))
+  assert saved < logged
+
+  # SIGTERM as soon as the resumed run logs a step (it cut the Ctrl-C'd run's steps past the save first).
+  process = _start(tmp_path)
+  dropped_path = run_dir / "metrics.dropped.jsonl"
+  cut = lambda: os.path.exists(dropped_path) and _training_steps(run_dir) == list(range(1, saved + 1))
+  _wait_for(process, cut, "the cut of the steps past the save")  # seconds before the first step: it compiles
+  _wait_for(process, lambda: max(_training_steps(run_dir)) > saved, "a resumed step")
   process.send_signal(signal.SIGTERM)
   _, stderr = process.communicate(timeout=300)
   assert process.returncode == 143, stderr[-3000:]
+  assert [r["step"] for r in read_metrics(dropped_path)] == list(range(saved + 1, logged + 1))
   stopped = max(_training_steps(run_dir))
-  assert 2 <= stopped < 6
+  assert saved < stopped < STEPS and _training_steps(run_dir) == list(range(1, stopped + 1))
   assert (
     f"train.py: SIGTERM after step {stopped}: saved {run_dir}/global_step_{stopped}; "
     "trainer.resume_mode=auto continues from it" in stderr
   )
   assert "Traceback" not in stderr
 
-  resumed = subprocess.run(
-    _train_cmd(interrupted_root, *flags), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600
-  )
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  # SIGKILL as soon as the next periodic save is complete (Orbax renames its folder to global_step_N last).
+  process = _start(tmp_path)
+  _wait_for(process, lambda: max(_saved_steps(run_dir)) > stopped, "a save after the SIGTERM's")
+  process.send_signal(signal.SIGKILL)
+  process.communicate(timeout=300)
 
-  assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
-  assert _compared(interrupted_root) == _compared(uninterrupted_run)
-
-
-@pytest.mark.slow
-def test_ctrl_c_after_a_save_then_resume_logs_each_step_once(uninterrupted_run, tmp_path):
-  run_dir = tmp_path / "quickstart" / "recall_ppo"
-  # A suite started in the background by a non-interactive shell (`make test &`) ignores SIGINT, and an ignored
-  # signal stays ignored across exec: the run would never stop. A handled one is reset to its default there.
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    process = subprocess.Popen(
-      _train_cmd(tmp_path),
-      cwd=ROOT,
-      env=subprocess_env(),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-  finally:
-    signal.signal(signal.SIGINT, previous)
-  deadline = time.time() + 300
-  # Interrupt once step 3 is logged after the save at step 2: step 3 is then in metrics.jsonl twice unless cut.
-  while process.poll() is None and time.time() < deadline:
-    if (
-      (run_dir / "global_step_2").is_dir()
-      and os.path.exists(run_dir / "metrics.jsonl")
-      and 3 in _training_steps(run_dir)
-    ):
-      break
-    time.sleep(0.05)
-  process.send_signal(signal.SIGINT)
-  _, stderr = process.communicate(timeout=300)
-  assert process.returncode == 130 and "train.py: interrupted" in stderr and "Traceback" not in stderr, stderr[-3000:]
-  saved = max(int(name.rsplit("_", 1)[1]) for name in os.listdir(run_dir) if name.startswith("global_step_"))
-  assert 3 in _training_steps(run_dir) and saved < max(_training_steps(run_dir))
-
-  resumed = subprocess.run(
+  finished = subprocess.run(
     _train_cmd(tmp_path), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600
   )
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert _training_steps(run_dir) == [1, 2, 3, 4, 5, 6]
-  dropped = read_metrics(os.path.join(run_dir, "metrics.dropped.jsonl"))
-  assert [r["step"] for r in dropped] == list(range(saved + 1, saved + 1 + len(dropped))) and dropped
-  assert _compared(tmp_path) == _compared(uninterrupted_run)
+  assert finished.returncode == 0, finished.stderr[-3000:]
+  assert _training_steps(run_dir) == list(range(1, STEPS + 1))
+  expected, resumed = _records(uninterrupted_run), _records(tmp_path)
+  assert sorted(resumed) == list(range(1, STEPS + 1))
+  for step in resumed:
+    assert resumed[step] == expected[step], step
+  final = lambda root: Checkpointer(str(root / "quickstart" / "recall_ppo"))
+  a, b = final(uninterrupted_run), final(tmp_path)
+  assert a.latest_step() == b.latest_step() == STEPS
+  template = Trainer(_quickstart_config(tmp_path), devices=jax.devices()[:1]).state
+  _leaves_equal(a.restore(STEPS, template)[0].actor.params, b.restore(STEPS, template)[0].actor.params)
+  a.close(), b.close()
 
 
 def _quickstart_config(tmp_path):

@@ -28,7 +28,8 @@ def test_phased_mode_matches_fused_mode_and_times_every_phase(tmp_path):
       assert max(jax.tree.leaves(moved)) > 0
     for key, value in a.items():
       if not key.startswith(TIMING_DEPENDENT):
-        np.testing.assert_allclose(b[key], value, rtol=1e-5, atol=1e-6, err_msg=f"step {step} {key}")
+        # From step 1 on, an Adam step has amplified the fp32 rounding differences of two different programs.
+        np.testing.assert_allclose(b[key], value, rtol=1e-5, atol=1e-5, err_msg=f"step {step} {key}")
   for phase in ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor"):
     assert b[f"timing_s/{phase}"] > 0 and f"timing_per_token_ms/{phase}" in b
   assert "timing_s/gen" not in a
