@@ -1,5 +1,5 @@
-"""Real Orbax checkpoints: round trip, resume across meshes, keep-N, resume after SIGKILL, SIGTERM and Ctrl-C (each
-against one uninterrupted run), guards."""
+"""Real Orbax checkpoints: round trip, resume across meshes, keep-N, one run stopped by Ctrl-C, SIGTERM and SIGKILL
+in turn and resumed each time (against one uninterrupted run), guards."""
 
 import json
 import os

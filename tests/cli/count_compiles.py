@@ -7,8 +7,8 @@
 The last stderr line is `[compiled] N` (N: programs compiled or loaded from the persistent compilation cache,
 as `jax.monitoring` sees them), so a test can prove that bad input was refused before anything was built.
 
-`--serve` is for a test file that runs dozens of commands: it imports JAX and jaxrlhf once (~2 s of the ~2 s a
-refused command costs), then forks one process per command. Each fork runs the script or module as `__main__`
+`--serve` is for a test file that runs dozens of commands: it imports JAX and jaxrlhf once (nearly all of the
+~2 s a refused command costs), then forks one process per command. Each fork runs the script or module as `__main__`
 with its own argv, stdout and stderr (files named in the request), as the one-shot form does, and its exit status is
 the command's. A request is a JSON line `{"argv": [...], "stdout": path, "stderr": path}`; the server answers
 `pid N` when the command starts and `exit N` when it ends. Nothing is compiled in the server itself (it checks).
