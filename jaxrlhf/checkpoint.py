@@ -8,16 +8,15 @@ actor's base, a LoRA critic's backbone) are not saved: they are rebuilt from the
 model path), as verl does. Batches and per-step RNG are pure functions of (seed, step), so the step is the
 whole iterator state.
 
-Layer layouts: a model with scanned layers holds each layer parameter stacked under `layers/...`; one
-with a loop of modules (and every checkpoint written before the scan) under `layers_<i>/...`.
-`stack_layers` / `unstack_layers` convert any tree (params, optimizer moments, shapes) between the two,
-and `Checkpointer.restore` uses them to resume a checkpoint of either layout into either model.
+Layer layouts: `Checkpointer.restore` resumes a checkpoint of either layer layout (scanned `layers/...` or a
+loop's `layers_<i>/...`) into either model, converting with `models.stacking`.
 
 Saves are asynchronous and atomic: Orbax writes into a temporary directory and renames it when the
 write has finished, so an interrupted save is never picked up by `latest_step()`. Restoring takes
 the target shardings, so a checkpoint saved on one mesh restores onto another. A finished checkpoint
 that cannot be read (a file truncated or damaged afterwards) raises CheckpointError naming its step
-folder; `set_aside` moves it out of the run's steps without deleting anything.
+folder; `set_aside` moves it out of the run's steps without deleting anything. Orbax's own reports of a failed
+save are dropped (`orbax_reports`, installed by `Checkpointer`): the CheckpointError says it once.
 """
 
 from __future__ import annotations
@@ -28,24 +27,17 @@ import json
 import logging
 import os
 import re
-import sys
-import traceback
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
-from absl import logging as absl_logging
 from etils import epath
 
-from jaxrlhf.errors import UserError
+from jaxrlhf import orbax_reports
+from jaxrlhf.errors import CheckpointError
+from jaxrlhf.models.stacking import abstract_layer, abstract_stack, layer_layout, stack_layers, unstack_layers
 
 STEP_PREFIX = "global_step"
-
-
-class CheckpointError(UserError, ValueError):
-  """A checkpoint (a jaxrlhf `global_step_N` or a Hugging Face directory) that cannot be read as asked;
-  the message names the path, file or tensor."""
 
 
 def _without_reference(state):
@@ -95,73 +87,6 @@ def nested_roles(tree: dict) -> dict:
   return nested
 
 
-def _layer_sharding(sharding):
-  """One layer's sharding of a stacked leaf: without the leading layer axis."""
-  if isinstance(sharding, jax.sharding.NamedSharding):
-    return jax.sharding.NamedSharding(
-      sharding.mesh, jax.sharding.PartitionSpec(*tuple(sharding.spec)[1:]), memory_kind=sharding.memory_kind
-    )
-  return sharding
-
-
-def _abstract_layer(leaf: jax.ShapeDtypeStruct, _: int) -> jax.ShapeDtypeStruct:
-  return jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype, sharding=_layer_sharding(leaf.sharding))
-
-
-def _abstract_stack(leaves: list) -> jax.ShapeDtypeStruct:
-  sharding = leaves[0].sharding
-  if isinstance(sharding, jax.sharding.NamedSharding):
-    sharding = jax.sharding.NamedSharding(
-      sharding.mesh, jax.sharding.PartitionSpec(None, *sharding.spec), memory_kind=sharding.memory_kind
-    )
-  return jax.ShapeDtypeStruct((len(leaves),) + tuple(leaves[0].shape), leaves[0].dtype, sharding=sharding)
-
-
-class _OrbaxSaveErrors(logging.Filter):
-  """Drops Orbax's own error records (each a traceback, logged from its writer threads): a failed save reaches
-  the user once, as the CheckpointError `Checkpointer` raises. JAXRLHF_DEBUG=1 (or `-v`) keeps them."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return (
-      record.levelno < logging.ERROR
-      or f"{os.sep}orbax{os.sep}" not in record.pathname
-      or bool(os.environ.get("JAXRLHF_DEBUG"))
-    )
-
-
-_ORBAX_SAVE_ERRORS = _OrbaxSaveErrors()
-
-
-def _is_abandoned_write_callback(unraisable) -> bool:
-  """After a failed write Orbax stops its save and closes the event loop it ran on; TensorStore then completes
-  the writes it had in flight and each completion calls `loop.call_soon_threadsafe` on that closed loop from C++,
-  which Python reports as an unraisable RuntimeError ("Event loop is closed") with a bare traceback. That failure
-  is the save's, already raised once as a CheckpointError."""
-  frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(unraisable.exc_traceback)]
-  return (
-    unraisable.object is None
-    and unraisable.exc_type is RuntimeError
-    and str(unraisable.exc_value) == "Event loop is closed"
-    and "call_soon_threadsafe" in frames
-  )
-
-
-def _drop_abandoned_write_callbacks(previous_hook):
-  def hook(unraisable):
-    if _is_abandoned_write_callback(unraisable) and not os.environ.get("JAXRLHF_DEBUG"):
-      return
-    previous_hook(unraisable)
-
-  hook.drops_abandoned_write_callbacks = True
-  return hook
-
-
-def _install_unraisable_filter() -> None:
-  """Once per process, around whatever hook is in place (JAXRLHF_DEBUG=1 or `-v` keeps these reports)."""
-  if not getattr(sys.unraisablehook, "drops_abandoned_write_callbacks", False):
-    sys.unraisablehook = _drop_abandoned_write_callbacks(sys.unraisablehook)
-
-
 def _failure_text(error: BaseException) -> str:
   """The operating system's words for a failed write ("No space left on device"), else the error's first line."""
   for cause in _chain(error):
@@ -189,8 +114,7 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self._pending: int | None = None  # the step of a save that has not been seen through yet
     self._failed = False
-    absl_logging.get_absl_logger().addFilter(_ORBAX_SAVE_ERRORS)  # once: a filter is kept in a set
-    _install_unraisable_filter()
+    orbax_reports.install()  # a failed save is reported once, as the CheckpointError raised here
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
@@ -256,7 +180,7 @@ class Checkpointer:
       convert = saved is not None and wanted is not None and saved != wanted
       if convert:
         abstract = (
-          unstack_layers(abstract, _abstract_layer) if saved == "unstacked" else stack_layers(abstract, _abstract_stack)
+          unstack_layers(abstract, abstract_layer) if saved == "unstacked" else stack_layers(abstract, abstract_stack)
         )
       # A checkpoint of the earlier flat layout is read in it, then nested (`nested_roles`).
       abstract_state, flat = abstract, _is_flat_roles(saved_tree)
@@ -421,65 +345,3 @@ def read_checkpoint(step_dir: str, key: str = "trainer.resume_from_path"):
       )
   config = ml_collections.ConfigDict(json.loads(restored.meta["config"]))
   return nested_roles(restored.state), restored.meta, config
-
-
-# ----- layer layouts: stacked (scanned layers) <-> unstacked (a loop of modules) -----------------------
-
-_LAYER_KEY = re.compile(r"layers_(\d+)$")
-
-
-def _is_unstacked(node) -> bool:
-  return isinstance(node, dict) and "layers_0" in node
-
-
-def _is_stacked(node) -> bool:
-  return isinstance(node, dict) and "layers" in node and isinstance(node["layers"], dict)
-
-
-def stack_layers(tree, stack=None):
-  """Any tree holding `layers_0 .. layers_{n-1}` dicts (params, optimizer moments, their shapes or
-  shardings) with each such group replaced by `layers`: one subtree whose leaves stack the layers'
-  along a new leading axis. `stack(leaves) -> leaf` (default `jnp.stack`) decides how a leaf stacks."""
-  stack = stack or (lambda leaves: jnp.stack(leaves))
-
-  def convert(node):
-    if not _is_unstacked(node):
-      return node
-    indices = sorted(int(m.group(1)) for key in node if (m := _LAYER_KEY.match(str(key))))
-    if indices != list(range(len(indices))):
-      raise ValueError(f"layers {indices} are not numbered 0..{len(indices) - 1}")
-    rest = {k: v for k, v in node.items() if not _LAYER_KEY.match(str(k))}
-    layers = [node[f"layers_{i}"] for i in indices]
-    return {**rest, "layers": jax.tree.map(lambda *leaves: stack(list(leaves)), *layers)}
-
-  return jax.tree.map(convert, tree, is_leaf=_is_unstacked)
-
-
-def unstack_layers(tree, unstack=None):
-  """The inverse of `stack_layers`: each `layers` group split into `layers_0 .. layers_{n-1}`, n the
-  leading dim of its leaves. `unstack(leaf, i) -> layer i of leaf` (default: `leaf[i]`)."""
-  unstack = unstack or (lambda leaf, i: leaf[i])
-
-  def convert(node):
-    if not _is_stacked(node):
-      return node
-    rest = {k: v for k, v in node.items() if k != "layers"}
-    num_layers = jax.tree.leaves(node["layers"])[0].shape[0]
-    return {
-      **rest,
-      **{f"layers_{i}": jax.tree.map(lambda leaf, i=i: unstack(leaf, i), node["layers"]) for i in range(num_layers)},
-    }
-
-  return jax.tree.map(convert, tree, is_leaf=_is_stacked)
-
-
-def layer_layout(tree) -> str | None:
-  """ "stacked" (`layers/...`), "unstacked" (`layers_<i>/...`) or None (no layers) of a tree of nested dicts
-  (and other pytree nodes); the first group found decides."""
-  found = []
-  jax.tree.map(
-    lambda node: found.append("stacked" if _is_stacked(node) else "unstacked" if _is_unstacked(node) else None),
-    tree,
-    is_leaf=lambda n: _is_stacked(n) or _is_unstacked(n),
-  )
-  return next((layout for layout in found if layout), None)

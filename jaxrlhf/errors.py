@@ -20,3 +20,8 @@ class UserError(Exception):
   def __init__(self, message: str, *, hint: str | None = None):
     super().__init__(message)
     self.hint = hint
+
+
+class CheckpointError(UserError, ValueError):
+  """A checkpoint (a jaxrlhf `global_step_N` or a Hugging Face directory) that cannot be read as asked;
+  the message names the path, file or tensor."""

@@ -56,13 +56,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
 from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.attention import ATTENTION_IMPLS, choose_kernel, decode_attention, kernel_fn, resolve_impl
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
 from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed, Linear
 from jaxrlhf.models.projection import PROJECTION, project
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
+from jaxrlhf.models.stacking import layer_layout, stack_layers, unstack_layers
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 INIT_STD = 0.02  # std of every fresh kernel and embedding (HF's `initializer_range` default)

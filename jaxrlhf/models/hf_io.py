@@ -29,8 +29,8 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from jaxrlhf.checkpoint import CheckpointError
 from jaxrlhf.config import resolve_target_modules
+from jaxrlhf.errors import CheckpointError
 from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params, params_for
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrlhf.checkpoint import unstack_layers
-
 # The names are jax-free (the config validates target_modules without loading jax).
 from jaxrlhf.config import (  # noqa: F401
   ATTENTION_TARGETS,
@@ -45,6 +43,7 @@ from jaxrlhf.config import (  # noqa: F401
   resolve_target_modules,
 )
 from jaxrlhf.models.projection import project
+from jaxrlhf.models.stacking import unstack_layers
 
 COLLECTION = "lora"
 RANK_AXIS = "lora_rank"  # the adapters' rank dim: in no layout rule, so replicated

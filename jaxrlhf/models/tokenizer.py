@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from jaxrlhf.checkpoint import CheckpointError
+from jaxrlhf.errors import CheckpointError
 
 
 def load_tokenizer(path: str):

@@ -5,7 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrlhf.checkpoint import Checkpointer, layer_layout, stack_layers, unstack_layers
+from jaxrlhf.checkpoint import Checkpointer
+from jaxrlhf.models.stacking import layer_layout, stack_layers, unstack_layers
 from jaxrlhf.trainer import Trainer
 from tests.helpers import small_config
 

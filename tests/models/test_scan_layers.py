@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrlhf.checkpoint import layer_layout, stack_layers, unstack_layers
 from jaxrlhf.models import Decoder, init_cache, init_params, positions_from_mask
 from jaxrlhf.models.decoder import params_for
+from jaxrlhf.models.stacking import layer_layout, stack_layers, unstack_layers
 
 
 def _close(a, b, tol=1e-5):

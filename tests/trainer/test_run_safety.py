@@ -115,12 +115,12 @@ def _unraisable(raise_it, obj=None):
 def test_writes_abandoned_by_a_failed_save_report_nothing_more_and_other_unraisables_pass(monkeypatch):
   """TensorStore completes the writes Orbax abandoned after the first failure on Orbax's closed event loop (seen
   on CI, about one run in three): those reports are dropped; any other unraisable reaches the previous hook."""
-  from jaxrlhf.checkpoint import _drop_abandoned_write_callbacks
+  from jaxrlhf.orbax_reports import drop_abandoned_write_callbacks
 
   loop = asyncio.new_event_loop()
   loop.close()
   seen = []
-  hook = _drop_abandoned_write_callbacks(seen.append)
+  hook = drop_abandoned_write_callbacks(seen.append)
   monkeypatch.delenv("JAXRLHF_DEBUG", raising=False)
   abandoned = _unraisable(lambda: loop.call_soon_threadsafe(print))
   hook(abandoned)
