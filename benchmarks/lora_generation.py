@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf.models.decoder import Decoder, DecoderConfig, init_adapters, init_params, model_variables
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.rollout import SamplingParams, generate
 
@@ -39,12 +40,10 @@ def measure(config: DecoderConfig, batch: int, prompt_len: int, new_tokens: int,
   def rollout(merged: bool):
     def run(params, adapters, rng):
       if merged:
-        apply = lambda p, *inputs: model.apply({"params": p}, *inputs)
-        return generate(
-          apply, merge_adapters(params, adapters, config.lora_alpha), config, prompts, mask, rng, sampling
-        )["responses"]
-      apply = lambda p, *inputs: model.apply(model_variables(p, adapters), *inputs)
-      return generate(apply, params, config, prompts, mask, rng, sampling)["responses"]
+        merged_params = merge_adapters(params, adapters, config.lora_alpha)
+        return generate(decode_model(model), merged_params, prompts, mask, rng, sampling)["responses"]
+      unmerged = decode_model(model, lambda p: model_variables(p, adapters))
+      return generate(unmerged, params, prompts, mask, rng, sampling)["responses"]
 
     return jax.jit(run)
 

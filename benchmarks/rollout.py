@@ -103,16 +103,16 @@ def run_hf(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> t
 
 def run_jax(path: str, prompts_BxP: np.ndarray, new_tokens: int, dtype: str) -> tuple[float, float, np.ndarray]:
   from jaxrlhf.models import Decoder, cast_floating, load_hf_config, load_hf_params
+  from jaxrlhf.models.decoding import decode_model
   from jaxrlhf.rollout import SamplingParams, generate
 
   config = dataclasses.replace(load_hf_config(path), dtype=dtype)
   params = cast_floating(load_hf_params(path, config), dtype)
   model = Decoder(config)
-  apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
   sampling = SamplingParams(
     max_new_tokens=new_tokens, eos_token_ids=(config.vocab_size,), pad_token_id=0, do_sample=False
   )
-  fn = jax.jit(functools.partial(generate, apply_fn, model_config=config, sampling=sampling))
+  fn = jax.jit(functools.partial(generate, decode_model(model), sampling=sampling))
   ids = jnp.asarray(prompts_BxP)
   mask = jnp.ones_like(ids)
   start = time.perf_counter()

@@ -20,6 +20,7 @@ Writes benchmarks/results/<NAME>.json (default rollout_slots.json) and prints ma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -107,6 +108,7 @@ def _kv_cache_gib(stdout: str):
 
 def run_cpu(rows: int, prompt_len: int, response_len: int, mean_length: float, seed: int) -> list[dict]:
   from jaxrlhf.models import Decoder, DecoderConfig, init_params
+  from jaxrlhf.models.decoding import decode_model
   from jaxrlhf.rollout import SamplingParams, generate, generate_in_slots, row_keys
 
   config = DecoderConfig(
@@ -130,6 +132,8 @@ def run_cpu(rows: int, prompt_len: int, response_len: int, mean_length: float, s
     logits, cache = model.apply({"params": p}, ids, positions, kv_mask, cache, index)
     return logits.at[..., eos].add(bias), cache
 
+  biased = dataclasses.replace(decode_model(model), apply=apply_fn)
+
   prompts = jax.random.randint(jax.random.key(1), (rows, prompt_len), 2, config.vocab_size)
   mask = jnp.ones((rows, prompt_len), jnp.int32)
   sampling = SamplingParams(max_new_tokens=response_len, eos_token_ids=(eos,), pad_token_id=0, decode_segments=1)
@@ -139,11 +143,11 @@ def run_cpu(rows: int, prompt_len: int, response_len: int, mean_length: float, s
   results, reference = [], None
   for label, slots in variants:
     if slots is None:
-      fn = jax.jit(functools.partial(generate, apply_fn, model_config=config, sampling=sampling))
+      fn = jax.jit(functools.partial(generate, biased, sampling=sampling))
       call = lambda fn=fn: fn(params, prompt_ids_BxP=prompts, prompt_mask_BxP=mask, rng=keys)
       computed_per_step = rows
     else:
-      fn = jax.jit(functools.partial(generate_in_slots, apply_fn, model_config=config, sampling=sampling, slots=slots))
+      fn = jax.jit(functools.partial(generate_in_slots, biased, sampling=sampling, slots=slots))
       call = lambda fn=fn: fn(params, prompt_ids_NxP=prompts, prompt_mask_NxP=mask, rng=rng)
       computed_per_step = slots
     out = jax.device_get(call())  # warm-up (and compile)

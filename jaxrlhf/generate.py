@@ -48,6 +48,7 @@ from jaxrlhf.models import (
   pad_token_id,
   params_for,
 )
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.hub import resolve_model_path
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.rollout import (
@@ -169,13 +170,11 @@ def sample_responses(
   """n samples of each tokenized prompt, prompt-major (row j: prompt j // n, sample j % n).
 
   Row j samples with `request_key(seed, j // n, j % n)`, the key `Engine.serve` gives the same
-  request, and both run `sampler.decode_step`, so they sample the same tokens (whatever the batch or
+  request, and both run `decode.step`, so they sample the same tokens (whatever the batch or
   bucket a row lands in). Returns (rows of {"prompt_index", "sample", "response_ids" (up to and
   including EOS), "log_probs"}, the response masks [rows, R]).
   """
-  model = Decoder(model_config)
-  apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
-  generate_fn = jax.jit(functools.partial(generate, apply_fn, model_config=model_config, sampling=sampling))
+  generate_fn = jax.jit(functools.partial(generate, decode_model(Decoder(model_config)), sampling=sampling))
   request_keys = jax.jit(jax.vmap(request_key, in_axes=(None, 0, 0)))
   rows = repeat_interleave(list(range(len(prompt_ids))), n)
   results, masks = [], []

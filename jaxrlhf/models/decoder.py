@@ -619,6 +619,13 @@ def head_outputs(config: DecoderConfig, head: str, params, hidden_xD, adapters=N
 CACHE_LOGICAL_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
 
 
+def cache_axes(config: DecoderConfig) -> dict:
+  """The logical axes of each leaf of `init_cache`'s tree: what generation reads of the cache to move its rows
+  ("batch") and columns ("length") without knowing what a layer keeps (`models/decoding.py`)."""
+  del config  # every layer of this family keeps keys and values
+  return {"k": CACHE_LOGICAL_AXES, "v": CACHE_LOGICAL_AXES}
+
+
 def init_cache(config: DecoderConfig, batch: int, max_length: int):
   """Zeroed KV cache {'k', 'v'}, each [layers, B, kv_heads, S, head_dim] (`CACHE_LOGICAL_AXES`; one layout,
   scan or loop)."""

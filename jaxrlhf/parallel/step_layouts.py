@@ -29,7 +29,6 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrlhf.models.decoder import (
-  CACHE_LOGICAL_AXES,
   Decoder,
   abstract_adapters,
   abstract_params,
@@ -129,23 +128,26 @@ class MeshShards(Shards):
   def _batch_entry(self):
     return None if not self.batch_axes else self.batch_axes[0] if len(self.batch_axes) == 1 else self.batch_axes
 
-  def _cache_spec(self, shape) -> PartitionSpec:
-    spec = list(activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.rules).spec)
+  def _cache_spec(self, shape, names) -> PartitionSpec:
+    spec = list(activation_sharding(self.mesh, names, shape, self.rules).spec)
     spec += [None] * (len(shape) - len(spec))
-    spec[CACHE_LOGICAL_AXES.index("batch")] = self._batch_entry()
+    spec[names.index("batch")] = self._batch_entry()
     return PartitionSpec(*spec)
 
   def _row_spec(self, shape) -> PartitionSpec:
     return PartitionSpec(self._batch_entry(), *([None] * (len(shape) - 1)))
 
-  def constrain_cache(self, cache):
-    pin = lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self._cache_spec(x.shape)))
-    return jax.tree.map(pin, cache)
+  def constrain_cache(self, cache, cache_axes):
+    pin = lambda x, names: jax.lax.with_sharding_constraint(
+      x, NamedSharding(self.mesh, self._cache_spec(x.shape, names))
+    )
+    return jax.tree.map(pin, cache, cache_axes)
 
-  def map(self, fn, cache, rows, const_caches, const_rows):
-    cache_specs = lambda tree: jax.tree.map(lambda x: self._cache_spec(x.shape), tree)
+  def map(self, fn, cache_axes, cache, rows, const_caches, const_rows):
+    cache_specs = lambda tree: jax.tree.map(lambda x, names: self._cache_spec(x.shape, names), tree, cache_axes)
     row_specs = lambda tree: jax.tree.map(lambda x: self._row_spec(x.shape), tree)
-    in_specs = (cache_specs(cache), row_specs(rows), cache_specs(const_caches), row_specs(const_rows))
+    const_specs = None if const_caches is None else cache_specs(const_caches)
+    in_specs = (cache_specs(cache), row_specs(rows), const_specs, row_specs(const_rows))
     # The vma check is off: the local update's loops and scatters carry no varying-axis annotations.
     return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=in_specs[:2], check_vma=False)(
       cache, rows, const_caches, const_rows
@@ -199,10 +201,15 @@ class StepLayouts:
     axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
     return MeshShards(math.prod(self.mesh.shape[axis] for axis in axes), self.mesh, axes, self.generation_rules)
 
-  def constrain_cache(self, cache):
-    return self._constrain(
-      cache, lambda shape: activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.generation_rules)
+  def constrain_cache(self, cache, cache_axes):
+    """The model's generation cache (leaves with logical axes `cache_axes`, `DecodeModel.cache_axes`) pinned in
+    the generation layout."""
+    if self.mesh is None:
+      return cache
+    pin = lambda x, names: jax.lax.with_sharding_constraint(
+      x, activation_sharding(self.mesh, names, x.shape, self.generation_rules)
     )
+    return jax.tree.map(pin, cache, cache_axes)
 
   def to_train(self, tree):
     """Batch-major arrays in the train batch layout (leading dim over data x fsdp where it divides)."""

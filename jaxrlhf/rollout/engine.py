@@ -6,26 +6,26 @@ policy can be served by JetStream's orchestrator through `jaxrlhf.rollout.jetstr
 `Engine.serve` runs continuous batching in-process: requests of different lengths enter free slots
 as others finish.
 
-Cache layout. The decoder writes new keys/values at one scalar `cache_index` for the whole batch and
-lets a query see every cached column <= its index that `kv_mask_BxS` marks valid. So all slots are
-stepped at one shared write column `index`, each slot with its own token positions (RoPE) and its
-own row of the kv mask: `insert` puts a left-padded prefix of P columns at [index - P, index) of the
-slot's row and clears the rest of that row. When `index` reaches the cache length S, `generate` first
-shifts every row left by S - keep, where keep = max_prefill_length + max_new_tokens bounds what a
-live request can have written, so nothing live is lost and the copy happens once every S - keep steps.
-Masked columns add exactly 0 to attention, so a request's tokens do not depend on its neighbours.
+The slots are the rows of the decode loop's state (`rollout/decode.py` `DecodeState`), and `generate` is one
+`decode.step` of it. Cache layout: all slots are stepped at one shared write column (`DecodeState.column`), each
+slot with its own token positions (RoPE) and its own row of the kv mask: `insert` puts a left-padded prefix of
+P columns at [column - P, column) of the slot's row (a leaf of the model's state without a length axis: the
+whole row, `cache_rows.put_row`) and clears the rest of that row's mask. When the column reaches the cache
+length S, `generate` first shifts every row left by S - keep, where keep = max_prefill_length + max_new_tokens
+bounds what a live request can have written, so nothing live is lost and the copy happens once every S - keep
+steps. Masked columns add exactly 0 to attention, so a request's tokens do not depend on its neighbours.
 
 Sampling keys are per request: sample s of request (prompt) i under seed k has the key
 `request_key(k, i, s)` and draws its token g with `token_keys(that key, g)` (fold_in), the convention
 `generate` follows when given per-row keys, so `jaxrlhf.generate` and `Engine.serve` sample the same
 tokens for the same seed and request, whichever slot or step it ran in. The first token is drawn at
-prefill by the same `sampler.decode_step` that `generate` and `Engine.generate` run.
+prefill by the same `decode.step` that `Engine.generate` and every other generation path run.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -33,9 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxrlhf.models import CACHE_LOGICAL_AXES, Decoder, DecoderConfig, init_cache, load_hf_params
+from jaxrlhf.models import Decoder, DecoderConfig, load_hf_params
+from jaxrlhf.models.decoding import DecodeModel, decode_model
+from jaxrlhf.rollout import cache_rows
 from jaxrlhf.rollout.buckets import DEFAULT_LENGTH_BUCKETS, pick_bucket
-from jaxrlhf.rollout.sampler import SamplingParams, decode_step, prefill_cache, request_key, token_keys
+from jaxrlhf.rollout.decode import DecodeState, prefill_cache, start_state, step
+from jaxrlhf.rollout.sampler import SamplingParams, request_key
 
 
 @struct.dataclass
@@ -88,9 +91,9 @@ def _result(token_B, valid_B, length_B, log_prob_B) -> ResultTokens:
 
 @struct.dataclass
 class Prefix:
-  """A prefilled request: its KV cache over a left-padded prompt bucket and its first sampled token."""
+  """A prefilled request: the model's state over a left-padded prompt bucket and its first sampled token."""
 
-  cache: Any  # {"k","v"}: [layers, 1, kv_heads, P, head_dim] (`init_cache`), P = max_prefill_length
+  cache: Any  # the model's state of one row (`DecodeModel.init_cache`), P = max_prefill_length columns
   mask_1xP: jax.Array  # int32, left padding
   token: jax.Array  # [1] int32: the first generated token (not yet in the cache)
   position: jax.Array  # [1] int32: its token position
@@ -98,26 +101,13 @@ class Prefix:
   key_data: jax.Array  # [1, ...] uint32: the request's sampling key
 
 
-@struct.dataclass
-class DecodeState:
-  """Everything `generate` transforms, for `max_concurrent_decodes` slots (B, one row each) and cache length S."""
-
-  cache: Any  # {"k","v"}: [layers, B, kv_heads, S, head_dim] (`init_cache`)
-  kv_mask_BxS: jax.Array  # int32: valid cache columns per slot
-  index: jax.Array  # int32 scalar: the column the next generate step writes (shared by all slots)
-  tokens_B: jax.Array  # int32: each slot's last generated token, fed by the next step
-  positions_B: jax.Array  # int32: its token position
-  lengths_B: jax.Array  # int32: tokens generated so far
-  done_B: jax.Array  # bool: slot empty or its request finished
-  key_data_B: jax.Array  # uint32 [B, ...]: per-request sampling keys
-
-
 class Engine:
   """Serving engine over a `Decoder(config)` with the lm head (see the module docstring for the cache).
 
   sampling: static sampling settings shared by every request (max_new_tokens bounds each request).
   max_concurrent_decodes: number of slots. prefill_buckets: prompt lengths compiled for prefill;
-  prompts up to `max_prefill_length` (default: the largest bucket) are accepted.
+  prompts up to `max_prefill_length` (default: the largest bucket) are accepted. model: how to decode
+  (default: `decode_model(Decoder(model_config))`).
   """
 
   def __init__(
@@ -129,7 +119,7 @@ class Engine:
     prefill_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
     max_prefill_length: int | None = None,
     cache_length: int | None = None,
-    apply_fn: Callable | None = None,
+    model: DecodeModel | None = None,
     mesh=None,
     seed: int = 0,
   ):
@@ -146,10 +136,7 @@ class Engine:
       raise ValueError(
         f"cache_length={self.cache_length} must exceed max_prefill_length + max_new_tokens = {self._keep}"
       )
-    if apply_fn is None:
-      model = Decoder(model_config)
-      apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
-    self._apply_fn = apply_fn
+    self._model = model or decode_model(Decoder(model_config))
     self._mesh = mesh
     self._seed = int(seed)
     self._num_prefills = 0
@@ -192,16 +179,18 @@ class Engine:
 
   def init_decode_state(self) -> DecodeState:
     # Empty slots draw tokens that are never reported; any valid key does.
-    key_data = jax.random.key_data(jax.random.key(self._seed))
+    keys = jnp.broadcast_to(jax.random.key(self._seed), (self._slots,))
+    slots = self._slots
     return DecodeState(
-      cache=init_cache(self.model_config, self._slots, self.cache_length),
-      kv_mask_BxS=jnp.zeros((self._slots, self.cache_length), jnp.int32),
-      index=jnp.int32(self._max_prefill_length),
-      tokens_B=jnp.full((self._slots,), self.sampling.pad_token_id, jnp.int32),
-      positions_B=jnp.zeros((self._slots,), jnp.int32),
-      lengths_B=jnp.zeros((self._slots,), jnp.int32),
-      done_B=jnp.ones((self._slots,), bool),
-      key_data_B=jnp.broadcast_to(key_data, (self._slots,) + key_data.shape),
+      cache=self._model.init_cache(slots, self.cache_length),
+      kv_mask=jnp.zeros((slots, self.cache_length), jnp.int32),
+      column=jnp.int32(self._max_prefill_length),
+      token=jnp.full((slots,), self.sampling.pad_token_id, jnp.int32),
+      position=jnp.zeros((slots,), jnp.int32),
+      length=jnp.zeros((slots,), jnp.int32),
+      live=jnp.zeros((slots,), bool),
+      keys=jax.random.key_data(keys),
+      steps=jnp.int32(0),
     )
 
   def prefill(
@@ -248,103 +237,50 @@ class Engine:
 
   # --- compiled bodies ------------------------------------------------------------------------------
 
-  def _finished(self, token_B, length_B):
-    eos_E = jnp.asarray(self.sampling.eos_token_ids, jnp.int32)
-    return jnp.isin(token_B, eos_E) | (length_B >= self.sampling.max_new_tokens)
-
   def _prefill_impl(self, params, ids_1xP, mask_1xP, rng):
     prompt_len = ids_1xP.shape[1]
-    cache, kv_mask_1xP = prefill_cache(self._apply_fn, params, self.model_config, ids_1xP, mask_1xP, prompt_len)
-    position_1 = mask_1xP.sum(axis=1) - 1
-    token_1, log_prob_1, cache = decode_step(
-      self._apply_fn,
-      params,
-      ids_1xP[:, -1],
-      position_1,
-      kv_mask_1xP,
-      cache,
-      jnp.int32(prompt_len - 1),
-      token_keys(rng[None], 0),
-      self.sampling,
-    )
-    length_1 = jnp.ones((1,), jnp.int32)
-    done_1 = self._finished(token_1, length_1)
+    cache, kv_mask_1xP = prefill_cache(self._model, params, ids_1xP, mask_1xP, prompt_len)
+    state = start_state(cache, kv_mask_1xP, ids_1xP, mask_1xP, rng[None], shared_column=True)
+    state, taken = step(self._model, params, state, self.sampling, budget=self.sampling.max_new_tokens)
     # Left-padded to max_prefill_length so that one compiled `insert` serves every bucket.
     pad = self._max_prefill_length - prompt_len
-    cache = jax.tree.map(lambda x: jnp.pad(x, _length_widths(x.ndim, (pad, 0))), cache)
     prefix = Prefix(
-      cache=cache,
-      mask_1xP=jnp.pad(kv_mask_1xP, ((0, 0), (pad, 0))),
-      token=token_1,
-      position=position_1 + 1,
-      done=done_1,
-      key_data=jax.random.key_data(rng)[None],
+      cache=cache_rows.pad_length(state.cache, self._model.cache_axes, 0, before=pad),
+      mask_1xP=jnp.pad(state.kv_mask, ((0, 0), (pad, 0))),  # the prompt, its last token written by the step
+      token=taken.token,
+      position=state.position,
+      done=~state.live,
+      key_data=state.keys,
     )
-    return prefix, _result(token_1, jnp.ones((1,), bool), length_1, log_prob_1)
+    return prefix, _result(taken.token, taken.written, state.length, taken.log_prob)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
     prompt_len = prefix.mask_1xP.shape[1]
-    start = state.index - prompt_len
-    zero = jnp.int32(0)
-    at = tuple(slot if axis == "batch" else start if axis == "length" else zero for axis in CACHE_LOGICAL_AXES)
-    cache = jax.tree.map(
-      lambda old, new: jax.lax.dynamic_update_slice(old, new.astype(old.dtype), at), state.cache, prefix.cache
-    )
+    start = state.column - prompt_len
+    cache = cache_rows.put_row(state.cache, prefix.cache, self._model.cache_axes, slot, True, column=start)
     row_S = jax.lax.dynamic_update_slice(jnp.zeros((self.cache_length,), jnp.int32), prefix.mask_1xP[0], (start,))
     return state.replace(
       cache=cache,
-      kv_mask_BxS=jax.lax.dynamic_update_slice(state.kv_mask_BxS, row_S[None], (slot, zero)),
-      tokens_B=state.tokens_B.at[slot].set(prefix.token[0]),
-      positions_B=state.positions_B.at[slot].set(prefix.position[0]),
-      lengths_B=state.lengths_B.at[slot].set(1),
-      done_B=state.done_B.at[slot].set(prefix.done[0]),
-      key_data_B=state.key_data_B.at[slot].set(prefix.key_data[0]),
+      kv_mask=jax.lax.dynamic_update_slice(state.kv_mask, row_S[None], (slot, jnp.int32(0))),
+      token=state.token.at[slot].set(prefix.token[0]),
+      position=state.position.at[slot].set(prefix.position[0]),
+      length=state.length.at[slot].set(1),
+      live=state.live.at[slot].set(~prefix.done[0]),
+      keys=state.keys.at[slot].set(prefix.key_data[0]),
     )
 
   def _compact(self, state: DecodeState) -> DecodeState:
     shift = self.cache_length - self._keep
-
-    def left(x, axis):
-      kept = jax.lax.slice_in_dim(x, shift, x.shape[axis], axis=axis)
-      return jnp.concatenate([kept, jnp.zeros_like(jax.lax.slice_in_dim(x, 0, shift, axis=axis))], axis=axis)
-
-    length_axis = CACHE_LOGICAL_AXES.index("length")
     return state.replace(
-      cache=jax.tree.map(lambda x: left(x, length_axis), state.cache),
-      kv_mask_BxS=left(state.kv_mask_BxS, 1),
-      index=state.index - shift,
+      cache=cache_rows.shift_length(state.cache, self._model.cache_axes, shift),
+      kv_mask=cache_rows.shift_length(state.kv_mask, ("batch", "length"), shift),
+      column=state.column - shift,
     )
 
   def _generate_impl(self, params, state: DecodeState):
-    state = jax.lax.cond(state.index >= self.cache_length, self._compact, lambda s: s, state)
-    index = state.index
-    kv_mask_BxS = jax.lax.dynamic_update_slice(
-      state.kv_mask_BxS, jnp.ones((self._slots, 1), jnp.int32), (jnp.int32(0), index)
-    )
-    token_B, log_prob_B, cache = decode_step(
-      self._apply_fn,
-      params,
-      state.tokens_B,
-      state.positions_B,
-      kv_mask_BxS,
-      state.cache,
-      index,
-      token_keys(jax.random.wrap_key_data(state.key_data_B), state.lengths_B),
-      self.sampling,
-    )
-    valid_B = ~state.done_B
-    token_B = jnp.where(valid_B, token_B, self.sampling.pad_token_id)
-    lengths_B = state.lengths_B + valid_B.astype(jnp.int32)
-    new_state = state.replace(
-      cache=cache,
-      kv_mask_BxS=kv_mask_BxS,
-      index=index + 1,
-      tokens_B=token_B,
-      positions_B=state.positions_B + 1,
-      lengths_B=lengths_B,
-      done_B=state.done_B | self._finished(token_B, lengths_B),
-    )
-    return new_state, _result(token_B, valid_B, lengths_B, jnp.where(valid_B, log_prob_B, 0.0))
+    state = jax.lax.cond(state.column >= self.cache_length, self._compact, lambda s: s, state)
+    state, taken = step(self._model, params, state, self.sampling, budget=self.sampling.max_new_tokens)
+    return state, _result(taken.token, taken.written, state.length, taken.log_prob)
 
   # --- continuous batching in-process ---------------------------------------------------------------
 
@@ -392,8 +328,3 @@ class Engine:
           del running[slot]
           free_slots.append(slot)
     return outputs
-
-
-def _length_widths(ndim: int, widths: tuple[int, int]):
-  """`jnp.pad` widths that pad a cache array's length axis only."""
-  return [widths if axis == CACHE_LOGICAL_AXES.index("length") else (0, 0) for axis in range(ndim)]

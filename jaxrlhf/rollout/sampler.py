@@ -1,20 +1,11 @@
-"""Jitted generation: a cache-only prefill of left-padded prompts, then a `lax.while_loop` decode.
+"""Sampling: the settings, the logit filters, the PRNG convention and one decode step's token choice.
 
-The prefill runs every prompt token but the last and keeps only the KV cache, so XLA never computes
-[B, P, vocab] logits; decode step s feeds one token (the last prompt token, then each sampled token)
-and samples from its logits, so no forward is spent on a token that is never fed back. The loop stops
-early once every row has emitted EOS. Long decodes run as a few consecutive loops that attend over a
-growing prefix of the cache (`SamplingParams.segment_ends`), so early steps attend over a shorter one;
-the cache itself is allocated once at its final length (growing a stacked [layers, ...] cache would
-copy all of it). Sampled
-tokens' log-probs come from the temperature-scaled full distribution (the same `z = logits /
+Sampled tokens' log-probs come from the temperature-scaled full distribution (the same `z = logits /
 temperature` the training forward uses, docs/algorithms.md §4), so the rollout's log-probs equal the actor's
 recomputed `old_log_prob` for the same weights (in the same dtype; a bf16 rollout differs slightly).
-top-k / top-p only restrict what is sampled. The response mask covers tokens up to and including the
-first EOS.
-`prefill_cache`, `decode_step` and the PRNG convention (`request_key`, `token_keys`) are shared with the
-serving engine (`jaxrlhf.rollout.engine`), so `jaxrlhf.generate` and `Engine.serve` sample the same tokens
-for the same seed and request.
+top-k / top-p only restrict what is sampled. `decode_step` and the PRNG convention (`request_key`, `token_keys`)
+are what every generation path shares (the loop: `rollout/decode.py`), so `jaxrlhf.generate` and `Engine.serve`
+sample the same tokens for the same seed and request.
 """
 
 from __future__ import annotations
@@ -26,7 +17,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf.models.attention import MASK_VALUE  # the filtered logit, as a masked key's score
-from jaxrlhf.models.decoder import init_cache, positions_from_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,8 +147,8 @@ def token_keys(rng, index):
 def decode_step(
   apply_fn: Callable, params, tokens_B, positions_B, kv_mask_BxS, cache, cache_index, keys, sampling: SamplingParams
 ):
-  """One decode step, shared by `generate` and the serving engine: feed each row's last token (written
-  at cache column `cache_index`), choose the next with `keys` (`token_keys`) and score it.
+  """The model call and token choice of every generation path's step (`decode.step`): feed each row's last token
+  (written at cache column `cache_index`), choose the next with `keys` (`token_keys`) and score it.
 
   Returns (token_B, log_prob_B under softmax(logits / T), cache).
   """
@@ -166,133 +156,3 @@ def decode_step(
   logits_BxV = logits_Bx1xV[:, 0]
   token_B = choose_tokens(logits_BxV, keys, sampling)
   return token_B, token_log_probs(logits_BxV, token_B, sampling.logprob_temperature), cache
-
-
-def prefill_cache(
-  apply_fn: Callable,
-  params,
-  model_config,
-  prompt_ids_BxP,
-  prompt_mask_BxP,
-  cache_length: int,
-  constrain_cache: Callable | None = None,
-  visible_length: int | None = None,
-):
-  """KV cache of every prompt token but the last, whose forward is the first decode step.
-
-  Only the cache of this call is used, so XLA drops its language-model head: no [B, P, V] logits.
-  Left padding puts every row's last prompt token in the last column. Returns (cache, kv_mask_BxS):
-  the cache has `cache_length` columns, the mask `visible_length` (default all), the columns the
-  first decode segment attends over.
-  """
-  batch, prompt_len = prompt_ids_BxP.shape
-  visible_length = visible_length or cache_length
-  constrain_cache = constrain_cache or (lambda cache: cache)
-  cache = constrain_cache(init_cache(model_config, batch, cache_length))
-  prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
-  kv_mask_BxS = jnp.concatenate([prompt_mask_BxP, jnp.zeros((batch, visible_length - prompt_len), jnp.int32)], axis=1)
-  if prompt_len > 1:
-    # Causal masking keeps these queries off column P-1, which the first decode step writes.
-    _, cache = apply_fn(
-      params, prompt_ids_BxP[:, :-1], positions_from_mask(prompt_mask_BxP)[:, :-1], kv_mask_BxS, cache, jnp.int32(0)
-    )
-    cache = constrain_cache(cache)
-  return cache, kv_mask_BxS
-
-
-def generate(
-  apply_fn: Callable,
-  params,
-  model_config,
-  prompt_ids_BxP,
-  prompt_mask_BxP,
-  rng,
-  sampling: SamplingParams,
-  constrain_cache: Callable | None = None,
-  active_B=None,
-):
-  """Samples up to `max_new_tokens` per left-padded prompt.
-
-  `apply_fn(params, ids_BxL, positions_BxL, kv_mask_BxS, cache, cache_index) -> (logits, cache)`.
-  `rng`: one key for the batch (the training rollout), or one key per row, a request's own key
-  (`request_key`; see `token_keys`): then a row samples what the serving engine samples for that key.
-  `constrain_cache(cache) -> cache` pins the KV cache's sharding (batch and kv-heads) on a mesh.
-  `active_B` (bool, optional): rows marked False (batch padding) start finished and stay empty.
-  Returns dict(responses [B,R] int32 (pad after EOS), response_mask [B,R] int32,
-  rollout_log_probs [B,R] fp32, response_lengths [B] int32, num_steps scalar). A length equal to R
-  means the row hit max_new_tokens (`response_length/clip_ratio`).
-  """
-  batch, prompt_len = prompt_ids_BxP.shape
-  response_len = sampling.max_new_tokens
-  eos_E = jnp.asarray(sampling.eos_token_ids, jnp.int32)
-  prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
-  constrain_cache = constrain_cache or (lambda cache: cache)
-  ends = sampling.segment_ends
-  cache, kv_mask_BxS = prefill_cache(
-    apply_fn,
-    params,
-    model_config,
-    prompt_ids_BxP,
-    prompt_mask_BxP,
-    cache_length(prompt_len, response_len, ends[-1]),
-    constrain_cache,
-    visible_length=cache_length(prompt_len, response_len, ends[0]),
-  )
-  last_position_B = jnp.maximum(prompt_mask_BxP.sum(axis=1) - 1, 0)
-
-  def body(carry):
-    step, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, input_B = carry
-    token_B, log_prob_B, cache = decode_step(
-      apply_fn,
-      params,
-      input_B,
-      last_position_B + step,
-      kv_mask_BxS,
-      cache,
-      prompt_len - 1 + step,
-      token_keys(rng, step),
-      sampling,
-    )
-    cache = constrain_cache(cache)
-    token_B = jnp.where(done_B, sampling.pad_token_id, token_B)
-    tokens_BxR = jax.lax.dynamic_update_slice(tokens_BxR, token_B[:, None], (0, step))
-    log_probs_BxR = jax.lax.dynamic_update_slice(log_probs_BxR, jnp.where(done_B, 0.0, log_prob_B)[:, None], (0, step))
-    valid_BxR = jax.lax.dynamic_update_slice(valid_BxR, (~done_B).astype(jnp.int32)[:, None], (0, step))
-    done_B = done_B | jnp.isin(token_B, eos_E)
-    # The next input lands in column P + step; the last step's update falls off the end (clamped, unused).
-    kv_mask_BxS = jax.lax.dynamic_update_slice(
-      kv_mask_BxS, jnp.ones((batch, 1), jnp.int32), (0, jnp.minimum(prompt_len + step, kv_mask_BxS.shape[1] - 1))
-    )
-    return step + 1, tokens_BxR, log_probs_BxR, done_B, valid_BxR, cache, kv_mask_BxS, token_B
-
-  done_B = jnp.zeros((batch,), bool) if active_B is None else ~jnp.asarray(active_B, bool)
-  carry = (
-    jnp.int32(0),
-    jnp.full((batch, response_len), sampling.pad_token_id, jnp.int32),
-    jnp.zeros((batch, response_len), jnp.float32),
-    done_B,
-    jnp.zeros((batch, response_len), jnp.int32),
-    cache,
-    kv_mask_BxS,
-    prompt_ids_BxP[:, -1].astype(jnp.int32),
-  )
-  for index, end in enumerate(ends):
-    if index:  # this segment sees more cache columns: masked until written
-      *head, kv_mask_BxS, input_B = carry
-      extra = cache_length(prompt_len, response_len, end) - kv_mask_BxS.shape[1]
-      carry = (*head, jnp.pad(kv_mask_BxS, ((0, 0), (0, extra))), input_B)
-    cond = lambda c, end=end: (c[0] < end) & ~jnp.all(c[3])
-    carry = jax.lax.while_loop(cond, body, carry)
-  steps, tokens_BxR, log_probs_BxR, _, valid_BxR, *_ = carry
-  return {
-    "responses": tokens_BxR,
-    "response_mask": valid_BxR,
-    "rollout_log_probs": log_probs_BxR,
-    "response_lengths": valid_BxR.sum(axis=1),
-    "num_steps": steps,
-  }
-
-
-def cache_length(prompt_len: int, response_len: int, end: int) -> int:
-  """Cache columns a segment ending at step `end` needs: its own inputs plus the next input's column."""
-  return prompt_len + min(end, response_len - 1)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrlhf.rollout.sampler import cache_length
+from jaxrlhf.rollout.batch import cache_length
 
 # Dense bf16 peak FLOP/s per device, by substrings of `device_kind` (lower case).
 PEAK_FLOPS = (

@@ -9,6 +9,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating, kv_heads_repeated
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams, generate, generate_in_slots
@@ -27,6 +28,7 @@ class Generation:
       dataclasses.replace(kv_heads_repeated(model_config, layouts.generation_kv_repeat), dtype=self.rollout_dtype),
       head="lm",
     )
+    self.decode_model = decode_model(self.rollout_actor)  # what the decode loop calls and keeps
     self.sampling = sampling
     self.layouts = layouts
     self.lora_alpha = model_config.lora_alpha
@@ -47,23 +49,22 @@ class Generation:
   def sample(self, generation_params, prompts_NxP, prompt_mask_NxP, rng, sampling: SamplingParams) -> dict:
     """`generate` with the rollout model, the prompts in the generation layout and the cache pinned; with
     `rollout.max_num_seqs`, `generate_in_slots`: that many rows decode at once per generation shard."""
-    apply = lambda params, *inputs: self.rollout_actor.apply({"params": params}, *inputs)
-    inputs = (
-      generation_params,
-      self.rollout_actor.config,
-      *self.layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP)),
-    )
+    inputs = (generation_params, *self.layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP)))
     slots = self.config.actor_rollout_ref.rollout.max_num_seqs
     if slots is None:
-      return generate(apply, *inputs, rng, sampling, constrain_cache=self.layouts.constrain_cache)
+      return generate(self.decode_model, *inputs, rng, sampling, constrain_cache=self.constrain_cache)
     return generate_in_slots(
-      apply,
+      self.decode_model,
       *inputs,
       rng,
       sampling,
       slots=slots,
       shards=self.layouts.generation_shards(prompts_NxP.shape[0]),
     )
+
+  def constrain_cache(self, cache):
+    """The rollout model's cache pinned in the generation layout."""
+    return self.layouts.constrain_cache(cache, self.decode_model.cache_axes)
 
   def rollout(self, actor, batch, rng) -> Rollout:
     """Prompts x n (interleaved, group ids) -> responses and the sampler's log-probs of them (what rollout

@@ -90,22 +90,19 @@ class TurnPrograms:
   def __init__(self, ppo, sampling: SamplingParams, stop_ids: tuple[int, ...] = (), weights=None):
     generation = ppo.generation
     layouts = generation.layouts
-    apply = lambda params, *inputs: generation.rollout_actor.apply({"params": params}, *inputs)
-    model_config = generation.rollout_actor.config
+    model = generation.decode_model
     self.weights = weights or jax.jit(generation.generation_params)
 
     @jax.jit
     def start(params, prompts_NxP, prompt_mask_NxP, rng):
       prompts_NxP, prompt_mask_NxP = layouts.to_generation_batch((prompts_NxP, prompt_mask_NxP))
-      return start_turns(
-        apply, params, model_config, prompts_NxP, prompt_mask_NxP, rng, sampling, layouts.constrain_cache
-      )
+      return start_turns(model, params, prompts_NxP, prompt_mask_NxP, rng, sampling, generation.constrain_cache)
 
     @functools.partial(jax.jit, donate_argnums=1)
     def turn(params, state, forced_NxR, forced_len_N, live_N):
       forced_NxR, forced_len_N, live_N = layouts.to_generation_batch((forced_NxR, forced_len_N, live_N))
       return run_turn(
-        apply, params, state, forced_NxR, forced_len_N, live_N, sampling, layouts.constrain_cache, stop_ids
+        model, params, state, forced_NxR, forced_len_N, live_N, sampling, generation.constrain_cache, stop_ids
       )
 
     self.start, self.turn = start, turn

@@ -26,7 +26,6 @@ from jaxrlhf.models import (
   load_hf_config,
   model_config_from,
 )
-from jaxrlhf.models.decoder import CACHE_LOGICAL_AXES
 from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
 from jaxrlhf.parallel.layouts import activation_sharding
 from jaxrlhf.parallel.mesh import fsdp_size
@@ -131,17 +130,17 @@ class StepProgram:
     return self._cache_bytes(shards * rollout.max_num_seqs, whole) + self._cache_bytes(rows, prompt_len)
 
   def _cache_bytes(self, rows: int, length: int) -> int:
-    sizes = dict(
-      layers=self.model_config.num_hidden_layers,
-      batch=rows,
-      length=length,
-      kv_heads=self.ppo.generation.rollout_actor.config.num_key_value_heads,  # copies included
-      head_dim=self.model_config.resolved_head_dim,
+    """Per-device bytes of the rollout model's generation cache (`init_cache`) for `rows` rows of `length` columns."""
+    model = self.ppo.generation.decode_model
+    shapes = jax.eval_shape(lambda: model.init_cache(rows, length))
+    sizes = jax.tree.map(
+      lambda leaf, names: per_device_bytes(
+        leaf, activation_sharding(self.mesh, names, leaf.shape, self.layouts.generation_rules)
+      ),
+      shapes,
+      model.cache_axes,
     )
-    shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
-    sharding = activation_sharding(self.mesh, CACHE_LOGICAL_AXES, shape, self.layouts.generation_rules)
-    cache_leaf = jax.ShapeDtypeStruct(shape, jnp.dtype(self.ppo.generation.rollout_dtype))
-    return 2 * per_device_bytes(cache_leaf, sharding)  # keys and values
+    return sum(jax.tree.leaves(sizes))
 
 
 def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig, DecoderConfig | None]:

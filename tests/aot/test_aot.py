@@ -123,7 +123,7 @@ def test_phases_report_every_phase_and_flops_match_xla(tmp_path):
     assert abs(xla - analytic[phase]) / analytic[phase] < 0.05, (phase, xla, analytic[phase])
   # The decode loop's body is in XLA's count once: prefill + one decode step.
   from jaxrlhf.models import DecoderConfig
-  from jaxrlhf.rollout.sampler import cache_length
+  from jaxrlhf.rollout.batch import cache_length
   from jaxrlhf.trainer.flops import generation_flops
 
   model = DecoderConfig(

@@ -23,7 +23,8 @@ from jaxrlhf.models import (  # noqa: E402
   positions_from_mask,
   save_hf_checkpoint,
 )
-from jaxrlhf.rollout.sampler import SamplingParams, generate  # noqa: E402
+from jaxrlhf.models.decoding import decode_model  # noqa: E402
+from jaxrlhf.rollout import SamplingParams, generate  # noqa: E402
 from tests.models.hf_fixtures import VARIANTS, build_model, hf_forward, left_padded_batch, save_model  # noqa: E402
 
 GREEDY_TOKENS = 32
@@ -90,11 +91,10 @@ def test_cached_decode_matches_step_by_step(checkpoint):
 
 
 def test_greedy_generation_is_token_identical(checkpoint):
-  config, model = checkpoint["config"], checkpoint["model"]
+  model = checkpoint["model"]
   ids, mask, _ = left_padded_batch(seed=3, length=8, pads=(0, 3, 5))
   sampling = SamplingParams(max_new_tokens=GREEDY_TOKENS, eos_token_ids=(-1,), pad_token_id=0, do_sample=False)
-  apply_fn = lambda p, *args: model.apply({"params": p}, *args)
-  ours = jax.jit(lambda p, i, m: generate(apply_fn, p, config, i, m, jax.random.key(0), sampling)["responses"])(
+  ours = jax.jit(lambda p, i, m: generate(decode_model(model), p, i, m, jax.random.key(0), sampling)["responses"])(
     checkpoint["params"], ids, mask
   )
   generation_config = transformers.GenerationConfig(

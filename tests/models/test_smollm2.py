@@ -17,6 +17,7 @@ from jaxrlhf.config import load_config_file
 from jaxrlhf.data.builtin import arith_messages
 from jaxrlhf.errors import UserError
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.fetch import fetch, gguf_path
 from jaxrlhf.rollout import SamplingParams, generate
 
@@ -126,7 +127,7 @@ def test_greedy_generation_is_token_identical_to_transformers(prompts, hf_model,
   model, params = ours
   eos = 2  # <|im_end|>
   sampling = SamplingParams(max_new_tokens=GREEDY_TOKENS, eos_token_ids=(eos,), pad_token_id=eos, do_sample=False)
-  apply_fn = lambda p, i, pos, kv, cache=None, index=None: model.apply({"params": p}, i, pos, kv, cache, index)
+  apply_fn = decode_model(model)
   result = jax.device_get(
     jax.jit(
       lambda p, i, m: generate(
@@ -135,7 +136,6 @@ def test_greedy_generation_is_token_identical_to_transformers(prompts, hf_model,
         prompt_ids_BxP=i,
         prompt_mask_BxP=m,
         rng=jax.random.key(0),
-        model_config=model.config,
         sampling=sampling,
       )
     )(params, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32))
@@ -193,8 +193,8 @@ def test_one_grpo_step_on_the_arith_recipe(tmp_path, smollm2_dir):
 
 @pytest.mark.slow
 def test_one_ppo_step_with_a_critic_then_export_reloads_in_transformers(tmp_path, smollm2_dir):
-  from jaxrlhf.export import write_hf
   from jaxrlhf.trainer import Trainer
+  from jaxrlhf.trainer.hf_weights import write_hf
 
   config = _small_recipe(
     tmp_path,
@@ -205,10 +205,10 @@ def test_one_ppo_step_with_a_critic_then_export_reloads_in_transformers(tmp_path
   metrics = trainer.train_step(0)
   assert np.isfinite(metrics["critic/vf_loss"]) and np.isfinite(metrics["actor/pg_loss"])
 
-  actor_params = jax.device_get(trainer.state.actor.params)
-  critic_params = jax.device_get(trainer.state.critic.params)
+  actor, critic = jax.device_get((trainer.state.actor.weights, trainer.state.critic.weights))
+  actor_params, critic_params = actor.params, critic.params
   out, critic_out = str(tmp_path / "actor_hf"), str(tmp_path / "critic_hf")
-  write_hf(actor_params, trainer.config, out, critic_params=critic_params, critic_out=critic_out)
+  write_hf(actor, trainer.config, out, critic=critic, critic_out=critic_out)
   assert os.path.exists(os.path.join(out, "tokenizer.json"))  # the source checkpoint's tokenizer, copied
 
   ids = np.array([[1, 4093, 198, 1780, 314, 216, 33, 34, 27, 39, 47, 2]], np.int64)  # <|im_start|>user\nWhat is 12+7?

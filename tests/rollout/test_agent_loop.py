@@ -15,6 +15,7 @@ import pytest
 from jaxrlhf.data.builtin import LOOKUP_CALL, build_tokenizer
 from jaxrlhf.data.dataset import encode_prompt
 from jaxrlhf.models import DecoderConfig
+from jaxrlhf.models.decoding import DecodeModel
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.rollout.agent_loop import CallOutcome, ToolAgentLoop, ToolMessages, TurnLimits, tool_call_close_ids
 from jaxrlhf.rollout.turns import run_turn, start_turns
@@ -66,8 +67,9 @@ tools:
 """
 
 
-def scripted_apply(script_NxT):
-  """A decoder whose next token after the input at position p is `script[row, p]` (one-hot logits); no cache use."""
+def scripted_apply(script_NxT) -> DecodeModel:
+  """A decoder whose next token after the input at position p is `script[row, p]` (one-hot logits); it keeps nothing
+  between tokens (an empty cache)."""
 
   def apply(params, ids, positions, kv_mask, cache=None, cache_index=None):
     del params, kv_mask, cache_index
@@ -75,7 +77,7 @@ def scripted_apply(script_NxT):
     tokens = script_NxT[rows, jnp.clip(positions, 0, script_NxT.shape[1] - 1)]
     return jax.nn.one_hot(tokens, VOCAB) * 5.0, cache
 
-  return apply
+  return DecodeModel(apply=apply, init_cache=lambda batch, length: {}, cache_axes={})
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,7 @@ def run(tools, scripts, tables, limits=TurnLimits(max_assistant_turns=3), timeou
     words = words[: RESPONSE + 1]
     script[row, len(prompt) - 1 : len(prompt) - 1 + len(words)] = [TOKEN(w) for w in words]
   apply = scripted_apply(jnp.asarray(script))
-  state = jax.jit(functools.partial(start_turns, apply, model_config=MODEL, sampling=SAMPLING))(
+  state = jax.jit(functools.partial(start_turns, apply, sampling=SAMPLING))(
     {}, prompt_ids_NxP=prompts, prompt_mask_NxP=jnp.ones_like(prompts), rng=jax.random.key(0)
   )
   stop = tool_call_close_ids(TOKENIZER) if limits.max_parallel_calls == 1 else ()

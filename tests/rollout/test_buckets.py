@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.models import Decoder, init_params
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.rollout import SamplingParams, generate, pad_prompts, pick_bucket, repeat_interleave
 from jaxrlhf.rollout.buckets import response_lengths_and_clip
 
@@ -50,11 +51,11 @@ def test_repeat_interleave_and_clip_ratio():
 def test_batch_padding_rows_stay_empty_and_do_not_hold_the_loop(tiny_model_config):
   model = Decoder(tiny_model_config)
   params, _ = init_params(model, jax.random.key(0))
-  apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
+  apply_fn = decode_model(model)
   # Every id is EOS: real rows stop after one token; padding rows must not keep the loop running.
   sampling = SamplingParams(max_new_tokens=6, eos_token_ids=tuple(range(64)), pad_token_id=0, do_sample=False)
   batch = pad_prompts([[5, 6, 7], [9]], 0, (4,), (4,))
-  out = jax.jit(functools.partial(generate, apply_fn, model_config=tiny_model_config, sampling=sampling))(
+  out = jax.jit(functools.partial(generate, apply_fn, sampling=sampling))(
     params,
     prompt_ids_BxP=batch.prompt_ids_BxP,
     prompt_mask_BxP=batch.prompt_mask_BxP,

@@ -10,6 +10,7 @@ import pytest
 
 from jaxrlhf import generate as generate_cli
 from jaxrlhf.models import Decoder, init_params, positions_from_mask
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.rollout import Engine, ResultTokens, SamplingParams, generate, token_log_probs
 
 EOS = 3
@@ -38,8 +39,8 @@ def greedy_engine(setup):
 
 @functools.lru_cache(maxsize=None)
 def _batch_sampler(model, sampling):
-  apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
-  return jax.jit(functools.partial(generate, apply_fn, model_config=model.config, sampling=sampling))
+  apply_fn = decode_model(model)
+  return jax.jit(functools.partial(generate, apply_fn, sampling=sampling))
 
 
 def _alone(model, params, prompt, sampling):

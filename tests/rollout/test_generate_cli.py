@@ -14,6 +14,7 @@ from jaxrlhf.checkpoint import Checkpointer
 from jaxrlhf.config import get_base_config
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import Decoder, init_params
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.rollout import SamplingParams, generate, pad_prompts
 from jaxrlhf.trainer.state import RoleState, TrainState
 from tests.helpers import subprocess_env
@@ -167,9 +168,9 @@ def test_training_checkpoint_directory_with_chat_and_sampling(tmp_path):
   # The same greedy tokens as the sampler called directly on the checkpoint's weights.
   batch = pad_prompts([tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS], 0)
   model = Decoder(model_config)
-  apply_fn = lambda p, ids, pos, kv, cache, index: model.apply({"params": p}, ids, pos, kv, cache, index)
+  apply_fn = decode_model(model)
   sampling = SamplingParams(max_new_tokens=12, eos_token_ids=(EOS_ID,), pad_token_id=0, do_sample=False)
-  out = jax.jit(functools.partial(generate, apply_fn, model_config=model_config, sampling=sampling))(
+  out = jax.jit(functools.partial(generate, apply_fn, sampling=sampling))(
     params, prompt_ids_BxP=batch.prompt_ids_BxP, prompt_mask_BxP=batch.prompt_mask_BxP, rng=jax.random.key(0)
   )
   expected = [[int(t) for t in out["responses"][row, : int(out["response_lengths"][row])]] for row in range(3)]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.rollout import SamplingParams, generate, token_log_probs
 from tests.models import hf_fixtures
 
@@ -22,7 +23,7 @@ def qwen2(tmp_path_factory):
   config = load_hf_config(path)
   model = Decoder(config)
   params = load_hf_params(path, config)
-  apply_fn = lambda p, ids, pos, kv, cache=None, index=None: model.apply({"params": p}, ids, pos, kv, cache, index)
+  apply_fn = decode_model(model)
   ids, mask, _ = hf_fixtures.left_padded_batch(seed=5, batch=3, length=12, pads=(0, 3, 7), low=2)
   return torch, hf_model, model, params, apply_fn, ids, mask
 
@@ -33,7 +34,7 @@ _compiled = {}
 def _ours(qwen2, sampling, seed=0):
   _, _, model, params, apply_fn, ids, mask = qwen2
   if sampling not in _compiled:
-    _compiled[sampling] = jax.jit(functools.partial(generate, apply_fn, model_config=model.config, sampling=sampling))
+    _compiled[sampling] = jax.jit(functools.partial(generate, apply_fn, sampling=sampling))
   fn = _compiled[sampling]
   return jax.device_get(
     fn(params, prompt_ids_BxP=jnp.asarray(ids), prompt_mask_BxP=jnp.asarray(mask), rng=jax.random.key(seed))

@@ -8,6 +8,7 @@ import pytest
 
 from jaxrlhf.models import Decoder, cast_floating, init_params, positions_from_mask
 from jaxrlhf.models.attention import MASK_VALUE
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.rollout import SamplingParams, filter_logits, generate, greedy_tokens, token_log_probs
 
 EOS = 3
@@ -17,7 +18,7 @@ EOS = 3
 def setup(tiny_model_config):
   model = Decoder(tiny_model_config)
   params, _ = init_params(model, jax.random.key(0))
-  apply_fn = lambda p, ids, pos, kv, cache=None, index=None: model.apply({"params": p}, ids, pos, kv, cache, index)
+  apply_fn = decode_model(model)
   prompts = jax.random.randint(jax.random.key(1), (4, 6), 4, 64)
   mask = jnp.ones((4, 6), jnp.int32).at[1, :2].set(0).at[3, :5].set(0)
   prompts = jnp.where(mask > 0, prompts, 0)
@@ -26,7 +27,7 @@ def setup(tiny_model_config):
 
 def _run(setup, sampling, seed=0):
   model, params, apply_fn, prompts, mask = setup
-  fn = jax.jit(functools.partial(generate, apply_fn, model_config=model.config, sampling=sampling))
+  fn = jax.jit(functools.partial(generate, apply_fn, sampling=sampling))
   return jax.device_get(fn(params, prompt_ids_BxP=prompts, prompt_mask_BxP=mask, rng=jax.random.key(seed)))
 
 
@@ -116,11 +117,9 @@ def test_bf16_generation_follows_fp32(setup):
   assert bf16_logits.dtype == jnp.float32
   valid = np.asarray(mask) > 0
   np.testing.assert_allclose(np.asarray(bf16_logits)[valid], np.asarray(fp32_logits)[valid], atol=0.05)
-  bf16_apply = lambda p, ids, pos, kv, cache=None, index=None: bf16_model.apply(
-    {"params": p}, ids, pos, kv, cache, index
-  )
+  bf16_apply = decode_model(bf16_model)
   sampling = SamplingParams(max_new_tokens=4, eos_token_ids=(999,), pad_token_id=0, do_sample=False)
-  out = jax.jit(functools.partial(generate, bf16_apply, model_config=bf16_model.config, sampling=sampling))(
+  out = jax.jit(functools.partial(generate, bf16_apply, sampling=sampling))(
     bf16_params, prompt_ids_BxP=prompts, prompt_mask_BxP=mask, rng=jax.random.key(0)
   )
   assert out["responses"].shape == (4, 4) and np.asarray(out["response_mask"]).all()

@@ -14,6 +14,7 @@ import pytest
 
 from jaxrlhf.config import resolve_config
 from jaxrlhf.models import Decoder, DecoderConfig, init_params, positions_from_mask
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.parallel.step_layouts import build_step_layouts
 from jaxrlhf.rollout import SamplingParams, generate, generate_in_slots, row_keys, token_log_probs
@@ -41,7 +42,7 @@ EOS = (3, 5, 7, 9, 11, 13)
 def _setup():
   model = Decoder(MODEL)
   params, _ = init_params(model, jax.random.key(0))
-  apply_fn = lambda p, ids, pos, kv, cache=None, index=None: model.apply({"params": p}, ids, pos, kv, cache, index)
+  apply_fn = decode_model(model)
   mask = jnp.ones((ROWS, PROMPT), jnp.int32).at[1, :2].set(0).at[3, :5].set(0).at[7, :3].set(0)
   prompts = jnp.where(mask > 0, jax.random.randint(jax.random.key(1), (ROWS, PROMPT), 4, 64), 0)
   return model, params, apply_fn, prompts, mask
@@ -56,9 +57,7 @@ def _sampling(do_sample: bool, eos=EOS):
 @functools.cache
 def _slots(do_sample: bool, slots: int, shards: int = 1, repeat: int = 1, eos=EOS):
   model, params, apply_fn, prompts, mask = _setup()
-  run = functools.partial(
-    generate_in_slots, apply_fn, model_config=MODEL, sampling=_sampling(do_sample, eos), slots=slots, shards=shards
-  )
+  run = functools.partial(generate_in_slots, apply_fn, sampling=_sampling(do_sample, eos), slots=slots, shards=shards)
   prompts, mask = (jnp.repeat(x, repeat, axis=0) for x in (prompts, mask))
   return jax.device_get(jax.jit(run)(params, prompt_ids_NxP=prompts, prompt_mask_NxP=mask, rng=jax.random.key(7)))
 
@@ -72,12 +71,14 @@ def _assert_same(got, want, atol=1e-6):
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_the_static_sampler_with_per_row_keys_is_every_row_in_its_own_slot(do_sample):
   model, params, apply_fn, prompts, mask = _setup()
-  run = functools.partial(generate, apply_fn, model_config=MODEL, sampling=_sampling(do_sample))
+  run = functools.partial(generate, apply_fn, sampling=_sampling(do_sample))
   want = jax.device_get(
     jax.jit(run)(params, prompt_ids_BxP=prompts, prompt_mask_BxP=mask, rng=row_keys(jax.random.key(7), ROWS))
   )
   got = _slots(do_sample, ROWS)
-  _assert_same(got, want, atol=0)  # the same shapes: the same numbers
+  # The same tokens; log-probs to the last bit on some CPUs only: one column for the batch and one per row are two
+  # programs (a slice update against a scatter), whose fusions may order a reduction differently.
+  _assert_same(got, want, atol=1e-6)
   assert int(got["num_steps"]) == RESPONSE
   lengths = want["response_lengths"]
   # The batch these tests read: EOS spread over it.

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrlhf.models import Decoder, DecoderConfig, init_params, positions_from_mask
+from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.rollout import SamplingParams, generate_in_slots, token_log_probs
 from jaxrlhf.rollout.turns import run_turn, start_turns
 
@@ -32,10 +33,10 @@ SAMPLING = SamplingParams(max_new_tokens=RESPONSE, eos_token_ids=EOS, pad_token_
 def _setup():
   model = Decoder(MODEL)
   params, _ = init_params(model, jax.random.key(0))
-  apply_fn = lambda p, ids, pos, kv, cache=None, index=None: model.apply({"params": p}, ids, pos, kv, cache, index)
+  apply_fn = decode_model(model)
   mask = jnp.ones((ROWS, PROMPT), jnp.int32).at[1, :2].set(0).at[3, :5].set(0)
   prompts = jnp.where(mask > 0, jax.random.randint(jax.random.key(1), (ROWS, PROMPT), 10, 64), 0)
-  start = jax.jit(functools.partial(start_turns, apply_fn, model_config=MODEL, sampling=SAMPLING))
+  start = jax.jit(functools.partial(start_turns, apply_fn, sampling=SAMPLING))
   turn = jax.jit(functools.partial(run_turn, apply_fn, sampling=SAMPLING))
   return model, params, apply_fn, prompts, mask, start, turn
 
@@ -58,7 +59,7 @@ def _trajectories(forced_rows, turns=3):
 def test_a_row_without_forced_tokens_samples_as_single_turn_generation():
   _, params, apply_fn, prompts, mask, _, _ = _setup()
   want = jax.device_get(
-    jax.jit(functools.partial(generate_in_slots, apply_fn, model_config=MODEL, sampling=SAMPLING, slots=ROWS))(
+    jax.jit(functools.partial(generate_in_slots, apply_fn, sampling=SAMPLING, slots=ROWS))(
       params, prompt_ids_NxP=prompts, prompt_mask_NxP=mask, rng=jax.random.key(7)
     )
   )
