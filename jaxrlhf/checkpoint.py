@@ -203,11 +203,11 @@ class Checkpointer:
       state = stack_layers(state) if wanted == "stacked" else unstack_layers(state)
       target = _without_reference(target_state)
       state = jax.device_put(state, jax.tree.map(lambda x: x.sharding, target))
-    critic = state.critic.with_frozen(target_state.critic) if state.critic is not None else None
+    critic = state.critic.with_frozen(lambda: target_state.critic.params) if state.critic is not None else None
     state = state.replace(
       ref_params=target_state.ref_params,
       reward_params=target_state.reward_params,
-      actor=state.actor.with_frozen(target_state.actor),
+      actor=state.actor.with_frozen(lambda: target_state.actor.params),
       critic=critic,
     )
     return state, restored.meta

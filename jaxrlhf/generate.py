@@ -36,7 +36,6 @@ from jaxrlhf import cli
 from jaxrlhf.checkpoint import read_checkpoint
 from jaxrlhf.data.dataset import read_lines
 from jaxrlhf.errors import UserError
-from jaxrlhf.export import checkpoint_actor
 from jaxrlhf.models import (
   Decoder,
   cast_floating,
@@ -50,7 +49,6 @@ from jaxrlhf.models import (
 )
 from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.hub import resolve_model_path
-from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.rollout import (
   SamplingParams,
   generate,
@@ -59,6 +57,7 @@ from jaxrlhf.rollout import (
   request_key,
   response_lengths_and_clip,
 )
+from jaxrlhf.trainer.hf_weights import saved_roles, whole_actor
 from jaxrlhf.validate import check_writable
 
 
@@ -132,16 +131,15 @@ def load_model(path: str):
     tokenizer, source = load_tokenizer(path), path
   else:
     state, _, config = read_checkpoint(path, key="--model")
+    actor = saved_roles(state)[0]
     model_section = config.actor_rollout_ref.model
     # A snapshot in another machine's hub cache is fetched here; a LoRA run's frozen base is rebuilt from it.
     model_section.path = resolve_model_path(
-      model_section.path, "the checkpoint's actor_rollout_ref.model.path", weights=bool(state["actor"].get("adapters"))
+      model_section.path, "the checkpoint's actor_rollout_ref.model.path", weights=actor.rebuilds_frozen
     )
     model_config = model_config_from(model_section)
-    actor_params, actor_adapters = checkpoint_actor(state, config)  # a LoRA run's adapters merged in
-    params = params_for(
-      model_config, jax.tree.map(np.asarray, merge_adapters(actor_params, actor_adapters, model_config.lora_alpha))
-    )
+    merged = whole_actor(actor, config).merged(model_config.lora_alpha)  # a LoRA run's adapters merged in
+    params = params_for(model_config, jax.tree.map(np.asarray, merged))
     source = model_section.path or None
     tokenizer_dir = source or os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer")
     if not os.path.isdir(tokenizer_dir):

@@ -209,6 +209,35 @@ def critic_params_with(backbone, trained, lora_alpha: float | None = None):
   return params if lora_alpha is None else merge_adapters(params, trained["lora"], lora_alpha)
 
 
+def critic_variables(params, trained) -> tuple[Any, Any]:
+  """(params, adapters) a critic runs with in training, its trained part unmerged: without LoRA (`trained` None)
+  its `params` and no adapters; with it the frozen backbone `params` with the trained value head, and the
+  adapters (`trained["lora"]`)."""
+  if trained is None:
+    return params, None
+  return critic_params_with(params, trained), trained["lora"]
+
+
+def merged_params(params, trained, lora_alpha: float, head: str = "lm"):
+  """A trained role's whole params as one tree (`trainer.state.RoleState.merged`): `params` as they are without
+  LoRA (`trained` None); with it the frozen `params` with `trained` folded in: a causal LM's adapters
+  (`merge_adapters`), a value model's ("value" `head`) {"lora", "head"} (`critic_params_with`)."""
+  if trained is None:
+    return params
+  if head == "value":
+    return critic_params_with(params, trained, lora_alpha)
+  return merge_adapters(params, trained, lora_alpha)
+
+
+def outer_targets(model, key: str = "target_modules") -> list[str]:
+  """The LoRA targets outside the layer stack (the token embedding, the LM head) of model config section `model`
+  (`actor_rollout_ref.model`; `key` names its `target_modules` in errors): none with `lora_rank` 0. Either needs an
+  untied head (`validate.check_lora_targets`)."""
+  if not model.lora_rank:
+    return []
+  return [name for name in resolve_target_modules(model.target_modules, key) if name in (EMBED_TARGET, HEAD_TARGET)]
+
+
 def count_adapter_params(adapters) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
 
@@ -269,9 +298,11 @@ def peft_state_dict(adapters, prefix: str = "base_model.model") -> dict[str, np.
   return tensors
 
 
-def save_peft_adapter(adapters, config, out_dir: str, base_model_name_or_path: str = "") -> str:
+def save_peft_adapter(adapters, config, out_dir: str, base_model_name_or_path: str = "") -> str | None:
   """`adapter_config.json` + `adapter_model.safetensors` that `peft.PeftModel.from_pretrained` loads onto the
-  base model (a causal LM)."""
+  base model (a causal LM); nothing (None) for `adapters` None, a model trained without LoRA."""
+  if adapters is None:
+    return None
   from safetensors.numpy import save_file  # noqa: PLC0415  (only export needs it)
 
   os.makedirs(out_dir, exist_ok=True)

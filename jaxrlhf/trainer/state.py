@@ -9,12 +9,15 @@ so the schedule is a pure function of the step carried in the state.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+
+from jaxrlhf.models.lora import merged_params
 
 
 @flax.struct.dataclass
@@ -51,6 +54,11 @@ class RoleState:
     LoRA nothing, with LoRA the frozen params (and the adapters, small, which the loss replaces)."""
     return self.replace(opt_state=None) if self.lora else RoleState(params=None, opt_state=None)
 
+  def reference(self, ref_params):
+    """The reference policy's params, this being the actor's state: with LoRA its frozen base (run without the
+    adapters), else `ref_params`, the reference's own copy."""
+    return self.params if self.lora else ref_params
+
   def with_trained(self, trained, opt_state) -> RoleState:
     """This state after an update of `trained` (`self.trained`'s new value) and the optimizer."""
     return self.replace(opt_state=opt_state, **{"adapters" if self.lora else "params": trained})
@@ -59,9 +67,26 @@ class RoleState:
     """What a checkpoint holds: frozen params are rebuilt from their source, not saved."""
     return self.replace(params=None) if self.lora else self
 
-  def with_frozen(self, frozen: RoleState) -> RoleState:
-    """A restored `saved()` state with the frozen params of `frozen` (the run's own, rebuilt)."""
-    return self.replace(params=frozen.params) if self.lora else self
+  @classmethod
+  def from_saved(cls, saved: dict) -> RoleState:
+    """A `saved()` state in the tree `checkpoint.read_checkpoint` gives ({"params", "opt_state", "adapters"})."""
+    return cls(params=saved.get("params"), opt_state=saved.get("opt_state"), adapters=saved.get("adapters") or None)
+
+  @property
+  def rebuilds_frozen(self) -> bool:
+    """Whether a reader of its checkpoint rebuilds frozen params from the model's source (`with_frozen`): with
+    LoRA, whose base is not saved."""
+    return self.lora
+
+  def with_frozen(self, frozen_params: Callable[[], Any]) -> RoleState:
+    """A restored `saved()` state made whole: with LoRA its frozen params are `frozen_params()` (the run's own,
+    rebuilt from their source), which is called only then."""
+    return self.replace(params=frozen_params()) if self.lora else self
+
+  def merged(self, lora_alpha: float, head: str = "lm"):
+    """The role's whole weights as one params tree, what export writes and `jaxrlhf.generate` runs: with LoRA the
+    adapters merged into the frozen params (a critic's, `head="value"`, with its trained value head)."""
+    return merged_params(self.params, self.adapters, lora_alpha, head)
 
 
 @flax.struct.dataclass

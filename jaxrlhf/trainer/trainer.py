@@ -24,7 +24,6 @@ from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.errors import UserError
-from jaxrlhf.export import actor_base_params, critic_base_params, init_keys, write_hf
 from jaxrlhf.models import generation_eos_ids, load_hf_params, load_tokenizer, pad_token_id
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import fsdp_size, mesh_from_config
@@ -34,6 +33,7 @@ from jaxrlhf.tools.registry import load_tools
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
+from jaxrlhf.trainer.hf_weights import actor_base_params, critic_base_params, init_keys, write_hf
 from jaxrlhf.trainer.multi_turn import MultiTurnGeneration, tools_kwargs_notes
 from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
@@ -438,12 +438,10 @@ class Trainer:
     adapters merged in, and alone in PEFT's layout in `out_dir`/lora_adapter."""
     critic = self.state.critic
     write_hf(
-      self.state.actor.params,
+      self.state.actor,
       self.config,
       out_dir,
-      actor_adapters=self.state.actor.adapters,
-      critic_params=critic.params if critic else None,
-      critic_adapters=critic.adapters if critic else None,
+      critic=critic,
       critic_out=os.path.join(out_dir, "critic") if critic else None,
       tokenizer_dir=os.path.join(self.run_dir, "tokenizer"),
     )

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf.checkpoint import Checkpointer, read_checkpoint
-from jaxrlhf.export import LORA_ADAPTER_DIR, export_checkpoint
+from jaxrlhf.export import export_checkpoint
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask
 from jaxrlhf.models.decoder import model_variables
 from jaxrlhf.models.lora import (
@@ -21,6 +21,7 @@ from jaxrlhf.models.lora import (
   merge_adapters,
 )
 from jaxrlhf.trainer import Trainer
+from jaxrlhf.trainer.hf_weights import LORA_ADAPTER_DIR
 from tests.helpers import TIMING_DEPENDENT, small_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
