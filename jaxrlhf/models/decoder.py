@@ -58,16 +58,20 @@ import numpy as np
 
 from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.attention import ATTENTION_IMPLS, choose_kernel, decode_attention, kernel_fn, resolve_impl
+from jaxrlhf.models.layers import DTYPES as _DTYPES
+from jaxrlhf.models.layers import INIT_STD, RMSNorm
+from jaxrlhf.models.layers import dense as _linear
+from jaxrlhf.models.layers import logical_init as _init
+from jaxrlhf.models.linear_attention import GatedDeltaNet
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
-from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed, Linear
+from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed
 from jaxrlhf.models.projection import PROJECTION, project
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
 from jaxrlhf.models.stacking import layer_layout, stack_layers, unstack_layers
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-INIT_STD = 0.02  # std of every fresh kernel and embedding (HF's `initializer_range` default)
 HEADS = ("lm", "value", "reward")
 ROPE_TYPES = ("default", "linear", "llama3")
+LAYER_TYPES = ("full_attention", "linear_attention")
 # Gradient checkpointing of each decoder layer: which intermediates the backward pass may keep.
 # The projections are custom-VJP calls (`projection.py`), which the dot policies do not recognise as
 # dots: those policies also keep them, by their checkpoint name.
@@ -120,6 +124,19 @@ class DecoderConfig:
   lora_rank: int = 0
   lora_alpha: float = 16.0
   lora_targets: tuple[str, ...] = LORA_TARGETS  # which linears get an adapter (with lora_rank > 0)
+  # Hybrid stacks (Qwen3.5): each layer's token mixer by HF's `layer_types` (one of LAYER_TYPES); empty = every layer
+  # full attention. The stack scans over groups of one period of the pattern (`layer_pattern`).
+  layer_types: tuple[str, ...] = ()
+  attn_output_gate: bool = False  # Qwen3.5: q_proj also gives a per-head sigmoid gate on the attention output
+  partial_rotary_factor: float = 1.0  # RoPE on the first head_dim x this dims of each head
+  norm_offset: bool = False  # every RMSNorm but the gated one scales by (1 + w), w zero-initialised (Qwen3.5)
+  # Gated DeltaNet layers (`linear_attention.py`), HF's names.
+  linear_num_key_heads: int = 0
+  linear_num_value_heads: int = 0
+  linear_key_head_dim: int = 0
+  linear_value_head_dim: int = 0
+  linear_conv_kernel_dim: int = 4
+  linear_chunk_size: int = 64  # the chunked form's chunk (training, prefill and log-prob forwards)
 
   def __post_init__(self):
     for name, value, allowed in (
@@ -133,6 +150,26 @@ class DecoderConfig:
         raise ValueError(f"model config {name}={value!r} is not supported; expected one of {list(allowed)}")
     if self.attention_block_size < 1:
       raise ValueError(f"model config attention_block_size={self.attention_block_size} must be >= 1")
+    if self.layer_types:
+      unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+      if unknown or len(self.layer_types) != self.num_hidden_layers:
+        raise ValueError(
+          f"model config layer_types={list(self.layer_types)}: expected {self.num_hidden_layers} entries "
+          f"(num_hidden_layers), each one of {list(LAYER_TYPES)}"
+        )
+      if "linear_attention" in self.layer_types and not (
+        self.linear_num_key_heads and self.linear_num_value_heads and self.linear_key_head_dim
+      ):
+        raise ValueError("model config has linear_attention layers but no linear_num_key_heads / linear_* sizes")
+
+  @property
+  def has_linear_attention(self) -> bool:
+    return "linear_attention" in self.layer_types
+
+  @property
+  def rotary_dim(self) -> int:
+    """Dims of each head RoPE rotates (the first ones; an even number)."""
+    return int(self.resolved_head_dim * self.partial_rotary_factor)
 
   def for_platform(self, platform: str) -> "DecoderConfig":
     """`attention_impl="auto"` resolved for a device platform ("cpu", "gpu"/"cuda", "tpu"): the compile
@@ -177,43 +214,9 @@ def _dot_general_f32(lhs, rhs, dimension_numbers, precision=None, preferred_elem
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=jnp.float32, **kw)
 
 
-def _init(init_fn, names):
-  return nn.with_logical_partitioning(init_fn, names)
-
-
-def _linear(cfg: DecoderConfig, name: str, features, in_names, out_names, use_bias: bool) -> Linear:
-  """A projection of a decoder layer; an adapter on it when LoRA targets `name`."""
-  return Linear(
-    tuple(features),
-    tuple(in_names),
-    tuple(out_names),
-    use_bias,
-    _DTYPES[cfg.dtype],
-    _DTYPES[cfg.param_dtype],
-    nn.initializers.normal(INIT_STD),
-    lora_rank=cfg.lora_rank if name in cfg.lora_targets else 0,
-    lora_alpha=cfg.lora_alpha,
-    name=name,
-  )
-
-
-class RMSNorm(nn.Module):
-  eps: float
-  dtype: Any
-  param_dtype: Any
-  axis_name: str = "embed"
-
-  @nn.compact
-  def __call__(self, x):
-    weight = self.param("weight", _init(nn.initializers.ones, (self.axis_name,)), (x.shape[-1],), self.param_dtype)
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (x32 * weight.astype(jnp.float32)).astype(self.dtype)
-
-
 def rope_inv_freq(config: DecoderConfig) -> np.ndarray:
   """Inverse frequencies [head_dim/2] fp32, with the config's scaling (HF `ROPE_INIT_FUNCTIONS`)."""
-  head_dim = config.resolved_head_dim
+  head_dim = config.rotary_dim  # partial RoPE: the frequencies of the rotated dims only
   exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
   inv_freq = (1.0 / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
   if config.rope_type == "linear":
@@ -241,7 +244,11 @@ def rope_cos_sin(positions_BxL, config: DecoderConfig):
 
 
 def apply_rope(x, cos_BxLxH, sin_BxLxH):
-  """Rotates queries [B, L, Q, H] or keys [B, L, K, H] by their positions' tables; fp32 math."""
+  """Rotates queries [B, L, Q, H] or keys [B, L, K, H] by their positions' tables; fp32 math. Tables narrower than
+  the head (partial RoPE) rotate its first dims and pass the rest through."""
+  rotary = cos_BxLxH.shape[-1]
+  if rotary < x.shape[-1]:
+    return jnp.concatenate([apply_rope(x[..., :rotary], cos_BxLxH, sin_BxLxH), x[..., rotary:]], axis=-1)
   half = x.shape[-1] // 2
   x1, x2 = x[..., :half], x[..., half:]
   rotated = jnp.concatenate([-x2, x1], axis=-1)
@@ -282,11 +289,17 @@ class Attention(nn.Module):
     num_heads, num_kv, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.resolved_head_dim
     layout = self.layout if cache is None else None
     dense = lambda features, names, name: _linear(cfg, name, features, ("embed",), names, cfg.qkv_bias)
-    q_BxLxQxH = dense((num_heads, head_dim), ("heads", "head_dim"), "q_proj")(x_BxLxD)
+    if cfg.attn_output_gate:  # each head's query, then its output gate (HF's q_proj rows, head by head)
+      q_and_gate_BxLxQx2H = dense((num_heads, 2 * head_dim), ("heads", "head_dim"), "q_proj")(x_BxLxD)
+      q_BxLxQxH, gate_BxLxQxH = jnp.split(q_and_gate_BxLxQx2H, 2, axis=-1)
+    else:
+      q_BxLxQxH = dense((num_heads, head_dim), ("heads", "head_dim"), "q_proj")(x_BxLxD)
     k_BxLxKxH = dense((num_kv, head_dim), ("kv_heads", "head_dim"), "k_proj")(x_BxLxD)
     v_BxLxKxH = dense((num_kv, head_dim), ("kv_heads", "head_dim"), "v_proj")(x_BxLxD)
     if cfg.qk_norm:
-      head_norm = lambda name: RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, axis_name="head_dim", name=name)
+      head_norm = lambda name: RMSNorm(
+        cfg.rms_norm_eps, dtype, param_dtype, axis_name="head_dim", offset=cfg.norm_offset, name=name
+      )
       q_BxLxQxH = head_norm("q_norm")(q_BxLxQxH)
       k_BxLxKxH = head_norm("k_norm")(k_BxLxKxH)
     q_BxLxQxH = apply_rope(q_BxLxQxH, cos_BxLxH, sin_BxLxH)
@@ -324,6 +337,8 @@ class Attention(nn.Module):
     out_BxLxQxH = pin(
       out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim), ("batch", "length", "heads", "head_dim")
     )
+    if cfg.attn_output_gate:
+      out_BxLxQxH = out_BxLxQxH * jax.nn.sigmoid(gate_BxLxQxH.astype(jnp.float32)).astype(out_BxLxQxH.dtype)
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(out_BxLxQxH)
     return out_BxLxD, new_kv
 
@@ -406,6 +421,7 @@ class DecoderLayer(nn.Module):
   config: DecoderConfig
   sliding_window: int | None = None
   layout: ActivationLayout | None = None  # cache-free calls only
+  kind: str = "full_attention"  # the token mixer, one of LAYER_TYPES
 
   @nn.compact
   def __call__(
@@ -427,21 +443,66 @@ class DecoderLayer(nn.Module):
     # in the backward.
     pin = _pin(layout)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
-    norm = lambda name: RMSNorm(cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], name=name)
-    attn_BxLxD, new_kv = Attention(cfg, self.sliding_window, layout, name="self_attn")(
-      norm("input_layernorm")(x_BxLxD),
-      cos_BxLxH,
-      sin_BxLxH,
-      kv_mask_BxS,
-      cache,
-      cache_index,
-      segment_ids_BxL,
-      layer,
-      window_on,
+    norm = lambda name: RMSNorm(
+      cfg.rms_norm_eps, _DTYPES[cfg.dtype], _DTYPES[cfg.param_dtype], offset=cfg.norm_offset, name=name
     )
+    if self.kind == "linear_attention":  # `layer`: its index among the linear layers (their cache's layer axis)
+      attn_BxLxD, new_kv = GatedDeltaNet(cfg, name="linear_attn")(
+        norm("input_layernorm")(x_BxLxD), kv_mask_BxS, cache, cache_index, layer
+      )
+    else:  # `layer`: its index among the full-attention layers
+      attn_BxLxD, new_kv = Attention(cfg, self.sliding_window, layout, name="self_attn")(
+        norm("input_layernorm")(x_BxLxD),
+        cos_BxLxH,
+        sin_BxLxH,
+        kv_mask_BxS,
+        cache,
+        cache_index,
+        segment_ids_BxL,
+        layer,
+        window_on,
+      )
     x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
     x_BxLxD = x_BxLxD + MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
     return pin(x_BxLxD, ("batch", "length", "embed")), new_kv
+
+
+def layer_pattern(config: DecoderConfig) -> tuple[str, ...]:
+  """The layer kinds of one group: the shortest period of `layer_types` (Qwen3.5: three linear, one full), which
+  the stack scans over; one full-attention layer for a model without `layer_types`."""
+  types = config.layer_types or ("full_attention",)
+  for period in range(1, len(types) + 1):
+    if len(types) % period == 0 and types == types[:period] * (len(types) // period):
+      return types[:period]
+  return types
+
+
+def _kind_index(pattern: tuple[str, ...], group, position: int):
+  """Layer `position` of group `group`'s index among the layers of its kind (the kind's cache layer axis)."""
+  kind = pattern[position]
+  return group * pattern.count(kind) + pattern[:position].count(kind)
+
+
+class LayerGroup(nn.Module):
+  """One period of a hybrid stack's layer kinds (`layer_pattern`), called as a scan body: (x, group, window flag,
+  *shared inputs) -> (x, {kind: the new cache of its layers [count in the group, ...]})."""
+
+  config: DecoderConfig
+  sliding_window: int | None = None
+  layout: ActivationLayout | None = None
+
+  @nn.compact
+  def __call__(self, x_BxLxD, group, window_on, *shared):
+    pattern = layer_pattern(self.config)
+    layer_class = _layer_class(self.config)
+    new = {kind: [] for kind in pattern}
+    for position, kind in enumerate(pattern):
+      layer = layer_class(self.config, self.sliding_window, self.layout, kind, name=f"{position}")
+      x_BxLxD, state = layer(x_BxLxD, _kind_index(pattern, group, position), window_on, *shared)
+      new[kind].append(state)
+    if any(state is None for states in new.values() for state in states):
+      return x_BxLxD, None
+    return x_BxLxD, {kind: jax.tree.map(lambda *x: jnp.stack(x), *states) for kind, states in new.items()}
 
 
 def _layer_class(config: DecoderConfig):
@@ -531,7 +592,13 @@ class Decoder(nn.Module):
     cos_BxLxH, sin_BxLxH = (pin(x, ("batch", "length", "head_dim")) for x in (cos_BxLxH, sin_BxLxH))
     layer_class = _layer_class(cfg)
     shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index, segment_ids_BxL)
-    if cfg.scan_layers:
+    pattern = layer_pattern(cfg)
+    if cfg.has_linear_attention and (segment_ids_BxL is not None or sp is not None):
+      raise ValueError(
+        "packed rows and sequence parallelism are not supported with linear_attention layers (their recurrence "
+        "would cross a packed sequence's boundary or a length shard)"
+      )
+    if cfg.scan_layers and len(pattern) == 1:
       window, window_on_N = _layer_windows(cfg)
       layers = nn.scan(
         layer_class,
@@ -541,24 +608,53 @@ class Decoder(nn.Module):
         length=cfg.num_hidden_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      x_BxLxD, new_kv = layers(cfg, window, layout, name="layers")(
+      x_BxLxD, new_kv = layers(cfg, window, layout, pattern[0], name="layers")(
         x_BxLxD, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared
       )
+      new_state = None if new_kv is None else {pattern[0]: new_kv}
+    elif cfg.scan_layers:  # a hybrid stack: one scan over groups of one period each
+      if cfg.sliding_window is not None:
+        raise ValueError("a sliding window is not supported with layer_types of several kinds")
+      groups = cfg.num_hidden_layers // len(pattern)
+      stack = nn.scan(
+        LayerGroup,
+        variable_axes={"params": 0, LORA_COLLECTION: 0},
+        split_rngs={"params": True},
+        in_axes=(0, nn.broadcast) + (nn.broadcast,) * len(shared),
+        length=groups,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      x_BxLxD, grouped = stack(cfg, None, layout, name="layers")(
+        x_BxLxD, jnp.arange(groups, dtype=jnp.int32), None, *shared
+      )
+      # [groups, count in a group, ...] -> [layers of the kind, ...], in layer order
+      new_state = None if grouped is None else jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), grouped)
     else:
-      per_layer = []
-      for i in range(cfg.num_hidden_layers):
+      types = cfg.layer_types or pattern * cfg.num_hidden_layers
+      per_layer = {kind: [] for kind in set(types)}
+      for i, kind in enumerate(types):
         window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
-        x_BxLxD, layer_kv = layer_class(cfg, window, layout, name=f"layers_{i}")(x_BxLxD, i, None, *shared)
-        per_layer.append(layer_kv)
-      new_kv = None if cache is None else {name: jnp.stack([kv[name] for kv in per_layer]) for name in cache}
+        index = types[:i].count(kind)
+        x_BxLxD, state = layer_class(cfg, window, layout, kind, name=f"layers_{i}")(x_BxLxD, index, None, *shared)
+        per_layer[kind].append(state)
+      new_state = (
+        None if cache is None else {k: jax.tree.map(lambda *x: jnp.stack(x), *v) for k, v in per_layer.items()}
+      )
     new_cache = None
-    if cache is not None:  # every layer's new columns [layers, B, K, L, H] written at once, in place
-      batch_axis, length_axis = CACHE_LOGICAL_AXES.index("batch"), CACHE_LOGICAL_AXES.index("length")
-      new_cache = {
-        name: write_columns(cache[name], new_kv[name], cache_index, batch_axis=batch_axis, length_axis=length_axis)
-        for name in cache
-      }
-    x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, name="norm")(x_BxLxD)
+    if cache is not None:
+      new_cache = dict(cache)
+      if "full_attention" in new_state:  # every layer's new columns [layers, B, K, L, H] written at once, in place
+        batch_axis, length_axis = CACHE_LOGICAL_AXES.index("batch"), CACHE_LOGICAL_AXES.index("length")
+        new_kv = new_state["full_attention"]
+        new_cache.update(
+          {
+            name: write_columns(cache[name], new_kv[name], cache_index, batch_axis=batch_axis, length_axis=length_axis)
+            for name in ("k", "v")
+          }
+        )
+      if "linear_attention" in new_state:  # whole states: a linear layer's conv and recurrent state after the call
+        new_cache.update(new_state["linear_attention"])
+    x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, offset=cfg.norm_offset, name="norm")(x_BxLxD)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     if sp is not None:
       x_BxLxD = x_BxLxD[:, :length]
@@ -619,26 +715,54 @@ def head_outputs(config: DecoderConfig, head: str, params, hidden_xD, adapters=N
 CACHE_LOGICAL_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
 
 
+LINEAR_CACHE_LOGICAL_AXES = {  # a Gated DeltaNet layer's state (`linear_attention.py`): no length axis
+  "conv": ("layers", "batch", "conv_channels", "conv_window"),
+  "recurrent": ("layers", "batch", "linear_heads", "linear_key_dim", "linear_value_dim"),
+}
+
+
+def _layers_of(config: DecoderConfig, kind: str) -> int:
+  return (config.layer_types or ("full_attention",) * config.num_hidden_layers).count(kind)
+
+
 def cache_axes(config: DecoderConfig) -> dict:
   """The logical axes of each leaf of `init_cache`'s tree: what generation reads of the cache to move its rows
   ("batch") and columns ("length") without knowing what a layer keeps (`models/decoding.py`)."""
-  del config  # every layer of this family keeps keys and values
-  return {"k": CACHE_LOGICAL_AXES, "v": CACHE_LOGICAL_AXES}
+  axes = {}
+  if _layers_of(config, "full_attention"):
+    axes.update(k=CACHE_LOGICAL_AXES, v=CACHE_LOGICAL_AXES)
+  if _layers_of(config, "linear_attention"):
+    axes.update(LINEAR_CACHE_LOGICAL_AXES)
+  return axes
 
 
 def init_cache(config: DecoderConfig, batch: int, max_length: int):
-  """Zeroed KV cache {'k', 'v'}, each [layers, B, kv_heads, S, head_dim] (`CACHE_LOGICAL_AXES`; one layout,
-  scan or loop)."""
-  sizes = dict(
-    layers=config.num_hidden_layers,
-    batch=batch,
-    kv_heads=config.num_key_value_heads,
-    length=max_length,
-    head_dim=config.resolved_head_dim,
-  )
-  shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
+  """The zeroed per-layer state of `batch` rows: for full-attention layers keys and values {'k', 'v'}, each
+  [layers, B, kv_heads, S, head_dim] (`CACHE_LOGICAL_AXES`; one layout, scan or loop); for linear-attention layers
+  their conv inputs {'conv'} [layers, B, channels, kernel - 1] and recurrent state {'recurrent'} [layers, B,
+  value heads, key dim, value dim] in fp32 (`LINEAR_CACHE_LOGICAL_AXES`). The layer axis counts the layers of the
+  leaf's kind."""
   dtype = _DTYPES[config.dtype]
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+  cache = {}
+  if full := _layers_of(config, "full_attention"):
+    sizes = dict(
+      layers=full,
+      batch=batch,
+      kv_heads=config.num_key_value_heads,
+      length=max_length,
+      head_dim=config.resolved_head_dim,
+    )
+    shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
+    cache.update(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+  if linear := _layers_of(config, "linear_attention"):
+    key_dim = config.linear_num_key_heads * config.linear_key_head_dim
+    channels = 2 * key_dim + config.linear_num_value_heads * config.linear_value_head_dim
+    cache["conv"] = jnp.zeros((linear, batch, channels, config.linear_conv_kernel_dim - 1), dtype)
+    cache["recurrent"] = jnp.zeros(
+      (linear, batch, config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim),
+      jnp.float32,
+    )
+  return cache
 
 
 def kv_heads_repeated(config: DecoderConfig, repeat: int) -> DecoderConfig:

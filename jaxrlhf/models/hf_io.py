@@ -31,11 +31,18 @@ import numpy as np
 
 from jaxrlhf.config import resolve_target_modules
 from jaxrlhf.errors import CheckpointError
+from jaxrlhf.models import qwen3_5
 from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params, params_for
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
+SUPPORTED_MODEL_TYPES = {
+  "llama": "Llama",
+  "qwen2": "Qwen2",
+  "qwen3": "Qwen3",
+  "mistral": "Mistral",
+  "qwen3_5_text": "Qwen3_5",  # the hybrid family (`models/qwen3_5.py`); `qwen3_5` checkpoints load as their text model
+}
 HEAD_ARCHITECTURE_SUFFIX = {
   "lm": "ForCausalLM",
   "value": "ForTokenClassification",
@@ -43,7 +50,7 @@ HEAD_ARCHITECTURE_SUFFIX = {
 }
 SUPPORTED_ARCHITECTURES = tuple(
   prefix + suffix for prefix in SUPPORTED_MODEL_TYPES.values() for suffix in HEAD_ARCHITECTURE_SUFFIX.values()
-)
+) + ("Qwen3_5ForConditionalGeneration",)
 _NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _INDEX_FILE = "model.safetensors.index.json"
@@ -80,7 +87,7 @@ def _read_json(path: str) -> dict[str, Any]:
     raise CheckpointError(f"{path} is not valid JSON: {e}") from None
 
 
-def _rope_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
+def _rope_fields(hf: dict[str, Any], where: str, partial_rotary: bool = False) -> dict[str, Any]:
   """RoPE settings from transformers-v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`."""
   params = dict(hf.get("rope_parameters") or {})
   if params and all(isinstance(v, dict) for v in params.values()):
@@ -91,7 +98,7 @@ def _rope_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
   rope_type = merged.get("rope_type", merged.get("type")) or "default"
   fields: dict[str, Any] = {"rope_theta": float(theta) if theta is not None else 10000.0, "rope_type": rope_type}
   partial = merged.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
-  if partial not in (None, 1, 1.0):
+  if partial not in (None, 1, 1.0) and not partial_rotary:
     raise CheckpointError(f"{where}: partial_rotary_factor={partial} is not supported (only 1.0)")
   if rope_type == "default":
     return fields
@@ -134,6 +141,7 @@ def _sliding_window_fields(hf: dict[str, Any], model_type: str, where: str) -> d
 
 def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overrides) -> DecoderConfig:
   """DecoderConfig from the contents of an HF config.json; `overrides` set our own fields (dtype, ...)."""
+  hf = qwen3_5.text_config(hf)  # a multimodal Qwen3.5 checkpoint: its text model
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
     raise CheckpointError(
@@ -169,9 +177,11 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
     o_bias=attention_bias and model_type in ("llama", "qwen3"),
     mlp_bias=bool(hf.get("mlp_bias", False)) and model_type == "llama",
     qk_norm=model_type == "qwen3",
-    **_rope_fields(hf, where),
+    **_rope_fields(hf, where, partial_rotary=model_type == "qwen3_5_text"),
     **_sliding_window_fields(hf, model_type, where),
   )
+  if model_type == "qwen3_5_text":
+    fields.update(qwen3_5.config_fields(hf))
   fields.update(overrides)
   try:
     return DecoderConfig.from_dict(fields)
@@ -259,8 +269,12 @@ def hf_config_dict(
     problems.append(f"{model_type} has no mlp_bias")
   if model_type == "mistral" and (config.qkv_bias or config.o_bias):
     problems.append("mistral has no attention biases")
-  if config.qk_norm != (model_type == "qwen3"):
+  if model_type == "qwen3_5_text":
+    problems.extend(qwen3_5.config_problems(config))
+  elif config.qk_norm != (model_type == "qwen3"):
     problems.append("q/k norm exists in qwen3 only, and always")
+  if config.layer_types and model_type != "qwen3_5_text":
+    problems.append("layers of several kinds exist in qwen3_5_text only")
   if config.sliding_window and model_type == "llama":
     problems.append("llama has no sliding window")
   if config.sliding_window and model_type == "mistral" and config.sliding_window_start_layer:
@@ -320,6 +334,10 @@ def hf_config_dict(
     hf["mlp_bias"] = config.mlp_bias
   if model_type == "mistral":
     hf["sliding_window"] = config.sliding_window
+  if model_type == "qwen3_5_text":
+    hf.pop("rope_theta")
+    hf.pop("rope_scaling")
+    hf.update(qwen3_5.hf_config_fields(config))
   if model_type in ("qwen2", "qwen3"):
     hf["use_sliding_window"] = config.sliding_window is not None
     hf["sliding_window"] = config.sliding_window
@@ -358,10 +376,21 @@ def _tensor_specs(shapes) -> list[_TensorSpec]:
   """One spec per HF tensor: a leaf of our param tree (flattened), or one layer's slice of a stacked leaf
   (`layers/...`, scanned layers), with its HF name."""
   specs = []
+  # A hybrid stack scans groups of `period` layers (`decoder.layer_pattern`): layer j of group g is HF's g * period + j.
+  grouped = "layers" in shapes and all(name.isdigit() for name in shapes["layers"])
+  period = len(shapes["layers"]) if grouped else 1
   for path, shaped in _flatten(shapes):
     module, leaf = path[:-1], path[-1]
-    hf_leaf = "weight" if leaf in ("kernel", "embedding", "weight") else "bias"
+    hf_leaf = "weight" if leaf in ("kernel", "embedding", "weight") else leaf if leaf in _NAMED_LEAVES else "bias"
     layers: list[int | None] = [None]
+    if module[0] == "layers" and grouped:
+      position, layers = int(module[1]), list(range(shaped.shape[0]))
+      hf_module = "model.layers.{}" + "".join("." + m for m in module[2:])
+      name = module[-1]
+      specs.extend(
+        _TensorSpec(f"{hf_module.format(g * period + position)}.{hf_leaf}", path, _kind(name, leaf), g) for g in layers
+      )
+      continue
     if module[0] == "layers":
       layers = list(range(shaped.shape[0]))
       hf_module = "model.layers.{}" + "".join("." + m for m in module[1:])
@@ -371,17 +400,25 @@ def _tensor_specs(shapes) -> list[_TensorSpec]:
       hf_module = "model." + module[0]
     else:  # lm_head, score
       hf_module = module[0]
-    name = module[-1]
-    if leaf == "embedding" or "norm" in name or leaf == "weight":
-      kind = "copy"
-    elif name in ("q_proj", "k_proj", "v_proj"):
-      kind = "in_heads"
-    elif name == "o_proj":
-      kind = "out_heads" if leaf == "kernel" else "copy"
-    else:
-      kind = "linear" if leaf == "kernel" else "copy"
+    kind = _kind(module[-1], leaf)
     specs.extend(_TensorSpec(f"{hf_module.format(layer)}.{hf_leaf}", path, kind, layer) for layer in layers)
   return specs
+
+
+_NAMED_LEAVES = ("A_log", "dt_bias")  # Gated DeltaNet parameters HF names as they are (no weight/bias)
+
+
+def _kind(name: str, leaf: str) -> str:
+  """How module `name`'s leaf maps to its HF tensor (`_TensorSpec.kind`)."""
+  if name == "conv1d":
+    return "conv"
+  if leaf == "embedding" or "norm" in name or leaf == "weight":
+    return "copy"
+  if name in ("q_proj", "k_proj", "v_proj", "in_proj_z"):
+    return "in_heads"
+  if name in ("o_proj", "out_proj"):
+    return "out_heads" if leaf == "kernel" else "copy"
+  return "linear" if leaf == "kernel" else "copy"
 
 
 def _hf_shape(spec: _TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -393,6 +430,8 @@ def _hf_shape(spec: _TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[1] * shape[2], shape[0]) if leaf == "kernel" else (shape[0] * shape[1],)
   if spec.kind == "out_heads":  # ours [N, H, D]; HF [D, N*H]
     return (shape[2], shape[0] * shape[1])
+  if spec.kind == "conv":  # ours [C, W]; HF's depthwise Conv1d [C, 1, W]
+    return (shape[0], 1, shape[1])
   return tuple(shape)
 
 
@@ -403,6 +442,8 @@ def _to_ours(spec: _TensorSpec, array: np.ndarray, shape: tuple[int, ...]) -> np
     return (array.T if array.ndim == 2 else array).reshape(shape)
   if spec.kind == "out_heads":
     return array.T.reshape(shape)
+  if spec.kind == "conv":
+    return array.reshape(shape)
   return array
 
 
@@ -413,6 +454,8 @@ def _to_hf(spec: _TensorSpec, array: np.ndarray) -> np.ndarray:
     return array.reshape(array.shape[0], -1).T if array.ndim == 3 else array.reshape(-1)
   if spec.kind == "out_heads":
     return array.reshape(-1, array.shape[-1]).T
+  if spec.kind == "conv":
+    return array[:, None, :]
   return array
 
 
@@ -490,6 +533,12 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
   specs = _tensor_specs(shapes)
   files = _weight_files(path)
   shape_of = dict(_flatten(shapes))
+  if any(name.startswith(qwen3_5.TEXT_PREFIX) for name in files):  # a Qwen3_5ForConditionalGeneration checkpoint
+    specs = [dataclasses.replace(s, hf_name=_text_model_name(s.hf_name)) for s in specs]
+    vision = [n for n in files if n.startswith(qwen3_5.VISION_PREFIXES)]
+    if vision:
+      log.info("%s: the vision tower's %d tensors are skipped (the text model is trained)", path, len(vision))
+    files = {n: f for n, f in files.items() if not n.startswith(qwen3_5.VISION_PREFIXES)}
 
   missing = [s.hf_name for s in specs if s.hf_name not in files]
   fresh_head = head == "value" and set(missing) <= {"score.weight", "score.bias"} and "score.weight" in missing
@@ -507,7 +556,9 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
       f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
       f"tie_word_embeddings={config.tie_word_embeddings})"
     )
-  layers = sorted({int(m.group(1)) for n in files if (m := re.match(r"model\.layers\.(\d+)\.", n))})
+  layers = sorted(
+    {int(m.group(1)) for n in files if (m := re.match(r"model\.(?:language_model\.)?layers\.(\d+)\.", n))}
+  )
   if layers and layers[-1] >= config.num_hidden_layers:
     raise CheckpointError(
       f"{path} holds {layers[-1] + 1} decoder layers but its config sets num_hidden_layers="
@@ -539,6 +590,11 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
   if unused and warn_unused:
     log.warning("%s: %d tensor(s) not used for head=%r: %s", path, len(unused), head, unused[:8])
   return _ReadPlan(specs, files, shape_of, fresh_head)
+
+
+def _text_model_name(hf_name: str) -> str:
+  """A text model tensor's name in a multimodal Qwen3.5 checkpoint (`model.` -> `model.language_model.`)."""
+  return qwen3_5.TEXT_PREFIX + hf_name[len("model.") :] if hf_name.startswith("model.") else hf_name
 
 
 def check_hf_checkpoint(path: str, config: DecoderConfig, *, head: str = "lm") -> None:
