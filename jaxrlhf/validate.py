@@ -34,13 +34,14 @@ from collections.abc import Callable, Iterable
 
 from jaxrlhf import rewards
 from jaxrlhf.checkpoint import STEP_PREFIX, CheckpointError, split_step_dir
-from jaxrlhf.config import EMBED_TARGET, HEAD_TARGET, ConfigError, resolve_target_modules
+from jaxrlhf.config import ConfigError
 from jaxrlhf.data import DataError
 from jaxrlhf.data.builtin import builtin_rows
 from jaxrlhf.data.dataset import read_lines
 from jaxrlhf.errors import UserError
 from jaxrlhf.models import check_hf_checkpoint, critic_config_from, load_hf_config, model_config_from
 from jaxrlhf.models.hub import resolve_model_paths
+from jaxrlhf.models.lora import outer_targets
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,8 @@ def check_lora_targets(config) -> None:
   the one trained."""
   model = config.actor_rollout_ref.model
   key = "actor_rollout_ref.model.target_modules"
-  targets = [name for name in resolve_target_modules(model.target_modules, key) if name in (EMBED_TARGET, HEAD_TARGET)]
-  if not model.lora_rank or not targets or not model_config_from(model).tie_word_embeddings:
+  targets = outer_targets(model, key)
+  if not targets or not model_config_from(model).tie_word_embeddings:
     return
   raise ConfigError(
     f"{key}={model.target_modules!r} adapts {targets}, but the model ties its LM head to the input "

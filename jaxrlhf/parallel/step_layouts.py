@@ -76,6 +76,19 @@ class RoleLayouts:
   params_host: Any = None
   opt_host: Any = None
 
+  @classmethod
+  def of(cls, model: Decoder, mesh: Mesh, params) -> RoleLayouts:
+    """The layouts of a role of `model` (its config and head) on `mesh`, from `params`, the whole model's train
+    shardings: with LoRA also its adapters', which follow their kernels' rules (A [D, r] over fsdp like the
+    kernel's D; the rank replicated), and a critic's value head among what trains."""
+    shapes, logical = abstract_adapters(model)
+    if shapes is None:
+      return cls(params=params)
+    adapters = logical_to_shardings(logical, shapes, mesh, TRAIN_RULES)
+    if model.head == "value":
+      return cls(params=split_value_head(params)[0], adapters=critic_trained(adapters, params))
+    return cls(params=params, adapters=adapters)
+
   @property
   def trained(self):
     """The layout of what the optimizer updates: the params, or with LoRA the adapters."""
@@ -85,6 +98,11 @@ class RoleLayouts:
   def params_device(self):
     """Where a phase fetches the params into (None: they stay in device memory anyway)."""
     return None if self.params_host is None else self.params
+
+  def reference_device(self, ref_device):
+    """Where a phase fetches the reference policy's params into, this being the actor's layouts: with LoRA the
+    reference is the actor's base (`RoleState.reference`), fetched like it; else its own copy, into `ref_device`."""
+    return ref_device if self.adapters is None else self.params_device
 
   @property
   def stored_params(self):
@@ -306,18 +324,10 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
       actor_train,
       is_leaf=lambda x: isinstance(x, tuple),
     )
-  # Adapters follow their kernel's rules (A [D, r] over fsdp like the kernel's D); the rank is replicated.
-  adapter_shapes, adapter_logical = abstract_adapters(Decoder(model_config, head="lm"))
   critic_train = train_shardings(critic_model_config, "value")
-  critic_adapters = None
-  if config.critic.enable and critic_model_config.lora_rank:
-    critic_adapter_shapes, critic_adapter_logical = abstract_adapters(Decoder(critic_model_config, head="value"))
-    critic_adapters = critic_trained(
-      logical_to_shardings(critic_adapter_logical, critic_adapter_shapes, mesh, TRAIN_RULES), critic_train
-    )
-  actor_adapters = (
-    logical_to_shardings(adapter_logical, adapter_shapes, mesh, TRAIN_RULES) if adapter_shapes is not None else None
-  )
+  critic = RoleLayouts(params=critic_train)
+  if config.critic.enable:
+    critic = RoleLayouts.of(Decoder(critic_model_config, head="value"), mesh, critic_train)
   return StepLayouts(
     mesh=mesh,
     actor_train=actor_train,
@@ -325,10 +335,8 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
     actor_kv_staging=actor_kv_staging,
     actor_generation_staging=logical_to_shardings(rollout_logical, rollout_shapes, mesh, GENERATION_STAGING_RULES),
     critic_train=critic_train,
-    actor=RoleLayouts(params=actor_train, adapters=actor_adapters),
-    critic=RoleLayouts(
-      params=critic_train if critic_adapters is None else split_value_head(critic_train)[0], adapters=critic_adapters
-    ),
+    actor=RoleLayouts.of(Decoder(model_config, head="lm"), mesh, actor_train),
+    critic=critic,
     reward_train=train_shardings(reward_model_config, "reward") if reward_model_config is not None else None,
     generation_rules=gen_rules,
     generation_kv_repeat=kv_repeat,

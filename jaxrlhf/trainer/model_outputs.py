@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from jaxrlhf import algos
 from jaxrlhf.models.decoder import Decoder, head_outputs, model_variables, positions_from_mask
-from jaxrlhf.models.lora import critic_params_with
+from jaxrlhf.models.lora import critic_variables
 from jaxrlhf.rollout import token_log_probs
 from jaxrlhf.trainer import packing
 
@@ -198,7 +198,6 @@ class ModelOutputs:
 
     `adapters`: a LoRA critic's trained part (`RoleState.adapters`: {"lora", "head"}); `params` is
     then its frozen backbone, run with the adapters unmerged and the trained value head."""
-    if adapters is not None:
-      params = critic_params_with(params, adapters)
-    hidden_BxLxD = self._hidden(self.critic, params, micro, None if adapters is None else adapters["lora"])
+    params, adapters = critic_variables(params, adapters)
+    hidden_BxLxD = self._hidden(self.critic, params, micro, adapters)
     return self._to_responses(head_outputs(self.critic.config, "value", params, hidden_BxLxD), micro)

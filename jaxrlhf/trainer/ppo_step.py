@@ -115,8 +115,7 @@ class PPOStep:
         ("critic", config.critic, self.critic, plan.critic_packed),
       )
     }
-    # The reference's weights are fetched like the actor's base with LoRA, else like its own copy.
-    self.ref_device = layouts.actor.params_device if plan.actor_lora else layouts.ref_device
+    self.ref_device = layouts.actor.reference_device(layouts.ref_device)
     correction = config.algorithm.rollout_correction if plan.bypass else None
     self.actor_loss = functools.partial(
       losses.actor_loss, outputs=self.outputs, actor=actor, on_policy=plan.on_policy, rollout_correction=correction
@@ -187,7 +186,7 @@ class PPOStep:
 
   def reference_params(self, state: TrainState):
     """The reference policy's weights: its own copy, or with LoRA the actor's base (run without adapters)."""
-    return state.actor.params if self.plan.actor_lora else state.ref_params
+    return state.actor.reference(state.ref_params)
 
   def ref_log_prob(self, ref_params, rollout: Rollout):
     ref_params = self.layouts.fetch(ref_params, self.ref_device)
