@@ -2,9 +2,10 @@
 
 The program is the trainer's own (`trainer.program.build_program`): the same layouts, optimizers and
 jitted step, given abstract arrays (`jax.ShapeDtypeStruct` with the trainer's shardings) instead of
-weights and data, so nothing is allocated. Fused (`trainer.fuse_step=True`): one program. Phased
-(`--phases` or `fuse_step=False`): each phase is compiled in the order the trainer runs them, each
-given the abstract outputs of the ones before (shapes from `jax.eval_shape`, shardings from the
+weights and data, so nothing is allocated. The step is the trainer's step mode (`trainer.step_modes`), run
+with a runner that compiles each program instead of running it: fused (`trainer.fuse_step=True`), one
+program; phased (`--phases` or `fuse_step=False`), each phase compiled in the order the trainer runs them,
+each given the abstract outputs of the ones before (shapes from `jax.eval_shape`, shardings from the
 compiled program), exactly as `PhasedStep` chains them.
 
 Memory per device of one program = arguments + outputs - aliased (donated inputs reused as outputs)
@@ -29,15 +30,14 @@ from jaxrlhf.aot.targets import Target
 from jaxrlhf.config import resolve_config
 from jaxrlhf.errors import UserError
 from jaxrlhf.models.hub import resolve_model_paths
-from jaxrlhf.parallel import batch_sharding, replicated
+from jaxrlhf.parallel import replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.parallel.report import fmt_bytes, per_device_bytes
 from jaxrlhf.trainer.flops import step_phase_flops
-from jaxrlhf.trainer.multi_turn import TurnPrograms, max_tool_calls
 from jaxrlhf.trainer.phased import PhasedStep
 from jaxrlhf.trainer.program import StepProgram, build_program, model_configs
-from jaxrlhf.trainer.records import Rollout
 from jaxrlhf.trainer.state import TrainState
+from jaxrlhf.trainer.step_modes import abstract_batches, generation_mode, step_mode
 
 _BUFFER_RE = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w\-]+)\(")
 _OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
@@ -362,86 +362,19 @@ def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
   return run
 
 
-def _rows_like(tree, rows: int, mesh):
-  """A (rollout, scored) tree with `rows` sequences in the batch layout: the groups dynamic sampling kept."""
-
-  def one(x):
-    if not x.shape:
-      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated(mesh))
-    shape = (rows,) + tuple(x.shape[1:])
-    return jax.ShapeDtypeStruct(shape, x.dtype, sharding=batch_sharding(mesh, shape))
-
-  return jax.tree.map(one, tree)
-
-
-def _multi_turn_rollout(program: StepProgram, run, state, rng):
-  """Compiles a multi-turn rollout's programs (`trainer.multi_turn.TurnPrograms`: the generation weights, the
-  prefill, one turn) and returns the abstract `Rollout` the host loop builds from them, in the batch layout."""
-  config, mesh = program.config, program.mesh
-  programs = TurnPrograms(program.ppo, program.ppo.sampling)
-  rows = config.data.train_batch_size * config.actor_rollout_ref.rollout.n
-  prompt_len, response_len = config.data.max_prompt_length, config.data.max_response_length
-  rows_of = lambda shape, dtype=np.int32: jax.ShapeDtypeStruct(
-    (rows,) + shape, dtype, sharding=batch_sharding(mesh, (rows,) + shape)
-  )
-  params = run("gen_weights", programs.weights, state.actor.weights)
-  prompts = rows_of((prompt_len,))
-  turn_state = run("gen_prefill", programs.start, params, prompts, prompts, rng, resident_state=True)
-  turn_inputs = (rows_of((response_len,)), rows_of(()), rows_of((), np.bool_))
-  run("gen_turn", programs.turn, params, turn_state, *turn_inputs, resident_state=True)
-  calls = max_tool_calls(config.actor_rollout_ref.rollout.multi_turn, response_len)
-  return Rollout(
-    prompts=rows_of((prompt_len,)),
-    prompt_mask=rows_of((prompt_len,)),
-    responses=rows_of((response_len,)),
-    response_mask=rows_of((response_len,)),
-    rollout_log_probs=rows_of((response_len,), np.float32),
-    sample_index=rows_of(()),
-    group_index=rows_of(()),
-    decode_steps=jax.ShapeDtypeStruct((), np.int32, sharding=replicated(mesh)),
-    response_attention_mask=rows_of((response_len,)),
-    num_turns=rows_of(()),
-    tool_rewards=rows_of((calls,), np.float32),
-  )
-
-
 def compile_step(config, target: Target, *, phases: bool | None = None) -> AotReport:
   """Builds `config`'s step on `target`'s devices, compiles it (fused, or phase by phase) and measures it."""
   devices = target.devices()
   program = build_abstract_program(config, devices)
   config = program.config
   phases = (not config.trainer.fuse_step) if phases is None else phases
-  dynamic_sampling = config.algorithm.filter_groups.enable
-  state, rng = program.abstract_state, program.abstract_rng()
   train_rows = config.data.train_batch_size
   reports: list[ProgramReport] = []
   multi_turn = config.actor_rollout_ref.rollout.multi_turn.enable
-  if multi_turn:
-    rng = jax.random.key(0)
-    run = _phase_runner(program, reports)
-    phased = PhasedStep(program.ppo, program.state_shardings, replicated(program.mesh))
-    rollout = _multi_turn_rollout(program, run, state, rng)
-    scored = run("reward", phased.program(program.ppo.score), rollout, state.reward_params)
-    if phases:
-      phased.train(state, rollout, scored, rng, run)
-    else:
-      run("train", phased.train_on_rollout, state, rollout, scored, rng)
-  elif not phases and not dynamic_sampling:
-    jitted = program.jit_step()
-    reports.append(compile_program("step", jitted, (state, program.abstract_batch(train_rows), rng))[0])
-  else:
-    phased = PhasedStep(program.ppo, program.state_shardings, replicated(program.mesh))
-    rng = jax.random.key(0)  # phased mode splits the step's key on the host
-    run = _phase_runner(program, reports)
-    gen_rows = (config.data.gen_batch_size or train_rows) if dynamic_sampling else train_rows
-    rollout, scored = phased.generate_and_score(state, program.abstract_batch(gen_rows), rng, run)
-    if dynamic_sampling:  # the kept groups come back from the host in the batch layout
-      n = config.actor_rollout_ref.rollout.n
-      rollout, scored = _rows_like((rollout, scored), train_rows * n, program.mesh)
-    if phases:
-      phased.train(state, rollout, scored, rng, run)
-    else:
-      run("train", phased.train_on_rollout, state, rollout, scored, rng)
+  phased = PhasedStep(program.ppo, program.state_shardings, replicated(program.mesh))
+  step = step_mode(not phases, generation_mode(config, phased), phased, program.jit_step())
+  # The step's key is split on the host between phases: a concrete key, given to each program as a target array.
+  step.abstract(program.abstract_state, abstract_batches(program), jax.random.key(0), _phase_runner(program, reports))
   flops = step_phase_flops(
     program.ppo,
     batch_size=train_rows,

@@ -109,8 +109,9 @@ class TurnPrograms:
 
 
 class MultiTurnGeneration:
-  """`rollout(actor, batch, rng) -> Rollout`, what `PPOStep.rollout` is for one-turn rollouts; `actor`: the actor's
-  weights (`RoleState.weights`). `last_metrics`: the last rollout's trajectory metrics and tool time."""
+  """The host loop: `rollout(actor, batch, rng) -> (Rollout, metrics)`, what `PPOStep.rollout` is for one-turn
+  rollouts (the metrics: the trajectories' turns and tool calls, the tools' time); `actor`: the actor's weights
+  (`RoleState.weights`). The generation mode around it is `step_modes.MultiTurn`."""
 
   def __init__(self, ppo, tokenizer, dataset, put, tools):
     """`dataset`: the training rows (their `extra_info.tools_kwargs`); `put`: host arrays -> the batch layout;
@@ -144,7 +145,6 @@ class MultiTurnGeneration:
     # writes them all, then EOS.
     self.stop_ids = tool_call_close_ids(tokenizer) if multi_turn.max_parallel_calls == 1 else ()
     self.tool_seconds = 0.0
-    self.last_metrics: dict[str, float] = {}
     self._programs: dict[SamplingParams, TurnPrograms] = {}
 
   def programs(self, sampling: SamplingParams) -> TurnPrograms:
@@ -193,7 +193,8 @@ class MultiTurnGeneration:
       tool_rewards[row, : len(kept)] = kept
     return np.asarray([t.num_turns for t in trajectories], np.int32), tool_rewards
 
-  def rollout(self, actor, batch, rng) -> Rollout:
+  def rollout(self, actor, batch, rng) -> tuple[Rollout, dict[str, float]]:
+    """(the record in the batch layout, the trajectories' metrics and the tools' counts and time)."""
     n = self.config.actor_rollout_ref.rollout.n
     prompts_NxP, prompt_mask_NxP, sample_index_N = (
       np.repeat(np.asarray(jax.device_get(batch[key])), n, axis=0)
@@ -202,25 +203,72 @@ class MultiTurnGeneration:
     state, trajectories = self.trajectories(
       actor, prompts_NxP, prompt_mask_NxP.astype(np.int32), sample_index_N, rng, self.sampling, self.dataset
     )
-    self.last_metrics = {
+    metrics = {
       **trajectory_metrics(trajectories),
       **self.runner.pop_metrics(),  # tools/{calls, errors, timeouts, raised, unknown_tools, malformed_calls, ...}
       "timing_s/tool_calls": self.tool_seconds,
     }
     num_turns, tool_rewards = self.trajectory_arrays(trajectories)
-    rows = len(trajectories)
-    groups = np.repeat(np.arange(rows // n, dtype=np.int32), n)
-    record = Rollout(
-      prompts=prompts_NxP,
-      prompt_mask=prompt_mask_NxP.astype(np.int32),
-      responses=state.responses,
-      response_mask=state.loss_mask,
-      rollout_log_probs=state.log_probs,
-      sample_index=sample_index_N.astype(np.int32),
-      group_index=groups,
-      decode_steps=np.asarray(state.steps, np.int32),
-      response_attention_mask=state.sequence_mask(),
-      num_turns=num_turns,
-      tool_rewards=tool_rewards,
+    record = rollout_record(
+      n, prompts_NxP, prompt_mask_NxP, sample_index_N, state, state.sequence_mask(), num_turns, tool_rewards
     )
-    return self.put(record)
+    return self.put(record), metrics
+
+
+def rollout_record(
+  n: int,
+  prompts_NxP,
+  prompt_mask_NxP,
+  sample_index_N,
+  state,
+  response_attention_mask_NxR,
+  num_turns_N,
+  tool_rewards_NxC,
+) -> Rollout:
+  """A multi-turn rollout's record from its final `TurnState` and its trajectories (`trajectory_arrays`): on the
+  host, and under `jax.eval_shape` ahead of time (`abstract_rollout`), so both describe one record."""
+  rows = prompts_NxP.shape[0]
+  return Rollout(
+    prompts=prompts_NxP,
+    prompt_mask=prompt_mask_NxP.astype(np.int32),
+    responses=state.responses,
+    response_mask=state.loss_mask,
+    rollout_log_probs=state.log_probs,
+    sample_index=sample_index_N.astype(np.int32),
+    group_index=np.repeat(np.arange(rows // n, dtype=np.int32), n),
+    decode_steps=state.steps.astype(np.int32),
+    response_attention_mask=response_attention_mask_NxR,
+    num_turns=num_turns_N,
+    tool_rewards=tool_rewards_NxC,
+  )
+
+
+def abstract_rollout(ppo, run, actor, batch, rng, place) -> Rollout:
+  """Ahead of time (`jaxrlhf.aot`): `run` compiles the rollout's programs (the generation weights, the prefill, one
+  turn) and this returns the record `MultiTurnGeneration.rollout` builds, as abstract arrays; `place`: an abstract
+  tree -> the same in the batch layout. `run` is the AOT runner: `resident_state` says the train state stays on the
+  devices beside the turn programs' arguments."""
+  config = ppo.config
+  n = config.actor_rollout_ref.rollout.n
+  response_len = config.data.max_response_length
+  programs = TurnPrograms(ppo, ppo.sampling)  # no tokenizer ahead of time: no tool-call close among the stop ids
+  rows = batch["input_ids"].shape[0] * n
+  rows_of = lambda shape, dtype=np.int32: jax.ShapeDtypeStruct((rows,) + shape, dtype)
+  prompt_len = batch["input_ids"].shape[1]
+  prompts_NxP, prompt_mask_NxP, sample_index_N = place((rows_of((prompt_len,)), rows_of((prompt_len,)), rows_of(())))
+  params = run("gen_weights", programs.weights, actor)
+  state = run("gen_prefill", programs.start, params, prompts_NxP, prompt_mask_NxP, rng, resident_state=True)
+  forced = place((rows_of((response_len,)), rows_of(()), rows_of((), np.bool_)))
+  run("gen_turn", programs.turn, params, state, *forced, resident_state=True)
+  calls = max_tool_calls(config.actor_rollout_ref.rollout.multi_turn, response_len)
+  record = jax.eval_shape(
+    functools.partial(rollout_record, n),
+    prompts_NxP,
+    prompt_mask_NxP,
+    sample_index_N,
+    state,
+    rows_of((response_len,)),
+    rows_of(()),
+    rows_of((calls,), np.float32),
+  )
+  return place(record)

@@ -24,14 +24,12 @@ class PhasedStep:
   """`PPOStep`'s composition run phase by phase: each phase function jitted once, then given to a runner
   (`timed`, or `jaxrlhf.aot`'s compiling one) as `run(name, program, *args)`."""
 
-  def __init__(self, ppo: PPOStep, state_shardings, replicated_sharding, gen=None):
-    """`gen`: what runs phase gen instead of `ppo.rollout`'s program (a multi-turn rollout's host loop of
-    programs, `trainer.multi_turn.MultiTurnGeneration.rollout`)."""
+  def __init__(self, ppo: PPOStep, state_shardings, replicated_sharding):
     self.ppo = ppo
-    self._programs = {} if gen is None else {ppo.rollout: gen}  # a phase's function -> its program
+    self._programs = {}  # a phase's function -> its program
     self._out_shardings = {ppo.finish: (state_shardings, replicated_sharding)}
     self.gen, self.reward = self.program(ppo.rollout), self.program(ppo.score)
-    # Everything after the reward in one program (DAPO with fuse_step=True).
+    # Everything after the reward in one program (a generation on the host with fuse_step=True: `step_modes`).
     self.train_on_rollout = jax.jit(ppo.train_on_rollout, out_shardings=(state_shardings, replicated_sharding))
 
   def program(self, fn):

@@ -123,7 +123,6 @@ class PPOStep:
     self.first_epoch_actor_loss = functools.partial(self.actor_loss, first_epoch=True) if plan.old_in_update else None
     self.critic_loss = functools.partial(losses.critic_loss, outputs=self.outputs, critic=config.critic)
     self.losses = {"actor": self.actor_loss, "critic": self.critic_loss}
-    self.actor_update_metric_names: tuple[str, ...] = ()
 
   # ----- gen and reward ----------------------------------------------------------------------
 
@@ -265,11 +264,9 @@ class PPOStep:
       stored = role.layouts.store(role_state, trained, opt_state)
       return stored.trained, stored.opt_state, metrics
 
-    (trained, opt_state, metrics), skipped = update_loop.update_after_warmup(
+    trained, opt_state, metrics = update_loop.update_after_warmup(
       run, warmup_steps, state.step, role_state.trained, role_state.opt_state
     )
-    if name == "actor":  # recorded when traced: the host drops these in warm-up steps (verl logs none)
-      self.actor_update_metric_names = skipped
     return role_state.with_trained(trained, opt_state), metrics
 
   def update_critic(self, state: TrainState, data: dict, rng):

@@ -2,17 +2,20 @@
 
 `build_program(config, mesh, ...)` turns a resolved config and a mesh into the parameter layouts, the
 optimizers, the `PPOStep`, and the train state as abstract arrays (`jax.ShapeDtypeStruct` with their
-shardings and memory kinds). The trainer then loads or initialises real arrays into exactly those
-shardings; the ahead-of-time tool lowers the same jitted step with the abstract state instead. One
-builder for both is what makes the AOT report describe the program the trainer actually runs.
+shardings and memory kinds). The state has one init (`init_train_state`, nanodo's pattern): `jax.eval_shape`
+of it is the abstract state, and the trainer jits it into those shardings (`StepProgram.init_state`) from
+the base weights it loads; the ahead-of-time tool lowers the same jitted step with the abstract state
+instead. One builder for both is what makes the AOT report describe the program the trainer actually runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
@@ -45,11 +48,18 @@ class StepProgram:
   reward_model_config: DecoderConfig | None
   layouts: StepLayouts
   ppo: PPOStep
-  abstract_state: TrainState
+  abstract_state: TrainState  # `init`'s output under `jax.eval_shape`, in the state's shardings
+  init: Callable  # (base: BaseWeights, actor_key, critic_key) -> TrainState (`init_train_state`)
 
   @property
   def state_shardings(self) -> TrainState:
     return jax.tree.map(lambda x: x.sharding, self.abstract_state)
+
+  def init_state(self, base: BaseWeights, actor_key, critic_key) -> TrainState:
+    """The real state of `abstract_state`: `init` jitted into its shardings (with offload, the params and the
+    optimizer state straight into host memory). The base weights are donated: the actor's become its params."""
+    init = jax.jit(self.init, out_shardings=self.state_shardings, donate_argnums=0)
+    return init(base, actor_key, critic_key)
 
   @property
   def num_batch_shards(self) -> int:
@@ -200,28 +210,41 @@ def check_sequence_parallel(
         raise ConfigError(f"{over} must divide {name}={heads} of {model_path} (Ulysses gives each device whole heads)")
 
 
-def _abstract(shapes, shardings):
-  return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings)
+@flax.struct.dataclass
+class BaseWeights:
+  """The weights a run starts from (loaded from their checkpoints, or initialised): what the state init reads."""
+
+  actor: Any  # the actor's whole params, in the train layout
+  critic: Any  # the critic's whole params (value head included); None without a critic
+  reward: Any  # the reward model's (reward_model.enable); else None
 
 
-def _abstract_state(program_parts: dict, ppo: PPOStep, mesh: Mesh) -> TrainState:
-  """The train state's leaves as the trainer creates them (`Trainer._init_state`), without allocating."""
-  layouts = program_parts["layouts"]
-  actor_shapes = abstract_params(Decoder(program_parts["model_config"], head="lm"))[0]
-  ref_params = _abstract(actor_shapes, layouts.ref_params) if ppo.plan.stores_reference else None
-  reward_params = None
-  if program_parts["reward_model_config"] is not None:
-    reward_shapes = abstract_params(Decoder(program_parts["reward_model_config"], head="reward"))[0]
-    reward_params = _abstract(reward_shapes, layouts.reward_train)
-  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated(mesh))
+def init_train_state(ppo: PPOStep, kl_coef: float, base: BaseWeights, actor_key, critic_key) -> TrainState:
+  """A fresh train state from the run's base weights: the one init, traced twice (`StepProgram.abstract_state`
+  under `jax.eval_shape`, `StepProgram.init_state` jitted into the state's shardings)."""
+  plan = ppo.plan
   return TrainState(
-    step=scalar(jnp.int32),
-    actor=ppo.roles["actor"].abstract_state(),
-    critic=ppo.roles["critic"].abstract_state() if ppo.plan.use_critic else None,
-    ref_params=ref_params,
-    reward_params=reward_params,
-    kl_coef=scalar(jnp.float32),
-    lr_scale=scalar(jnp.float32),
+    step=jnp.int32(0),
+    actor=ppo.roles["actor"].init(base.actor, actor_key),
+    critic=ppo.roles["critic"].init(base.critic, critic_key) if plan.use_critic else None,
+    # The reference starts as the actor (with LoRA it is the actor's base, which the actor keeps: no copy).
+    ref_params=jax.tree.map(jnp.copy, base.actor) if plan.stores_reference else None,
+    reward_params=base.reward,
+    kl_coef=jnp.float32(kl_coef),
+    lr_scale=jnp.float32(1.0),
+  )
+
+
+def state_shardings(ppo: PPOStep, layouts: StepLayouts, mesh: Mesh, has_reward_model: bool) -> TrainState:
+  """Where each part of the train state lives between steps (a `TrainState` of shardings)."""
+  return TrainState(
+    step=replicated(mesh),
+    actor=ppo.roles["actor"].state_shardings(),
+    critic=ppo.roles["critic"].state_shardings() if ppo.plan.use_critic else None,
+    ref_params=layouts.ref_params if ppo.plan.stores_reference else None,
+    reward_params=layouts.reward_train if has_reward_model else None,
+    kl_coef=replicated(mesh),
+    lr_scale=replicated(mesh),
   )
 
 
@@ -273,10 +296,28 @@ def build_program(
     reward_model_config=reward_model_config,
   )
   check_micro_batches(config, ppo, num_batch_shards)
-  parts = dict(
+  shardings = state_shardings(ppo, layouts, mesh, reward_model_config is not None)
+  init = functools.partial(init_train_state, ppo, config.algorithm.kl_ctrl.kl_coef)
+  abstract_params_of = lambda model_config, head: abstract_params(Decoder(model_config, head=head))[0]
+  base = BaseWeights(
+    actor=abstract_params_of(model_config, "lm"),
+    critic=abstract_params_of(critic_model_config, "value") if ppo.plan.use_critic else None,
+    reward=abstract_params_of(reward_model_config, "reward") if reward_model_config is not None else None,
+  )
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  abstract_state = jax.tree.map(
+    lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+    jax.eval_shape(init, base, key, key),
+    shardings,
+  )
+  return StepProgram(
+    config=config,
+    mesh=mesh,
+    ppo=ppo,
+    abstract_state=abstract_state,
+    init=init,
     layouts=layouts,
     model_config=model_config,
     critic_model_config=critic_model_config,
     reward_model_config=reward_model_config,
   )
-  return StepProgram(config=config, mesh=mesh, ppo=ppo, abstract_state=_abstract_state(parts, ppo, mesh), **parts)

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import optax
 
-from jaxrlhf.models.decoder import Decoder, abstract_adapters, abstract_params, init_adapters
+from jaxrlhf.models.decoder import Decoder, init_adapters
 from jaxrlhf.models.lora import critic_trained, split_value_head
 from jaxrlhf.parallel.step_layouts import RoleLayouts
 from jaxrlhf.trainer.state import RoleState
@@ -48,38 +48,22 @@ class TrainedRole:
     """The model without its activation layout: what builds (or describes) its weights."""
     return Decoder(self.model.config, head=self.model.head)
 
-  def _shapes(self) -> tuple[Any, Any]:
-    """(params, adapters) as abstract shapes: the critic's adapters with its value head, the backbone without."""
-    params = abstract_params(self._initialiser)[0]
-    adapters = abstract_adapters(self._initialiser)[0]
-    if adapters is not None and self.model.head == "value":
-      return split_value_head(params)[0], critic_trained(adapters, params)
-    return params, adapters
-
-  def abstract_state(self) -> RoleState:
-    """The role's state as abstract arrays in the shardings it lives in between phases (no allocation)."""
-    params, adapters = self._shapes()
-    abstract = lambda shapes, shardings: jax.tree.map(
-      lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes, shardings
-    )
-    trained = params if adapters is None else adapters
-    return RoleState(
-      params=abstract(params, self.layouts.stored_params),
-      opt_state=abstract(jax.eval_shape(self.tx.init, trained), self.layouts.stored_opt),
-      adapters=None if adapters is None else abstract(adapters, self.layouts.adapters),
-    )
-
-  def init_state(self, params, key) -> RoleState:
-    """A fresh state from the role's whole `params` (in device memory, the train layout): with LoRA fresh
-    adapters (B = 0: the model starts as `params`) train, and a critic's value head with them."""
+  def init(self, params, key) -> RoleState:
+    """A fresh state from the role's whole `params` (a critic's with its value head): with LoRA fresh adapters
+    (B = 0: the model starts as `params`) train, and a critic's value head with them. Traceable: the program's
+    state init (`program.init_train_state`) gives both the abstract state and the real one from it."""
     adapters = None
     if self.lora:
-      lora_shardings = self.layouts.adapters["lora"] if self.model.head == "value" else self.layouts.adapters
-      adapters = jax.jit(lambda key: init_adapters(self._initialiser, key)[0], out_shardings=lora_shardings)(
-        jax.random.fold_in(key, 1)
-      )
+      adapters = init_adapters(self._initialiser, jax.random.fold_in(key, 1))[0]
       if self.model.head == "value":
         adapters, params = critic_trained(adapters, params), split_value_head(params)[0]
     state = RoleState(params=params, opt_state=None, adapters=adapters)
-    opt_state = jax.jit(self.tx.init, out_shardings=self.layouts.stored_opt)(state.trained)
-    return state.replace(params=jax.device_put(params, self.layouts.stored_params), opt_state=opt_state)
+    return state.replace(opt_state=self.tx.init(state.trained))
+
+  def state_shardings(self) -> RoleState:
+    """Where the role's state lives between phases (params and optimizer state in host memory when offloaded)."""
+    return RoleState(
+      params=self.layouts.stored_params,
+      opt_state=self.layouts.stored_opt,
+      adapters=self.layouts.adapters if self.lora else None,
+    )

@@ -6,7 +6,6 @@ metrics (host) -> sinks. Validation is a second compiled program (greedy by `val
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -18,7 +17,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrlhf import rewards
 from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
 from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
@@ -28,28 +26,31 @@ from jaxrlhf.models import generation_eos_ids, load_hf_params, load_tokenizer, p
 from jaxrlhf.parallel import batch_sharding, replicated
 from jaxrlhf.parallel.mesh import fsdp_size, mesh_from_config
 from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
-from jaxrlhf.rollout.agent_loop import trajectory_metrics
 from jaxrlhf.tools.registry import load_tools
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.hf_weights import actor_base_params, critic_base_params, init_keys, write_hf
 from jaxrlhf.trainer.multi_turn import MultiTurnGeneration, tools_kwargs_notes
-from jaxrlhf.trainer.phased import PhasedStep, select_groups, timed
+from jaxrlhf.trainer.phased import PhasedStep, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
-from jaxrlhf.trainer.program import build_program, model_configs
+from jaxrlhf.trainer.program import BaseWeights, build_program, model_configs
 from jaxrlhf.trainer.reward import (
-  decode_responses,
   host_callback_errors,
   make_reward_fn,
   reward_scorer,
-  score_on_host,
-  uses_rule_reward,
 )
-from jaxrlhf.trainer.reward import trajectory_infos as reward_trajectory_infos
 from jaxrlhf.trainer.run_lock import RunLock
 from jaxrlhf.trainer.state import TrainState
-from jaxrlhf.trainer.validation import make_validation_fn, validation_metrics
+from jaxrlhf.trainer.step_modes import (
+  StepBatches,
+  abstract_batches,
+  actor_update_metric_names,
+  batch_layout,
+  generation_mode,
+  step_mode,
+)
+from jaxrlhf.trainer.validation import Validation, make_validation_fn
 from jaxrlhf.validate import check_data_sources_known, validate_run
 
 
@@ -84,9 +85,6 @@ def _remove_new_run_dir(run_dir: str, outermost: str) -> None:
     except OSError:
       return
     folder = os.path.dirname(folder)
-
-
-_VALIDATION_STREAM = 1 << 30  # fold_in tag of validation keys (training folds in step numbers < 2**30)
 
 
 class Trainer:
@@ -133,36 +131,43 @@ class Trainer:
     )
     self.ppo, self.layouts = self.program.ppo, self.program.layouts
     state_shardings = self.program.state_shardings
-    self.state = self._init_state(state_shardings)
+    self.state = self._init_state()
     self.jitted_step = self.program.jit_step()
+    self.phased = PhasedStep(self.ppo, state_shardings, replicated(self.mesh))
+    val_sampling = validate_program = None
     if self.val_data is not None:
       val_sampling = SamplingParams.from_rollout_config(
         config.actor_rollout_ref.rollout, data_cfg.max_response_length, eos_ids, pad_id, validation=True
       )
-      validate = make_validation_fn(self.ppo, val_sampling)
-      self.validate_fn = jax.jit(
-        validate,
-        in_shardings=(
-          state_shardings.actor.weights,
-          state_shardings.reward_params,
-          None,
-          replicated(self.mesh),
-        ),
+      validate_program = jax.jit(
+        make_validation_fn(self.ppo, val_sampling),
+        in_shardings=(state_shardings.actor.weights, state_shardings.reward_params, None, replicated(self.mesh)),
         out_shardings=replicated(self.mesh),
       )
-    self.multi_turn = None
+    multi_turn = None
     if config.actor_rollout_ref.rollout.multi_turn.enable:
       # Phase gen is a host loop of compiled turns; the training phases after it stay one program.
-      self.multi_turn = MultiTurnGeneration(self.ppo, self.tokenizer, self.train_data, self._device_batch, self.tools)
-      self.val_sampling = val_sampling if self.val_data is not None else None
-    self.phased = PhasedStep(
-      self.ppo, state_shardings, replicated(self.mesh), gen=self.multi_turn and self.multi_turn.rollout
+      multi_turn = MultiTurnGeneration(self.ppo, self.tokenizer, self.train_data, self._device_batch, self.tools)
+    self.generation = generation_mode(
+      config,
+      self.phased,
+      multi_turn=multi_turn,
+      validate_program=validate_program,
+      load_batch=self._load_batch,
+      val_sampling=val_sampling,
+      put=self._device_batch,
     )
-    self.filter_groups = config.algorithm.filter_groups.enable
+    self.step_mode = step_mode(config.trainer.fuse_step, self.generation, self.phased, self.jitted_step)
+    self._skipped_in_warmup: tuple[str, ...] | None = None  # `step_modes.actor_update_metric_names`, once
     self.gen_cursor = 0  # generation rounds drawn so far (dynamic sampling); saved in checkpoints
     self.actor_num_params = count_params(self.state.actor.params)
     self.peak_flops = device_peak_flops(self.mesh.devices.flat[0], trainer_cfg.peak_flops_per_device)
     self.rng = jax.random.key(trainer_cfg.seed)
+    self.validation = None
+    if self.val_data is not None:
+      self.validation = Validation(
+        config, self.generation, self.val_data, self.tokenizer, self.reward_scorer, self.run_dir, self.rng
+      )
 
   # ----- set-up ----------------------------------------------------------------------------------
 
@@ -228,42 +233,25 @@ class Trainer:
     """Mesh, per-layout sharding of each parameter group, per-device bytes (printed at start-up)."""
     return self.program.layout_report()
 
-  def _init_state(self, shardings: TrainState) -> TrainState:
-    """Loads or initialises every part of the state straight into `shardings` (the program's)."""
-    config, roles = self.config, self.ppo.roles
+  def _init_state(self) -> TrainState:
+    """Loads the base weights (checkpoints, or initialised from `trainer.seed`) and builds the state from them
+    straight into the program's shardings (`StepProgram.init_state`)."""
+    config, plan, shardings = self.config, self.ppo.plan, self.program.state_shardings
     actor_key, critic_key = init_keys(config)
-    # In device memory: the optimizer and the reference start from it.
     actor_params = actor_base_params(config, self.model_config, self.layouts.actor_train)
-    ref_params = None
-    if self.ppo.plan.stores_reference:
-      ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings.ref_params)(actor_params)
-    critic = None
-    if self.ppo.plan.use_critic:
-      # verl's critic format, the actor's checkpoint with a fresh value head, or all fresh.
+    critic_params = reward_params = None
+    if plan.use_critic:  # verl's critic format, the actor's checkpoint with a fresh value head, or all fresh
       critic_params = critic_base_params(config, self.critic_model_config, self.layouts.critic_train)
-      critic = roles["critic"].init_state(critic_params, critic_key)
-    reward_params = None
     if self.reward_model_config is not None:
       reward_params = load_hf_params(
         config.reward_model.model.path, self.reward_model_config, head="reward", shardings=shardings.reward_params
       )
-    put = lambda x: jax.device_put(x, replicated(self.mesh))
-    return TrainState(
-      reward_params=reward_params,
-      step=put(jnp.int32(0)),
-      actor=roles["actor"].init_state(actor_params, actor_key),  # to the host with param_offload
-      critic=critic,
-      ref_params=ref_params,
-      kl_coef=put(jnp.float32(config.algorithm.kl_ctrl.kl_coef)),
-      lr_scale=put(jnp.float32(1.0)),
-    )
+    base = BaseWeights(actor=actor_params, critic=critic_params, reward=reward_params)
+    return self.program.init_state(base, actor_key, critic_key)
 
   def _device_batch(self, arrays):
     """A tree (a dict, a record) of global host arrays -> arrays in the batch layout (scalars replicated)."""
-    return jax.tree.map(
-      lambda v: jax.device_put(v, batch_sharding(self.mesh, v.shape) if np.ndim(v) else replicated(self.mesh)),
-      arrays,
-    )
+    return jax.tree.map(jax.device_put, arrays, batch_layout(self.mesh, arrays))
 
   def _prompt_width(self, dataset, indices: np.ndarray) -> int:
     """`data.bucket_prompt_lengths`: the batch's longest prompt rounded up to a bucket; else max_prompt_length."""
@@ -293,37 +281,34 @@ class Trainer:
     its phases one by one on it: `self.phased.generate_and_score` then `self.phased.train`)."""
     return self._load_batch(self.train_data, self.schedule.indices(step))
 
+  def step_batches(self, step: int) -> StepBatches:
+    """Where step `step` draws its prompts: batch `step` of the schedule, or dynamic sampling's rounds."""
+    return StepBatches(train=lambda: self.train_batch(step), gen_round=self._next_gen_round)
+
+  def _next_gen_round(self) -> dict[str, jax.Array]:
+    """The next round of dynamic sampling (`data.gen_batch_size` prompts): the generation cursor moves on."""
+    indices = self.gen_schedule.indices(self.gen_cursor)
+    self.gen_cursor += 1
+    return self._load_batch(self.train_data, indices)
+
   # ----- running ---------------------------------------------------------------------------------
 
   def train_step(self, step: int) -> dict[str, float]:
     """One PPO step on batch `step` of the schedule (fused, phased or with dynamic sampling); host metrics."""
     rng = jax.random.fold_in(self.rng, step)
     timings: dict[str, float] = {}
-    extra: dict[str, float] = {}
     start = time.perf_counter()
     with host_callback_errors():  # a reward function's own error, not XLA's wrapping of it
-      if self.filter_groups:
-        self.state, device_metrics, extra["training/num_gen_batches"] = self._dynamic_sampling_step(rng, timings)
-      else:
-        batch = self.train_batch(step)
-        if self.config.trainer.fuse_step and self.multi_turn is None:
-          self.state, device_metrics = self.jitted_step(self.state, batch, rng)
-        else:
-          run = timed(timings)
-          rollout, scored = self.phased.generate_and_score(self.state, batch, rng, run)
-          if self.config.trainer.fuse_step:  # multi-turn: everything after the reward in one program
-            self.state, device_metrics = run("train", self.phased.train_on_rollout, self.state, rollout, scored, rng)
-          else:
-            self.state, device_metrics = self.phased.train(self.state, rollout, scored, rng, run)
+      self.state, device_metrics, host_metrics = self.step_mode.run(
+        self.state, self.step_batches(step), rng, timed(timings)
+      )
       metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     actor_updated = self.ppo.plan.actor_updates_at(step)
     if not actor_updated:  # verl reports no actor metrics for a step whose actor did not update
-      for key in self.ppo.actor_update_metric_names:
+      for key in self._actor_update_metric_names(rng):
         metrics.pop(key, None)
     elapsed = time.perf_counter() - start
-    if self.multi_turn is not None:  # turns per trajectory, tool calls and errors, tool time (host-side)
-      extra.update(self.multi_turn.last_metrics)
-    metrics.update(extra)
+    metrics.update(host_metrics)  # generation rounds; turns per trajectory, tool calls and errors, tool time
     tokens = metrics["perf/total_num_tokens"]
     response_tokens = metrics["response_length/mean"] * self._num_sequences
     for phase, seconds in timings.items():
@@ -372,36 +357,11 @@ class Trainer:
       mfu[f"perf/mfu/{name}"] = flops / (timings[f"update_{name}"] * peak)
     return mfu
 
-  def _dynamic_sampling_step(self, rng, timings):
-    """DAPO: generate rounds of `gen_batch_size` prompts until `train_batch_size` groups have varied rewards."""
-    config = self.config
-    filter_groups = config.algorithm.filter_groups
-    rounds = []
-    while True:
-      indices = self.gen_schedule.indices(self.gen_cursor)
-      self.gen_cursor += 1
-      batch = self._load_batch(self.train_data, indices)
-      round_rng = jax.random.fold_in(rng, len(rounds))
-      rounds.append(self.phased.generate_and_score(self.state, batch, round_rng, timed(timings)))
-      selected = select_groups(
-        rounds, config.data.train_batch_size, filter_groups.metric, self.ppo.sampling.pad_token_id
-      )
-      if selected is not None:
-        break
-      if 0 < filter_groups.max_num_gen_batches <= len(rounds):
-        raise RuntimeError(
-          f"dynamic sampling: {len(rounds)} generation rounds (algorithm.filter_groups.max_num_gen_batches="
-          f"{filter_groups.max_num_gen_batches}) gave fewer than data.train_batch_size="
-          f"{config.data.train_batch_size} groups with non-identical {filter_groups.metric}; every group is "
-          "solved or failed alike: check the data, or raise max_num_gen_batches"
-        )
-    rollout, scored = (self._device_batch(part) for part in selected)
-    run = timed(timings)
-    if config.trainer.fuse_step:
-      state, metrics = run("train", self.phased.train_on_rollout, self.state, rollout, scored, rng)
-    else:
-      state, metrics = self.phased.train(self.state, rollout, scored, rng, run)
-    return state, metrics, float(len(rounds))
+  def _actor_update_metric_names(self, rng) -> tuple[str, ...]:
+    if self._skipped_in_warmup is None:
+      batches = abstract_batches(self.program)
+      self._skipped_in_warmup = actor_update_metric_names(self.generation, self.phased, self.state, batches, rng)
+    return self._skipped_in_warmup
 
   # ----- checkpoints and guards -------------------------------------------------------------------
 
@@ -511,94 +471,10 @@ class Trainer:
     return int(step)
 
   def validate(self, step: int = 0) -> dict[str, float]:
-    """Greedy (val_kwargs) generation on the validation set: val-core/<data_source>/reward/mean@n.
-
-    With trainer.log_val_generations = K, the first K samples go to <run dir>/val_generations.jsonl.
-    """
-    data = self.val_data
-    n = self.config.actor_rollout_ref.rollout.val_kwargs.n
-    batch_size = self.config.data.val_batch_size or len(data)
-    num_batches = -(-len(data) // batch_size)
-    # Pad the last batch with repeats of row 0 so every batch has one shape (one compile); drop them after.
-    order = np.concatenate([np.arange(len(data)), np.zeros(num_batches * batch_size - len(data), np.int64)])
-    scores, responses, masks, trajectory_infos, all_trajectories = [], [], [], [], []
-    # A fresh key per validation (and per batch), from a stream the training steps' keys never use.
-    val_rng = jax.random.fold_in(jax.random.fold_in(self.rng, _VALIDATION_STREAM), step)
-    for b in range(num_batches):
-      indices = order[b * batch_size : (b + 1) * batch_size]
-      batch = self._load_batch(data, indices)
-      if self.multi_turn is None:
-        batch_scores, batch_responses, batch_masks = jax.device_get(
-          self.validate_fn(
-            self.state.actor.weights,
-            self.state.reward_params,
-            batch,
-            jax.random.fold_in(val_rng, b),
-          )
-        )
-      else:  # the tool agent loop with val_kwargs' sampling; the rule reward sees every trajectory's tool rewards
-        repeat = lambda x: np.repeat(np.asarray(x), n, axis=0)
-        state, trajectories = self.multi_turn.trajectories(
-          self.state.actor.weights,
-          repeat(data.input_ids[indices]),
-          repeat(data.attention_mask[indices]),
-          repeat(indices),
-          jax.random.fold_in(val_rng, b),
-          self.val_sampling,
-          data,
-        )
-        batch_responses, batch_masks = state.responses, state.sequence_mask()
-        batch_scores = np.zeros(len(batch_responses), np.float32)
-        trajectory_infos.extend(reward_trajectory_infos(*self.multi_turn.trajectory_arrays(trajectories)))
-        all_trajectories.extend(trajectories)
-      scores.append(batch_scores)
-      responses.append(batch_responses)
-      masks.append(batch_masks)
-    valid = len(data) * n
-    scores, responses, masks = (np.concatenate(x)[:valid] for x in (scores, responses, masks))
-    variables = {}
-    if uses_rule_reward(self.config.reward_model):
-      # On the host, with every entry the reward function returns (verl's validation variables).
-      rule_scores, variables = score_on_host(
-        self.tokenizer,
-        data,
-        self.reward_scorer,
-        self.config.reward_model.on_error,
-        responses,
-        masks,
-        np.repeat(np.arange(len(data)), n),
-        trajectory_infos=trajectory_infos[:valid] if self.multi_turn is not None else None,
-      )
-      variables.pop(rewards.ERROR_KEY, None)
-      scores = scores + rule_scores
-    variables = {"reward": scores, **{name: v for name, v in variables.items() if name != "reward"}}
-    metrics = validation_metrics(
-      data.data_sources, {name: v.reshape(len(data), n) for name, v in variables.items()}, masks
-    )
-    if self.multi_turn is not None:  # turns and tool calls of the validation trajectories (verl's val-aux/num_turns)
-      metrics.update({f"val-aux/{k}": v for k, v in trajectory_metrics(all_trajectories[:valid]).items()})
-    scores = scores.reshape(len(data), n)
-    num_logged = min(self.config.trainer.log_val_generations, valid)
-    if num_logged and jax.process_index() == 0:
-      texts = decode_responses(self.tokenizer, responses[:num_logged], masks[:num_logged])
-      prompts = self.tokenizer.batch_decode(
-        [row[m > 0].tolist() for row, m in zip(data.input_ids, data.attention_mask)][: -(-num_logged // n)]
-      )
-      with open(os.path.join(self.run_dir, "val_generations.jsonl"), "a") as f:
-        for i, text in enumerate(texts):
-          f.write(
-            json.dumps(
-              {
-                "step": step,
-                "prompt": prompts[i // n],
-                "response": text,
-                "ground_truth": str(data.ground_truths[i // n]),
-                "score": float(scores.reshape(-1)[i]),
-              }
-            )
-            + "\n"
-          )
-    return metrics
+    """Greedy (val_kwargs) generation on the validation set: val-core/<data_source>/reward/mean@n
+    (`validation.Validation`). With trainer.log_val_generations = K, the first K samples go to
+    <run dir>/val_generations.jsonl."""
+    return self.validation(self.state, step)
 
   def fit(self) -> list[dict]:
     """Runs to `total_steps` with validation, checkpoints and guards; returns the step records.

@@ -361,14 +361,13 @@ def ppo_update(
 
 def update_after_warmup(update: Callable, warmup_steps: int, step, params, opt_state):
   """`update(params, opt_state) -> (params, opt_state, metrics)` from step `warmup_steps` on, before it
-  the inputs unchanged and zeros for the same metrics. Returns (that, the names of the metrics skipped in
-  warm-up steps: none without a warm-up)."""
+  the inputs unchanged and zeros for the same metrics (the host drops them: `step_modes.actor_update_metric_names`)."""
   if warmup_steps == 0:
-    return update(params, opt_state), ()
+    return update(params, opt_state)
   metric_shapes = jax.eval_shape(update, params, opt_state)[2]
   skip = lambda params, opt_state: (
     params,
     opt_state,
     jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes),
   )
-  return jax.lax.cond(step >= warmup_steps, update, skip, params, opt_state), tuple(metric_shapes)
+  return jax.lax.cond(step >= warmup_steps, update, skip, params, opt_state)

@@ -1,23 +1,121 @@
 """Validation: the compiled sample program, the rule reward on the host, and verl's validation metrics
 (docs/algorithms.md §7 `val-core`, `val-aux`).
 
-The trainer's host loop (`Trainer.validate`) runs `make_validation_fn`'s program over fixed-shape
-batches of the validation set, scores the responses with the rule reward on the host (where every
-entry the reward function returns is known: `acc`, `pred`, ...), and turns the variables into metrics
-with `validation_metrics`.
+`Validation` (what `Trainer.validate` runs) samples fixed-shape batches of the validation set through the
+generation mode's `validation_samples` (`make_validation_fn`'s program, or the multi-turn host loop), scores the
+responses with the rule reward on the host (where every entry the reward function returns is known: `acc`, `pred`,
+...), turns the variables into metrics with `validation_metrics` and logs the first generations.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrlhf import rewards
 from jaxrlhf.rollout import SamplingParams
+from jaxrlhf.rollout.agent_loop import trajectory_metrics
 from jaxrlhf.trainer import reward
 from jaxrlhf.trainer.ppo_step import PPOStep
+
+VALIDATION_STREAM = 1 << 30  # fold_in tag of validation keys (training folds in step numbers < 2**30)
+
+
+class Validation:
+  """`validate(state, step) -> metrics`: greedy (val_kwargs) generation on the validation set,
+  val-core/<data_source>/reward/mean@n. With trainer.log_val_generations = K, the first K samples go to
+  `run_dir`/val_generations.jsonl.
+
+  `generation`: the step's generation mode (`step_modes`); `rng`: the run's key (validation folds in its own stream).
+  """
+
+  def __init__(self, config, generation, data, tokenizer, reward_scorer, run_dir: str, rng):
+    self.config = config
+    self.generation = generation
+    self.data = data
+    self.tokenizer = tokenizer
+    self.reward_scorer = reward_scorer
+    self.run_dir = run_dir
+    self.rng = rng
+
+  def __call__(self, state, step: int = 0) -> dict[str, float]:
+    data, config = self.data, self.config
+    n = config.actor_rollout_ref.rollout.val_kwargs.n
+    batch_size = config.data.val_batch_size or len(data)
+    num_batches = -(-len(data) // batch_size)
+    # Pad the last batch with repeats of row 0 so every batch has one shape (one compile); drop them after.
+    order = np.concatenate([np.arange(len(data)), np.zeros(num_batches * batch_size - len(data), np.int64)])
+    # A fresh key per validation (and per batch), from a stream the training steps' keys never use.
+    val_rng = jax.random.fold_in(jax.random.fold_in(self.rng, VALIDATION_STREAM), step)
+    samples = [
+      self.generation.validation_samples(
+        state, data, order[b * batch_size : (b + 1) * batch_size], jax.random.fold_in(val_rng, b)
+      )
+      for b in range(num_batches)
+    ]
+    valid = len(data) * n
+    scores, responses, masks = (
+      np.concatenate([getattr(s, name) for s in samples])[:valid]
+      for name in ("model_scores", "responses", "response_mask")
+    )
+    multi_turn = samples[0].trajectories is not None
+    trajectories = [t for s in samples for t in s.trajectories][:valid] if multi_turn else None
+    trajectory_infos = [i for s in samples for i in s.trajectory_infos][:valid] if multi_turn else None
+    variables = {}
+    if reward.uses_rule_reward(config.reward_model):
+      # On the host, with every entry the reward function returns (verl's validation variables); the rule reward
+      # sees every trajectory's tool rewards.
+      rule_scores, variables = reward.score_on_host(
+        self.tokenizer,
+        data,
+        self.reward_scorer,
+        config.reward_model.on_error,
+        responses,
+        masks,
+        np.repeat(np.arange(len(data)), n),
+        trajectory_infos=trajectory_infos,
+      )
+      variables.pop(rewards.ERROR_KEY, None)
+      scores = scores + rule_scores
+    variables = {"reward": scores, **{name: v for name, v in variables.items() if name != "reward"}}
+    metrics = validation_metrics(
+      data.data_sources, {name: v.reshape(len(data), n) for name, v in variables.items()}, masks
+    )
+    if multi_turn:  # turns and tool calls of the validation trajectories (verl's val-aux/num_turns)
+      metrics.update({f"val-aux/{k}": v for k, v in trajectory_metrics(trajectories).items()})
+    self._log_generations(step, n, scores.reshape(len(data), n), responses, masks)
+    return metrics
+
+  def _log_generations(self, step: int, n: int, scores, responses, masks) -> None:
+    """The first `trainer.log_val_generations` samples to val_generations.jsonl (process 0)."""
+    data = self.data
+    num_logged = min(self.config.trainer.log_val_generations, len(data) * n)
+    if not num_logged or jax.process_index() != 0:
+      return
+    texts = reward.decode_responses(self.tokenizer, responses[:num_logged], masks[:num_logged])
+    prompts = self.tokenizer.batch_decode(
+      [row[m > 0].tolist() for row, m in zip(data.input_ids, data.attention_mask)][: -(-num_logged // n)]
+    )
+    with open(os.path.join(self.run_dir, "val_generations.jsonl"), "a") as f:
+      for i, text in enumerate(texts):
+        f.write(
+          json.dumps(
+            {
+              "step": step,
+              "prompt": prompts[i // n],
+              "response": text,
+              "ground_truth": str(data.ground_truths[i // n]),
+              "score": float(scores.reshape(-1)[i]),
+            }
+          )
+          + "\n"
+        )
 
 
 def make_validation_fn(ppo: PPOStep, sampling: SamplingParams):

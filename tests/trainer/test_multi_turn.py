@@ -28,19 +28,18 @@ def _trainer_and_rollout(tmp_root: str):
   config.trainer.logger = ("jsonl",)
   config.mesh.fsdp = 2
   trainer = Trainer(config, devices=jax.devices()[:2])
-  rollout, scored = trainer.phased.generate_and_score(
-    trainer.state, trainer.train_batch(0), jax.random.key(3), timed({})
-  )
-  return trainer, rollout, scored
+  generated = trainer.generation.run(trainer.state, trainer.step_batches(0), jax.random.key(3), timed({}))
+  return trainer, generated
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-  return _trainer_and_rollout(str(tmp_path_factory.mktemp("multi_turn")))
+  trainer, generated = _trainer_and_rollout(str(tmp_path_factory.mktemp("multi_turn")))
+  return trainer, generated.rollout, generated.scored, generated.metrics
 
 
 def test_the_record_of_a_multi_turn_rollout(setup):
-  trainer, rollout, scored = setup
+  trainer, rollout, scored, _ = setup
   r, s = jax.device_get((rollout, scored))
   loss, attention = r.response_mask, r.response_attention_mask
   called = r.num_turns > 2
@@ -58,14 +57,14 @@ def test_the_record_of_a_multi_turn_rollout(setup):
   # The score sits on the policy's last token.
   last = attention.shape[1] - 1 - np.argmax(loss[:, ::-1], axis=1)
   np.testing.assert_array_equal(s.token_level_scores[np.arange(len(last)), last], s.scores)
-  metrics = trainer.multi_turn.last_metrics
+  metrics = setup[3]  # the host's metrics of the rollout: turns, tool calls
   assert metrics["tool_call_counts/mean"] == pytest.approx(calls.mean())
   assert metrics["num_turns/mean"] == pytest.approx(r.num_turns.mean())
   assert metrics["tool_calls/success_rate"] == pytest.approx((calls > 0).mean()) and metrics["tool_errors/mean"] == 0
 
 
 def test_the_training_forward_gives_the_rollouts_log_probs(setup):
-  trainer, rollout, _ = setup
+  trainer, rollout, _, _ = setup
   actor = trainer.state.actor
   out = trainer.ppo.outputs.token_outputs(actor.params, rollout.sequences(), (), actor.adapters)
   loss = np.asarray(rollout.response_mask) > 0
@@ -73,7 +72,7 @@ def test_the_training_forward_gives_the_rollouts_log_probs(setup):
 
 
 def test_tool_tokens_never_enter_the_loss(setup):
-  trainer, rollout, _ = setup
+  trainer, rollout, _, _ = setup
   actor = trainer.state.actor
   mask = rollout.response_mask
   tool = (rollout.response_attention_mask > 0) & (mask == 0)
@@ -98,7 +97,7 @@ def test_tool_tokens_never_enter_the_loss(setup):
 
 
 def test_a_training_step_and_validation_run_on_the_rollout(setup):
-  trainer, _, _ = setup
+  trainer, _, _, _ = setup
   metrics = trainer.train_step(0)
   assert metrics["num_turns/mean"] > 2 and "timing_s/tool_calls" in metrics
   assert np.isfinite(metrics["actor/pg_loss"])
