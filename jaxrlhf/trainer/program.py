@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,10 @@ class StepProgram:
     """The real state of `abstract_state`: `init` jitted into its shardings (with offload, the params and the
     optimizer state straight into host memory). The base weights are donated: the actor's become its params."""
     init = jax.jit(self.init, out_shardings=self.state_shardings, donate_argnums=0)
-    return init(base, actor_key, critic_key)
+    with warnings.catch_warnings():
+      # Offloaded weights (host memory) cannot reuse their device-memory base: those are copied, the rest reused.
+      warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+      return init(base, actor_key, critic_key)
 
   @property
   def num_batch_shards(self) -> int:
