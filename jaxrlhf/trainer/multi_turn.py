@@ -10,11 +10,14 @@ stay one program (`PhasedStep.train_on_rollout`).
 from __future__ import annotations
 
 import functools
+import json
 import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
+from jaxrlhf.parallel import batch_sharding
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.rollout.agent_loop import (
   CallOutcome,
@@ -145,6 +148,7 @@ class MultiTurnGeneration:
     # writes them all, then EOS.
     self.stop_ids = tool_call_close_ids(tokenizer) if multi_turn.max_parallel_calls == 1 else ()
     self.tool_seconds = 0.0
+    self._own_rows: np.ndarray | None = None  # [N] bool: the rows whose tool calls this process runs (several)
     self._programs: dict[SamplingParams, TurnPrograms] = {}
 
   def programs(self, sampling: SamplingParams) -> TurnPrograms:
@@ -162,13 +166,21 @@ class MultiTurnGeneration:
     return PARSERS[self.multi_turn.format](text)[1]
 
   def _execute(self, calls) -> list[CallOutcome]:
+    """The round's calls' outcomes. Under several processes each runs the calls of its own rows (`_own_rows`) and
+    every process gets every outcome (`_share_outcomes`): the loop goes on alike everywhere."""
+    own = [i for i, (row, _, _) in enumerate(calls) if self._own_rows is None or self._own_rows[row]]
     start = time.perf_counter()
-    results = self.runner.run_round([(row, call, create_kwargs(call, kwargs)) for row, call, kwargs in calls])
+    results = self.runner.run_round(
+      [(row, call, create_kwargs(call, kwargs)) for row, call, kwargs in (calls[i] for i in own)]
+    )
     self.tool_seconds += time.perf_counter() - start
-    return [
-      CallOutcome(text=r.text, reward=r.step_reward, error=r.error is not None or isinstance(call, MalformedCall))
-      for r, (_, call, _) in zip(results, calls)
-    ]
+    outcomes = {}
+    for i, r in zip(own, results):
+      error = r.error is not None or isinstance(calls[i][1], MalformedCall)
+      outcomes[i] = CallOutcome(text=r.text, reward=r.step_reward, error=error)
+    if self._own_rows is not None:
+      outcomes = _share_outcomes(outcomes)
+    return [outcomes[i] for i in range(len(calls))]
 
   # ----- the phase ----------------------------------------------------------------------------------
 
@@ -180,8 +192,23 @@ class MultiTurnGeneration:
     tools_kwargs = [dataset.extra_infos[i].get("tools_kwargs") or {} for i in np.asarray(sample_index_N).tolist()]
     turn = lambda state, *inputs: programs.turn(params, state, *inputs)
     self.tool_seconds = 0.0
-    state, trajectories = self.loop.run(state, turn, self.response_length, tools_kwargs)
-    return jax.device_get(state), trajectories
+    if jax.process_count() == 1:
+      state, trajectories = self.loop.run(state, turn, self.response_length, tools_kwargs)
+      return jax.device_get(state), trajectories
+    # Several processes: each runs the loop over every row (the same on all), the tool calls of its own rows.
+    rows = len(tools_kwargs)
+    sharding = batch_sharding(self.ppo.layouts.mesh, (rows,))
+    self._own_rows = np.zeros(rows, bool)
+    for index in sharding.addressable_devices_indices_map((rows,)).values():
+      self._own_rows[index] = True
+    try:
+      gathered_turn = lambda gathered, *inputs: _GatheredTurns(turn(gathered.state, *inputs))
+      gathered, trajectories = self.loop.run(_GatheredTurns(state), gathered_turn, self.response_length, tools_kwargs)
+    finally:
+      self._own_rows = None
+    state = gathered.state
+    state = state.replace(decode=state.decode.replace(cache=None))  # the host reads the rows, not the cache
+    return jax.tree.map(_gather, state), trajectories
 
   def trajectory_arrays(self, trajectories) -> tuple[np.ndarray, np.ndarray]:
     """(num_turns [N] int32, tool_rewards [N, C] float32 with NaN past each row's calls): what the reward function
@@ -197,8 +224,7 @@ class MultiTurnGeneration:
     """(the record in the batch layout, the trajectories' metrics and the tools' counts and time)."""
     n = self.config.actor_rollout_ref.rollout.n
     prompts_NxP, prompt_mask_NxP, sample_index_N = (
-      np.repeat(np.asarray(jax.device_get(batch[key])), n, axis=0)
-      for key in ("input_ids", "attention_mask", "sample_index")
+      np.repeat(_on_host(batch[key]), n, axis=0) for key in ("input_ids", "attention_mask", "sample_index")
     )
     state, trajectories = self.trajectories(
       actor, prompts_NxP, prompt_mask_NxP.astype(np.int32), sample_index_N, rng, self.sampling, self.dataset
@@ -213,6 +239,39 @@ class MultiTurnGeneration:
       n, prompts_NxP, prompt_mask_NxP, sample_index_N, state, state.sequence_mask(), num_turns, tool_rewards
     )
     return self.put(record), metrics
+
+
+def _gather(x) -> np.ndarray:
+  """A global array's whole value, on every process (each holds its own devices' part)."""
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _on_host(x) -> np.ndarray:
+  """An array's whole value on the host: gathered from every process when this one holds only its part."""
+  return np.asarray(jax.device_get(x)) if x.is_fully_addressable else _gather(x)
+
+
+class _GatheredTurns:
+  """A `TurnState` of several processes as the host loop reads it (`ToolAgentLoop.run`): every row's `length` and
+  `responses`, gathered to every process; `state` is the global one the turn program takes."""
+
+  def __init__(self, state):
+    self.state = state
+    self.length, self.responses = _gather(state.length), _gather(state.responses)
+
+
+def _share_outcomes(own: dict[int, CallOutcome]) -> dict[int, CallOutcome]:
+  """Every process's outcomes of its own calls (by the call's index in the round), to every process."""
+  text = json.dumps([[i, o.text, o.reward, o.error] for i, o in own.items()]).encode()
+  lengths = np.asarray(multihost_utils.process_allgather(np.asarray([len(text)], np.int32))).reshape(-1)
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[: len(text)] = np.frombuffer(text, np.uint8)
+  every = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(lengths), -1)
+  outcomes = {}
+  for row, length in zip(every, lengths):
+    for i, text, reward, error in json.loads(row[:length].tobytes()):
+      outcomes[i] = CallOutcome(text=text, reward=reward, error=error)
+  return outcomes
 
 
 def rollout_record(

@@ -87,6 +87,16 @@ def _remove_new_run_dir(run_dir: str, outermost: str) -> None:
     folder = os.path.dirname(folder)
 
 
+def _put_global(x, sharding) -> jax.Array:
+  """A host array every process holds whole -> a global array: each process places its own devices' part
+  (`device_put` would also compare the processes' copies, and a NaN, as in `Rollout.tool_rewards`, never equals
+  itself)."""
+  if jax.process_count() == 1:
+    return jax.device_put(x, sharding)
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
 class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, devices=None):
     """`devices`: the devices of the mesh (default: all); tests and notebooks pass a subset."""
@@ -251,7 +261,7 @@ class Trainer:
 
   def _device_batch(self, arrays):
     """A tree (a dict, a record) of global host arrays -> arrays in the batch layout (scalars replicated)."""
-    return jax.tree.map(jax.device_put, arrays, batch_layout(self.mesh, arrays))
+    return jax.tree.map(_put_global, arrays, batch_layout(self.mesh, arrays))
 
   def _prompt_width(self, dataset, indices: np.ndarray) -> int:
     """`data.bucket_prompt_lengths`: the batch's longest prompt rounded up to a bucket; else max_prompt_length."""
