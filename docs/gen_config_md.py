@@ -53,6 +53,39 @@ _MODEL = {
     "`override_config` (free dict)",
   ),
   "override_config.max_position_embeddings": ("HF config field: longest position", "`override_config` (free dict)"),
+  "override_config.model_type": (
+    "HF config field: the family of a from-scratch model (None = llama); e.g. `qwen3_5_text` reads the keys below "
+    "as its config.json would",
+    "`override_config` (free dict)",
+  ),
+  "override_config.layer_types": (
+    "HF config field (Qwen3.5): each layer's kind, `linear_attention` (Gated DeltaNet) or `full_attention`",
+    "`override_config` (free dict)",
+  ),
+  "override_config.linear_num_key_heads": (
+    "HF config field (Qwen3.5): Gated DeltaNet key heads",
+    "`override_config` (free dict)",
+  ),
+  "override_config.linear_num_value_heads": (
+    "HF config field (Qwen3.5): Gated DeltaNet value heads",
+    "`override_config` (free dict)",
+  ),
+  "override_config.linear_key_head_dim": (
+    "HF config field (Qwen3.5): Gated DeltaNet key head size",
+    "`override_config` (free dict)",
+  ),
+  "override_config.linear_value_head_dim": (
+    "HF config field (Qwen3.5): Gated DeltaNet value head size",
+    "`override_config` (free dict)",
+  ),
+  "override_config.linear_conv_kernel_dim": (
+    "HF config field (Qwen3.5): the causal conv's kernel width",
+    "`override_config` (free dict)",
+  ),
+  "override_config.partial_rotary_factor": (
+    "HF config field: the share of each head's dims RoPE rotates (Qwen3.5: 0.25)",
+    "`override_config` (free dict)",
+  ),
   "use_remove_padding": (
     "sequence packing: several sequences per row with segment ids and block-diagonal "
     "attention (same numbers as the padded path)",
@@ -81,6 +114,11 @@ _MODEL = {
     "`attn_implementation` (`flash_attention_2`, `sdpa`, `eager`)",
   ),
   "attention_block_size": ("query and key block of `blockwise` attention (and splash's tiles)", "— (ours)"),
+  "linear_attention_chunk_size": (
+    "Gated DeltaNet layers (Qwen3.5): tokens per chunk of the chunked delta rule (training, prefill and log-prob "
+    "forwards; a decode step is recurrent)",
+    "— (ours; FLA's chunk size)",
+  ),
   "lora_rank": (
     "LoRA adapter rank; 0 = full fine-tuning. With a rank only the adapters (fp32) train, hold "
     "optimizer state and are checkpointed; the frozen base (adapters off) is the reference policy, "

@@ -23,7 +23,9 @@ _placeholder = config_dict.placeholder
 # Every linear of the decoder layers: PEFT's "all-linear" (which leaves out the LM head) on these models.
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
-LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+# Qwen3.5's Gated DeltaNet layers (`models/linear_attention.py`).
+LINEAR_ATTENTION_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+LORA_TARGETS = ATTENTION_TARGETS + LINEAR_ATTENTION_TARGETS + MLP_TARGETS
 # The input embedding and the output layer, which PEFT adapts only when named. The head's adapter lets the
 # logits grow, which a frozen head bounds (a from-scratch head at init scale caps any one token's probability
 # near 6% of a 64-word vocabulary).
@@ -85,6 +87,16 @@ def _model() -> ml_collections.ConfigDict:
         rms_norm_eps=_placeholder(float),
         tie_word_embeddings=_placeholder(bool),
         max_position_embeddings=_placeholder(int),
+        # A from-scratch model of another family than Llama reads the rest as that family's config.json would
+        # (e.g. model_type="qwen3_5_text" with layer_types and the linear_* sizes: a tiny hybrid model).
+        model_type=_placeholder(str),
+        layer_types=_placeholder(tuple),
+        linear_num_key_heads=_placeholder(int),
+        linear_num_value_heads=_placeholder(int),
+        linear_key_head_dim=_placeholder(int),
+        linear_value_head_dim=_placeholder(int),
+        linear_conv_kernel_dim=_placeholder(int),
+        partial_rotary_factor=_placeholder(float),
       ),
       use_remove_padding=False,
       enable_gradient_checkpointing=False,
@@ -92,6 +104,7 @@ def _model() -> ml_collections.ConfigDict:
       scan_layers=True,  # layers as one nn.scan over stacked weights (False: a Python loop)
       attention_impl="auto",  # auto (cudnn on GPU, splash on TPU, xla on CPU) | xla | blockwise | cudnn | splash
       attention_block_size=512,  # blockwise attention's query/key block
+      linear_attention_chunk_size=64,  # Gated DeltaNet layers (Qwen3.5): the chunked form's chunk of tokens
       # LoRA (verl's keys): rank 0 = full fine-tuning; > 0 trains adapters on `target_modules` only
       # ("all-linear", or a list such as ["q_proj", "v_proj"]) with scaling lora_alpha / lora_rank.
       lora_rank=0,

@@ -36,11 +36,12 @@ package legend's key/value heads and vocabulary of `models/decoder.py`):
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
-# fp32 matmuls at full precision: GPUs would otherwise run them in TF32, and the triangular solve and
+# fp32 matmuls at full precision: GPUs would otherwise run them in TF32, and the UT transform's inverse and
 # the state carried over thousands of tokens are what HF (torch, TF32 off) computes in true fp32.
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -82,6 +83,23 @@ def _initial_state(initial_state_BxHvxKxV, batch, heads, key_dim, value_dim):
   return initial_state_BxHvxKxV.astype(jnp.float32)
 
 
+def unit_lower_inverse(a_xTxT):
+  """(I + strictly_lower(a))^-1 for a batch of T x T matrices, in matmuls only.
+
+  With N = -strictly_lower(a), nilpotent (N^T = 0), the inverse is I + N + ... + N^(T-1) = (I + N)(I + N^2)(I + N^4)
+  ..., ceil(log2 T) squarings and products. A triangular solve would do the same work, but on CPU it is a LAPACK call
+  (OpenBLAS threads inside XLA's) that was seen to hang a training step; this is plain XLA on every platform.
+  """
+  size = a_xTxT.shape[-1]
+  eye_TxT = jnp.eye(size, dtype=jnp.float32)
+  power_xTxT = -jnp.where(jnp.tril(jnp.ones((size, size), bool), -1), a_xTxT, 0.0)
+  inverse_xTxT = eye_TxT + power_xTxT
+  for _ in range(max(0, math.ceil(math.log2(size)) - 1)):
+    power_xTxT = _einsum("...ij,...jk->...ik", power_xTxT, power_xTxT)
+    inverse_xTxT = _einsum("...ij,...jk->...ik", inverse_xTxT, eye_TxT + power_xTxT)
+  return inverse_xTxT
+
+
 def chunk_gated_delta_rule(
   q_BxLxHkxK,
   k_BxLxHkxK,
@@ -98,7 +116,7 @@ def chunk_gated_delta_rule(
 
   Returns (out_BxLxHvxV in q's dtype, final_state_BxHvxKxV in fp32). `initial_state_BxHvxKxV` None is
   zeros. L need not be a multiple of `chunk_size`: the tail is padded with tokens that change nothing.
-  Differentiable (the triangular solve and the scan have JAX gradients).
+  Differentiable (matmuls and a scan).
   """
   batch, length, _, key_dim = k_BxLxHkxK.shape
   heads, value_dim = v_BxLxHvxV.shape[-2:]
@@ -129,11 +147,11 @@ def chunk_gated_delta_rule(
     _einsum("...ik,...jk->...ij", q_BxHvxNcxTxK, k_BxHvxNcxTxK) * pairwise_decay_BxHvxNcxTxT
   )
   decayed_k_beta_BxHvxNcxTxK = k_beta_BxHvxNcxTxK * jnp.exp(cum_decay_BxHvxNcxT)[..., None]
-  # The UT transform: (I + strictly_lower(ut_system))^-1 applied to the beta-weighted values and decayed keys; the
-  # solver reads only the strict lower triangle (unit diagonal).
+  # The UT transform: (I + strictly_lower(ut_system))^-1 applied to the beta-weighted values and decayed keys (only
+  # the strict lower triangle is read: a unit diagonal, as HF's triangular solve).
+  inverse_BxHvxNcxTxT = unit_lower_inverse(ut_system_BxHvxNcxTxT)
   new_values_BxHvxNcxTxV, k_cumdecay_BxHvxNcxTxK = (
-    solve_triangular(ut_system_BxHvxNcxTxT, x, lower=True, unit_diagonal=True)
-    for x in (v_beta_BxHvxNcxTxV, decayed_k_beta_BxHvxNcxTxK)
+    _einsum("...ij,...jd->...id", inverse_BxHvxNcxTxT, x) for x in (v_beta_BxHvxNcxTxV, decayed_k_beta_BxHvxNcxTxK)
   )
   # Decays applied once, outside the scan: the query reads the state decayed to its token, the key writes the
   # state decayed to the end of the chunk.

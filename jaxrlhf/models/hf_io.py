@@ -201,6 +201,7 @@ def compute_settings(model) -> dict[str, Any]:
   before they existed lacks them)."""
   defaults = {f.name: f.default for f in dataclasses.fields(DecoderConfig)}
   layout = {key: model.get(key, defaults[key]) for key in ("scan_layers", "attention_impl", "attention_block_size")}
+  layout["linear_chunk_size"] = model.get("linear_attention_chunk_size", defaults["linear_chunk_size"])
   # LoRA: rank 0 (off) for a config saved before the keys existed.
   lora = dict(
     lora_rank=model.get("lora_rank", 0),
@@ -231,6 +232,8 @@ def model_config_from(model, tokenizer=None) -> DecoderConfig:
         f"model path {model.path!r} has no config.json (expected a Hugging Face checkpoint directory)"
       )
     model_config = config_from_hf_dict({**_read_json(config_path), **overrides}, where=config_path, **extra)
+  elif overrides.get("model_type", "llama") != "llama":  # a from-scratch model of another family: its config.json
+    model_config = config_from_hf_dict(overrides, where="actor_rollout_ref.model.override_config", **extra)
   else:
     model_config = DecoderConfig.from_dict({**overrides, **extra})
   if tokenizer is not None and len(tokenizer) > model_config.vocab_size:

@@ -72,11 +72,14 @@ class GatedDeltaNet(nn.Module):
     dt_bias_Hv, A_log_Hv = heads_param("dt_bias", nn.initializers.ones), heads_param("A_log", _a_log_init)
 
     state = None if cache is None else {name: cache[name][layer] for name in ("conv", "recurrent")}
+    # Several tokens (a training forward, a prefill) are padded only before or after their valid ones, whose zeroed
+    # inputs then equal a conv over the valid tokens alone: the plain conv, without compacting each row. One token
+    # (a decode step) may be a paused or finished row's: the mask keeps its conv state.
     conv_BxLxC, conv_state = causal_conv1d(
       qkv_BxLxC,
       conv_weight_CxW.astype(dtype),
       conv_state_BxCxW1=None if state is None else state["conv"],
-      valid_BxL=valid_BxL,
+      valid_BxL=valid_BxL if length == 1 else None,
     )
     q_BxLxC, k_BxLxC, v_BxLxC = jnp.split(conv_BxLxC, [key_heads * key_dim, 2 * key_heads * key_dim], axis=-1)
     q_BxLxHkxK = q_BxLxC.reshape(batch, length, key_heads, key_dim)
@@ -95,7 +98,7 @@ class GatedDeltaNet(nn.Module):
     else:
       out_BxLxHvxV, recurrent = chunk_gated_delta_rule(
         *rule_inputs,
-        chunk_size=cfg.linear_chunk_size,
+        chunk_size=min(cfg.linear_chunk_size, length),  # a shorter call pads no further than its own length
         initial_state_BxHvxKxV=initial,
         use_qk_l2norm=True,
         valid_BxL=valid_BxL,
