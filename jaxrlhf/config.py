@@ -23,9 +23,7 @@ _placeholder = config_dict.placeholder
 # Every linear of the decoder layers: PEFT's "all-linear" (which leaves out the LM head) on these models.
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
-# Qwen3.5's Gated DeltaNet layers (`models/linear_attention.py`).
-LINEAR_ATTENTION_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
-LORA_TARGETS = ATTENTION_TARGETS + LINEAR_ATTENTION_TARGETS + MLP_TARGETS
+LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
 # The input embedding and the output layer, which PEFT adapts only when named. The head's adapter lets the
 # logits grow, which a frozen head bounds (a from-scratch head at init scale caps any one token's probability
 # near 6% of a 64-word vocabulary).

@@ -126,9 +126,10 @@ def test_old_log_probs_from_the_first_epoch_equal_the_old_forward(tmp_path, fuse
   close = lambda x, y: np.testing.assert_allclose(x, y, **tolerance)
   jax.tree.map(close, jax.device_get(reused.state.actor.opt_state), jax.device_get(forward.state.actor.opt_state))
   # Adam moves every element by up to ~lr whatever its gradient's size, so an element whose gradient is near zero
-  # turns fp32 rounding into a visible step: parameters agree to a small fraction of one step (lr).
+  # turns fp32 rounding into a visible step: parameters agree to a small fraction of one step (lr). On the mesh one
+  # element of 8,192 moved 0.053 lr on this 2-core machine at 4d28606 already (the reduction order of 8 devices).
   lr = reused.config.actor_rollout_ref.actor.optim.lr
-  step_fraction = lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=(0.01 if mesh is None else 0.05) * lr)
+  step_fraction = lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=(0.01 if mesh is None else 0.1) * lr)
   jax.tree.map(step_fraction, jax.device_get(reused.state.actor.params), jax.device_get(forward.state.actor.params))
 
 
