@@ -69,13 +69,7 @@ def generate(
       until_step=end,
       constrain_cache=constrain_cache,
     )
-  return {
-    "responses": responses.tokens,
-    "response_mask": responses.loss_mask,
-    "rollout_log_probs": responses.log_probs,
-    "response_lengths": responses.loss_mask.sum(axis=1),
-    "num_steps": state.steps,
-  }
+  return responses.as_outputs(state.steps)
 
 
 def cache_length(prompt_len: int, response_len: int, end: int) -> int:

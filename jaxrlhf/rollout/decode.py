@@ -93,6 +93,17 @@ class Responses:
     at = (jnp.where(taken.written, rows, self.tokens.shape[0]), taken.index)  # a row not written is dropped
     return Responses(*(old.at[at].set(new, mode="drop") for old, new in zip(self._fields(), values)))
 
+  def as_outputs(self, steps) -> dict:
+    """A one-turn rollout's outputs (every written token sampled): responses, response_mask, rollout_log_probs
+    [N, R], response_lengths [N] and num_steps (`steps`, the loop's)."""
+    return {
+      "responses": self.tokens,
+      "response_mask": self.loss_mask,
+      "rollout_log_probs": self.log_probs,
+      "response_lengths": self.loss_mask.sum(axis=1),
+      "num_steps": steps,
+    }
+
   def _fields(self):
     return (self.tokens, self.loss_mask, self.log_probs)
 

@@ -258,13 +258,7 @@ def generate_in_slots(
     budget=response_len,
     after_step=after_step,
   )
-  return {
-    "responses": responses.tokens,
-    "response_mask": responses.loss_mask,
-    "rollout_log_probs": responses.log_probs,
-    "response_lengths": responses.loss_mask.sum(axis=1),
-    "num_steps": state.steps,
-  }
+  return responses.as_outputs(state.steps)
 
 
 @flax.struct.dataclass
