@@ -1,4 +1,5 @@
-"""Decoder family (Llama, Qwen2/2.5, Qwen3, Mistral): RMSNorm, rotate-half RoPE, GQA attention, SwiGLU MLP.
+"""Decoder family (Llama, Qwen2/2.5, Qwen3, Mistral; Qwen3.5's hybrid stack with `layer_types`): RMSNorm,
+rotate-half RoPE, GQA attention, SwiGLU MLP. Qwen3.5's linear-attention layers are `linear_attention.py`'s.
 
 One module family with config switches instead of one copy per model: biases on q/k/v (Qwen2,
 Llama `attention_bias`), on o_proj and the MLP (Llama `attention_bias` / `mlp_bias`), per-head q/k
