@@ -48,6 +48,11 @@ TRAIN_RULES = (
   ("mlp", "tensor"),
   ("heads", "tensor"),
   ("kv_heads", "tensor"),
+  # Gated DeltaNet (Qwen3.5's linear attention): its value heads, and the fused q|k|v channels of in_proj_qkv and
+  # the conv, split as attention heads do. Contiguous blocks of the fused channels need not hold whole heads of
+  # q, k and v: XLA moves them between the conv and the delta rule (a layer's activations, not its weights).
+  ("linear_heads", "tensor"),
+  ("conv_channels", "tensor"),
   ("head_dim", None),
   ("length", None),
   ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache
@@ -60,6 +65,8 @@ GENERATION_RULES = (
   ("mlp", (ROLLOUT_TP, "tensor")),
   ("heads", (ROLLOUT_TP, "tensor")),
   ("kv_heads", (ROLLOUT_TP, "tensor")),
+  ("linear_heads", (ROLLOUT_TP, "tensor")),
+  ("conv_channels", (ROLLOUT_TP, "tensor")),
   ("head_dim", None),
   ("length", None),
   ("layers", None),  # the stacked layer axis of scanned layers and of the KV cache

@@ -167,7 +167,40 @@ def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig,
   critic_model_config = critic_config_from(config, model_config, tokenizer)
   # The reward model reads the actor's token ids: it must share the actor's tokenizer.
   reward_model_config = load_hf_config(config.reward_model.model.path) if config.reward_model.enable else None
+  check_layer_kinds(config, model_config, critic_model_config)
   return model_config, critic_model_config, reward_model_config
+
+
+def check_layer_kinds(config, model_config: DecoderConfig, critic_model_config: DecoderConfig) -> None:
+  """Start-up check: a model with Gated DeltaNet layers (Qwen3.5's `linear_attention`) neither packs sequences
+  nor splits them over devices. Its recurrence runs along the whole row: packed, one sequence's state would flow
+  into the next; split by Ulysses, each device would start its part from a zero state."""
+  actor_packed = bool(config.actor_rollout_ref.model.use_remove_padding)
+  roles = [
+    ("actor_rollout_ref", model_config, actor_packed, config.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+  ]
+  if config.critic.enable:
+    critic_packed = actor_packed or bool(config.critic.model.use_remove_padding)
+    roles.append(("critic", critic_model_config, critic_packed, config.critic.ulysses_sequence_parallel_size))
+  for section, model, packed, sp in roles:
+    if "linear_attention" not in model.layer_types:
+      continue
+    why = (
+      f"the model's Gated DeltaNet layers (layer_types 'linear_attention', {model.model_type}) carry a recurrent "
+      "state along each row"
+    )
+    if packed:
+      key = "actor_rollout_ref.model" if section == "actor_rollout_ref" or actor_packed else "critic.model"
+      raise ConfigError(
+        f"{key}.use_remove_padding=True packs several sequences into one row, but {why}: one sequence's state "
+        f"would flow into the next; set {key}.use_remove_padding=False"
+      )
+    if (sp or 1) > 1:
+      key = "actor_rollout_ref.actor" if section == "actor_rollout_ref" else "critic"
+      raise ConfigError(
+        f"{key}.ulysses_sequence_parallel_size={sp} splits each sequence over devices, but {why}, which "
+        f"no device could start from the one before it; set {key}.ulysses_sequence_parallel_size=1"
+      )
 
 
 def check_micro_batches(config, ppo: PPOStep, num_batch_shards: int) -> None:

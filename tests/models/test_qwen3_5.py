@@ -166,3 +166,25 @@ def test_export_reloads_in_transformers_with_the_same_logits(causal_lm, tmp_path
   again = load_hf_params(str(tmp_path), causal_lm["config"])
   for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(causal_lm["params"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize(
+  "key,value,message",
+  [
+    ("actor_rollout_ref.model.use_remove_padding", True, "actor_rollout_ref.model.use_remove_padding=True packs"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 2, "ulysses_sequence_parallel_size=2 splits"),
+  ],
+)
+def test_packing_and_ulysses_are_refused_for_the_recurrent_layers(key, value, message):
+  """The delta rule's state runs along the whole row: packed sequences would share it, Ulysses would split it."""
+  from jaxrlhf.config import ConfigError, load_config_file, resolve_config
+  from jaxrlhf.trainer.program import model_configs
+
+  config = load_config_file("configs/quickstart_qwen3_5.py")
+  node = config
+  *parents, leaf = key.split(".")
+  for name in parents:
+    node = node[name]
+  node[leaf] = value
+  with pytest.raises(ConfigError, match=message + ".*Gated DeltaNet"):
+    model_configs(resolve_config(config))

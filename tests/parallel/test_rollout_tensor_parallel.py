@@ -84,7 +84,20 @@ def test_kv_heads_repeat_where_the_rollout_tp_does_not_divide_them():
     generation_kv_repeat(mesh, 12, 4)
 
 
-def _model(kv_heads):
+def _model(kv_heads, hybrid=False):
+  # hybrid: Qwen3.5's layers, a Gated DeltaNet layer (2 key heads, 4 value heads) then gated full attention.
+  linear = dict(
+    model_type="qwen3_5_text",
+    layer_types=("linear_attention", "full_attention"),
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    linear_chunk_size=4,
+    attn_output_gate=True,
+    norm_offset=True,
+  )
   return DecoderConfig(
     vocab_size=64,
     hidden_size=32,
@@ -93,11 +106,12 @@ def _model(kv_heads):
     num_attention_heads=8,
     num_key_value_heads=kv_heads,
     rope_theta=100.0,
+    **(linear if hybrid else {}),
   )
 
 
 @functools.cache
-def _rollout(shape, k, sp, kv_heads):
+def _rollout(shape, k, sp, kv_heads, hybrid=False):
   """Greedy fp32 generation through the trainer's path (train-layout weights -> generation layout -> sample),
   compiled: (outputs, layouts, compiled HLO text)."""
   data, fsdp, tensor = shape
@@ -113,7 +127,7 @@ def _rollout(shape, k, sp, kv_heads):
       },
     )
   )
-  model = _model(kv_heads)
+  model = _model(kv_heads, hybrid)
   mesh = mesh_from_config(config)
   layouts = build_step_layouts(config, mesh, model, model, None)
   generation = Generation(config, model, SAMPLING, layouts)
@@ -159,3 +173,31 @@ def test_generation_equals_generation_tp_of_training(shape, k, sp, kv_heads, cap
   # The move to the generation layout goes through `GENERATION_STAGING_RULES`: in one step XLA's partitioner
   # gathered every whole weight on every device first (and says so on stderr).
   assert "Involuntary full rematerialization" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("shape,k", [((1, 4, 2), 2), ((1, 4, 2), 4), ((1, 8, 1), 4)])
+def test_hybrid_layers_split_their_heads_and_generate_as_on_one_shard(shape, k):
+  """Qwen3.5's Gated DeltaNet layers split their value heads and fused q|k|v channels like attention heads: over
+  tensor in training, over k devices in generation (its recurrent state too); the tokens equal an unsplit run's."""
+  want, _, _ = _rollout((1, 8, 1), 1, 1, 4, hybrid=True)
+  got, layouts, hlo = _rollout(shape, k, 1, 4, hybrid=True)
+  np.testing.assert_array_equal(got["responses"], want["responses"])
+  np.testing.assert_allclose(got["rollout_log_probs"], want["rollout_log_probs"], atol=2e-6, rtol=2e-6)
+  linear = lambda tree: tree["layers"]["0"]["linear_attn"]
+  # in_proj_z [groups, embed, value heads, value dim]; in_proj_qkv [groups, embed, 2 * 2 * 8 + 4 * 8 channels].
+  z_shape, qkv_shape = (1, 32, 4, 8), (1, 32, 64)
+  assert linear(layouts.actor_train)["in_proj_z"]["kernel"].shard_shape(z_shape) == (
+    1,
+    32 // shape[1],
+    4 // shape[2],
+    8,
+  )
+  assert linear(layouts.actor_train)["in_proj_qkv"]["kernel"].shard_shape(qkv_shape) == (
+    1,
+    32 // shape[1],
+    64 // shape[2],
+  )
+  assert linear(layouts.actor_generation)["in_proj_z"]["kernel"].shard_shape(z_shape) == (1, 32, 4 // k, 8)
+  # The compiled program's recurrent state [linear layers, rows, value heads, key dim, value dim] per device.
+  state_shape = f"f32[1,{8 * k // 8},{4 // k},8,8]"
+  assert state_shape in hlo, sorted(set(re.findall(r"f32\[1,\d+,\d+,8,8\]", hlo)))
