@@ -203,6 +203,18 @@ _DOCS = {
     SAME,
   ),
   "data.val_max_samples": ("as `train_max_samples`, for `val_files`", SAME),
+  "data.apply_chat_template_kwargs.enable_thinking": (
+    "passed to the tokenizer's `apply_chat_template` (Qwen3's thinking switch); None = not passed",
+    SAME,
+  ),
+  "data.apply_chat_template_kwargs.reasoning_effort": (
+    "passed to the tokenizer's `apply_chat_template` (gpt-oss); None = not passed",
+    SAME,
+  ),
+  "actor_rollout_ref.model.custom_chat_template": (
+    "a Jinja chat template used instead of the tokenizer's own (prompts, and the template saved with the run)",
+    SAME,
+  ),
   "data.bucket_prompt_lengths": (
     "left-pad each batch's prompts (training, DAPO rounds, validation) to its longest "
     "prompt rounded up to a length bucket (16, 32, 64, ... below `max_prompt_length`, "
@@ -408,6 +420,11 @@ _DOCS = {
     "actor's tokenizer): a directory or a Hub model id",
     SAME,
   ),
+  "reward_model.reward_manager": (
+    "`naive`, `dapo`, `gdpo`: the reward function scores one sample a call; `batch`: one call per batch with "
+    "lists (`data_sources`, `solution_strs`, `ground_truths`, `extra_infos`), returning a score per sample",
+    "`reward.reward_manager.name` in verl 0.9.1 (`reward_model.reward_manager` before)",
+  ),
   "reward_model.combine_with_rule": (
     "True: score = rule reward + reward model; False: the reward model alone",
     "— (ours; verl uses the reward model alone when it is on)",
@@ -538,6 +555,15 @@ _DOCS = {
   "trainer.fuse_step": (
     "True: one compiled program per step; False: phased mode, one jit per stage with `timing_s/*` (same numbers)",
     "— (ours; verl always runs phases)",
+  ),
+  "trainer.val_only": ("validate once (the validation before training) and exit", SAME),
+  "trainer.rollout_data_dir": (
+    "each step's generations written as `<dir>/<step>.jsonl` (input, output, gts, score, step, reward extras)",
+    "same (verl's `_dump_generations`)",
+  ),
+  "trainer.validation_data_dir": (
+    "each validation's generations written as `<dir>/<step>.jsonl`, as `rollout_data_dir`",
+    "same (verl's `_dump_generations`)",
   ),
   "trainer.log_val_generations": (
     "validation samples written to `<run dir>/val_generations.jsonl`",

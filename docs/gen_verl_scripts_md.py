@@ -9,6 +9,8 @@ table the translation reads, so the page cannot drift from it (tests/docs/test_v
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import sys
 
@@ -21,6 +23,21 @@ from jaxrlhf import verl_compat  # noqa: E402
 from jaxrlhf.verl_shell import ENTRY_POINTS, GRAMMAR, OTHER_PROGRAMS  # noqa: E402
 
 OUTPUT = os.path.join(_ROOT, "docs", "verl_scripts.md")
+# Every key of verl 0.9.1's generated PPO trainer config, with its default (tests/cli/test_verl_keys.py checks them).
+VERL_KEYS = os.path.join(_ROOT, "tests", "cli", "verl_0_9_1_keys.txt")
+
+
+def verl_keys(path: str = VERL_KEYS) -> list[tuple[str, object]]:
+  """[(key, verl's default)] from the key list (`key<TAB>JSON value` lines, # comments)."""
+  with open(path) as file:
+    rows = [line.rstrip("\n").split("\t", 1) for line in file if line.strip() and not line.startswith("#")]
+  return [(key, json.loads(value)) for key, value in rows]
+
+
+def _key_counts() -> str:
+  tree_types = verl_compat.base_tree_types()
+  counts = collections.Counter(verl_compat.classify(key, tree_types) for key, _ in verl_keys())
+  return ", ".join(f"{counts[name]} {name}" for name in verl_compat.CLASSES)
 
 
 def _cell(text: str) -> str:
@@ -63,6 +80,9 @@ def render() -> str:
     *[f"| {_cell(construct)} | {_cell(meaning)} |" for construct, meaning in GRAMMAR],
     "",
     "## What each verl key becomes",
+    "",
+    f"verl 0.9.1's generated PPO trainer config has {len(verl_keys())} keys: {_key_counts()}. With verl's",
+    "defaults none of the ignored ones is refused (tests/cli/test_verl_keys.py).",
     "",
     "A key of jaxrlhf's tree (docs/config.md) is mapped as it is: same name, same meaning. The keys below",
     "are verl's others. `*` matches any part of a key. *Ignored* keys have no meaning in jaxrlhf and are",

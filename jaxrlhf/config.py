@@ -23,7 +23,9 @@ _placeholder = config_dict.placeholder
 # Every linear of the decoder layers: PEFT's "all-linear" (which leaves out the LM head) on these models.
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
-LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
+# Qwen3.5's Gated DeltaNet layers (`linear_attn.*`); a model without them simply has no such modules.
+LINEAR_ATTENTION_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS + LINEAR_ATTENTION_TARGETS
 # The input embedding and the output layer, which PEFT adapts only when named. The head's adapter lets the
 # logits grow, which a frozen head bounds (a from-scratch head at init scale caps any one token's probability
 # near 6% of a 64-word vocabulary).
@@ -138,6 +140,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     filter_overlong_prompts=False,
     train_max_samples=-1,  # rows of data.train_files used: a subset chosen once at load (<= 0: every row)
     val_max_samples=-1,  # likewise for data.val_files
+    # Keyword arguments of the tokenizer's apply_chat_template (verl's key); None: not passed (the template's default).
+    apply_chat_template_kwargs=dict(enable_thinking=_placeholder(bool), reasoning_effort=_placeholder(str)),
     # Beyond verl: pad each batch's prompts to its longest prompt rounded up to a length bucket
     # (rollout.buckets.prompt_length_buckets), not always to max_prompt_length. False = verl's padding.
     bucket_prompt_lengths=True,
@@ -214,6 +218,8 @@ def get_base_config() -> ml_collections.ConfigDict:
       ulysses_sequence_parallel_size=_placeholder(int),
     ),  # None = the actor's
   )
+  # A Jinja chat template used instead of the tokenizer's own (verl's key; the critic reads the actor's tokens).
+  config.actor_rollout_ref.model.custom_chat_template = _placeholder(str)
 
   config.critic = dict(
     enable=_placeholder(bool),  # None = on exactly when adv_estimator == "gae"
@@ -236,7 +242,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.reward_model = dict(
     enable=False,
     model=dict(path=""),  # HF AutoModelForSequenceClassification checkpoint (num_labels=1), actor's tokenizer
-    combine_with_rule=False,  # True: score = rule reward + reward model; False: the reward model alone (verl)
+    combine_with_rule=False,
+    # naive | dapo | gdpo: the reward function scores one sample a call; batch: one call per batch, with lists
+    # (data_sources, solution_strs, ground_truths, extra_infos), returning one score (or dict) per sample.
+    reward_manager="naive",  # True: score = rule reward + reward model; False: the reward model alone (verl)
     on_error="raise",  # raise | zero: a reward function that fails scores 0 and is counted (reward/num_errors)
     # Rule reward processes (verl's key): 0 = in the trainer's process, no time limit; N >= 1 = N worker
     # processes; None = min(8, cores) for a custom_reward_function file, 0 for the built-in rules.
@@ -292,6 +301,9 @@ def get_base_config() -> ml_collections.ConfigDict:
     plot=True,
     fuse_step=True,  # False: phased mode, one jit per stage with timing_s/* per phase (same numbers)
     log_val_generations=0,  # validation samples written to <run dir>/val_generations.jsonl
+    val_only=False,  # validate once (trainer.val_before_train's validation) and exit
+    rollout_data_dir=_placeholder(str),  # each step's generations as <dir>/<step>.jsonl (verl's dump)
+    validation_data_dir=_placeholder(str),  # each validation's generations as <dir>/<step>.jsonl
     peak_flops_per_device=_placeholder(float),  # for perf/mfu/*; None = known accelerator table or measured
     prometheus_port=_placeholder(int),  # None = off; 0 = any free port
     profile_steps=(),  # global steps (from 1) to trace with jax.profiler into <run dir>/profile
@@ -347,6 +359,7 @@ REMAT_POLICY_NAMES = ("none", "full", "nothing_saveable", "dots_saveable", "dots
 _CHOICES = {
   "data.truncation": ("error", "left", "right", "middle"),
   "reward_model.on_error": ("raise", "zero"),
+  "reward_model.reward_manager": ("naive", "dapo", "gdpo", "batch"),
   "algorithm.filter_groups.metric": ("score", "seq_reward"),
   "actor_rollout_ref.actor.optim.lr_scheduler_type": ("constant", "cosine"),
   "critic.optim.lr_scheduler_type": ("constant", "cosine"),

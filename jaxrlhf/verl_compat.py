@@ -321,24 +321,18 @@ def _data_tool_config(key, value, overrides) -> str | None:
   )
 
 
-def _reward_function(part: str):
-  """verl 0.9.1's reward.custom_reward_function.{path,name} -> custom_reward_function.*; verl takes the
-  top-level custom_reward_function instead when any of its keys is set (its reward loop copies it over)."""
-  legacy = ("custom_reward_function.path", "custom_reward_function.name")
+def _new_spelling(key: str, target: str, *legacy: str) -> Translated:
+  """verl 0.9.1's `reward.*` spelling of a key whose older spelling jaxrlhf's tree keeps (`target`). verl
+  migrates the older section over the new one whenever any of its `legacy` keys is set (not null)."""
 
   def translate(value, overrides, config):
     del config
     if any(overrides.get(key) is not None for key in legacy):
-      return {}, [
-        (f"reward.custom_reward_function.{part}", str(value), "verl takes the custom_reward_function.* keys, set too")
-      ]
-    return {f"custom_reward_function.{part}": value}
+      return {}, [(key, str(value), f"verl takes {' / '.join(legacy)}, set too")]
+    return {} if value is None else {target: value}
 
-  return Translated(
-    translate,
-    f"custom_reward_function.{part} (verl 0.9.1's place for it; the top-level keys win when set, as in verl)",
-    inputs=legacy,
-  )
+  older = " / ".join(legacy)
+  return Translated(translate, f"{target} (verl 0.9.1's spelling; {older} wins when set, as in verl)", inputs=legacy)
 
 
 # verl's test sampler: random order, no curriculum (what jaxrlhf's data.shuffle=True does).
@@ -372,17 +366,29 @@ _REWARD_MANAGERS = {
 }
 
 
-def _reward_manager(key, value, overrides) -> str | None:
-  del key, overrides
-  if value is LEFT_TO_SHELL:
-    return NEEDS_VALUE
-  if value in (None, "naive", "dapo", "batch", "gdpo"):
-    return None
-  return _REWARD_MANAGERS.get(
-    value,
-    f"reward manager {value!r}: jaxrlhf's rewards are the rule by data_source or "
-    "custom_reward_function (naive, dapo, batch and gdpo alike)",
-  )
+def _reward_manager(value, overrides, config) -> dict:
+  """verl's reward manager -> reward_model.reward_manager: naive, dapo and gdpo score one sample a call (DAPO's
+  overlong shaping is reward_model.overlong_buffer), batch one batch a call; the others are refused."""
+  del overrides, config
+  if value is None:
+    return {}
+  if value in ("naive", "dapo", "batch", "gdpo"):
+    return {"reward_model.reward_manager": value}
+  reason = _REWARD_MANAGERS.get(value, f"reward manager {value!r}: jaxrlhf has naive, dapo, batch and gdpo")
+  raise UserError(f"refused (reward manager): {reason}")
+
+
+def _legacy_reward_manager(value, overrides, config):
+  if overrides.get("reward.reward_manager.name") is not None and value is None:
+    return {}
+  return _reward_manager(value, overrides, config)
+
+
+def _new_reward_manager(value, overrides, config):
+  # verl migrates reward_model.reward_manager over reward.reward_manager.name when it is set.
+  if overrides.get("reward_model.reward_manager") is not None:
+    return {}, [("reward.reward_manager.name", str(value), "verl takes reward_model.reward_manager, set too")]
+  return _reward_manager(value, overrides, config)
 
 
 def _refused_unless(*inert, reason: str):
@@ -395,6 +401,16 @@ def _refused_unless(*inert, reason: str):
   return refuse
 
 
+_CUSTOM_MANAGER = (
+  "a custom reward manager class (reward_manager.source=importlib): jaxrlhf's reward is the rule by data_source "
+  "or custom_reward_function (reward_manager.name=batch for a function of the whole batch)"
+)
+_SANDBOX_FUSION = (
+  "sandbox fusion, an external code-execution service: jaxrlhf runs the code sources (codecontests, apps, "
+  "codeforces, taco) itself, each program in a process of its own with time and memory limits and no network; "
+  "set the url to null"
+)
+_CODE_LIMITS = "jaxrlhf.rewards.code.MEMORY_LIMIT_BYTES (1 GiB) and TEST_TIMEOUT_S (5 s per test)"
 _INPUT_TOKENIZER = (
   "a reward model with its own tokenizer or chat template: jaxrlhf's reward model reads the actor's "
   "tokens (set it to null when the two share tokenizer and chat template)"
@@ -435,9 +451,27 @@ def _refused_when_on(switch: str, reason: str):
 
 
 _CHAT_TEMPLATE_KWARGS = (
-  "arguments for the tokenizer's apply_chat_template (reasoning_effort, enable_thinking): "
-  "jaxrlhf renders the chat template with the template's own defaults"
+  "arguments for the tokenizer's apply_chat_template other than enable_thinking and reasoning_effort "
+  "(data.apply_chat_template_kwargs.enable_thinking / .reasoning_effort, which jaxrlhf passes on)"
 )
+_STATIC_SHAPES = "static shapes: every sequence is padded to data.max_prompt_length + data.max_response_length"
+_OPTIMIZER = "jaxrlhf's optimizer is AdamW (optax) with verl's schedules (optim.lr_scheduler_type, warm-up from step 0)"
+_QUANTIZATION = "quantized training or generation (QAT, FP8/INT8 rollouts): jaxrlhf computes in float32 or bfloat16"
+_DISAGGREGATION = "prefill/decode disaggregation over separate engine replicas: jaxrlhf generates inside the step"
+_IGNORE_EOS = "generating past EOS (a benchmark setting): jaxrlhf's rows stop at their EOS"
+_ROUTING_REPLAY = "MoE routing replay (the rollout's expert choices reused in training): not in jaxrlhf"
+_HF_CONFIG_PATH = "a config.json apart from the weights: jaxrlhf reads the model directory's own config.json"
+_AS_SUBKEYS = "a whole mapping on one key: set its fields as separate keys (section.field=value)"
+_TILED_MLP = "TiledMLP splits PyTorch's MLP activations into tiles: XLA plans the step's memory (and remat)"
+_PF_PPO = "PF-PPO's reweighting of samples by reward: not in jaxrlhf"
+_DISTILLATION = "on-policy distillation from teacher models: not in jaxrlhf"
+_TRANSFER_QUEUE = "verl's TransferQueue between its Ray workers: jaxrlhf's data stays in one program"
+_CHECKPOINT_CALLBACK = "a user callback after each checkpoint save: not in jaxrlhf"
+_TRAINER_V1 = (
+  "verl's asynchronous trainer modes (colocate_async, separate_async: generation overlapping training, "
+  "off-policy by some steps): jaxrlhf's step is synchronous (trainer_mode=sync)"
+)
+_SKIP_ROLLOUT = "replaying dumped rollouts instead of generating (verl's debugging switch): not in jaxrlhf"
 
 
 def _critic_ckpt_to_keep(value, overrides, config) -> dict:
@@ -716,13 +750,71 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
   (
     "Rewards",
     {
-      "reward_model.reward_manager": Ignored(
-        "rewards are scored by data_source one sample at a time (naive, dapo and gdpo alike; with batch, "
-        "custom_reward_function takes one sample as naive's does); DAPO's overlong shaping is "
-        "reward_model.overlong_buffer",
-        _reward_manager,
-        "`prime`, `collabllm` and managers jaxrlhf lacks",
-        "reward manager",
+      "reward_model.reward_manager": Translated(
+        _legacy_reward_manager,
+        "reward_model.reward_manager: naive, dapo and gdpo score one sample a call (DAPO's overlong shaping is "
+        "reward_model.overlong_buffer), batch calls custom_reward_function once per batch with lists; "
+        "prime, collabllm and managers jaxrlhf lacks are refused",
+        inputs=("reward.reward_manager.name",),
+      ),
+      "reward.reward_manager.name": Translated(
+        _new_reward_manager,
+        "reward_model.reward_manager (verl 0.9.1's spelling; reward_model.reward_manager wins when set, as in verl)",
+        inputs=("reward_model.reward_manager",),
+      ),
+      "reward.reward_manager.source": Ignored(
+        "register: verl's registered managers (the name above)",
+        _refused_unless("register", reason=_CUSTOM_MANAGER),
+        "`importlib`",
+        "custom reward loop",
+      ),
+      "reward.reward_manager.module.*": Ignored(
+        "null: no manager module",
+        _refused_unless(None, "", "custom_reward_manager", reason=_CUSTOM_MANAGER),
+        "a path",
+        "custom reward loop",
+      ),
+      **{
+        new: _new_spelling(new, old, old)
+        for new, old in (
+          ("reward.num_workers", "reward_model.num_workers"),
+          ("reward.reward_model.enable", "reward_model.enable"),
+          ("reward.reward_model.model_path", "reward_model.model.path"),
+        )
+      },
+      **{
+        f"reward.reward_model.{name}": Ignored(_REWARD_ENGINE)
+        for name in ("enable_resource_pool", "n_gpus_per_node", "nnodes", "rollout.*")
+      },
+      **{
+        f"{prefix}.url": Ignored(
+          "null: the code sources run in local sandboxed processes (jaxrlhf.rewards.code)",
+          _refused_unless(None, "", reason=_SANDBOX_FUSION),
+          "a URL",
+          "sandbox fusion",
+        )
+        for prefix in ("sandbox_fusion", "reward.sandbox_fusion")
+      },
+      **{
+        f"{prefix}.{name}": Ignored(
+          "the code sources' local runs are limited by reward_model.timeout_s per sample and "
+          f"{_CODE_LIMITS} per program"
+        )
+        for prefix in ("sandbox_fusion", "reward.sandbox_fusion")
+        for name in ("max_concurrent", "memory_limit_mb")
+      },
+      **{
+        f"reward.reward_kwargs.overlong_buffer_cfg.{name}": _rename(
+          f"reward_model.overlong_buffer.{name}", "DAPO's overlong buffer"
+        )
+        for name in ("enable", "len", "penalty_factor")
+      },
+      "reward.reward_kwargs.overlong_buffer_cfg.log": Ignored(
+        "verl logs each sample's overlong_reward: jaxrlhf logs response_length/clip_ratio (responses cut at the "
+        "maximum)"
+      ),
+      "reward.reward_kwargs.max_resp_len": Translated(
+        _max_resp_len, "nothing: checked to equal data.max_response_length, where jaxrlhf's overlong buffer ends"
       ),
       **{
         f"{prefix}.{name}": _rename(f"reward_model.overlong_buffer.{name}", "DAPO's overlong buffer")
@@ -740,7 +832,15 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
           "reward_model.overlong_buffer",
         )
       },
-      **{f"reward.custom_reward_function.{part}": _reward_function(part) for part in ("path", "name")},
+      **{
+        f"reward.custom_reward_function.{part}": _new_spelling(
+          f"reward.custom_reward_function.{part}",
+          f"custom_reward_function.{part}",
+          "custom_reward_function.path",
+          "custom_reward_function.name",
+        )
+        for part in ("path", "name")
+      },
       "reward_model.reward_kwargs.max_resp_len": Translated(
         _max_resp_len, "nothing: checked to equal data.max_response_length, where jaxrlhf's overlong buffer ends"
       ),
@@ -765,15 +865,12 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "any tokenizer (not null)",
         "reward model tokenizer",
       ),
-      "reward_model.reward_loop_source": Refused(
-        "custom reward loop", "a custom reward loop class: jaxrlhf's reward is custom_reward_function"
-      ),
-      "reward_model.reward_loop_module_path": Refused(
-        "custom reward loop", "a custom reward loop class: jaxrlhf's reward is custom_reward_function"
-      ),
-      "reward_model.reward_loop_class_name": Refused(
-        "custom reward loop", "a custom reward loop class: jaxrlhf's reward is custom_reward_function"
-      ),
+      **{
+        f"reward_model.{name}": Ignored(
+          "null: verl's reward loop", _refused_unless(None, "", reason=_CUSTOM_MANAGER), "a value", "custom reward loop"
+        )
+        for name in ("reward_loop_source", "reward_loop_module_path", "reward_loop_class_name")
+      },
     },
   ),
   (
@@ -833,7 +930,6 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "a class (not null)",
         "custom dataset class",
       ),
-      "data.apply_chat_template_kwargs.*": Refused("chat template arguments", _CHAT_TEMPLATE_KWARGS),
       **{
         f"data.sampler.{name}": Ignored(
           "null, or verl's RandomCurriculumSampler test class (random order, no curriculum): jaxrlhf shuffles "
@@ -913,6 +1009,232 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
     },
   ),
   (
+    "verl 0.9.1's newer keys",
+    {
+      "*._target_": Ignored(
+        "the class Hydra instantiates for a section (verl's dataclass configs): jaxrlhf's sections are its tree"
+      ),
+      **{
+        f"{section}.rollout_n": Ignored("verl fills it from actor_rollout_ref.rollout.n")
+        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+      },
+      **{
+        f"{section}.data_loader_seed": Ignored(
+          "the mini-batch order of the update draws from trainer.seed (the data order from data.seed)"
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+      },
+      "actor_rollout_ref.actor.calculate_entropy": Ignored(
+        "the old-log-prob forward always computes the entropy (actor/entropy), as verl's does for its metric"
+      ),
+      "actor_rollout_ref.actor.use_fused_kernels": Ignored(_TORCH),
+      **{
+        f"{section}.entropy_from_logits_chunk_size": Ignored(_CHUNKED_HEAD)
+        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref")
+      },
+      **{
+        f"{section}.pad_to_length": Ignored(_STATIC_SHAPES)
+        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref")
+      },
+      "actor_rollout_ref.actor.use_remove_padding": Ignored(
+        "the actor's forward reads actor_rollout_ref.model.use_remove_padding (verl's engine copies it here)"
+      ),
+      **{
+        f"{section}.optim.optimizer": Ignored(
+          "AdamW (optax.adamw)",
+          _refused_unless("AdamW", "adamw", reason=_OPTIMIZER),
+          "any other optimizer",
+          "optimizer",
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+      },
+      **{
+        f"{section}.optim.optimizer_impl": Ignored("the optimizer is optax's AdamW (torch.optim's, in verl)")
+        for section in ("actor_rollout_ref.actor", "critic")
+      },
+      **{
+        f"{section}.optim.zero_indexed_step": Ignored(
+          "True: the warm-up counts from step 0 (lr 0 at the first update), jaxrlhf's schedule",
+          _refused_unless(True, reason=_OPTIMIZER),
+          "False",
+          "optimizer",
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+      },
+      **{
+        f"{section}.optim.override_optimizer_config": Ignored(
+          "null: no optimizer override", _refused_unless(None, {}, reason=_OPTIMIZER), "a mapping", "optimizer"
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+      },
+      **{
+        f"{section}.qat.*": Ignored(
+          "off (qat.enable=False, verl's default)",
+          _refused_when_on(f"{section}.qat.enable", _QUANTIZATION),
+          "`qat.enable=True`",
+          "quantization",
+        )
+        for section in ("actor_rollout_ref.actor", "critic.fsdp")
+      },
+      **{
+        f"actor_rollout_ref.rollout.{name}": Ignored(
+          "null: full-precision generation",
+          _refused_unless(None, "", reason=_QUANTIZATION),
+          "a quantization",
+          "quantization",
+        )
+        for name in ("quantization", "quantization_config_file", "qat")
+      },
+      "actor_rollout_ref.rollout.mtp": Ignored(
+        "null: no draft model", _refused_unless(None, reason=_MTP), "a setting", "multi-token prediction"
+      ),
+      **{f"actor_rollout_ref.rollout.{name}": Ignored(_VLLM) for name in ("scheduling_policy", "router_config_path")},
+      **{
+        f"actor_rollout_ref.rollout.{name}": Ignored(
+          "the rollout's own GPUs (verl's standalone rollout): generation runs on every device of the mesh"
+        )
+        for name in ("nnodes", "n_gpus_per_node")
+      },
+      "actor_rollout_ref.rollout.disaggregation.*": Ignored(
+        "off (disaggregation.enabled=False)",
+        _refused_when_on("actor_rollout_ref.rollout.disaggregation.enabled", _DISAGGREGATION),
+        "`disaggregation.enabled=True`",
+        "disaggregated serving",
+      ),
+      "actor_rollout_ref.rollout.full_determinism": Ignored(
+        "jaxrlhf's sampler is deterministic given trainer.seed (same seed and config, same generations)"
+      ),
+      "actor_rollout_ref.rollout.seed": Ignored("generation samples from trainer.seed"),
+      **{
+        f"actor_rollout_ref.rollout.{name}": Ignored(
+          f"verl fills it from data.max_{name}: jaxrlhf's rollout reads data.max_{name}"
+        )
+        for name in ("prompt_length", "response_length")
+      },
+      "actor_rollout_ref.rollout.ignore_eos": Ignored(
+        "False: a row stops at its EOS", _refused_unless(False, reason=_IGNORE_EOS), "True", "rollout sampling"
+      ),
+      "actor_rollout_ref.rollout.logprobs_mode": Ignored("the old log-probs are recomputed by the actor"),
+      "actor_rollout_ref.rollout.enable_rollout_routing_replay": Ignored(
+        "False", _refused_unless(False, reason=_ROUTING_REPLAY), "True", "MoE routing replay"
+      ),
+      "actor_rollout_ref.rollout.moe_load_balance_metrics_interval": Ignored(
+        "the inference engine's MoE load-balance metrics: generation is jaxrlhf's sampler"
+      ),
+      **{
+        f"{model}.hf_config_path": Ignored(
+          "null: the model's own config.json",
+          _refused_unless(None, "", reason=_HF_CONFIG_PATH),
+          "a path",
+          "model config",
+        )
+        for model in ("actor_rollout_ref.model", "critic.model")
+      },
+      "actor_rollout_ref.model.tokenizer_path": _rename("data.tokenizer", "the tokenizer's path"),
+      "critic.model.custom_chat_template": Ignored("the critic reads the actor's tokens"),
+      **{
+        f"{model}.override_config": Ignored(
+          "an empty mapping: jaxrlhf reads the override_config.<field> keys",
+          _refused_unless({}, None, reason=_AS_SUBKEYS),
+          "a whole mapping",
+          "whole mappings",
+        )
+        for model in ("actor_rollout_ref.model", "critic.model")
+      },
+      **{f"{model}.tiled_mlp.*": Ignored(_TILED_MLP) for model in ("actor_rollout_ref.model", "critic.model")},
+      "critic.model.use_shm": Ignored("the model is read from its directory once"),
+      **{
+        f"critic.model.{name}": Ignored(_TORCH) for name in ("use_liger", "use_fused_kernels", "fused_kernel_options.*")
+      },
+      "critic.model.mtp.*": Ignored(
+        "off (mtp.enable=False, verl's default)",
+        _refused_when_on("critic.model.mtp.enable", _MTP),
+        "`mtp.enable=True`",
+        "multi-token prediction",
+      ),
+      "critic.fsdp.*": Ignored(_FSDP),
+      **{
+        f"critic.fsdp.{name}": _rename(f"critic.model.fsdp_config.{name}", "verl 0.9.1's critic.fsdp spelling")
+        for name in ("param_offload", "optimizer_offload")
+      },
+      "critic.fsdp.fsdp_size": Ignored("one mesh for every model: the actor's fsdp_config.fsdp_size sets it"),
+      "critic.fsdp.ulysses_sequence_parallel_size": _rename(
+        "critic.ulysses_sequence_parallel_size", "verl 0.9.1's critic.fsdp spelling"
+      ),
+      "critic.fsdp.strategy": Ignored(
+        "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"
+      ),
+      **{
+        f"critic.fsdp.{name}": Ignored(_CHUNKED_HEAD)
+        for name in ("entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size", "entropy_checkpointing")
+      },
+      "critic.fsdp.use_torch_compile": Ignored(_TORCH),
+      "critic.fsdp.pad_to_length": Ignored(_STATIC_SHAPES),
+      "critic.fsdp.pad_to_length_bucket": Ignored(_STATIC_SHAPES),
+      **{
+        f"critic.fsdp.{name}": Ignored("the critic's dtypes are critic.model.dtype and critic.model.param_dtype")
+        for name in ("model_dtype", "dtype")
+      },
+      "data.validation_shuffle": Ignored("validation scores every row of data.val_files; the order changes no metric"),
+      "data.apply_chat_template_kwargs": Ignored(
+        "an empty mapping: jaxrlhf reads data.apply_chat_template_kwargs.enable_thinking and .reasoning_effort",
+        _refused_unless({}, None, reason=_AS_SUBKEYS),
+        "a whole mapping",
+        "whole mappings",
+      ),
+      "data.apply_chat_template_kwargs.*": Refused("chat template arguments", _CHAT_TEMPLATE_KWARGS),
+      "algorithm.filter_groups.max_inflight_gen_batches": Ignored(
+        "verl's asynchronous generation rounds in flight: jaxrlhf generates one round at a time "
+        "(algorithm.filter_groups.max_num_gen_batches bounds the rounds)"
+      ),
+      "algorithm.use_pf_ppo": Ignored("False", _refused_unless(False, reason=_PF_PPO), "True", "PF-PPO"),
+      "algorithm.pf_ppo.*": Ignored(
+        "read only with algorithm.use_pf_ppo=True",
+        _refused_when_on("algorithm.use_pf_ppo", _PF_PPO),
+        "`algorithm.use_pf_ppo=True`",
+        "PF-PPO",
+      ),
+      "distillation.*": Ignored(
+        "off (distillation.enabled=False)",
+        _refused_when_on("distillation.enabled", _DISTILLATION),
+        "`distillation.enabled=True`",
+        "distillation",
+      ),
+      "transfer_queue.*": Ignored(
+        "off (transfer_queue.enable=False): verl's data transfer between Ray workers",
+        _refused_when_on("transfer_queue.enable", _TRANSFER_QUEUE),
+        "`transfer_queue.enable=True`",
+        "transfer queue",
+      ),
+      "trainer.esi_redundant_time": Ignored(
+        "Volcano ESI's save-before-expiry margin: jaxrlhf saves at trainer.save_freq and on SIGTERM"
+      ),
+      "trainer.checkpoint_callback_class": Ignored(
+        "null: no callback", _refused_unless(None, "", reason=_CHECKPOINT_CALLBACK), "a class", "checkpoint callback"
+      ),
+      "trainer.use_v1": Ignored("verl's choice between its trainer implementations: jaxrlhf has one, synchronous"),
+      "trainer.v1.trainer_mode": Ignored(
+        "sync: generate, then train, every step",
+        _refused_unless("sync", reason=_TRAINER_V1),
+        "an asynchronous mode",
+        "v1",
+      ),
+      "trainer.v1.*": Ignored("settings of verl's asynchronous trainer modes (trainer.v1.trainer_mode)"),
+      "trainer.v1.sampler.custom_sampler.*": Ignored(
+        "null: no custom sampler", _refused_unless(None, "", reason=_SAMPLER), "a path or name", "custom sampler"
+      ),
+      **{
+        f"skip.{name}.*": Ignored(
+          f"off (skip.{name}.enable=False)",
+          _refused_when_on(f"skip.{name}.enable", _SKIP_ROLLOUT),
+          f"`skip.{name}.enable=True`",
+          "rollout replay",
+        )
+        for name in ("rollout", "rollout_tq", "async_rollout")
+      },
+    },
+  ),
+  (
     "Features jaxrlhf does not have",
     {
       "*.megatron.*": Refused("Megatron-LM", _MEGATRON),
@@ -924,6 +1246,7 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
           "data.audio_key",
           "data.image_patch_size",
           "data.return_multi_modal_inputs",
+          "data.mm_processor_kwargs",
           "data.mm_processor_kwargs.*",
           "actor_rollout_ref.rollout.limit_images",
           "actor_rollout_ref.actor.freeze_vision_tower",
@@ -949,8 +1272,22 @@ FAMILIES = {
   "LoRA": "; ".join(_LORA.values()),
   "custom dataset class": _CUSTOM_DATASET,
   "multi-token prediction": _MTP,
-  "chat template arguments": _CHAT_TEMPLATE_KWARGS + " (not yet a config key)",
-  "custom reward loop": "a custom reward loop class: jaxrlhf's reward is custom_reward_function",
+  "chat template arguments": _CHAT_TEMPLATE_KWARGS,
+  "custom reward loop": "a custom reward loop or manager class: jaxrlhf's reward is custom_reward_function",
+  "sandbox fusion": _SANDBOX_FUSION,
+  "optimizer": _OPTIMIZER,
+  "quantization": _QUANTIZATION,
+  "disaggregated serving": _DISAGGREGATION,
+  "rollout sampling": _IGNORE_EOS,
+  "MoE routing replay": _ROUTING_REPLAY,
+  "model config": _HF_CONFIG_PATH,
+  "whole mappings": _AS_SUBKEYS,
+  "PF-PPO": _PF_PPO,
+  "distillation": _DISTILLATION,
+  "transfer queue": _TRANSFER_QUEUE,
+  "checkpoint callback": _CHECKPOINT_CALLBACK,
+  "v1": _TRAINER_V1,
+  "rollout replay": _SKIP_ROLLOUT,
   "Hydra base config": "a base YAML (--config-name) jaxrlhf cannot read: not found where the script runs, not "
   "built on verl's ppo_trainer, or with values it cannot read (interpolations, lists of mappings)",
 }
@@ -961,6 +1298,8 @@ _PATTERNS = sorted(
   ((key, re.compile(".*".join(map(re.escape, key.split("*"))))) for key in TABLE if "*" in key),
   key=lambda item: -len(item[0].replace("*", "")),
 )
+
+_TARGET = "*._target_"
 
 # Hydra's base config (`--config-name`): verl's defaults are jaxrlhf's base; another file's values are unknown.
 _HYDRA_BASES = {"ppo_trainer": None, "ppo_megatron_trainer": ("Megatron-LM", _MEGATRON)}
@@ -985,7 +1324,7 @@ def parse_override(arg: str) -> Override:
     )
   key, raw = arg.split("=", 1)
   key = key.lstrip("+")
-  if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+  if not re.fullmatch(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*", key):  # nsys options have dashes
     raise UserError(f"cannot read override {arg!r}: {key!r} is not a dotted config key")
   return Override(key, raw, arg)
 
@@ -1027,6 +1366,8 @@ def parse_value(raw: str) -> Any:
     raise UserError(f"cannot read {raw!r}: an unclosed {text[0]} quote")
   if text in ("null", "None", "~"):
     return None
+  if text == "{}":  # an empty mapping (verl's `engine_kwargs: {}`)
+    return {}
   if text.lower() in ("true", "false"):
     return text.lower() == "true"
   for open_char, close_char in ("[]", "()"):  # (a,b): jaxrlhf's own tuple spelling, from --config habits
@@ -1070,12 +1411,23 @@ def base_tree_types() -> dict[str, type]:
 
 def lookup(key: str, tree_types: dict[str, type]) -> Translated | Ignored | Refused | str | None:
   """The table's entry for `key`; "mapped" for a key of the tree; None for an unknown key."""
-  entry = TABLE.get(key)
-  if entry is not None:
+  entry = TABLE.get(key) or (TABLE[_TARGET] if key.endswith(_TARGET[1:]) else None)
+  if entry is not None:  # a section's `_target_` is its class, never a setting, whatever the section's pattern
     return entry
   if key in tree_types:
     return "mapped"
   return next((TABLE[pattern] for pattern, regex in _PATTERNS if regex.fullmatch(key)), None)
+
+
+CLASSES = ("mapped", "translated", "ignored", "refused", "unknown")
+
+
+def classify(key: str, tree_types: dict[str, type]) -> str:
+  """One of `CLASSES` for a verl key (an ignored key that some values refuse is "ignored": verl's default is inert)."""
+  entry = lookup(key, tree_types)
+  if entry is None or isinstance(entry, str):
+    return entry or "unknown"
+  return {Translated: "translated", Ignored: "ignored", Refused: "refused"}[type(entry)]
 
 
 def did_you_mean(key: str, candidates: Sequence[str]) -> str | None:
