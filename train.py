@@ -62,6 +62,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # library INFO chatter (XLA, Orbax) off unless -v N is given
   import jax
 
+  from jaxrlhf.tracking.tracking import check_installed
   from jaxrlhf.trainer import Trainer
   from jaxrlhf.trainer.guards import GuardError
   from jaxrlhf.trainer.preemption import EXIT_PREEMPTED, Preempted
@@ -70,6 +71,8 @@ def main(argv):
   if rest:
     raise UserError(f"unexpected argument(s) {rest}: flags are --name=value, verl overrides key=value")
   config = _config_with_overrides(verl_args)
+  # A logger's missing package in one line now, not as a traceback once the model is built.
+  check_installed(config.trainer.logger, config.trainer.prometheus_port)
   if _DISTRIBUTED.value:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts; GPUs and TPUs use their own
     jax.distributed.initialize(num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)

@@ -98,6 +98,28 @@ def _unknown_override(argv: list[str]) -> str | None:
   return None
 
 
+def _override_type_error(error: flags.Error) -> str | None:
+  """`config key 'K' expects int, got 'abc' (from --config.K=abc)` for an override whose value absl could not
+  parse as the key's type; None for any other flag error."""
+  match = re.match(r"flag (--config\.([\w.]+)=(.*?)): ", str(error).splitlines()[0])
+  if match is None:
+    return None
+  from jaxrlhf.config import get_base_config  # here, not at the top: see _unknown_override
+
+  flag, key, value = match.groups()
+  *parents, leaf = key.split(".")
+  node = get_base_config()
+  try:
+    for part in parents:
+      node = node[part]
+    expected = node.get_type(leaf)
+  except (KeyError, AttributeError):
+    return None
+  # A sequence key takes a Python literal; say how to write one.
+  example = " such as ('a', 'b')" if expected in (tuple, list) else ""
+  return f"config key {key!r} expects {expected.__name__}{example}, got {value!r} (from {flag})"
+
+
 def _config_file(config_path: str) -> str:
   """The file of `--config`: ml_collections passes what follows its first ':' to get_config ("x.py:arg")."""
   return config_path.split(":", 1)[0]
@@ -171,6 +193,9 @@ def absl_main(
     except flags.Error as error:
       if verbose:
         traceback.print_exc()
+      type_error = _override_type_error(error)
+      if type_error:
+        fail(prog, type_error, "docs/config.md lists every key with its type and default")
       command = f"python {prog}" if prog.endswith(".py") else prog
       fail(prog, str(error).splitlines()[0], f"{command} --helpshort lists the flags")
     except Exception as error:  # noqa: BLE001  (a config file or an override that does not fit the tree)

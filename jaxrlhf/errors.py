@@ -10,6 +10,9 @@ This module imports nothing (not even JAX): `jaxrlhf.aot` sets up its environmen
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 
 class UserError(Exception):
   """Bad input: the message names what (key, file, column), where, and what was expected.
@@ -25,3 +28,15 @@ class UserError(Exception):
 class CheckpointError(UserError, ValueError):
   """A checkpoint (a jaxrlhf `global_step_N` or a Hugging Face directory) that cannot be read as asked;
   the message names the path, file or tensor."""
+
+
+def missing_extra(module: str, extra: str, what: str) -> UserError | None:
+  """The one-line error for `what` needing `module`, which is not importable here, naming the extra
+  of pyproject.toml that installs it; None when it is installed. Looks the module up without importing it."""
+  try:
+    installed = sys.modules.get(module, ...) is not None and importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError):  # a parent package missing, or a module set to None (not importable)
+    installed = False
+  if installed:
+    return None
+  return UserError(f"{what} needs the {module} package, which is not installed: pip install -e '.[{extra}]'")

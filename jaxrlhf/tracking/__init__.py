@@ -8,6 +8,6 @@ per backend. Only process 0 writes; on other processes every call is a no-op.
 from jaxrlhf.tracking.jsonl import read_metrics, truncate_jsonl
 from jaxrlhf.tracking.plots import plot_metrics
 from jaxrlhf.tracking.profiling import maybe_profile
-from jaxrlhf.tracking.tracking import LOGGERS, Tracking
+from jaxrlhf.tracking.tracking import LOGGERS, Tracking, check_installed
 
-__all__ = ["LOGGERS", "Tracking", "maybe_profile", "plot_metrics", "read_metrics", "truncate_jsonl"]
+__all__ = ["LOGGERS", "Tracking", "check_installed", "maybe_profile", "plot_metrics", "read_metrics", "truncate_jsonl"]

@@ -1,4 +1,7 @@
-"""metrics.jsonl: one JSON object per `Tracking.log` call, `{"step": N, <metric>: value, ...}`.
+"""metrics.jsonl: one JSON object per step, `{"step": N, <metric>: value, ...}`.
+
+Two `Tracking.log` calls in a row for one step are one record: a resumed run validates at the step it
+resumes from (`trainer.val_before_train`), which already has its record, and that validation joins it.
 
 Non-finite numbers (NaN, ±inf) are written as `null`: strict JSON has no NaN, and readers in other
 languages choke on Python's `NaN` token. `read_metrics` therefore returns None for them.
@@ -62,11 +65,25 @@ class JsonlLogger:
   def __init__(self, path: str, start_step: int = 0):
     """Appends to `path` after cutting it back to the steps before `start_step` (a fresh run: nothing)."""
     truncate_jsonl(path, start_step if start_step > 0 else -1)
-    self._file = open(path, "a")
+    self._file = open(path, "a+", encoding="utf-8")
+    # The last record and where its line starts: a log call for the same step rewrites that line, merged.
+    self._last: dict | None = None
+    self._last_offset = 0
+    self._file.seek(0)
+    offset = 0
+    for line in self._file:
+      if line.strip():
+        self._last, self._last_offset = json.loads(line), offset
+      offset += len(line.encode("utf-8"))
 
   def log(self, record: dict, step: int) -> None:
-    line = json.dumps({"step": step, **{key: _json_safe(value) for key, value in record.items()}}, allow_nan=False)
-    self._file.write(line + "\n")
+    record = {"step": step, **{key: _json_safe(value) for key, value in record.items()}}
+    if self._last is not None and self._last.get("step") == step:
+      record = {**self._last, **record}
+      self._file.truncate(self._last_offset)
+    self._file.seek(0, os.SEEK_END)
+    self._last, self._last_offset = record, self._file.tell()
+    self._file.write(json.dumps(record, allow_nan=False) + "\n")
     self._file.flush()
 
   def close(self, failed: bool = False) -> None:

@@ -8,13 +8,50 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 
+from jaxrlhf.errors import missing_extra
+
 LOGGERS = ("console", "jsonl", "wandb", "tensorboard", "mlflow")
+# The package each optional backend imports and the pyproject extra that installs it.
+_PACKAGES = {
+  "wandb": ("wandb", "wandb"),
+  "tensorboard": ("tensorboardX", "loggers"),
+  "mlflow": ("mlflow", "loggers"),
+}
+
+
+def check_installed(loggers: Sequence[str], prometheus_port: int | None) -> None:
+  """Raises a one-line UserError naming the extra to install for a selected backend whose package is missing
+  (run before anything heavy: the backends themselves open only once training starts)."""
+  needs = [(*_PACKAGES[name], f"trainer.logger {name!r}") for name in loggers if name in _PACKAGES]
+  if prometheus_port is not None:
+    needs.append(("prometheus_client", "loggers", "trainer.prometheus_port"))
+  for module, extra, what in needs:
+    if (error := missing_extra(module, extra, what)) is not None:
+      raise error
 
 
 def _plain(value):
   """A Python scalar (or nested list for arrays), so every backend sees the same thing."""
   value = np.asarray(value)
   return value.item() if value.ndim == 0 else value.tolist()
+
+
+def start_line(config: Mapping, run_dir: str, start_step: int, total_steps: int) -> str:
+  """The console's first line: where the run writes, which steps it runs, and what running it again does."""
+  trainer = config["trainer"]
+  if start_step > 0:
+    return f"{run_dir}: resuming at step {start_step + 1} of {total_steps}"
+  line = f"{run_dir}: steps 1-{total_steps}"
+  if trainer["save_freq"] <= 0:
+    freq = max(total_steps // 6, 1)
+    return (
+      f"{line}; no checkpoints (trainer.save_freq={trainer['save_freq']}): running it again starts over "
+      f"(--config.trainer.save_freq={freq} --config.trainer.resume_mode=auto make it resumable)"
+    )
+  line += f"; a checkpoint every {trainer['save_freq']} steps"
+  if trainer["resume_mode"] == "auto":
+    return f"{line}: the same command again resumes from the newest (trainer.resume_mode=auto)"
+  return f"{line}; --config.trainer.resume_mode=auto resumes from the newest when run again"
 
 
 def _config_dict(config) -> dict | None:
@@ -45,6 +82,7 @@ class Tracking:
     unknown = [name for name in loggers if name not in LOGGERS]
     if unknown:
       raise ValueError(f"config key 'trainer.logger' has unknown logger(s) {unknown}; known: {LOGGERS}")
+    check_installed(loggers, prometheus_port)
     self.is_writer = jax.process_index() == 0
     self.loggers = tuple(loggers)
     self.run_dir = run_dir
@@ -77,6 +115,8 @@ class Tracking:
     except BaseException:
       self.close(failed=True)
       raise
+    if self._console is not None and "save_freq" in (config_dict or {}).get("trainer", {}):
+      self._console.write(start_line(config_dict, run_dir, start_step, total_steps))
 
   def _open(self, name, *, total_steps, config, project, experiment, start_step):
     # Imports are local so that a run pays only for the backends it selected.

@@ -246,6 +246,18 @@ TRAIN_CASES = {
     ["--config.actor_rollout_ref.model.lora_rank=8", "--config.actor_rollout_ref.model.target_modules=q_proj,lm_head"],
     ["actor_rollout_ref.model.target_modules", "tie_word_embeddings=False"],
   ),
+  "word_for_an_int": (
+    ["--config.data.train_batch_size=abc"],
+    ["config key 'data.train_batch_size' expects int", "got 'abc'", "--config.data.train_batch_size=abc"],
+  ),
+  "word_for_a_bool": (
+    ["--config.actor_rollout_ref.rollout.do_sample=maybe"],
+    ["'actor_rollout_ref.rollout.do_sample' expects bool", "got 'maybe'"],
+  ),
+  "typo_in_a_nested_key": (
+    ["--config.actor_rollout_ref.actor.optim.lrr=1e-5"],
+    ["'actor_rollout_ref.actor.optim.lrr'", "did you mean 'actor_rollout_ref.actor.optim.lr'?"],
+  ),
   "missing_data_file": (
     ["--config.data.train_files=('{tmp}/gsm8k/train.parquet',)"],
     ["data.train_files", "gsm8k/train.parquet", "does not exist"],
@@ -308,6 +320,28 @@ def test_train_refuses_bad_input_before_compiling(case, files, tmp_path):
   )
   assert_user_error(result, "train.py", *map(fill, needles))
   assert not os.path.exists(tmp_path / "quickstart"), "refused input must not start a run directory"
+
+
+@pytest.mark.parametrize(
+  "logger, module, extra", [("wandb", "wandb", "wandb"), ("tensorboard", "tensorboardX", "loggers")]
+)
+def test_train_refuses_a_logger_whose_package_is_missing_before_the_model(logger, module, extra, tmp_path):
+  """As on a machine without the package (`sys.modules[module] = None` makes it unimportable): one line naming the
+  extra, exit 2, before the model is built, and no run directory left behind."""
+  argv = ["train.py", "--config", "configs/quickstart.py", f"--config.trainer.default_local_dir={tmp_path}"]
+  argv.append(f"--config.trainer.logger=('console','jsonl','{logger}')")
+  script = f"import runpy, sys; sys.modules[{module!r}] = None; sys.argv = {argv!r}; "
+  script += "runpy.run_path('train.py', run_name='__main__')"
+  result = subprocess.run(
+    [sys.executable, "-c", script], cwd=ROOT, env=subprocess_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True
+  )
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines() if line.startswith("train.py:")]
+  assert errors == [
+    f"train.py: error: trainer.logger {logger!r} needs the {module} package, which is not installed: "
+    f"pip install -e '.[{extra}]'"
+  ], result.stderr[-3000:]
+  assert os.listdir(tmp_path) == [] and "mesh " not in result.stdout
 
 
 def test_train_refuses_a_misspelt_key_inside_a_config_file_naming_its_line(files):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jaxrlhf import tracking
+from jaxrlhf.errors import UserError
 from jaxrlhf.tracking import Tracking, plot_metrics, read_metrics
 
 
@@ -194,3 +195,52 @@ def test_only_process_zero_writes(tmp_path, monkeypatch):
 def test_unknown_logger_names_the_config_key(tmp_path):
   with pytest.raises(ValueError, match="trainer.logger.*'tensorbord'"):
     Tracking(["tensorbord"], str(tmp_path), total_steps=1)
+
+
+@pytest.mark.parametrize(
+  "loggers, port, needle",
+  [
+    (
+      ["console", "wandb"],
+      None,
+      "trainer.logger 'wandb' needs the wandb package, which is not installed: pip install -e '.[wandb]'",
+    ),
+    (
+      ["tensorboard"],
+      None,
+      "trainer.logger 'tensorboard' needs the tensorboardX package, which is not installed: "
+      "pip install -e '.[loggers]'",
+    ),
+    (["mlflow"], None, "pip install -e '.[loggers]'"),
+    (["jsonl"], 0, "trainer.prometheus_port needs the prometheus_client package"),
+  ],
+)
+def test_a_backend_whose_package_is_missing_names_the_extra_in_one_line(loggers, port, needle, tmp_path, monkeypatch):
+  """The package is made unimportable as an uninstalled one is (sys.modules[name] = None); nothing is written."""
+  for module in ("wandb", "tensorboardX", "mlflow", "prometheus_client"):
+    monkeypatch.setitem(sys.modules, module, None)
+  with pytest.raises(UserError) as error:
+    tracking.check_installed(loggers, port)
+  assert needle in str(error.value) and "\n" not in str(error.value)
+  with pytest.raises(UserError, match="pip install"):
+    Tracking(loggers, str(tmp_path / "run"), total_steps=1, prometheus_port=port)
+  assert not (tmp_path / "run").exists()
+
+
+def test_console_start_line_says_what_running_the_command_again_does(tmp_path, capsys):
+  config = lambda save_freq, resume_mode: {"trainer": {"save_freq": save_freq, "resume_mode": resume_mode}}
+  for save_freq, resume_mode, start_step, expected in [
+    (
+      -1,
+      "disable",
+      0,
+      "steps 1-150; no checkpoints (trainer.save_freq=-1): running it again starts over "
+      "(--config.trainer.save_freq=25 --config.trainer.resume_mode=auto make it resumable)",
+    ),
+    (25, "auto", 0, "steps 1-150; a checkpoint every 25 steps: the same command again resumes from the newest"),
+    (25, "disable", 0, "--config.trainer.resume_mode=auto resumes from the newest when run again"),
+    (25, "auto", 50, "resuming at step 51 of 150"),
+  ]:
+    Tracking(["console"], str(tmp_path), total_steps=150, config=config(save_freq, resume_mode), start_step=start_step)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"{tmp_path}: ") and expected in first, first
