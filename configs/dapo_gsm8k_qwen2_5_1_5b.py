@@ -4,8 +4,9 @@ and overlong reward shaping, without any KL term (verl's recipe/dapo, sized for 
 Data: verl-format parquet written by examples/data_preprocess/gsm8k.py from a local GSM8K copy
 (the Hub's openai/gsm8k `main/` folder), model: a local Qwen2.5-1.5B-Instruct download.
 
+    hf download openai/gsm8k --repo-type dataset --include "main/*" --local-dir ~/raw/gsm8k
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
-    huggingface-cli download Qwen/Qwen2.5-1.5B-Instruct --local-dir ~/models/Qwen2.5-1.5B-Instruct
+    hf download Qwen/Qwen2.5-1.5B-Instruct --local-dir ~/models/Qwen2.5-1.5B-Instruct
     python train.py --config configs/dapo_gsm8k_qwen2_5_1_5b.py
     python train.py --config configs/dapo_gsm8k_qwen2_5_1_5b.py --config.algorithm.filter_groups.enable=False
 

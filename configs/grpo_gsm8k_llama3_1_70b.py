@@ -5,8 +5,9 @@ Data: verl-format parquet written by examples/data_preprocess/gsm8k.py from a lo
 node (a gated repository: accept Meta's licence on the Hub first). Start one process per node (64 GPUs
 in one mesh):
 
+    hf download openai/gsm8k --repo-type dataset --include "main/*" --local-dir ~/raw/gsm8k
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
-    huggingface-cli download meta-llama/Llama-3.1-70B-Instruct --local-dir ~/models/Llama-3.1-70B-Instruct
+    hf download meta-llama/Llama-3.1-70B-Instruct --local-dir ~/models/Llama-3.1-70B-Instruct
     sbatch --nodes=8 gpu_scripts/slurm_multinode.sbatch configs/grpo_gsm8k_llama3_1_70b.py  # SLURM; or on each node:
     python train.py --config configs/grpo_gsm8k_llama3_1_70b.py --distributed
 

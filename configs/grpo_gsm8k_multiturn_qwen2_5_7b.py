@@ -5,6 +5,7 @@ GRPO recipe.
 Data: verl's multi-turn rows, written by examples/data_preprocess/gsm8k_multiturn_w_tool.py from a local GSM8K
 copy; model: a local Qwen2.5-7B-Instruct download (its chat template renders the tool schema and hermes calls).
 
+    hf download openai/gsm8k --repo-type dataset --include "main/*" --local-dir ~/raw/gsm8k
     python examples/data_preprocess/gsm8k_multiturn_w_tool.py --local_dir ~/raw/gsm8k/main \
         --output_dir ~/data/gsm8k_multiturn
     python train.py --config configs/grpo_gsm8k_multiturn_qwen2_5_7b.py

@@ -4,8 +4,9 @@ Data: verl-format parquet written by examples/data_preprocess/gsm8k.py from a lo
 (the Hub's openai/gsm8k `main/` folder), model: a local Qwen2.5-32B-Instruct download on every node.
 Start one process per node (32 GPUs in one mesh):
 
+    hf download openai/gsm8k --repo-type dataset --include "main/*" --local-dir ~/raw/gsm8k
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
-    huggingface-cli download Qwen/Qwen2.5-32B-Instruct --local-dir ~/models/Qwen2.5-32B-Instruct
+    hf download Qwen/Qwen2.5-32B-Instruct --local-dir ~/models/Qwen2.5-32B-Instruct
     sbatch --nodes=4 gpu_scripts/slurm_multinode.sbatch configs/grpo_gsm8k_qwen2_5_32b.py  # SLURM; or on each node:
     python train.py --config configs/grpo_gsm8k_qwen2_5_32b.py --distributed
 

@@ -3,8 +3,9 @@
 Data: verl-format parquet written by examples/data_preprocess/gsm8k.py from a local GSM8K copy
 (the Hub's openai/gsm8k `main/` folder), model: a local Qwen2.5-7B-Instruct download.
 
+    hf download openai/gsm8k --repo-type dataset --include "main/*" --local-dir ~/raw/gsm8k
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
-    huggingface-cli download Qwen/Qwen2.5-7B-Instruct --local-dir ~/models/Qwen2.5-7B-Instruct
+    hf download Qwen/Qwen2.5-7B-Instruct --local-dir ~/models/Qwen2.5-7B-Instruct
     python train.py --config configs/grpo_gsm8k_qwen2_5_7b.py
 
 Ahead-of-time check for the node, from the architecture file alone (no weights):

@@ -5,8 +5,9 @@ Data: verl-format parquet written by examples/data_preprocess/gsm8k.py from a lo
 repository: accept Meta's licence on the Hub first). On the v5p slice, run the command with
 `--distributed` on every host (one process per host, one mesh).
 
+    hf download openai/gsm8k --repo-type dataset --include "main/*" --local-dir ~/raw/gsm8k
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
-    huggingface-cli download meta-llama/Llama-3.1-8B-Instruct --local-dir ~/models/Llama-3.1-8B-Instruct
+    hf download meta-llama/Llama-3.1-8B-Instruct --local-dir ~/models/Llama-3.1-8B-Instruct
     python train.py --config configs/ppo_gsm8k_llama3_1_8b.py
 
 Ahead-of-time checks for both targets, from the architecture file alone (no weights):

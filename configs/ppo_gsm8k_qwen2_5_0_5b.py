@@ -3,8 +3,9 @@
 Data: verl-format parquet written by examples/data_preprocess/gsm8k.py from a local GSM8K copy
 (the Hub's openai/gsm8k `main/` folder), model: a local Qwen2.5-0.5B-Instruct download.
 
+    hf download openai/gsm8k --repo-type dataset --include "main/*" --local-dir ~/raw/gsm8k
     python examples/data_preprocess/gsm8k.py --local_dir ~/raw/gsm8k/main --output_dir ~/data/gsm8k
-    huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir ~/models/Qwen2.5-0.5B-Instruct
+    hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir ~/models/Qwen2.5-0.5B-Instruct
     python train.py --config configs/ppo_gsm8k_qwen2_5_0_5b.py
     python train.py --config configs/ppo_gsm8k_qwen2_5_0_5b.py \
         --config.data.train_files="('/data/gsm8k/train.parquet',)" \
