@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxrlhf.errors import UserError
 from jaxrlhf.rewards.custom import source_of
-from jaxrlhf.rewards.registry import UnknownDataSourceError, default_compute_score
+from jaxrlhf.rewards.registry import UnknownDataSourceError, default_compute_score, registered_name
 from jaxrlhf.rewards.sample import SampleResult, score_sample
 from jaxrlhf.rewards.workers import WorkerPool, default_num_workers
 
@@ -95,9 +95,11 @@ class RewardScorer:
       if self._pool is None:
         self._pool = WorkerPool(self.source, self.num_workers, self.timeout_s)
       served = self._pool.served(on_wait=lambda: progress.update(results))
-      in_process = [i for i, sample in enumerate(samples) if served is not None and sample[0] not in served]
+      in_workers = [
+        (i, sample) for i, sample in enumerate(samples) if served is None or registered_name(sample[0], served)
+      ]
+      in_process = sorted(set(range(len(samples))) - {i for i, _ in in_workers})
       self._say_in_process({samples[i][0] for i in in_process})
-      in_workers = [(i, sample) for i, sample in enumerate(samples) if served is None or sample[0] in served]
       for index, result in self._pool.score(
         in_workers, stop_at_error, on_progress=lambda done: progress.update(results, done)
       ).items():

@@ -11,12 +11,20 @@ Every registered function has the custom-reward signature
         return float(solution_str.strip() == ground_truth)
 
 A dict result carries the reward under ``"score"``; its other numeric entries are logged as extras.
+
+A name ending in ``*`` registers a prefix (verl's ``aime*``): it scores every data_source that starts with the rest,
+when no exact name does.
+
+The built-in rules are verl 0.9.1's ``default_compute_score``, by verl's names and with verl's results (docs/
+algorithms.md §8): GSM8K, Hendrycks MATH, DAPO's math (``math``, ``math_dapo``, ``aime*``), PRIME's math
+(``numina_*``), Search-R1's exact match (``searchR1_*``), geometry3k, and the code sources (``codecontests``,
+``apps``, ``codeforces``, ``taco``: each program runs in a sandboxed process of its own).
 """
 
 from typing import Any, Callable, Optional, Union
 
 from jaxrlhf.errors import UserError
-from jaxrlhf.rewards import exact_match, gsm8k
+from jaxrlhf.rewards import exact_match, gsm8k, math_dapo, search_r1
 from jaxrlhf.rewards import math as math_reward
 
 RewardResult = Union[float, dict]
@@ -73,8 +81,19 @@ def registered_functions() -> dict[str, RewardFn]:
   return dict(_REGISTRY)
 
 
+def registered_name(data_source: str, names) -> Optional[str]:
+  """The name among `names` that scores `data_source`: itself, else the longest prefix pattern (``aime*``)."""
+  if not isinstance(data_source, str):
+    return None
+  if data_source in names:
+    return data_source
+  prefixes = [name for name in names if name.endswith("*") and data_source.startswith(name[:-1])]
+  return max(prefixes, key=len, default=None)
+
+
 def get_reward_fn(data_source: str) -> RewardFn:
-  fn = _REGISTRY.get(data_source) if isinstance(data_source, str) else None
+  name = registered_name(data_source, _REGISTRY)
+  fn = _REGISTRY[name] if name is not None else None
   if fn is None:
     what = "an empty data_source" if not data_source else f"data_source {data_source!r}"
     raise UnknownDataSourceError(
@@ -128,9 +147,25 @@ def _gsm8k(data_source, solution_str, ground_truth, extra_info=None):
   return gsm8k.compute_score(solution_str, ground_truth)
 
 
-@register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
+@register_reward("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 def _math(data_source, solution_str, ground_truth, extra_info=None):
   return math_reward.compute_score(solution_str, ground_truth)
+
+
+# verl scores "math" with DAPO's rule, not Hendrycks MATH's (verl's default_compute_score).
+@register_reward("math_dapo", "math", "math_dapo_reasoning", "aime*")
+def _math_dapo(data_source, solution_str, ground_truth, extra_info=None):
+  return math_dapo.compute_score(solution_str, ground_truth)
+
+
+SEARCH_R1_SOURCES = tuple(
+  f"searchR1_{name}" for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+)
+
+
+@register_reward(*SEARCH_R1_SOURCES)
+def _search_r1(data_source, solution_str, ground_truth, extra_info=None):
+  return search_r1.compute_score(solution_str, ground_truth)
 
 
 @register_reward("exact_match")

@@ -11,7 +11,7 @@ from jaxrlhf.rewards import ERROR_KEY, RewardFunctionError, UnknownDataSourceErr
 def test_default_scorer_over_mixed_data_sources():
   scores, extras = score_batch(
     None,
-    ["openai/gsm8k", "gsm8k", "lighteval/MATH", "math"],
+    ["openai/gsm8k", "gsm8k", "lighteval/MATH", "HuggingFaceH4/MATH-500"],
     ["#### 72", "#### 71", r"\boxed{\dfrac12}", "no box"],
     ["72", "72", r"\frac{1}{2}", "3"],
     [{"index": i} for i in range(4)],

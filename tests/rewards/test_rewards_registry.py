@@ -30,11 +30,30 @@ def test_gsm8k_sources(data_source):
 
 
 @pytest.mark.parametrize(
-  "data_source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"]
+  "data_source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"]
 )
 def test_math_sources(data_source):
   assert default_compute_score(data_source, r"so $\boxed{\dfrac{1}{2}}$", r"\frac{1}{2}") == 1.0
   assert default_compute_score(data_source, r"$\boxed{3}$", "4") == 0.0
+
+
+@pytest.mark.parametrize("data_source", ["math", "math_dapo", "math_dapo_reasoning", "aime2024", "aime_2025"])
+def test_dapo_math_sources_as_verl_maps_them(data_source):
+  # verl scores "math" and every aime* with DAPO's rule: +1 / -1, "Answer:" first, then the last box.
+  assert default_compute_score(data_source, "so\nAnswer: $\\frac{1}{2}$", "\\frac12") == {
+    "score": 1.0,
+    "acc": True,
+    "pred": "\\frac{1}{2}",
+  }
+  assert default_compute_score(data_source, "it is \\boxed{4}", "3")["score"] == -1.0
+  assert default_compute_score(data_source, "it is \\boxed{3}", "3")["acc"] is True
+
+
+def test_search_r1_exact_match():
+  truth = {"target": ["The Beatles"]}
+  assert default_compute_score("searchR1_nq", "<answer>beatles</answer>", truth) == 1.0
+  assert default_compute_score("searchR1_nq", "<answer>Stones</answer>", truth) == 0.0
+  assert default_compute_score("searchR1_nq", "<answer>beatles</answer>" * 11, truth) == 0.25
 
 
 def test_results_are_python_floats():

@@ -109,7 +109,14 @@ def test_the_pool_is_kept_across_batches_and_closed(tmp_path):
 
 
 def test_parallel_scores_equal_in_process_scores(tmp_path):
-  data_sources = ["openai/gsm8k", "gsm8k", "lighteval/MATH", "math", "jaxrlhf/recall", "exact_match"] * 6
+  data_sources = [
+    "openai/gsm8k",
+    "gsm8k",
+    "lighteval/MATH",
+    "HuggingFaceH4/MATH-500",
+    "jaxrlhf/recall",
+    "exact_match",
+  ] * 6
   responses = ["#### 72", "#### 71", r"\boxed{\dfrac12}", "no box", "first : 3", " 12 "] * 6
   truths = ["72", "72", r"\frac{1}{2}", "3", "3", "12"] * 6
   registry_scores = None

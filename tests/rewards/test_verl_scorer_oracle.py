@@ -1,0 +1,188 @@
+"""jaxrlhf's rule rewards give verl 0.9.1's results: `default_compute_score` against verl's own, per data source.
+
+For each data source a few hundred responses are generated from a fixed seed (right, wrong, boxed, unboxed,
+malformed, long, empty) and scored by both; every score (and the dict entries verl returns) must be equal. Runs
+where verl's scorer modules import (tests/rewards/verl_scorers.py), and is skipped saying why elsewhere.
+`python tests/rewards/test_verl_scorer_oracle.py` prints the agreement per data source (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import pytest
+
+from jaxrlhf.rewards import default_compute_score
+from tests.rewards.verl_scorers import verl_module
+
+SAMPLES = 300
+FILLER = "Let me think step by step about this problem. " * 8
+
+
+# ----- generated cases: (data_source, solution_str, ground_truth) ----------------------------------------------
+
+MATH_TRUTHS = [
+  "72",
+  "1000",
+  "-3",
+  "\\frac{1}{2}",
+  "\\dfrac{3}{4}",
+  "\\sqrt{2}",
+  "2\\sqrt{3}",
+  "(1, 2)",
+  "\\pi",
+  "3.5",
+  "10\\%",
+  "5\\text{ cm}",
+  "x^2+1",
+  "\\text{(B)}",
+  "1,000",
+  "0.25",
+  "\\infty",
+  "2^{10}",
+  "\\$15",
+  "12 degrees",
+]
+MATH_SPELLINGS = [
+  lambda t: t,
+  lambda t: f"${t}$",
+  lambda t: t.replace("\\dfrac", "\\frac"),
+  lambda t: f"x = {t}",
+  lambda t: f"{t} units",
+  lambda t: t.replace(" ", ""),
+  lambda t: f"\\text{{{t}}}",
+  lambda t: f"{t}.",
+  lambda t: t + "0" if "." in t else t,
+  lambda t: f"\\boxed{{{t}}}",
+]
+
+
+def _math_response(rng: random.Random, truth: str) -> str:
+  answer = rng.choice(MATH_SPELLINGS)(truth if rng.random() < 0.5 else rng.choice(MATH_TRUTHS))
+  kind = rng.randrange(9)
+  lead = FILLER[: rng.choice((0, 40, 250, 400))]
+  if kind == 0:
+    return f"{lead}Answer: {answer}"
+  if kind == 1:
+    return f"{lead}So the final answer is $\\boxed{{{answer}}}$."
+  if kind == 2:
+    return f"{lead}answer : {answer}\nand then I double check it."
+  if kind == 3:
+    return f"Answer: {answer}\n{FILLER}{FILLER}"  # pushed out of the last 300 characters
+  if kind == 4:
+    return f"{lead}\\boxed{{{answer}"  # unclosed
+  if kind == 5:
+    return f"{lead}\\boxed{{{answer}}} {FILLER[:120]}"  # boxed, but not in the last 100 characters
+  if kind == 6:
+    return f"{lead}Answer: {rng.choice(MATH_TRUTHS)}\nANSWER: {answer}"
+  if kind == 7:
+    return rng.choice(("", "I don't know.", "Answer:", "\\boxed{}", "Answer: [INVALID]"))
+  return f"{lead}{answer}"
+
+
+def math_dapo_cases(rng: random.Random):
+  sources = ("math_dapo", "math", "math_dapo_reasoning", "aime2024", "aime_2025")
+  for _ in range(SAMPLES):
+    truth = rng.choice(MATH_TRUTHS)
+    yield rng.choice(sources), _math_response(rng, truth), truth
+
+
+def gsm8k_cases(rng: random.Random):
+  for _ in range(SAMPLES):
+    truth = str(rng.choice((72, 1000, 5, 18, 3, 250000)))
+    number = truth if rng.random() < 0.5 else str(rng.randrange(1000))
+    spelled = rng.choice((number, f"{int(number):,}", f"${number}", f"{number}.00", f"-{number}"))
+    lead = FILLER[: rng.choice((0, 100, 400))]
+    response = rng.choice(
+      (
+        f"{lead}#### {spelled}",
+        f"{lead}The answer is {spelled}.",
+        f"#### {spelled}\n{FILLER}",
+        f"{lead}####{spelled}",
+        f"{lead}#### {spelled} and #### 7",
+        "",
+        "#### .",
+      )
+    )
+    yield "openai/gsm8k", response, truth
+
+
+SEARCH_TRUTHS = [
+  {"target": ["Paris"]},
+  {"target": np.array(["The Beatles", "Beatles"], dtype=object)},
+  {"target": ["1969"]},
+  {"target": "New York City"},
+  {"target": ["an apple", "Apple Inc."]},
+]
+
+
+def search_r1_cases(rng: random.Random):
+  names = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+  for _ in range(SAMPLES):
+    truth = rng.choice(SEARCH_TRUTHS)
+    target = truth["target"]
+    right = target if isinstance(target, str) else rng.choice(list(target))
+    answer = rng.choice((right, right.upper(), f"the {right}!", f" {right} ", "Rome", "", f"{right} and more"))
+    response = rng.choice(
+      (
+        f"<think>search</think><answer>{answer}</answer>",
+        f"<answer>wrong</answer> then <answer>{answer}</answer>",
+        f"<answer>{answer}</answer>" * rng.choice((1, 11, 12)),
+        f"<answer>{answer}",
+        f"{FILLER}<answer>\n{answer}\n</answer>",
+        answer,
+      )
+    )
+    yield f"searchR1_{rng.choice(names)}", response, truth
+
+
+CASES = {"math_dapo": math_dapo_cases, "gsm8k": gsm8k_cases, "search_r1": search_r1_cases}
+
+
+# ----- the comparison -------------------------------------------------------------------------------------------
+
+
+def _same(ours, theirs) -> bool:
+  if isinstance(theirs, dict):
+    return isinstance(ours, dict) and set(ours) == set(theirs) and all(_same(ours[k], theirs[k]) for k in theirs)
+  if isinstance(theirs, (bool, np.bool_)):
+    return bool(ours) == bool(theirs) and isinstance(ours, (bool, np.bool_))
+  if isinstance(theirs, (int, float)) and not isinstance(theirs, bool):
+    return isinstance(ours, (int, float)) and float(ours) == float(theirs)
+  return ours == theirs
+
+
+def agreement(name: str, verl_score) -> tuple[int, int, list]:
+  """(equal, total, the first disagreements) of `name`'s generated cases."""
+  cases = list(CASES[name](random.Random(name)))
+  wrong = []
+  for data_source, response, truth in cases:
+    ours, theirs = default_compute_score(data_source, response, truth), verl_score(data_source, response, truth)
+    if not _same(ours, theirs):
+      wrong.append((data_source, response, truth, ours, theirs))
+  return len(cases) - len(wrong), len(cases), wrong[:5]
+
+
+def _verl_default_compute_score():
+  module = verl_module("")
+  if isinstance(module, str):
+    pytest.skip(module)
+  return module.default_compute_score
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_same_scores_as_verl(name, capsys):
+  verl_score = _verl_default_compute_score()
+  equal, total, wrong = agreement(name, verl_score)
+  assert total >= SAMPLES and equal == total, wrong
+
+
+if __name__ == "__main__":
+  module = verl_module("")
+  if isinstance(module, str):
+    sys.exit(module)
+  for name in sorted(CASES):
+    equal, total, wrong = agreement(name, module.default_compute_score)
+    print(f"{name}: {equal}/{total} equal", *wrong, sep="\n  ")
