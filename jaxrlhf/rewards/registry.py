@@ -24,7 +24,7 @@ algorithms.md §8): GSM8K, Hendrycks MATH, DAPO's math (``math``, ``math_dapo``,
 from typing import Any, Callable, Optional, Union
 
 from jaxrlhf.errors import UserError
-from jaxrlhf.rewards import exact_match, gsm8k, math_dapo, search_r1
+from jaxrlhf.rewards import code, exact_match, gsm8k, math_dapo, search_r1
 from jaxrlhf.rewards import math as math_reward
 
 RewardResult = Union[float, dict]
@@ -161,6 +161,14 @@ def _math_dapo(data_source, solution_str, ground_truth, extra_info=None):
 SEARCH_R1_SOURCES = tuple(
   f"searchR1_{name}" for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 )
+
+
+CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
+
+
+@register_reward(*CODE_SOURCES)
+def _code(data_source, solution_str, ground_truth, extra_info=None):
+  return code.compute_score(solution_str, ground_truth)
 
 
 @register_reward(*SEARCH_R1_SOURCES)
