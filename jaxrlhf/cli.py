@@ -168,6 +168,17 @@ def last_override_wins(argv: list[str]) -> list[str]:
   ]
 
 
+def absl_argv(argv: list[str], default_config: str | None = None) -> tuple[list[str], bool]:
+  """`argv` as `absl_main` hands it to absl, and whether `-v` / `--verbose` was in it: the last of a repeated
+  `--config.<key>=` kept, the verbose flag taken out, and `--config=default_config` put first when only
+  `--config.<key>=` flags are given."""
+  argv = last_override_wins(argv)
+  verbose = _take_verbose(argv)
+  if default_config and _flag_value(argv, "config") is None and any(map(_config_override_key, argv)):
+    argv.insert(1, f"--config={default_config}")
+  return argv, verbose
+
+
 def absl_main(
   prog: str, main: Callable[[list[str]], object], argv: list[str] | None = None, default_config: str | None = None
 ) -> None:
@@ -175,10 +186,7 @@ def absl_main(
 
   `default_config`: the config file `--config.<key>=` flags apply to when `--config` is not given.
   """
-  argv = last_override_wins(list(sys.argv if argv is None else argv))
-  verbose = _take_verbose(argv)
-  if default_config and _flag_value(argv, "config") is None and any(map(_config_override_key, argv)):
-    argv.insert(1, f"--config={default_config}")
+  argv, verbose = absl_argv(list(sys.argv if argv is None else argv), default_config)
 
   def parse_flags(args):
     config_path = _flag_value(args, "config")
