@@ -99,15 +99,16 @@ def _messages(row: dict, prompt_key: str, where: str):
   )
 
 
-def encode_prompts(tokenizer, conversations, tools=None) -> list[list[int]]:
+def encode_prompts(tokenizer, conversations, tools=None, chat_template_kwargs=None) -> list[list[int]]:
   """Token ids of each conversation as the model is prompted with it: the chat template with the generation prompt
   (or, without a template, the contents one per line). Rendered and tokenized as one batch: a call per row spent
   twice as long in Python (10 s for the quickstart's 20,000 rows). `tools`: OpenAI function schemas the template
-  renders (multi-turn rollouts, as verl's `apply_chat_template(..., tools=)`)."""
+  renders (multi-turn rollouts, as verl's `apply_chat_template(..., tools=)`); `chat_template_kwargs`: the template's
+  other arguments (verl's `data.apply_chat_template_kwargs`, e.g. Qwen3's `enable_thinking=False`)."""
   if not conversations:
     return []
   if getattr(tokenizer, "chat_template", None):
-    kwargs = {"tools": list(tools)} if tools else {}
+    kwargs = {**(chat_template_kwargs or {}), **({"tools": list(tools)} if tools else {})}
     texts = tokenizer.apply_chat_template(list(conversations), add_generation_prompt=True, tokenize=False, **kwargs)
   else:
     texts = ["\n".join(m["content"] for m in messages) for messages in conversations]
@@ -176,6 +177,7 @@ def build_dataset(
   truncation: str = "error",
   filter_overlong_prompts: bool = False,
   tools=None,
+  chat_template_kwargs=None,
   max_samples: int = -1,
   shuffle: bool = True,
   seed: int | None = None,
@@ -193,7 +195,10 @@ def build_dataset(
   ids_list, sources, truths, extras = [], [], [], []
   filtered = 0
   encoded = encode_prompts(
-    tokenizer, [_messages(row, prompt_key, where) for row, where in zip(rows, places)], tools=tools
+    tokenizer,
+    [_messages(row, prompt_key, where) for row, where in zip(rows, places)],
+    tools=tools,
+    chat_template_kwargs=chat_template_kwargs,
   )
   for row, ids, where in zip(rows, encoded, places):
     if len(ids) > max_prompt_length and filter_overlong_prompts:

@@ -18,7 +18,7 @@ import numpy as np
 from jaxrlhf.errors import UserError
 from jaxrlhf.rewards.custom import source_of
 from jaxrlhf.rewards.registry import UnknownDataSourceError, default_compute_score, registered_name
-from jaxrlhf.rewards.sample import SampleResult, score_sample
+from jaxrlhf.rewards.sample import SampleResult, score_sample, score_samples_at_once
 from jaxrlhf.rewards.workers import WorkerPool, default_num_workers
 
 ON_ERROR_MODES = ("raise", "zero")
@@ -45,6 +45,9 @@ class RewardScorer:
   Workers load the function themselves (`rewards.custom.source_of`): a function that is neither the
   registry nor from a reward file is scored in this process, as is a data_source whose registered
   function the workers cannot import (one defined in `__main__` or a notebook); each is said once.
+
+  `batch` (verl's `reward_manager.name=batch`): the function is called once per batch with lists and returns
+  one score (or dict) per sample; in this process, without a time limit per sample.
   """
 
   def __init__(
@@ -53,9 +56,15 @@ class RewardScorer:
     *,
     num_workers: Optional[int] = 0,
     timeout_s: Optional[float] = None,
+    batch: bool = False,
   ):
     self.fn = default_compute_score if compute_score_fn is None else compute_score_fn
     self.source = source_of(compute_score_fn)
+    self.batch = batch and compute_score_fn is not None
+    if self.batch:
+      if num_workers:
+        _log.warning("reward: a batch reward function (reward_manager=batch) is called in this process")
+      num_workers = 0
     if num_workers is None:
       num_workers = default_num_workers() if self.source is not None and self.source.path else 0
     if num_workers and self.source is None:
@@ -88,6 +97,8 @@ class RewardScorer:
       return self._score(samples, stop_at_error)
 
   def _score(self, samples: Sequence[tuple], stop_at_error: bool) -> list[Optional[SampleResult]]:
+    if self.batch:
+      return score_samples_at_once(self.fn, list(samples)) if samples else []
     progress = _Progress(len(samples), self.where())
     results: list[Optional[SampleResult]] = [None] * len(samples)
     in_process = list(range(len(samples)))

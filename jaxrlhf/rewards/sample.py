@@ -63,6 +63,31 @@ def score_sample(
   return SampleResult(score, extras)
 
 
+def score_samples_at_once(fn: Callable[..., Any], samples: list[tuple]) -> list[SampleResult]:
+  """Calls `fn` once for all `samples`, as verl's batch reward manager does (keywords `data_sources`,
+  `solution_strs`, `ground_truths`, `extra_infos`, lists), and checks its one result per sample. A call that
+  raises, or returns something that is not a list of that length, fails every sample with what happened."""
+  data_sources, solution_strs, ground_truths, extra_infos = (list(column) for column in zip(*samples))
+  try:
+    results = fn(
+      data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths, extra_infos=extra_infos
+    )
+    if isinstance(results, (str, bytes, dict)) or not hasattr(results, "__len__") or len(results) != len(samples):
+      kind = f"{len(results)} results" if hasattr(results, "__len__") else type(results).__name__
+      raise TypeError(f"a batch reward function must return one score per sample ({len(samples)}), got {kind}")
+  except SystemExit as error:
+    return [failed(f"called sys.exit({error.code!r})")] * len(samples)
+  except Exception as error:
+    return [failed(f"{type(error).__name__}: {error}")] * len(samples)
+  checked = []
+  for data_source, result in zip(data_sources, results):
+    try:
+      checked.append(SampleResult(*_split_result(result, data_source)))
+    except Exception as error:
+      checked.append(failed(f"{type(error).__name__}: {error}"))
+  return checked
+
+
 def _split_result(result: Any, data_source: str) -> tuple[float, dict]:
   result = normalize_result(result, data_source)
   if isinstance(result, dict):

@@ -29,6 +29,7 @@ from jaxrlhf import algos, rewards
 from jaxrlhf.data import PromptDataset
 from jaxrlhf.errors import UserError
 from jaxrlhf.models.decoder import Decoder, reward_model_scores
+from jaxrlhf.trainer.dumps import RolloutDump, prompt_texts
 from jaxrlhf.trainer.model_outputs import sequence_inputs
 from jaxrlhf.trainer.records import Rollout, Scored
 
@@ -68,7 +69,10 @@ def reward_scorer(reward_model_config, compute_score_fn: Callable | None) -> rew
   """Where the rule reward runs (`reward_model.num_workers`, `reward_model.timeout_s`); its worker processes
   start at the first batch, and `close()` stops them."""
   return rewards.RewardScorer(
-    compute_score_fn, num_workers=reward_model_config.num_workers, timeout_s=reward_model_config.timeout_s
+    compute_score_fn,
+    num_workers=reward_model_config.num_workers,
+    timeout_s=reward_model_config.timeout_s,
+    batch=reward_model_config.reward_manager == "batch",
   )
 
 
@@ -156,6 +160,7 @@ def make_reward_fn(
   compute_score_fn: Callable | rewards.RewardScorer | None = None,
   on_error: str = "raise",
   component_keys: tuple[str, ...] = (),
+  dump: RolloutDump | None = None,
 ):
   """Returns `reward_fn(responses_NxR, response_mask_NxR, sample_index_N) -> (scores_N, errors_N,
   null_ground_truths_N, components_KxN)` (jittable).
@@ -164,7 +169,8 @@ def make_reward_fn(
   the step, naming the sample and its data_source; "zero": that sample scores 0 and errors_N marks it.
   null_ground_truths_N marks the rows whose ground truth is null (warned about once, here). `component_keys`
   (GDPO's `algorithm.gdpo_reward_keys`): entries of the dict the reward function returns, one row of
-  components_KxN each; every sample must return them all.
+  components_KxN each; every sample must return them all. `dump` (trainer.rollout_data_dir): every scored row is
+  added to it (prompt, response, ground truth, score), for the trainer to write after the step.
   """
   warn_null_ground_truths(dataset)
 
@@ -187,6 +193,15 @@ def make_reward_fn(
         _callback_errors.append(error)
       raise
     errors_N = extras.get(rewards.ERROR_KEY, np.zeros_like(scores_N))
+    if dump is not None:
+      rows = np.asarray(sample_index_N).tolist()
+      dump.add(
+        prompt_texts(tokenizer, dataset, rows),
+        decode_responses(tokenizer, responses_NxR, response_mask_NxR),
+        [dataset.ground_truths[i] for i in rows],
+        scores_N.tolist(),
+        {key: values.tolist() for key, values in extras.items()},
+      )
     null_ground_truths_N = np.array(
       [_is_null(dataset.ground_truths[i]) for i in np.asarray(sample_index_N)], np.float32
     )

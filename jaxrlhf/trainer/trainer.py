@@ -28,6 +28,7 @@ from jaxrlhf.parallel.mesh import fsdp_size, mesh_from_config
 from jaxrlhf.rollout import SamplingParams, pick_bucket, prompt_length_buckets
 from jaxrlhf.tools.registry import load_tools
 from jaxrlhf.tracking import Tracking, maybe_profile, plot_metrics, truncate_jsonl
+from jaxrlhf.trainer.dumps import RolloutDump
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.hf_weights import actor_base_params, critic_base_params, init_keys, write_hf
@@ -63,7 +64,10 @@ def tokenizer_from_config(config, save_dir: str):
     # Written next to the run so users can load it the usual way; `builtin:lookup` has the tool task's words.
     build_tokenizer(save_dir=save_dir, task=name.split(":", 1)[1])
     name = save_dir
-  return load_tokenizer(name)
+  tokenizer = load_tokenizer(name)
+  if config.actor_rollout_ref.model.custom_chat_template is not None:  # verl's: replaces the tokenizer's template
+    tokenizer.chat_template = config.actor_rollout_ref.model.custom_chat_template
+  return tokenizer
 
 
 def _outermost_missing(path: str) -> str | None:
@@ -125,8 +129,10 @@ class Trainer:
     # GDPO's reward components: entries of the dict the reward function returns, one advantage each.
     components = tuple(config.algorithm.gdpo_reward_keys or ()) if config.algorithm.adv_estimator == "gdpo" else ()
     self.reward_scorer = reward_scorer(config.reward_model, compute_score)  # in this process or in workers
+    dump_dir = trainer_cfg.rollout_data_dir
+    self.rollout_dump = RolloutDump(dump_dir) if dump_dir and jax.process_index() == 0 else None
     reward_fn = make_reward_fn(
-      self.tokenizer, self.train_data, self.reward_scorer, config.reward_model.on_error, components
+      self.tokenizer, self.train_data, self.reward_scorer, config.reward_model.on_error, components, self.rollout_dump
     )
     self.program = build_program(
       config,
@@ -190,6 +196,9 @@ class Trainer:
     self.tools = load_tools(multi_turn.tool_config_path) if multi_turn.enable else None
     dataset_kwargs = dict(
       tools=[tool.tool_schema.to_dict() for tool in self.tools.values()] if self.tools else None,
+      chat_template_kwargs={
+        key: value for key, value in data_cfg.apply_chat_template_kwargs.items() if value is not None
+      },
       max_prompt_length=data_cfg.max_prompt_length,
       prompt_key=data_cfg.prompt_key,
       reward_fn_key=data_cfg.reward_fn_key,
@@ -331,6 +340,8 @@ class Trainer:
     metrics.update(self._mfu(metrics, timings, elapsed, actor_updated))
     metrics["training/global_step"] = step + 1
     metrics["training/epoch"] = self.schedule.epoch_of(step)
+    if self.rollout_dump is not None:
+      self.rollout_dump.write(step + 1)  # verl's <rollout_data_dir>/<global step>.jsonl
     return metrics
 
   @property
@@ -536,10 +547,12 @@ class Trainer:
       self.save(checkpointer, start_step)  # a rollback needs somewhere to go back to
     history = []
     try:
-      if self.val_data is not None and config.val_before_train:
+      if self.val_data is not None and (config.val_before_train or config.val_only):
         val = self.validate(start_step)
         tracking.log(val, step=start_step)
         history.append({"step": start_step, **val})
+      if config.val_only:  # verl's: validate, then exit without training
+        return history
       step = start_step
       while step < self.total_steps:
         with maybe_profile(step + 1, config.profile_steps, self.run_dir):

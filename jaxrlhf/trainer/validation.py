@@ -22,6 +22,7 @@ from jaxrlhf import rewards
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.rollout.agent_loop import trajectory_metrics
 from jaxrlhf.trainer import reward
+from jaxrlhf.trainer.dumps import prompt_texts, write_generations
 from jaxrlhf.trainer.ppo_step import PPOStep
 
 VALIDATION_STREAM = 1 << 30  # fold_in tag of validation keys (training folds in step numbers < 2**30)
@@ -90,6 +91,14 @@ class Validation:
     if multi_turn:  # turns and tool calls of the validation trajectories (verl's val-aux/num_turns)
       metrics.update({f"val-aux/{k}": v for k, v in trajectory_metrics(trajectories).items()})
     self._log_generations(step, n, scores.reshape(len(data), n), responses, masks)
+    folder = config.trainer.validation_data_dir
+    if folder and jax.process_index() == 0:  # verl's <validation_data_dir>/<step>.jsonl
+      rows = np.repeat(np.arange(len(data)), n)
+      extras = {name: values.tolist() for name, values in variables.items()}
+      outputs = reward.decode_responses(self.tokenizer, responses, masks)
+      truths = [data.ground_truths[row] for row in rows]
+      inputs = prompt_texts(self.tokenizer, data, rows)
+      write_generations(folder, step, inputs, outputs, truths, scores.tolist(), extras)
     return metrics
 
   def _log_generations(self, step: int, n: int, scores, responses, masks) -> None:
