@@ -8,6 +8,7 @@ where verl's scorer modules import (tests/rewards/verl_scorers.py), and is skipp
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 
@@ -138,7 +139,49 @@ def search_r1_cases(rng: random.Random):
     yield f"searchR1_{rng.choice(names)}", response, truth
 
 
-CASES = {"math_dapo": math_dapo_cases, "gsm8k": gsm8k_cases, "search_r1": search_r1_cases}
+CODE_PROGRAMS = [
+  "a, b = map(int, input().split())\nprint(a + b)",
+  "a, b = map(int, input().split())\nprint(a + b, end='  \\n\\n')",
+  "a, b = map(int, input().split())\nprint(a - b)",
+  "a, b = map(int, input().split())\nprint((a + b) / 1.0000001)",
+  "a, b = map(int, input().split())\nprint(f'{a + b:.3f}')",
+  "a, b = map(int, input().split())\nprint(a + b)\nprint()",
+  "import sys\nprint(sum(map(int, sys.stdin.read().split())))",
+  "print(3)",
+  "raise ValueError('no')",
+  "def (:",
+  "",
+  "def main():\n    a, b = map(int, input().split())\n    print(a + b)\n\nif __name__ == '__main__':\n    main()",
+]
+CODE_TESTS = [
+  {"inputs": ["1 2\n", "3 4\n", "0 0\n"], "outputs": ["3\n", "7\n", "0\n"]},
+  {"inputs": ["1 2"], "outputs": ["3"]},
+  {"inputs": ["1 2\n", "5 5\n"], "outputs": ["3.0\n", "10\n"]},
+]
+CALL_PROGRAMS = [
+  "def add(a, b):\n    return a + b",
+  "def add(a, b):\n    return (a, b)",
+  "class Solution:\n    def add(self, a, b):\n        return a + b",
+  "def add(a, b):\n    return a - b",
+]
+CALL_TESTS = {"fn_name": "add", "inputs": ["1\n2", "3\n4"], "outputs": ["3", "7"]}
+
+
+def code_cases(rng: random.Random):
+  for _ in range(CODE_SAMPLES):
+    source = rng.choice(("codecontests", "apps", "codeforces", "taco"))
+    if rng.random() < 0.25:
+      program, tests = rng.choice(CALL_PROGRAMS), CALL_TESTS
+    else:
+      program, tests = rng.choice(CODE_PROGRAMS), rng.choice(CODE_TESTS)
+    wrapped = rng.choice(
+      (program, f"Here:\n```python\n{program}\n```\nDone.", f"```python\nx\n```\n```python\n{program}\n```")
+    )
+    yield source, wrapped, json.dumps(tests) if rng.random() < 0.5 else json.loads(json.dumps(tests))
+
+
+CODE_SAMPLES = 60  # verl's checker starts a process and a multiprocessing manager per test: about 0.3 s a case
+CASES = {"math_dapo": math_dapo_cases, "gsm8k": gsm8k_cases, "search_r1": search_r1_cases, "code": code_cases}
 
 
 # ----- the comparison -------------------------------------------------------------------------------------------
@@ -176,7 +219,7 @@ def _verl_default_compute_score():
 def test_same_scores_as_verl(name, capsys):
   verl_score = _verl_default_compute_score()
   equal, total, wrong = agreement(name, verl_score)
-  assert total >= SAMPLES and equal == total, wrong
+  assert total >= (CODE_SAMPLES if name == "code" else SAMPLES) and equal == total, wrong
 
 
 if __name__ == "__main__":
