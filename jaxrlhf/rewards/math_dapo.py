@@ -1,8 +1,8 @@
 """DAPO's math reward (verl's `math_dapo`): "Answer: ..." first, then the last ``\\boxed{}``; +1 right, -1 wrong.
 
 verl scores the data sources `math_dapo`, `math`, `math_dapo_reasoning` and every `aime*` with it (DAPO-Math-17k and
-the AIME sets of DAPO's recipes); docs/algorithms.md §8 lists the scorers. Written from verl 0.9.1's behaviour, not
-its code; tests/rewards/test_verl_scorer_oracle.py compares the two on generated responses. Only the last 300
+the AIME sets of DAPO's recipes). Written from verl 0.9.1's behaviour, not its code;
+tests/rewards/test_verl_scorer_oracle.py compares the two on generated responses. Only the last 300
 characters of a response are read (MATH-500's longest answer has 159):
 
 1. Minerva: the last ``Answer: <rest of line>`` (any case). Found: it is normalised (`normalize_final_answer`) and

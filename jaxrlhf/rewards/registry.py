@@ -15,10 +15,11 @@ A dict result carries the reward under ``"score"``; its other numeric entries ar
 A name ending in ``*`` registers a prefix (verl's ``aime*``): it scores every data_source that starts with the rest,
 when no exact name does.
 
-The built-in rules are verl 0.9.1's ``default_compute_score``, by verl's names and with verl's results (docs/
-algorithms.md §8): GSM8K, Hendrycks MATH, DAPO's math (``math``, ``math_dapo``, ``aime*``), PRIME's math
-(``numina_*``), Search-R1's exact match (``searchR1_*``), geometry3k, and the code sources (``codecontests``,
-``apps``, ``codeforces``, ``taco``: each program runs in a sandboxed process of its own).
+The built-in rules follow verl 0.9.1's ``default_compute_score``, by verl's names: GSM8K, Hendrycks MATH, DAPO's
+math (``math``, ``math_dapo``, ``math_dapo_reasoning``, ``aime*``), Search-R1's exact match (``searchR1_*``) and the
+code sources (``codecontests``, ``apps``, ``codeforces``, ``taco``: each program runs in a sandboxed process of its
+own); tests/rewards/test_verl_scorer_oracle.py holds them to verl's results. verl's ``numina_*`` (PRIME's math) and
+``hiyouga/geometry3k`` are not built in yet.
 """
 
 from typing import Any, Callable, Optional, Union
