@@ -5,7 +5,7 @@
         [--top_k K] [--seed S] [--dtype float32|bfloat16]
 
 PATH: what `jaxrlhf.generate` takes (an HF checkpoint directory, a Hub model id, or a run's `global_step_N`).
-Needs the `jetstream` extra: pip install 'jaxrlhf[jetstream]'.
+Needs the `jetstream` extra: pip install -e '.[jetstream]'.
 
 Clients call JetStream's `Decode` RPC (jetstream.core.proto.jetstream_pb2_grpc.OrchestratorStub) with a text
 prompt (tokenized as `jaxrlhf.generate` does, no special token added) or token ids, and `max_tokens`; the

@@ -20,7 +20,7 @@ raise inside JetStream's threads, which kill the process on any exception: `pref
 returns a finished prefix with no token, so that request ends empty and the others go on. `jaxrlhf.serve`
 refuses such a request earlier, with a gRPC error that says why.
 
-JetStream is an optional extra (`pip install 'jaxrlhf[jetstream]'`; it pulls TensorFlow through seqio):
+JetStream is an optional extra (`pip install -e '.[jetstream]'`; it pulls TensorFlow through seqio):
 this module imports without it, and `JetStreamEngine` / `HFTokenizer` then raise an ImportError that says
 what to install and what failed to import.
 """
@@ -56,7 +56,7 @@ if engine_api is not None and not hasattr(jax, "tree_map"):
   # unmodified; nothing in jaxrlhf calls it.
   jax.tree_map = jax.tree.map
 
-INSTALL_HINT = "pip install 'jaxrlhf[jetstream]' (google-jetstream and what it imports: seqio, TensorFlow)"
+INSTALL_HINT = "pip install -e '.[jetstream]' (google-jetstream and what it imports: seqio, TensorFlow)"
 
 # JetStream pads prompts to these lengths, up to the engine's max_prefill_length, which must be one of them
 # (`token_utils.pad_tokens` looks it up in this list).

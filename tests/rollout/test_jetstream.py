@@ -187,7 +187,7 @@ def test_a_missing_import_of_jetstream_is_named():
   )
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0 and "ImportError: JetStreamEngine needs google-jetstream" in proc.stderr
-  assert "jaxrlhf[jetstream]" in proc.stderr and "seqio" in proc.stderr.splitlines()[-1]
+  assert "pip install -e '.[jetstream]'" in proc.stderr and "seqio" in proc.stderr.splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
