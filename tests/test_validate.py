@@ -1,4 +1,4 @@
-"""The validation pass's own checks, in this process (README "Bad input"; tests/cli/test_bad_input.py runs them
+"""The validation pass's own checks, in this process (docs/guarantees.md; tests/cli/test_bad_input.py runs them
 through the command lines): output paths that cannot be written, lengths beyond the model, memory before padding."""
 
 import dataclasses

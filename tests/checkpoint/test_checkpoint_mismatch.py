@@ -1,5 +1,5 @@
 """A checkpoint that does not fit the run's state names every setting that differs from the config it was saved
-with, and is not called damaged (README "Bad input"). A tiny hand-made state: no model is built or compiled."""
+with, and is not called damaged (docs/guarantees.md). A tiny hand-made state: no model is built or compiled."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The launch scripts: `bash -n` and shellcheck clean, and `--dry-run` prints the exact commands (README "Launch").
+"""The launch scripts: `bash -n` and shellcheck clean, and `--dry-run` prints the exact commands (docs/scale.md).
 
 Each dry run is a real bash subprocess; a fake `scontrol` stands in for SLURM's (it expands the node list).
 """

@@ -1,4 +1,4 @@
-"""Nothing lost (README "Bad input"): one run per run directory, a failed checkpoint save stops the run in one
+"""Nothing lost (docs/guarantees.md): one run per run directory, a failed checkpoint save stops the run in one
 line. (SIGTERM saves the last finished step so that a resume continues exactly: tests/checkpoint/
 test_checkpoint_resume.py, beside the SIGKILL resume and the uninterrupted run both compare with.)"""
 
