@@ -653,3 +653,16 @@ def test_a_truncated_file_in_the_latest_checkpoint_resumes_from_the_previous_one
   checkpointer = Checkpointer(str(run_dir))
   assert checkpointer.all_steps() == [2, 4, 6]
   checkpointer.close()
+
+
+def test_importing_jaxrlhf_and_transformers_without_torch_prints_nothing():
+  """transformers says "PyTorch was not found. Models won't be available..." when imported without torch, which
+  read as a failure at the top of every command of a user without torch; jaxrlhf turns that advisory off."""
+  code = "import sys; sys.modules['torch'] = None; import jaxrlhf, transformers; transformers.AutoTokenizer"
+  env = {k: v for k, v in subprocess_env().items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr[-2000:]
+  shown = subprocess.run(
+    [sys.executable, "-c", code.replace("import jaxrlhf, ", "import ")], env=env, capture_output=True, text=True
+  )
+  assert "PyTorch was not found" in shown.stderr  # what it turns off (here torch is made unimportable)
