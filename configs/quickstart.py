@@ -1,7 +1,7 @@
 """CPU quickstart: PPO with a critic teaches a tiny from-scratch decoder the built-in `recall` task.
 
 The task asks for the first or last digit of a list ("last : 5 8 2 7" -> "#### 7"), scored by the
-GSM8K rule. Validation is greedy on 256 held-out lists every 25 steps: 0 before training, 0.2-0.3 at
+GSM8K rule. Validation is greedy on 256 held-out lists every 25 steps: 0 before training, 0.2-0.4 at
 step 25, >= 0.95 by step 75 (100 for one seed) and 1.0 at step 150 across the seeds and CPU numerics
 swept by benchmarks/quickstart_robustness.py.
 
