@@ -247,6 +247,31 @@ def check_data_file(
   return num_rows
 
 
+def first_rows(files, limit: int) -> list[tuple[str, dict]]:
+  """(where, row) of the first `limit` rows of `files` ('train.parquet row 3'), read without the rest of the files;
+  the files were checked (`check_data_file`) before."""
+  rows: list[tuple[str, dict]] = []
+  for path in _files(files):
+    if len(rows) >= limit:
+      break
+    if path.startswith("builtin:"):
+      file_rows = builtin_rows(path)[: limit - len(rows)]
+    elif path.endswith(".parquet"):
+      import pyarrow.parquet as pq
+
+      batch = next(pq.ParquetFile(path).iter_batches(batch_size=limit - len(rows)), None)
+      file_rows = batch.to_pylist() if batch is not None else []
+    else:
+      file_rows = []
+      for _, line in read_lines(path):
+        if line.strip():
+          file_rows.append(json.loads(line))
+        if len(rows) + len(file_rows) >= limit:
+          break
+    rows += [(f"{path} row {i}", row) for i, row in enumerate(file_rows)]
+  return rows
+
+
 def check_data_sources_known(data_sources: Iterable, where: str) -> None:
   """Every distinct data_source has a registered reward function; the error names the first one that has none."""
   for data_source in dict.fromkeys(data_sources):  # distinct, in order of first appearance

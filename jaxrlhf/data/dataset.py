@@ -146,6 +146,11 @@ class PromptDataset:
   extra_infos: list
   num_filtered: int = 0  # rows dropped by `filter_overlong_prompts`
   num_read: int = 0  # rows the files hold, when `max_samples` kept fewer (0: every row was kept)
+  places: list = dataclasses.field(default_factory=list)  # where each row is ('train.parquet row 3'), for messages
+
+  def place(self, index: int) -> str:
+    """Where row `index` came from ('train.parquet row 3'); 'row <index>' for a dataset built without places."""
+    return self.places[index] if index < len(self.places) else f"row {index}"
 
   def __len__(self) -> int:
     return len(self.data_sources)
@@ -192,7 +197,7 @@ def build_dataset(
     chosen = np.random.default_rng(seed).choice(num_read, max_samples, replace=False) if shuffle else range(max_samples)
     rows, places = [rows[i] for i in chosen], [places[i] for i in chosen]
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-  ids_list, sources, truths, extras = [], [], [], []
+  ids_list, sources, truths, extras, kept_places = [], [], [], [], []
   filtered = 0
   encoded = encode_prompts(
     tokenizer,
@@ -213,6 +218,7 @@ def build_dataset(
       raise DataError(f"{where}: missing 'reward_model.ground_truth'")
     truths.append(reward_model["ground_truth"])
     extras.append(row.get("extra_info") or {})
+    kept_places.append(where)
   if not ids_list:
     raise DataError(
       f"{', '.join(_file_list(files))}: no rows left (read {len(rows)}, data.filter_overlong_prompts "
@@ -225,7 +231,7 @@ def build_dataset(
       input_ids[i, -len(ids) :] = ids
       attention_mask[i, -len(ids) :] = 1
   num_read = num_read if len(rows) < num_read else 0  # 0: every row kept
-  return PromptDataset(input_ids, attention_mask, sources, truths, extras, filtered, num_read)
+  return PromptDataset(input_ids, attention_mask, sources, truths, extras, filtered, num_read, kept_places)
 
 
 class BatchSchedule:

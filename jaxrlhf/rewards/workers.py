@@ -88,6 +88,7 @@ class WorkerPool:
     )
     self._served: Optional[frozenset] = None  # registry: the data sources the workers score alike
     self._batch = 0
+    self._retried: set[int] = set()  # this batch's samples scored again after their worker was SIGTERM'd
     self._workers: list[_Worker] = []
     self._fill()
     _OPEN_POOLS.add(self)
@@ -145,6 +146,7 @@ class WorkerPool:
     """{index: result} for `items` ((index, sample) pairs). With `stop_at_error` it returns at the first
     failed sample, without the samples not scored yet; an unknown data_source always stops it."""
     self._batch += 1
+    self._retried = set()
     results: dict[int, SampleResult] = {}
     size = max(1, min(_MAX_CHUNK, len(items) // (_CHUNKS_PER_WORKER * self.num_workers)))
     pending = collections.deque(collections.deque(items[k : k + size]) for k in range(0, len(items), size))
@@ -203,7 +205,8 @@ class WorkerPool:
         exited = True
       if exited:
         worker.process.join(1.0)
-        self._fail_head(worker, failed(_exit_text(worker.process.exitcode)), results, pending)
+        if not self._retry_head(worker, pending):
+          self._fail_head(worker, failed(_exit_text(worker.process.exitcode)), results, pending)
         if not worker.ready:
           raise RewardWorkerError(
             f"a reward worker process {_exit_text(worker.process.exitcode)} while loading the reward function "
@@ -236,6 +239,19 @@ class WorkerPool:
     worker.since = time.monotonic()
     results[index] = result
     return result.unknown_data_source is not None
+
+  def _retry_head(self, worker: _Worker, pending: Optional[collections.deque]) -> bool:
+    """A worker that SIGTERM ended (the reward function set a handler of its own, and a scheduler's preemption
+    signal reached it) was not failed by its sample: the chunk goes back to the queue, its head scored again
+    once in a new worker, while the trainer finishes the step it stops after. True: given back."""
+    if worker.process.exitcode != -signal.SIGTERM or not worker.chunk or pending is None:
+      return False
+    if worker.chunk[0][0] in self._retried:
+      return False
+    self._retried.add(worker.chunk[0][0])
+    pending.appendleft(collections.deque(worker.chunk))
+    worker.chunk = collections.deque()
+    return True
 
   def _fail_head(
     self, worker: _Worker, result: SampleResult, results: dict, pending: Optional[collections.deque]
@@ -296,9 +312,10 @@ def _context():
   """forkserver where the platform has it (a child is forked from a clean server, cheaply), else spawn."""
   if "forkserver" in multiprocessing.get_all_start_methods():
     context = multiprocessing.get_context("forkserver")
-    # The server imports this module once, so a new worker starts without importing it (or NumPy) again.
-    # Not the trainer's __main__: its import could run a script's top-level code in a long-lived server.
-    context.set_forkserver_preload([__name__])
+    # The server imports this module once (through `worker_server`, which also makes it ignore SIGTERM), so a
+    # new worker starts without importing it (or NumPy) again. Not the trainer's __main__: its import could run a
+    # script's top-level code in a long-lived server.
+    context.set_forkserver_preload(["jaxrlhf.rewards.worker_server"])
     return context
   return multiprocessing.get_context("spawn")
 

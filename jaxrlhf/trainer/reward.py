@@ -29,6 +29,7 @@ from jaxrlhf import algos, rewards
 from jaxrlhf.data import PromptDataset
 from jaxrlhf.errors import UserError
 from jaxrlhf.models.decoder import Decoder, reward_model_scores
+from jaxrlhf.rewards.batch import function_name
 from jaxrlhf.trainer.dumps import RolloutDump, prompt_texts
 from jaxrlhf.trainer.model_outputs import sequence_inputs
 from jaxrlhf.trainer.records import Rollout, Scored
@@ -74,6 +75,60 @@ def reward_scorer(reward_model_config, compute_score_fn: Callable | None) -> rew
     timeout_s=reward_model_config.timeout_s,
     batch=reward_model_config.reward_manager == "batch",
   )
+
+
+PREFLIGHT_ROWS = 4  # of the first rows of the training files (one per data_source first), tried before compiling
+
+
+def preflight(scorer: rewards.RewardScorer, rows: list[tuple[str, dict]], key: str, reward_fn_key: str) -> None:
+  """Tries the reward function on a few data rows before anything compiles (nor the tokenizer loads), where the
+  run will score (`scorer`'s worker processes, which stay up for the run): each row's ground truth as the response,
+  and an empty response. A function that raises, exits, crashes, times out or returns something that is not a finite
+  number (or a dict with one under "score") is refused in one line naming the row and what came back, in seconds
+  rather than after the step has compiled. What it scores is not judged, only that it scores.
+
+  `rows`: (where, row) of the data files of `key` (`validate.first_rows`), the data_source under `reward_fn_key`."""
+  samples, tried = [], []
+  for where, row in _preflight_rows(rows, reward_fn_key):
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    data_source, extra_info = row.get(reward_fn_key), row.get("extra_info") or {}
+    for response, what in ((_as_text(truth), "its ground truth as the response"), ("", "an empty response")):
+      samples.append((data_source, response, truth, extra_info))
+      tried.append((where, data_source, what))
+  results = scorer.score(samples, stop_at_error=True)
+  for result, (where, data_source, what) in zip(results, tried):
+    if result is not None and result.unknown_data_source:
+      raise rewards.UnknownDataSourceError(f"{key}: {where}: {result.unknown_data_source}")
+    if result is not None and result.error is not None:
+      hint = "a reward function returns a finite number, or a dict with a finite number under 'score'"
+      if result.timed_out:
+        hint = "raise reward_model.timeout_s if the function is slow but right; " + hint
+      raise rewards.RewardFunctionError(
+        f"reward function {function_name(scorer.fn)!r} refused before compiling: on {key} {where} "
+        f"(data_source={data_source!r}) with {what}: {result.error}",
+        hint=hint,
+      )
+
+
+def _preflight_rows(rows: list[tuple[str, dict]], reward_fn_key: str) -> list[tuple[str, dict]]:
+  """The first row of each data_source, then the next rows, up to PREFLIGHT_ROWS; rows with a ground truth first."""
+  truth = lambda row: (row.get("reward_model") or {}).get("ground_truth")
+  order = [item for item in rows if not _is_null(truth(item[1]))] or rows
+  chosen, seen = [], set()
+  for item in order:
+    if item[1].get(reward_fn_key) not in seen:
+      seen.add(item[1].get(reward_fn_key))
+      chosen.append(item)
+  chosen += [item for item in order if item not in chosen]
+  return chosen[:PREFLIGHT_ROWS]
+
+
+def _as_text(ground_truth) -> str:
+  if isinstance(ground_truth, str):
+    return ground_truth
+  if isinstance(ground_truth, (list, tuple)) and ground_truth and isinstance(ground_truth[0], str):
+    return ground_truth[0]  # one of the accepted answers (search_r1's targets)
+  return "" if _is_null(ground_truth) else str(ground_truth)
 
 
 def _is_null(ground_truth) -> bool:

@@ -37,9 +37,12 @@ from jaxrlhf.trainer.phased import PhasedStep, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
 from jaxrlhf.trainer.program import BaseWeights, build_program, model_configs
 from jaxrlhf.trainer.reward import (
+  PREFLIGHT_ROWS,
   host_callback_errors,
   make_reward_fn,
+  preflight,
   reward_scorer,
+  uses_rule_reward,
 )
 from jaxrlhf.trainer.run_lock import RunLock
 from jaxrlhf.trainer.state import TrainState
@@ -52,7 +55,7 @@ from jaxrlhf.trainer.step_modes import (
   step_mode,
 )
 from jaxrlhf.trainer.validation import Validation, make_validation_fn
-from jaxrlhf.validate import check_data_sources_known, validate_run
+from jaxrlhf.validate import check_data_sources_known, first_rows, validate_run
 
 
 def tokenizer_from_config(config, save_dir: str):
@@ -113,10 +116,15 @@ class Trainer:
     self.run_lock = RunLock(self.run_dir)
     if jax.process_index() == 0:  # refused before anything heavy; held again (same process) while fit() runs
       self.run_lock.acquire()
+    self.reward_scorer = reward_scorer(config.reward_model, compute_score)  # in this process or in workers
     try:
+      if compute_score is not None and uses_rule_reward(config.reward_model):  # user code: tried before compiling
+        rows = first_rows(config.data.train_files, 64 * PREFLIGHT_ROWS)
+        preflight(self.reward_scorer, rows, "data.train_files", config.data.reward_fn_key)
       self.mesh = mesh_from_config(config, devices)
       self._load_data(config, compute_score)
     except UserError:
+      self.reward_scorer.close()
       if new_dir and jax.process_index() == 0:  # a refused run leaves no run directory (nor its lock) behind
         _remove_new_run_dir(self.run_dir, new_dir)
       raise
@@ -128,7 +136,6 @@ class Trainer:
     pad_id = pad_token_id(self.tokenizer, eos_ids)
     # GDPO's reward components: entries of the dict the reward function returns, one advantage each.
     components = tuple(config.algorithm.gdpo_reward_keys or ()) if config.algorithm.adv_estimator == "gdpo" else ()
-    self.reward_scorer = reward_scorer(config.reward_model, compute_score)  # in this process or in workers
     dump_dir = trainer_cfg.rollout_data_dir
     self.rollout_dump = RolloutDump(dump_dir) if dump_dir and jax.process_index() == 0 else None
     reward_fn = make_reward_fn(
