@@ -16,16 +16,17 @@ A name ending in ``*`` registers a prefix (verl's ``aime*``): it scores every da
 when no exact name does.
 
 The built-in rules follow verl 0.9.1's ``default_compute_score``, by verl's names: GSM8K, Hendrycks MATH, DAPO's
-math (``math``, ``math_dapo``, ``math_dapo_reasoning``, ``aime*``), Search-R1's exact match (``searchR1_*``) and the
-code sources (``codecontests``, ``apps``, ``codeforces``, ``taco``: each program runs in a sandboxed process of its
-own); tests/rewards/test_verl_scorer_oracle.py holds them to verl's results. verl's ``numina_*`` (PRIME's math) and
-``hiyouga/geometry3k`` are not built in yet.
+math (``math``, ``math_dapo``, ``math_dapo_reasoning``, ``aime*``), PRIME's math (``numina_*``), Geometry3K's text
+reward (``hiyouga/geometry3k``), Search-R1's exact match (``searchR1_*``) and the code sources (``codecontests``,
+``apps``, ``codeforces``, ``taco``: each program runs in a sandboxed process of its own);
+tests/rewards/test_verl_scorer_oracle.py holds them to verl's results. ``numina_*`` and ``hiyouga/geometry3k`` grade
+with sympy and pylatexenc, the ``math`` extra: without it, scoring them raises `ScorerUnavailableError`, naming it.
 """
 
 from typing import Any, Callable, Optional, Union
 
-from jaxrlhf.errors import UserError
-from jaxrlhf.rewards import code, exact_match, gsm8k, math_dapo, search_r1
+from jaxrlhf.errors import UserError, missing_extra
+from jaxrlhf.rewards import code, exact_match, geometry3k, gsm8k, math_dapo, prime_math, prm800k, search_r1
 from jaxrlhf.rewards import math as math_reward
 
 RewardResult = Union[float, dict]
@@ -36,6 +37,19 @@ _REGISTRY: dict[str, RewardFn] = {}
 
 class UnknownDataSourceError(UserError, ValueError):
   """No reward function is registered for a data_source: a data/config error, never a sample's."""
+
+
+class ScorerUnavailableError(UnknownDataSourceError):
+  """A built-in scorer whose packages are not installed: a setup error, which (like an unknown data_source)
+  stops the run rather than failing one sample after another."""
+
+
+def require_extra(data_source: str, modules: tuple[str, ...], extra: str) -> None:
+  """Raises `ScorerUnavailableError` naming `extra` when one of `modules` is not installed."""
+  for module in modules:
+    error = missing_extra(module, extra, f"the reward of data_source {data_source!r}")
+    if error is not None:
+      raise ScorerUnavailableError(str(error))
 
 
 def register_reward(*data_sources: str, overwrite: bool = False) -> Callable[[RewardFn], RewardFn]:
@@ -157,6 +171,23 @@ def _math(data_source, solution_str, ground_truth, extra_info=None):
 @register_reward("math_dapo", "math", "math_dapo_reasoning", "aime*")
 def _math_dapo(data_source, solution_str, ground_truth, extra_info=None):
   return math_dapo.compute_score(solution_str, ground_truth)
+
+
+NUMINA_SOURCES = tuple(
+  f"numina_{name}" for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12", "olympiads")
+)
+
+
+@register_reward(*NUMINA_SOURCES)
+def _prime_math(data_source, solution_str, ground_truth, extra_info=None):
+  require_extra(data_source, prm800k.MODULES, prm800k.EXTRA)
+  return prime_math.compute_score(solution_str, ground_truth)
+
+
+@register_reward("hiyouga/geometry3k")
+def _geometry3k(data_source, solution_str, ground_truth, extra_info=None):
+  require_extra(data_source, prm800k.MODULES, prm800k.EXTRA)
+  return geometry3k.compute_score(solution_str, ground_truth)
 
 
 SEARCH_R1_SOURCES = tuple(
