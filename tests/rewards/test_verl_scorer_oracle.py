@@ -1,7 +1,8 @@
 """jaxrlhf's rule rewards give verl 0.9.1's results: `default_compute_score` against verl's own, per data source.
 
 For each data source a few hundred responses are generated from a fixed seed (right, wrong, boxed, unboxed,
-malformed, long, empty) and scored by both; every score (and the dict entries verl returns) must be equal. Runs
+malformed, long, empty; for numina_* and geometry3k also LaTeX spellings: \\frac, \\sqrt, \\pi, intervals, units,
+percentages, matrices) and scored by both; every score (and the dict entries verl returns) must be equal. Runs
 where verl's scorer modules import (tests/rewards/verl_scorers.py), and is skipped saying why elsewhere.
 `python tests/rewards/test_verl_scorer_oracle.py` prints the agreement per data source (benchmarks/README.md).
 """
@@ -180,8 +181,121 @@ def code_cases(rng: random.Random):
     yield source, wrapped, json.dumps(tests) if rng.random() < 0.5 else json.loads(json.dumps(tests))
 
 
+PRIME_TRUTHS = [
+  "72",
+  "-3",
+  "1,000,000",
+  "0.25",
+  "\\frac{3}{4}",
+  "\\dfrac{7}{2}",
+  "2\\sqrt{3}",
+  "\\sqrt{2}/2",
+  "(1, 2)",
+  "[-1, 3)",
+  "(-\\infty, 0) \\cup (2, \\infty)",
+  "\\frac{\\pi}{3}",
+  "2\\pi",
+  "15\\%",
+  "\\$18.50",
+  "5 \\text{ cm}",
+  "60^\\circ",
+  "101_2",
+  "x^2+2x+1",
+  "\\text{(C)}",
+  "3 \\frac{1}{4}",
+  "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+  "1, 2, 3",
+  "12 meters",
+]
+# Other ways to write each answer: equal in value, in LaTeX, or not at all (an unreduced fraction, another interval).
+PRIME_SPELLINGS = [
+  lambda t: t,
+  lambda t: t.replace("\\dfrac", "\\frac").replace("\\frac{3}{4}", "0.75"),
+  lambda t: t.replace("\\frac{3}{4}", "3/4").replace("\\frac{7}{2}", "\\tfrac72"),
+  lambda t: t.replace("\\frac{3}{4}", "\\frac{6}{8}").replace("2\\sqrt{3}", "\\sqrt{12}"),
+  lambda t: t.replace("(", "[").replace(")", "]"),
+  lambda t: t.replace(" ", ""),
+  lambda t: f"x = {t}",
+  lambda t: f"${t}$",
+  lambda t: f"\\text{{{t}}}",
+  lambda t: f"{t} units",
+  lambda t: t.replace("\\pi", "\\cdot \\pi").replace("2\\pi", "6.2832").replace("72", "72.0"),
+  lambda t: t.replace("\\%", "%").replace("15", "0.15").replace("1,000,000", "10^6"),
+  lambda t: t.replace("x^2+2x+1", "(x+1)^2").replace("60^\\circ", "60 degrees").replace("101_2", "5"),
+  lambda t: t.replace("\\sqrt{2}/2", "\\frac{1}{\\sqrt{2}}").replace("1, 2, 3", "3, 2, 1"),
+  lambda t: t.replace("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "[[1, 2], [3, 4]]").replace("-3", "- 3"),
+  lambda t: t + "0" if "." in t else t + "1",
+]
+
+
+def _prime_response(rng: random.Random, truth: str) -> str:
+  answer = rng.choice(PRIME_SPELLINGS)(truth if rng.random() < 0.6 else rng.choice(PRIME_TRUTHS))
+  lead = FILLER[: rng.choice((0, 60, 400))] + rng.choice(("", "Step 1: set up.\nStep 2: solve.\n"))
+  return rng.choice(
+    (
+      f"{lead}So the answer is $\\boxed{{{answer}}}$.",
+      f"{lead}The answer is {answer}",
+      f"{lead}Answer: {answer}\n",
+      f"{lead}We get {answer}. Done",
+      f"{lead}{answer} is the answer.",
+      f"{lead}Thus x = {answer}",
+      f"{lead}\\fbox{{{answer}}}",
+      f"{lead}\\boxed{{{answer}",  # unclosed
+      f"{lead}\\boxed{{1}} first, then the answer is \\boxed{{{answer}}}",
+      f"{lead}{answer}",
+      f"{lead}The answers are {answer} and 7",
+      rng.choice(("", "I give up.", "\\boxed{}", "Answer:", "The answer is \\boxed{x_1}", "\\boxed{\\pi}")),
+    )
+  )
+
+
+def prime_math_cases(rng: random.Random):
+  names = ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12", "olympiads")
+  for _ in range(SAMPLES):
+    truth = rng.choice(PRIME_TRUTHS)
+    yield f"numina_{rng.choice(names)}", _prime_response(rng, truth), truth
+
+
+GEOMETRY_TRUTHS = ["3", "60", "12.5", "2\\sqrt{3}", "\\frac{40}{3}", "4\\sqrt{2}", "25\\pi", "0.75", "108", "7.2"]
+GEOMETRY_SPELLINGS = [
+  lambda t: t,
+  lambda t: t.replace("\\frac{40}{3}", "40/3").replace("0.75", "\\frac{3}{4}").replace("108", "108^\\circ"),
+  lambda t: t.replace("2\\sqrt{3}", "\\sqrt{12}").replace("12.5", "12.50").replace("60", "60 degrees"),
+  lambda t: t.replace("\\sqrt{2}", "\\sqrt2").replace("25\\pi", "25 \\pi").replace("7.2", "7.20 cm"),
+  lambda t: f"x = {t}",
+  lambda t: f"{{{t}}}",
+  lambda t: t + "1",
+]
+
+
+def geometry3k_cases(rng: random.Random):
+  for _ in range(SAMPLES):
+    truth = rng.choice(GEOMETRY_TRUTHS)
+    answer = rng.choice(GEOMETRY_SPELLINGS)(truth if rng.random() < 0.6 else rng.choice(GEOMETRY_TRUTHS))
+    think = rng.choice(("<think>The angles sum to 180.</think>", "<think>" + FILLER + "</think>\n", "", "<think>x"))
+    response = rng.choice(
+      (
+        f"{think} The answer is \\boxed{{{answer}}}.",
+        f"{think}\\boxed{{{answer}}}",
+        f"{think}\\boxed{{{answer}",  # unclosed
+        f"{think}{answer}",
+        f"{think}\\boxed{{0}} no, \\boxed{{{answer}}}\n",
+        f"\\boxed{{{answer}}}{think}",
+        rng.choice(("", "\\boxed{}", "<think></think>\\boxed{None}", "\\boxed{{}")),
+      )
+    )
+    yield "hiyouga/geometry3k", response, truth
+
+
 CODE_SAMPLES = 60  # verl's checker starts a process and a multiprocessing manager per test: about 0.3 s a case
-CASES = {"math_dapo": math_dapo_cases, "gsm8k": gsm8k_cases, "search_r1": search_r1_cases, "code": code_cases}
+CASES = {
+  "math_dapo": math_dapo_cases,
+  "gsm8k": gsm8k_cases,
+  "search_r1": search_r1_cases,
+  "code": code_cases,
+  "prime_math": prime_math_cases,
+  "geometry3k": geometry3k_cases,
+}
 
 
 # ----- the comparison -------------------------------------------------------------------------------------------
