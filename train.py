@@ -9,7 +9,6 @@ Bad input (a config key, a path, a data file, a checkpoint) prints one or two li
 `-v` / `--verbose` adds the traceback.
 """
 
-import json
 import os
 import sys
 
@@ -76,10 +75,7 @@ def main(argv):
   if _DISTRIBUTED.value:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts; GPUs and TPUs use their own
     jax.distributed.initialize(num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-  trainer = Trainer(config)
-  if jax.process_index() == 0:  # the resolved config, to read back what every override became
-    with open(os.path.join(trainer.run_dir, "config.json"), "w") as f:
-      json.dump(trainer.config.to_dict(), f, indent=2, default=str)
+  trainer = Trainer(config)  # fit() writes <run dir>/config.json once a resume is accepted
   try:
     history = trainer.fit()
   except GuardError as e:

@@ -167,8 +167,8 @@ class Checkpointer:
 
     A checkpoint in the other layer layout (one written before the layer scan, `layers_<i>`, restored
     into scanned layers, or the reverse) is read in its own layout and converted to the target's.
-    One whose arrays do not fit `target_state` raises a CheckpointError listing every setting of `config`
-    (the run's) that differs from the checkpoint's.
+    One whose arrays do not fit `target_state` raises a CheckpointError listing the settings of `config` (the
+    run's) that decide the state's arrays (the models, LoRA, the critic) and differ from the checkpoint's.
     """
     abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _without_reference(target_state)
@@ -227,7 +227,7 @@ class Checkpointer:
     if config is not None:
       try:
         meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        settings = config_differences(json.loads(meta["config"]), json.loads(config.to_json()))
+        settings = config_differences(json.loads(meta["config"]), json.loads(config.to_json()), state_only=True)
       except Exception:  # noqa: BLE001  (no readable config: the arrays say it)
         settings = []
     where = f"checkpoint {self.step_dir(step)} does not fit this run's state"
@@ -294,10 +294,22 @@ def _unreadable_as_checkpoint_error(step_dir: str):
 
 _ABSENT = object()
 
+# The settings that decide which arrays a saved state holds, and their shapes: the models (checkpoint, architecture,
+# LoRA) and whether there is a critic. The rest (lr, batch sizes, paths, step counts) change how training goes on,
+# not what a checkpoint holds: a resume takes them (`resume_changes` says which changed).
+_STATE_SETTINGS = tuple(
+  f"{role}.model.{key}"
+  for role in ("actor_rollout_ref", "critic")
+  for key in ("path", "override_config.", "lora_rank", "target_modules")
+) + ("critic.enable", "algorithm.adv_estimator")
+# How the run is kept and logged, not what it trains (the step counts aside: the lr schedule spans them).
+_RUN_SETTINGS = ("trainer.",)
+_TRAINING_TRAINER_SETTINGS = ("trainer.total_training_steps", "trainer.total_epochs")
 
-def config_differences(saved: dict, current: dict) -> list[str]:
-  """'key: <saved> in the checkpoint, <current> now' for every setting of two config dicts (as the checkpoint's
-  JSON holds them) that differs; the resume keys aside, which say how to resume rather than what was trained."""
+
+def _differing(saved: dict, current: dict) -> list[tuple[str, object, object]]:
+  """(key, saved value, current value) for every setting of two config dicts (as the checkpoint's JSON holds them)
+  that differs, sorted by key; the resume keys aside, which say how to resume rather than what was trained."""
 
   def flat(tree, prefix=""):
     if not isinstance(tree, dict):
@@ -310,8 +322,31 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     for key in old.keys() | new.keys()
     if old.get(key, _ABSENT) != new.get(key, _ABSENT) and not key.startswith("trainer.resume_")
   )
-  show = lambda value: "absent" if value is _ABSENT else repr(value)
-  return [f"{key}: {show(old.get(key, _ABSENT))} in the checkpoint, {show(new.get(key, _ABSENT))} now" for key in keys]
+  return [(key, old.get(key, _ABSENT), new.get(key, _ABSENT)) for key in keys]
+
+
+def _show(value) -> str:
+  return "absent" if value is _ABSENT else repr(value)
+
+
+def config_differences(saved: dict, current: dict, *, state_only: bool = False) -> list[str]:
+  """'key: <saved> in the checkpoint, <current> now' for every setting that differs (`_differing`); with
+  `state_only`, only those that decide what the state holds (`_STATE_SETTINGS`)."""
+  return [
+    f"{key}: {_show(old)} in the checkpoint, {_show(new)} now"
+    for key, old, new in _differing(saved, current)
+    if not state_only or key.startswith(_STATE_SETTINGS)
+  ]
+
+
+def resume_changes(saved: dict, current: dict) -> list[str]:
+  """'key <saved> -> <current>' for the hyper-parameters a resumed run changed: every differing setting but how the
+  run is kept and logged (trainer.*, its step counts aside)."""
+  return [
+    f"{key} {_show(old)} -> {_show(new)}"
+    for key, old, new in _differing(saved, current)
+    if not key.startswith(_RUN_SETTINGS) or key in _TRAINING_TRAINER_SETTINGS
+  ]
 
 
 def _named(key: str, path: str) -> str:

@@ -9,6 +9,7 @@ for GAE, critic PPO sizes inherited from the actor).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 
@@ -581,6 +582,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   from jaxrlhf.tracking.tracking import LOGGERS  # not at the top: see _registry_choices
 
   for name in values["trainer.logger"]:
+    if isinstance(name, str) and "," in name:  # --config.trainer.logger=console,jsonl is one string
+      raise ConfigError(
+        f"config key 'trainer.logger' has unknown logger {name!r}: it is a tuple of names",
+        hint="""--config.trainer.logger="('console', 'jsonl')" (or verl's trainer.logger='[console,jsonl]')""",
+      )
     if name not in LOGGERS:
       raise ConfigError(f"config key 'trainer.logger' has unknown logger {name!r}; known: {list(LOGGERS)}")
   for path, (check, expected) in _RANGES.items():
@@ -756,6 +762,13 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
   if ref.ulysses_sequence_parallel_size is None:
     ref.ulysses_sequence_parallel_size = actor.ulysses_sequence_parallel_size
   _check_sequence_parallel(config)
+  loggers = tuple(config.trainer.logger)
+  if len(set(loggers)) < len(loggers):  # each would write every record again (metrics.jsonl twice)
+    config.trainer.logger = tuple(dict.fromkeys(loggers))
+    twice = sorted({name for name in loggers if loggers.count(name) > 1})
+    logging.getLogger(__name__).warning(
+      "trainer.logger lists %s more than once: using each logger once", ", ".join(twice)
+    )
   rollout = config.actor_rollout_ref.rollout
   if rollout.dtype is None:
     rollout.dtype = config.actor_rollout_ref.model.dtype

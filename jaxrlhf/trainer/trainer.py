@@ -6,6 +6,7 @@ metrics (host) -> sinks. Validation is a second compiled program (greedy by `val
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxrlhf.checkpoint import Checkpointer, CheckpointError, split_step_dir
+from jaxrlhf.checkpoint import Checkpointer, CheckpointError, resume_changes, split_step_dir
 from jaxrlhf.config import ConfigError, resolve_config
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
@@ -475,6 +476,10 @@ class Trainer:
     self.gen_cursor = int(meta.get("gen_cursor", 0))
     step_dir = config.resume_from_path if config.resume_mode == "resume_path" else checkpointer.step_dir(step)
     print(f"resumed from step {step}: {step_dir}", flush=True)
+    if "config" in meta:
+      changes = resume_changes(json.loads(meta["config"]), json.loads(self.config.to_json()))
+      if changes:
+        print(f"resumed with {len(changes)} setting(s) changed since the checkpoint: {'; '.join(changes)}", flush=True)
     return int(step)
 
   def rollback(self, checkpointer: Checkpointer, guard: Guard, reason: str, metrics: dict, tracking) -> int:
@@ -535,6 +540,10 @@ class Trainer:
       )
       return []
     if jax.process_index() == 0:
+      # The resolved config, to read back what every override became: only now, so that a refused resume leaves
+      # the config.json of the run the checkpoints come from.
+      with open(os.path.join(self.run_dir, "config.json"), "w") as f:
+        json.dump(self.config.to_dict(), f, indent=2, default=str)
       # Steps after the checkpoint are written again (all of them on a fresh start): keep each step once.
       truncate_jsonl(os.path.join(self.run_dir, "val_generations.jsonl"), start_step if start_step > 0 else -1)
     if jax.process_index() == 0 and "console" in config.logger:
