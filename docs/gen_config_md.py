@@ -545,7 +545,7 @@ _DOCS = {
     "root of run directories (checkpoints, metrics.jsonl, plots)",
     "same (verl's default already includes project/experiment)",
   ),
-  "trainer.max_actor_ckpt_to_keep": ("checkpoints kept; None = all", SAME),
+  "trainer.max_actor_ckpt_to_keep": ("checkpoints kept; None or 0 = all (verl's 0)", SAME),
   "trainer.save_hf": (
     "also export the actor (and critic) in HF format at every save, into `<run dir>/huggingface/global_step_N`",
     "— (ours; verl converts afterwards with its model merger)",

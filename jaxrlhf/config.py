@@ -435,7 +435,6 @@ _RANGES = {
       "critic.ppo_epochs",
       "trainer.total_epochs",
       "trainer.total_training_steps",
-      "trainer.max_actor_ckpt_to_keep",
       "algorithm.kl_ctrl.horizon",
       "trainer.guard.reward_window",
       *SEQUENCE_PARALLEL_KEYS.values(),
@@ -457,6 +456,7 @@ _RANGES = {
       "trainer.log_val_generations",
       "trainer.guard.max_rollbacks",
       "reward_model.num_workers",
+      "trainer.max_actor_ckpt_to_keep",  # 0 (or None) keeps every checkpoint, as in verl
     )
   },
   **{

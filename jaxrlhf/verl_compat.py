@@ -476,12 +476,12 @@ _SKIP_ROLLOUT = "replaying dumped rollouts instead of generating (verl's debuggi
 
 def _critic_ckpt_to_keep(value, overrides, config) -> dict:
   # A jaxrlhf checkpoint holds actor and critic together: keep as many as the larger of verl's two counts
-  # (None: all), so no checkpoint verl would keep is deleted.
+  # (None or 0: all), so no checkpoint verl would keep is deleted.
   del overrides
   actor = config.trainer.max_actor_ckpt_to_keep
   if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
     raise UserError(f"expects an int or null, got {value!r}")
-  return {"trainer.max_actor_ckpt_to_keep": None if value is None or actor is None else max(int(value), actor)}
+  return {"trainer.max_actor_ckpt_to_keep": None if not value or not actor else max(int(value), actor)}  # 0: all
 
 
 # ----- the table ---------------------------------------------------------------------------------

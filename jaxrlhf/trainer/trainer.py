@@ -528,7 +528,7 @@ class Trainer:
         self.run_lock.release()
 
   def _fit(self, config, stop: StopSignal) -> list[dict]:
-    checkpointer = Checkpointer(self.run_dir, max_to_keep=config.max_actor_ckpt_to_keep)
+    checkpointer = Checkpointer(self.run_dir, max_to_keep=config.max_actor_ckpt_to_keep or None)  # 0: all (verl's)
     start_step = self.resume(checkpointer)
     if start_step >= self.total_steps:
       checkpointer.close()
