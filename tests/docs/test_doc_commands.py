@@ -48,6 +48,7 @@ MODULE_TESTS = {
   "jaxrlhf.serve": "tests/serving",
   "jaxrlhf.models.fetch": "tests/models (SmolLM2 from its wheel)",
   "jaxrlhf.aot": "tests/aot",
+  "jaxrlhf.verl_compat": "tests/cli/test_verl_compat.py (verl's own scripts as fixtures)",
 }
 
 
