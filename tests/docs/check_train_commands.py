@@ -4,8 +4,8 @@
 
 Each command line runs in a fork of this process, as `train.py` would parse it (the same flags, `--config.` flags
 before verl's `key=value` ones, verl's defaults without `--config`) up to `jaxrlhf.config.resolve_config`: every
-key, type and choice is checked, nothing is loaded (a Hub id or a data path need not exist here) and JAX is never
-imported. One line per command on stdout, `ok` or `error: <what train.py would print>`; exit status 1 if any failed.
+key, type and choice is checked, nothing is loaded (a Hub id or a data path need not exist here) and no JAX backend
+is started. One line per command on stdout, `ok` or `error: <what train.py would print>`; exit status 1 if any failed.
 """
 
 import json
@@ -34,6 +34,8 @@ def _check(argv: list[str]) -> None:
 
 
 def main(commands: list[list[str]]) -> int:
+  import jaxrlhf.algos  # noqa: F401  (validation's registries, and JAX with them: once here, not in every fork)
+
   failed = 0
   for argv in commands:
     read, write = os.pipe()
