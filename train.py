@@ -65,6 +65,7 @@ def main(argv):
   from jaxrlhf.trainer import Trainer
   from jaxrlhf.trainer.guards import GuardError
   from jaxrlhf.trainer.preemption import EXIT_PREEMPTED, Preempted
+  from jaxrlhf.trainer.validation import validation_summary
 
   verl_args, rest = verl_compat.split_overrides(argv[1:])
   if rest:
@@ -85,14 +86,13 @@ def main(argv):
     sys.exit(EXIT_PREEMPTED)
   if not history:
     return  # already complete: fit() said so
-  val_keys = [k for k in history[-1] if k.startswith("val-core/")]
-  summary = ", ".join(f"{k}: {history[0].get(k, float('nan')):.3f} -> {history[-1][k]:.3f}" for k in val_keys)
+  summary = validation_summary(history)
   written = (
     f" in {trainer.run_dir}/metrics.jsonl"
     if "jsonl" in trainer.config.trainer.logger
     else ", none written to a file (trainer.logger has no 'jsonl')"
   )
-  print(f"done: {len(history)} records{written}; {summary}")
+  print(f"done: {len(history)} records{written}" + (f"; {summary}" if summary else ""))
 
 
 if __name__ == "__main__":

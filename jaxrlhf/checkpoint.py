@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import shutil
 
 import jax
 import ml_collections
@@ -154,10 +155,28 @@ class Checkpointer:
         if good
         else "no checkpoint of this run was saved before it"
       )
+      hint = "free space (or fix the path) and start again with trainer.resume_mode=auto"
+      left = self._remove_unfinished(step)
+      if left:
+        hint = f"remove the half-written {', '.join(left)}, " + hint
       raise CheckpointError(
-        f"saving checkpoint {self.step_dir(step)} failed: {_failure_text(error)}; {last}",
-        hint="free space (or fix the path) and start again with trainer.resume_mode=auto",
+        f"saving checkpoint {self.step_dir(step)} failed: {_failure_text(error)}; {last}", hint=hint
       ) from error
+
+  def _remove_unfinished(self, step: int) -> list[str]:
+    """Removes the half-written folders of a failed save of `step` (Orbax's `global_step_N.orbax-checkpoint-tmp*`:
+    on a full disk they hold the space a retry needs); returns those that could not be removed."""
+    prefix = os.path.basename(self.step_dir(step)) + ".orbax-checkpoint-tmp"
+    left = []
+    if jax.process_index() != 0 or not os.path.isdir(self.directory):
+      return left
+    for name in os.listdir(self.directory):
+      if name.startswith(prefix):
+        path = os.path.join(self.directory, name)
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.exists(path):
+          left.append(path)
+    return left
 
   def step_dir(self, step: int) -> str:
     return os.path.join(self.directory, f"{STEP_PREFIX}_{step}")
@@ -286,10 +305,18 @@ def _unreadable_as_checkpoint_error(step_dir: str):
   except CheckpointError:
     raise
   except Exception as e:  # noqa: BLE001  (any failure to read it means the same thing to the user)
-    detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     raise CheckpointError(
-      f"checkpoint {step_dir} cannot be read (a truncated or damaged file?): {type(e).__name__}: {detail}"
+      f"checkpoint {step_dir} cannot be read (a truncated or damaged file?): {_read_failure(e)}"
     ) from e
+
+
+def _read_failure(error: BaseException) -> str:
+  """The innermost error's first line ('ValueError: OUT_OF_RANGE: Error reading "actor.params.w/0" in OCDBT database
+  ...'): TensorStore's own words, not Orbax's wrapping, which ends in the repr of a pybind11 method."""
+  described = [cause for cause in _chain(error) if str(cause).strip()] or [error]
+  innermost = described[-1]
+  line = (str(innermost).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0]
+  return f"{type(innermost).__name__}: {line[:300] + ' ...' if len(line) > 300 else line}"
 
 
 _ABSENT = object()

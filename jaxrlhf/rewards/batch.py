@@ -265,4 +265,16 @@ def score_batch(
       extras_out[key] = np.array([0.0 if v is None else v for v in values], dtype=np.float32)
   if on_error == "zero":
     extras_out[ERROR_KEY] = errors
+    failures = [(index, result) for index, result in enumerate(results) if result is not None and result.error]
+    if failures:  # the metric counts them; the text of what happened is said here, once a batch
+      index, first = failures[0]
+      _log.warning(
+        "reward: %d of %d samples failed and scored 0 (reward_model.on_error=zero); the first, sample %d "
+        "(data_source=%r): %s",
+        len(failures),
+        batch_size,
+        index,
+        data_sources[index],
+        first.error,
+      )
   return scores, extras_out

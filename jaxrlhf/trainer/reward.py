@@ -147,12 +147,12 @@ def warn_null_ground_truths(dataset: PromptDataset) -> None:
   rows = [i for i, truth in enumerate(dataset.ground_truths) if _is_null(truth)]
   if not rows:
     return
-  named = ", ".join(f"row {i} (data_source {dataset.data_sources[i]!r})" for i in rows[:_ROWS_NAMED])
+  named = ", ".join(f"{dataset.place(i)} (data_source {dataset.data_sources[i]!r})" for i in rows[:_ROWS_NAMED])
   more = f" and {len(rows) - _ROWS_NAMED} more" if len(rows) > _ROWS_NAMED else ""
   logging.warning(
     "reward: %d of %d data rows have a null reward_model.ground_truth: %s%s. The reward function gets "
-    "None for them (the built-in rules score 0); each step counts them in "
-    "reward/num_null_ground_truth",
+    "None for them (the built-in rules score 0); each step's reward/num_null_ground_truth counts their "
+    "samples (actor_rollout_ref.rollout.n per row), not rows",
     len(rows),
     len(dataset),
     named,

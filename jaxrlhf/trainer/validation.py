@@ -241,3 +241,17 @@ def validation_metrics(
         metrics[f"{'val-core' if is_core else 'val-aux'}/{source}/{name}/{metric}"] = float(np.mean(values))
   metrics["val/response_length/mean"] = float(response_mask_NxR.sum(axis=1).mean())
   return metrics
+
+
+def validation_summary(history: Sequence[dict]) -> str:
+  """The closing line's account of validation: 'val-core/...: 0.125 -> 0.875' from the first validation to the last
+  (one value when the run validated once), for every val-core metric the run logged; '' when it never validated."""
+  values = defaultdict(list)
+  for record in history:
+    for key, value in record.items():
+      if key.startswith("val-core/"):
+        values[key].append(value)
+  return ", ".join(
+    f"{key}: {seen[0]:.3f} -> {seen[-1]:.3f}" if len(seen) > 1 else f"{key}: {seen[0]:.3f}"
+    for key, seen in values.items()
+  )
