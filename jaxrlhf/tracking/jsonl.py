@@ -1,7 +1,8 @@
 """metrics.jsonl: one JSON object per step, `{"step": N, <metric>: value, ...}`.
 
-Two `Tracking.log` calls in a row for one step are one record: a resumed run validates at the step it
-resumes from (`trainer.val_before_train`), which already has its record, and that validation joins it.
+A resumed run validates at the step it resumes from (`trainer.val_before_train`), which already has its
+record: the first log call of a run, for the step the file ends at, joins that record. Later calls for one
+step stay records of their own (a guard's rollbacks, two in a row at one step, are two events).
 
 Non-finite numbers (NaN, ±inf) are written as `null`: strict JSON has no NaN, and readers in other
 languages choke on Python's `NaN` token. `read_metrics` therefore returns None for them.
@@ -66,7 +67,7 @@ class JsonlLogger:
     """Appends to `path` after cutting it back to the steps before `start_step` (a fresh run: nothing)."""
     truncate_jsonl(path, start_step if start_step > 0 else -1)
     self._file = open(path, "a+", encoding="utf-8")
-    # The last record and where its line starts: a log call for the same step rewrites that line, merged.
+    # The file's last record and where its line starts: the first log call, for its step, rewrites that line merged.
     self._last: dict | None = None
     self._last_offset = 0
     self._file.seek(0)
@@ -82,7 +83,7 @@ class JsonlLogger:
       record = {**self._last, **record}
       self._file.truncate(self._last_offset)
     self._file.seek(0, os.SEEK_END)
-    self._last, self._last_offset = record, self._file.tell()
+    self._last = None  # only the record the run resumed at is joined
     self._file.write(json.dumps(record, allow_nan=False) + "\n")
     self._file.flush()
 

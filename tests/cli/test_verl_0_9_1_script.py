@@ -97,8 +97,9 @@ def test_a_verl_0_9_1_script_trains_then_validates_only(tmp_path):
   records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   assert [r["training/global_step"] for r in records if "training/global_step" in r] == [1, 2]
   calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-  # One call per training step (4 prompts x 2) and one per validation (4 rows), each with verl's four lists.
-  assert calls == [["list", "list", "list", "list", 4], ["list", "list", "list", "list", 8], [*["list"] * 4, 8]]
+  # The try before compiling (4 rows, each with its ground truth and an empty response), one call per validation
+  # (4 rows) and per training step (4 prompts x 2), each with verl's four lists.
+  assert calls == [[*["list"] * 4, 8], [*["list"] * 4, 4], [*["list"] * 4, 8], [*["list"] * 4, 8]]
   for step in (1, 2):  # verl's _dump_generations: one line per sample
     lines = [json.loads(line) for line in (tmp_path / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
     assert len(lines) == 8 and {"input", "output", "gts", "score", "step"} <= set(lines[0])

@@ -37,12 +37,13 @@ def test_a_resumed_tracking_appends_after_the_resumed_step_and_a_fresh_one_start
 
 def test_a_resumed_run_validating_at_its_checkpoint_step_keeps_one_record_for_that_step(tmp_path):
   """A resume validates at the step it continues from (trainer.val_before_train), which already has a record: the
-  validation joins that record (the README's "each step appears once"); later steps append as usual."""
+  validation joins that record (the README's "each step appears once"); later steps append as usual, and two
+  records of one later step (a guard's two rollbacks at one step) stay two: nothing logged is overwritten."""
   _write(tmp_path / "metrics.jsonl", [0, 1, 2])
   with Tracking(("jsonl",), str(tmp_path), total_steps=4, start_step=2) as tracking:
     tracking.log({"val": 0.5}, step=2)
     tracking.log({"x": 3.0}, step=3)
-    tracking.log({"val": 0.75}, step=3)
+    tracking.log({"x": 4.0}, step=3)
   records = read_metrics(str(tmp_path / "metrics.jsonl"))
-  assert [r["step"] for r in records] == [0, 1, 2, 3]
-  assert records[2] == {"step": 2, "x": 2.0, "val": 0.5} and records[3] == {"step": 3, "x": 3.0, "val": 0.75}
+  assert [r["step"] for r in records] == [0, 1, 2, 3, 3]
+  assert records[2] == {"step": 2, "x": 2.0, "val": 0.5} and [r["x"] for r in records[3:]] == [3.0, 4.0]
