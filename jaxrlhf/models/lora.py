@@ -38,12 +38,13 @@ from jaxrlhf.config import (  # noqa: F401
   ATTENTION_TARGETS,
   EMBED_TARGET,
   HEAD_TARGET,
+  LINEAR_ATTENTION_TARGETS,
   LORA_TARGETS,
   MLP_TARGETS,
   resolve_target_modules,
 )
 from jaxrlhf.models.projection import project
-from jaxrlhf.models.stacking import unstack_layers
+from jaxrlhf.models.stacking import unstack_groups
 
 COLLECTION = "lora"
 RANK_AXIS = "lora_rank"  # the adapters' rank dim: in no layout rule, so replicated
@@ -243,30 +244,44 @@ def count_adapter_params(adapters) -> int:
 
 
 def expected_adapter_params(config, head: str = "lm") -> int:
-  """r x (in + out) summed over the targeted linears of every layer, plus the embedding's and the LM head's
-  r x (V + D) when targeted: what the rank implies."""
+  """r x (in + out) summed over the targeted linears of every layer (a full-attention layer's q/k/v/o, a Gated
+  DeltaNet layer's in_proj_*/out_proj, each layer's MLP), plus the embedding's and the LM head's r x (V + D) when
+  targeted: what the rank implies."""
   del head
   D, F = config.hidden_size, config.intermediate_size
   QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
-  sizes = {
-    "q_proj": (D, QH),
+  key_channels = config.linear_num_key_heads * config.linear_key_head_dim
+  value_channels = config.linear_num_value_heads * config.linear_value_head_dim
+  attention = {
+    "q_proj": (D, QH * (2 if config.attn_output_gate else 1)),  # the output gate's rows beside the queries
     "k_proj": (D, KH),
     "v_proj": (D, KH),
     "o_proj": (QH, D),
-    "gate_proj": (D, F),
-    "up_proj": (D, F),
-    "down_proj": (F, D),
   }
-  per_layer = sum(config.lora_rank * sum(sizes[name]) for name in config.lora_targets if name in sizes)
+  linear = {
+    "in_proj_qkv": (D, 2 * key_channels + value_channels),
+    "in_proj_z": (D, value_channels),
+    "in_proj_b": (D, config.linear_num_value_heads),
+    "in_proj_a": (D, config.linear_num_value_heads),
+    "out_proj": (value_channels, D),
+  }
+  mlp = {"gate_proj": (D, F), "up_proj": (D, F), "down_proj": (F, D)}
+  per_layer = lambda sizes: sum(config.lora_rank * sum(sizes[name]) for name in config.lora_targets if name in sizes)
+  kinds = config.layer_types or ("full_attention",) * config.num_hidden_layers
+  mixers = sum(per_layer(linear if kind == "linear_attention" else attention) for kind in kinds)
   outer = sum(
     config.lora_rank * (config.vocab_size + D) for name in (EMBED_TARGET, HEAD_TARGET) if name in config.lora_targets
   )
-  return per_layer * config.num_hidden_layers + outer
+  return mixers + per_layer(mlp) * config.num_hidden_layers + outer
 
 
 # ----- PEFT files -------------------------------------------------------------------------------
 
-_MODULE_PARENT = {**{name: "self_attn" for name in ATTENTION_TARGETS}, **{name: "mlp" for name in MLP_TARGETS}}
+_MODULE_PARENT = {
+  **{name: "self_attn" for name in ATTENTION_TARGETS},
+  **{name: "mlp" for name in MLP_TARGETS},
+  **{name: "linear_attn" for name in LINEAR_ATTENTION_TARGETS},
+}
 
 
 def peft_state_dict(adapters, prefix: str = "base_model.model") -> dict[str, np.ndarray]:
@@ -275,7 +290,7 @@ def peft_state_dict(adapters, prefix: str = "base_model.model") -> dict[str, np.
   `<prefix>.lm_head`."""
   host = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), adapters)
   if "layers" in host:
-    host = unstack_layers(host, lambda leaf, i: leaf[i])
+    host = unstack_groups(host)
   tensors = {}
   for path, node in _adapter_nodes(host):
     module = path[-1]
@@ -311,7 +326,10 @@ def save_peft_adapter(adapters, config, out_dir: str, base_model_name_or_path: s
     "task_type": "CAUSAL_LM",
     "r": config.lora_rank,
     "lora_alpha": config.lora_alpha,
-    "target_modules": list(config.lora_targets),
+    # The targets this model has (all-linear names Gated DeltaNet's projections, which a dense model lacks).
+    "target_modules": [
+      name for name in config.lora_targets if any(path[-1] == name for path, _ in _adapter_nodes(adapters))
+    ],
     "lora_dropout": 0.0,
     "bias": "none",
     "fan_in_fan_out": False,

@@ -97,3 +97,27 @@ def abstract_stack(leaves: list) -> jax.ShapeDtypeStruct:
       sharding.mesh, jax.sharding.PartitionSpec(None, *sharding.spec), memory_kind=sharding.memory_kind
     )
   return jax.ShapeDtypeStruct((len(leaves),) + tuple(leaves[0].shape), leaves[0].dtype, sharding=sharding)
+
+
+def _is_grouped(node) -> bool:
+  return _is_stacked(node) and bool(node["layers"]) and all(key.isdigit() for key in node["layers"])
+
+
+def unstack_groups(tree, unstack=None):
+  """`unstack_layers` for a hybrid stack's groups too (`decoder.layer_pattern`: `layers/<position>/...`, each leaf
+  [groups, ...]): position j of group g becomes `layers_{g * period + j}`, HF's layer index."""
+  unstack = unstack or (lambda leaf, i: leaf[i])
+
+  def convert(node):
+    groups = node["layers"]
+    period = len(groups)
+    count = jax.tree.leaves(groups)[0].shape[0]
+    rest = {k: v for k, v in node.items() if k != "layers"}
+    layers = {
+      f"layers_{g * period + int(position)}": jax.tree.map(lambda leaf, g=g: unstack(leaf, g), subtree)
+      for position, subtree in groups.items()
+      for g in range(count)
+    }
+    return {**rest, **layers}
+
+  return unstack_layers(jax.tree.map(lambda n: convert(n) if _is_grouped(n) else n, tree, is_leaf=_is_grouped), unstack)

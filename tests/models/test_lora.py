@@ -12,9 +12,11 @@ import pytest
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask, save_hf_checkpoint
 from jaxrlhf.models.decoder import init_adapters, init_params, model_variables
 from jaxrlhf.models.lora import (
+  ATTENTION_TARGETS,
   EMBED_TARGET,
   HEAD_TARGET,
   LORA_TARGETS,
+  MLP_TARGETS,
   VALUE_HEAD,
   count_adapter_params,
   critic_params_with,
@@ -155,7 +157,7 @@ def test_merged_export_loads_in_transformers_and_adapters_in_peft(tmp_path, scan
   with_adapter = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
   loaded = {k: v for k, v in with_adapter.state_dict().items() if "lora_" in k}
   # every adapter was read (the embedding's and the LM head's too), none left at init
-  assert len(loaded) == 2 * (config.num_hidden_layers * len(LORA_TARGETS) + 2)
+  assert len(loaded) == 2 * (config.num_hidden_layers * len(ATTENTION_TARGETS + MLP_TARGETS) + 2)
   for name in (f"base_model.model.{HEAD_TARGET}.lora_B", f"base_model.model.model.{EMBED_TARGET}.lora_embedding_A"):
     assert any(k.startswith(name) for k in loaded), (name, sorted(loaded))
   assert all(float(v.abs().max()) > 0 for k, v in loaded.items())

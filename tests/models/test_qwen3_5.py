@@ -188,3 +188,40 @@ def test_packing_and_ulysses_are_refused_for_the_recurrent_layers(key, value, me
   node[leaf] = value
   with pytest.raises(ConfigError, match=message + ".*Gated DeltaNet"):
     model_configs(resolve_config(config))
+
+
+def test_lora_on_every_linear_exports_peft_adapters_transformers_loads(causal_lm, tmp_path):
+  """all-linear LoRA reaches the Gated DeltaNet projections (in_proj_qkv/z/b/a, out_proj) as well as attention and
+  MLP; the PEFT file of the grouped stack loads onto transformers' model and gives our logits."""
+  peft = pytest.importorskip("peft")
+  from jaxrlhf.models.decoder import init_adapters, model_variables
+  from jaxrlhf.models.lora import (
+    LINEAR_ATTENTION_TARGETS,
+    LORA_TARGETS,
+    count_adapter_params,
+    expected_adapter_params,
+    save_peft_adapter,
+  )
+
+  config = dataclasses.replace(causal_lm["config"], lora_rank=4, lora_alpha=8.0, lora_targets=LORA_TARGETS)
+  adapters = init_adapters(Decoder(config), jax.random.key(3))[0]
+  leaves, treedef = jax.tree.flatten(adapters)
+  keys = jax.random.split(jax.random.key(4), len(leaves))
+  adapters = treedef.unflatten([x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+  assert count_adapter_params(adapters) == expected_adapter_params(config)
+  ids, mask = _batch(seed=5)
+  variables = model_variables(causal_lm["params"], adapters)
+  ours = np.asarray(
+    Decoder(config).apply(variables, jnp.asarray(ids), positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask))[0]
+  )
+
+  adapter_dir = save_peft_adapter(adapters, config, str(tmp_path / "adapter"), base_model_name_or_path=causal_lm["path"])
+  base = transformers.AutoModelForCausalLM.from_pretrained(causal_lm["path"], dtype=torch.float32).eval()
+  with_adapter = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
+  loaded = [k for k in with_adapter.state_dict() if "lora_A" in k]
+  for name in LINEAR_ATTENTION_TARGETS:
+    assert sum(f"linear_attn.{name}." in k for k in loaded) == 6, name  # the 6 linear layers of 8
+  with torch.no_grad():
+    want = with_adapter(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  valid = mask.astype(bool)
+  np.testing.assert_allclose(ours[valid], want[valid], atol=1e-4, rtol=1e-4)
