@@ -1,4 +1,4 @@
-"""Rewards: rule scorers by data_source (GSM8K, MATH, exact match), user reward files, batch scoring in
+"""Rewards: rule scorers by data_source (verl's, registry.py), user reward files, batch scoring in
 the trainer's process or in worker processes (parallel, a time limit per sample, crashes contained).
 
 Pure Python/NumPy: nothing here imports JAX, models or the trainer, so scorers run in a host

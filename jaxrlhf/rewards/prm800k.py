@@ -170,10 +170,7 @@ def normalize(expr: Optional[str], dialect: Dialect) -> Optional[str]:
   if _is_float(expr) and _is_int(float(expr)):
     expr = str(int(round(float(expr))))
   if "\\" in expr:
-    try:
-      expr = _latex_to_text(expr)
-    except Exception:  # pylatexenc gives up on some malformed LaTeX: keep the string
-      pass
+    expr = _latex_to_text(expr)
   expr = re.sub("- *", "-", expr)
   expr = _MIXED_NUMBER.sub(r"\1+\2", expr)  # "7 3/4" -> "7+3/4"
   if dialect.squash:
@@ -187,15 +184,19 @@ def normalize(expr: Optional[str], dialect: Dialect) -> Optional[str]:
 _LATEX_SYMBOLS = (("√", "sqrt"), ("π", "pi"), ("∞", "inf"), ("∪", "U"), ("·", "*"), ("×", "*"))
 
 
-def _latex_to_text(expr: str) -> str:
+def _latex_to_text(latex: str) -> str:
+  """LaTeX as pylatexenc's text, with sqrt, pi, inf, U and * for its symbols; `latex` as it was where pylatexenc
+  gives up on it."""
   from pylatexenc import latex2text
 
-  # pylatexenc warns on every malformed macro ("\\frac" with no arguments): model outputs are full of them.
+  # pylatexenc warns on every malformed macro (a "\frac" with no arguments): model outputs are full of them.
   logging.getLogger("pylatexenc").setLevel(logging.ERROR)
-
-  expr = expr.replace("\\tfrac", "\\frac").replace("\\dfrac", "\\frac")
+  expr = latex.replace("\\tfrac", "\\frac").replace("\\dfrac", "\\frac")
   expr = expr.replace("\\frac", " \\frac")  # a mixed number "1\frac12" reads as "1 1/2"
-  expr = latex2text.LatexNodes2Text().latex_to_text(expr)
+  try:
+    expr = latex2text.LatexNodes2Text().latex_to_text(expr)
+  except Exception:
+    return latex
   for symbol, name in _LATEX_SYMBOLS:
     expr = expr.replace(symbol, name)
   return expr.strip()
@@ -248,7 +249,7 @@ def equal_under_sympy(ground_truth: str, given: str) -> bool:
     return False
   try:
     return _within_time_limit(_simplifies_to_zero, expr)
-  except Exception:  # any parse or simplify failure, and the time limit
+  except (Exception, _TimeLimit):  # any parse or simplify failure, the time limit (its alarm may land late)
     return False
 
 
