@@ -338,8 +338,9 @@ def _abstract_outputs(jitted, args, compiled):
   )
 
 
-def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
-  """A `PhasedStep` runner that compiles each phase instead of running it (see `phased.timed`)."""
+def _phase_runner(program: StepProgram, reports: list[ProgramReport], only: tuple[str, ...] = ()):
+  """A `PhasedStep` runner that compiles each phase instead of running it (see `phased.timed`); with `only`, just
+  the phases named there (the others are traced for their outputs' shapes, not compiled)."""
   state_bytes = _device_bytes(program.abstract_state)
 
   def run(name, jitted, *args, resident_state: bool = False):
@@ -354,6 +355,8 @@ def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
     given = args[0]
     state_given = state_bytes if isinstance(given, TrainState) else _device_bytes(given) if given is not None else 0
     state_given = 0 if resident_state else state_given
+    if only and name not in only:
+      return jax.eval_shape(jitted, *args)
     report, compiled = compile_program(name or "glue", jitted, args, resident_bytes=state_bytes - state_given)
     if name is not None:
       reports.append(report)
@@ -362,19 +365,21 @@ def _phase_runner(program: StepProgram, reports: list[ProgramReport]):
   return run
 
 
-def compile_step(config, target: Target, *, phases: bool | None = None) -> AotReport:
-  """Builds `config`'s step on `target`'s devices, compiles it (fused, or phase by phase) and measures it."""
+def compile_step(config, target: Target, *, phases: bool | None = None, only: tuple[str, ...] = ()) -> AotReport:
+  """Builds `config`'s step on `target`'s devices, compiles it (fused, or phase by phase) and measures it.
+  `only`: compile just these phases (phased; e.g. ("gen",) for generation's memory alone)."""
   devices = target.devices()
   program = build_abstract_program(config, devices)
   config = program.config
-  phases = (not config.trainer.fuse_step) if phases is None else phases
+  phases = True if only else (not config.trainer.fuse_step) if phases is None else phases
   train_rows = config.data.train_batch_size
   reports: list[ProgramReport] = []
   multi_turn = config.actor_rollout_ref.rollout.multi_turn.enable
   phased = PhasedStep(program.ppo, program.state_shardings, replicated(program.mesh))
   step = step_mode(not phases, generation_mode(config, phased), phased, program.jit_step())
   # The step's key is split on the host between phases: a concrete key, given to each program as a target array.
-  step.abstract(program.abstract_state, abstract_batches(program), jax.random.key(0), _phase_runner(program, reports))
+  runner = _phase_runner(program, reports, only)
+  step.abstract(program.abstract_state, abstract_batches(program), jax.random.key(0), runner)
   flops = step_phase_flops(
     program.ppo,
     batch_size=train_rows,
@@ -393,6 +398,11 @@ def compile_step(config, target: Target, *, phases: bool | None = None) -> AotRe
       f"offload requested, but {target.platform} targets compiled here expose no host memory: "
       "the offloaded state is counted in device memory (an upper bound)"
     )
+  if only:
+    missing = sorted(set(only) - {p.name for p in reports})
+    if missing:
+      raise AotError(f"--only {','.join(only)}: this config's step has no phase {missing}")
+    notes.append(f"only {', '.join(only)} compiled: the fit judges those programs, not the whole step")
   num_hosts = len({d.process_index for d in devices})
   return AotReport(
     target,

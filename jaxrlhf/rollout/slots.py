@@ -3,8 +3,11 @@ takes the next waiting prompt inside the same compiled loop, so the KV cache hol
 generation shard instead of the whole batch.
 
 The pattern is JetStream's prefill / insert / generate, in-graph (docs/architecture.md, "Generation", Slots):
-- prefill: every prompt's state (for a KV cache [layers, N, K, P, H], prompt columns only), computed `slots` rows
-  per shard at a time, so prefill activations are bounded by the slots too;
+- prefill: prompts' states (for a KV cache [layers, N, K, P, H], prompt columns only), `slots` rows per shard at a
+  time, held in a window of the next 2 x slots rows of each shard that slides on as rows enter slots (prefilling
+  the following chunk inside the loop into the place of the chunk its rows have left: a ring, `PromptChunks`), so
+  prefill activations and prompt state are bounded by the slots too (a recurrent layer's state is whole per row:
+  for all N rows at once it would be the whole batch's);
 - insert: a free slot gets the next prompt of its shard: its prompt state copied into the slot's row of
   the decode cache (a KV cache's first P columns of [layers, D x slots, K, P + R - 1, H]; a leaf without a
   length axis whole, `cache_rows.put_row`), its kv-mask row reset (what the previous row left in the other
@@ -25,8 +28,9 @@ which it ran. (`batch.generate` with one key for the batch draws a row's tokens 
 different, older convention, kept when `max_num_seqs` is not set.)
 
 Inserts per loop step are bounded (`inserts_per_step` per shard, a static unrolled copy each): a burst of
-rows finishing at one step refills over the next steps. Memory: the prompt cache N x P plus the slot
-cache D x slots x (P + R - 1), against N x (P + R - 1) for the static batch.
+rows finishing at one step refills over the next steps (`inserts_per_step` <= slots keeps them in the window).
+Memory: the prompt window D x 2 slots x P plus the slot cache D x slots x (P + R - 1), against N x (P + R - 1) for
+the static batch.
 """
 
 from __future__ import annotations
@@ -54,62 +58,73 @@ def row_keys(rng, rows: int):
   return rng
 
 
-def prefill_prompts(
-  model: DecodeModel,
-  params,
-  prompt_ids_NxP,
-  prompt_mask_NxP,
-  *,
-  rows_per_call: int,
-  shards: int,
-  constrain_cache,
-):
-  """Every prompt's state (a KV cache's columns [0, P - 1); column P - 1 empty), `rows_per_call` rows of each
-  shard per forward (a loop over the chunks when they do not cover the batch)."""
-  rows, prompt_len = prompt_ids_NxP.shape
-  axes = model.cache_axes
-  per_shard = rows // shards
-  chunks = -(-per_shard // rows_per_call)
-  padded = chunks * rows_per_call
-  ids = cache_rows.split_axis(prompt_ids_NxP, 0, shards)
-  mask = cache_rows.split_axis(prompt_mask_NxP.astype(jnp.int32), 0, shards)
-  if padded > per_shard:  # rows past the end of a shard: empty prompts, never inserted
-    ids = jnp.pad(ids, ((0, 0), (0, padded - per_shard), (0, 0)))
-    mask = jnp.pad(mask, ((0, 0), (0, padded - per_shard), (0, 0)))
+@dataclasses.dataclass(frozen=True)
+class PromptChunks:
+  """Prefills the prompts of every shard `slots` rows at a time: `rows(starts_D)` is the state of rows
+  [start_d, start_d + slots) of each shard d (a cache [.., D x slots, ..], merged over the shards), as the prompts'
+  forward leaves it (a KV cache's columns [0, P - 1); column P - 1 empty). Rows past a shard's end are empty
+  prompts, never inserted.
 
-  def chunk_cache(chunk):
+  The window of waiting prompt states is a ring of two chunks per shard: row r (r >= slots) sits at
+  `ring_index(r)`, so sliding on overwrites the chunk its rows have left in place (no copy of the window)."""
+
+  @staticmethod
+  def ring_index(row, slots: int):
+    """Where row `row` of a shard sits in its window ([2 slots] rows; rows from `slots` on)."""
+    return (row - slots) % (2 * slots)
+
+  model: DecodeModel
+  params: object
+  ids_DxMxP: jax.Array  # each shard's prompts, padded with empty ones by two chunks
+  mask_DxMxP: jax.Array
+  slots: int
+  constrain_cache: object
+
+  @classmethod
+  def of(cls, model, params, prompt_ids_NxP, prompt_mask_NxP, *, slots: int, shards: int, constrain_cache):
+    pad = ((0, 0), (0, 2 * slots), (0, 0))
+    ids = jnp.pad(cache_rows.split_axis(prompt_ids_NxP, 0, shards), pad)
+    mask = jnp.pad(cache_rows.split_axis(prompt_mask_NxP.astype(jnp.int32), 0, shards), pad)
+    return cls(model, params, ids, mask, slots, constrain_cache)
+
+  def rows(self, starts_D, count: int | None = None):
+    """The prompt state of rows [start_d, start_d + count) of each shard d (`count`: one chunk of `slots`)."""
+    count = count or self.slots
     take = lambda x: cache_rows.merge_axis(
-      jax.lax.dynamic_slice_in_dim(x, chunk * rows_per_call, rows_per_call, axis=1), 0
+      jax.vmap(lambda rows, start: jax.lax.dynamic_slice_in_dim(rows, start, count, axis=0))(x, starts_D), 0
     )
-    cache, _ = prefill_cache(model, params, take(ids), take(mask), prompt_len, constrain_cache)
-    return cache_rows.split_rows(cache, axes, shards)
-
-  if chunks == 1:
-    cache = chunk_cache(0)
-  else:
-    # Split leaves: [.., D, rows of a shard, ..]; the rows axis is one after "batch".
-    rows_axis = lambda names: names.index("batch") + 1
-
-    def body(chunk, cache):
-      return jax.tree.map(
-        lambda whole, part, names: jax.lax.dynamic_update_slice_in_dim(
-          whole, part, chunk * rows_per_call, axis=rows_axis(names)
-        ),
-        cache,
-        chunk_cache(chunk),
-        axes,
-      )
-
-    first = chunk_cache(0)
-    cache = jax.tree.map(
-      lambda x, names: jnp.pad(
-        x, [(0, padded - rows_per_call) if a == rows_axis(names) else (0, 0) for a in range(x.ndim)]
-      ),
-      first,
-      axes,
+    prompt_len = self.ids_DxMxP.shape[-1]
+    cache, _ = prefill_cache(
+      self.model, self.params, take(self.ids_DxMxP), take(self.mask_DxMxP), prompt_len, self.constrain_cache
     )
-    cache = jax.lax.fori_loop(1, chunks, body, cache)
-  return cache_rows.merge_rows(cache, axes)
+    return cache
+
+
+def advance_window(chunks: PromptChunks, shards, window, window_start_D, next_D, axes):
+  """The prompt window after a step: a shard whose next waiting row has left the window's first chunk prefills the
+  chunk after its second into the first's place in the ring (only when some shard needs it; each shard updates its
+  own rows, `Shards.map`). Returns (window, window_start_D)."""
+  slots = chunks.slots
+  need_D = next_D >= window_start_D + slots
+  offset_D = PromptChunks.ring_index(window_start_D, slots)
+
+  def put(window, local, fresh, _):
+    need, offset = local
+
+    def one(whole, new, names):
+      axis = names.index("batch")
+      old = jax.lax.dynamic_slice_in_dim(whole, offset[0], slots, axis=axis)
+      chunk = jnp.where(need[0], new.astype(whole.dtype), old)
+      return jax.lax.dynamic_update_slice_in_dim(whole, chunk, offset[0], axis=axis)
+
+    return jax.tree.map(one, window, fresh, axes), local
+
+  def shift(window):
+    fresh = chunks.rows(window_start_D + 2 * slots)
+    return shards.map(put, axes, window, (need_D, offset_D), fresh, ())[0]
+
+  window = jax.lax.cond(jnp.any(need_D), shift, lambda window: window, window)
+  return window, window_start_D + slots * need_D.astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,19 +198,17 @@ def generate_in_slots(
   constrain_cache = lambda cache: shards.constrain_cache(cache, axes)
   inserts = min(inserts_per_step, slots) if per_shard > slots else 0
   if inserts:
-    prompt_cache = prefill_prompts(
-      model,
-      params,
-      prompt_ids_NxP,
-      prompt_mask_NxP,
-      rows_per_call=slots,
-      shards=shards.count,
-      constrain_cache=constrain_cache,
+    # The first `slots` rows of every shard prefilled in their slots; the next two chunks of `slots` rows of each
+    # shard wait in a window of prompt states that slides on as rows enter slots (`advance_window`): prompt state
+    # is held for 3 x slots rows per shard, not for all of them (a recurrent layer's state is whole per row).
+    chunks = PromptChunks.of(
+      model, params, prompt_ids_NxP, prompt_mask_NxP, slots=slots, shards=shards.count, constrain_cache=constrain_cache
     )
-    first = cache_rows.map_leaves(lambda x, names: first_rows(x, names.index("batch")), prompt_cache, axes)
-    cache = cache_rows.pad_length(first, axes, total_len - prompt_len)
-  else:  # every row has its slot from the start: prefilled in place, no separate prompt cache
-    prompt_cache = None
+    starts = lambda first: jnp.full((shards.count,), first, jnp.int32)
+    cache = cache_rows.pad_length(chunks.rows(starts(0)), axes, total_len - prompt_len)
+    window = chunks.rows(starts(slots), 2 * slots)  # rows [slots, 3 slots): ring_index 0, 1, ...
+  else:  # every row has its slot from the start: prefilled in place, no prompt window
+    window = None
     cache, _ = prefill_cache(
       model, params, prompt_ids_NxP, prompt_mask_NxP, total_len, constrain_cache, visible_length=prompt_len
     )
@@ -210,16 +223,18 @@ def generate_in_slots(
   slot_rows = SlotRows(
     row=jnp.tile(jnp.arange(slots, dtype=jnp.int32), shards.count),
     next=jnp.full((shards.count,), slots, jnp.int32),  # each shard's next waiting row
+    window_start=jnp.full((shards.count,), slots, jnp.int32),  # the first row the prompt window holds
   )
 
-  def insert(cache, state: DecodeState, slot_rows: SlotRows, prompt_cache, prompts):
-    """A shard's first free slots take its next rows (at most `inserts` per step)."""
+  def insert(cache, state: DecodeState, slot_rows: SlotRows, window, prompts):
+    """A shard's first free slots take its next rows (at most `inserts` per step) from the prompt window."""
     free = jnp.nonzero(~state.live, size=inserts, fill_value=slots)[0]
     first = slot_rows.next[0]
     for j in range(inserts):
       ok = (free[j] < slots) & (first + j < per_shard)
       slot, row = jnp.minimum(free[j], slots - 1), jnp.minimum(first + j, per_shard - 1)
-      cache = cache_rows.put_row(cache, cache_rows.take_rows(prompt_cache, axes, row, 1), axes, slot, ok)
+      in_window = PromptChunks.ring_index(row, slots)
+      cache = cache_rows.put_row(cache, cache_rows.take_rows(window, axes, in_window, 1), axes, slot, ok)
       take = lambda x, row=row: jax.lax.dynamic_slice_in_dim(x, row, 1, axis=0)
       put = lambda whole, new, slot=slot, ok=ok: _put_row(whole, new, slot, ok)
       state = state.replace(
@@ -231,29 +246,32 @@ def generate_in_slots(
         live=put(state.live, jnp.ones((1,), bool)),
         keys=put(state.keys, take(prompts["key"])),
       )
-      slot_rows = SlotRows(row=put(slot_rows.row, row[None]), next=slot_rows.next + ok.astype(jnp.int32))
+      slot_rows = slot_rows.replace(row=put(slot_rows.row, row[None]), next=slot_rows.next + ok.astype(jnp.int32))
     return cache, state, slot_rows
 
-  def advance(cache, local, prompt_cache, prompts):
+  def advance(cache, local, window, prompts):
     """A shard after a decode step: its tokens recorded under their rows, finished rows' slots refilled."""
     state, slot_rows, responses, taken = local
     responses = responses.record(taken, rows=slot_rows.row)
     if inserts:
-      cache, state, slot_rows = insert(cache, state, slot_rows, prompt_cache, prompts)
+      cache, state, slot_rows = insert(cache, state, slot_rows, window, prompts)
     return cache, (state, slot_rows, responses, taken)
 
   def after_step(state: DecodeState, carried, taken):
-    slot_rows, responses = carried
+    slot_rows, responses, window = carried
     # The shards' local views hold per-row arrays only: the step count stays outside.
     local = (state.replace(cache=(), steps=()), slot_rows, responses, taken)
-    cache, (local_state, slot_rows, responses, _) = shards.map(advance, axes, state.cache, local, prompt_cache, prompts)
-    return local_state.replace(cache=cache, steps=state.steps), (slot_rows, responses)
+    cache, (local_state, slot_rows, responses, _) = shards.map(advance, axes, state.cache, local, window, prompts)
+    if inserts:
+      window, window_start = advance_window(chunks, shards, window, slot_rows.window_start, slot_rows.next, axes)
+      window, slot_rows = constrain_cache(window), slot_rows.replace(window_start=window_start)
+    return local_state.replace(cache=cache, steps=state.steps), (slot_rows, responses, window)
 
-  state, (_, responses) = decode(
+  state, (_, responses, _) = decode(
     model,
     params,
     state,
-    (slot_rows, Responses.empty(rows, response_len, sampling.pad_token_id)),
+    (slot_rows, Responses.empty(rows, response_len, sampling.pad_token_id), window),
     sampling,
     budget=response_len,
     after_step=after_step,
@@ -267,6 +285,7 @@ class SlotRows:
 
   row: jax.Array  # [D x slots] int32
   next: jax.Array  # [D] int32
+  window_start: jax.Array  # [D] int32: the prompt window holds rows [start, start + 2 slots) of each shard
 
 
 def _put_row(whole, new, slot, ok):

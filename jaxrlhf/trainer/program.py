@@ -107,7 +107,7 @@ class StepProgram:
       "actor params (generation copy)": per_device_bytes(self._generation_copy(), self.layouts.actor_generation),
       "actor optimizer": per_device_bytes(state.actor.opt_state),
       **({"actor LoRA adapters": per_device_bytes(state.actor.adapters)} if state.actor.lora else {}),
-      "KV cache": self.kv_cache_bytes_per_device(),
+      self._cache_label(): self.kv_cache_bytes_per_device(),
     }
     if state.ref_params is not None:
       counts["ref params"] = per_device_bytes(state.ref_params)
@@ -126,9 +126,17 @@ class StepProgram:
     cast = lambda x: jax.ShapeDtypeStruct(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype)
     return jax.tree.map(cast, abstract_params(self.ppo.generation.rollout_actor)[0])
 
+  def _cache_label(self) -> str:
+    """What the generation cache holds: keys and values, and with Gated DeltaNet layers their conv and recurrent
+    state per row (`models.decoder.init_cache`)."""
+    linear = "linear_attention" in self.ppo.generation.rollout_actor.config.layer_types
+    return "KV cache + recurrent state" if linear else "KV cache"
+
   def kv_cache_bytes_per_device(self) -> int:
-    """The rollout's KV cache (keys + values of every layer) on one device, in the generation layout. With
-    `rollout.max_num_seqs`: the slots' cache plus every prompt's (prompt columns only; `rollout/slots.py`)."""
+    """The rollout's generation cache (keys + values of every attention layer, the conv and recurrent state of
+    every Gated DeltaNet layer) on one device, in the generation layout. With
+    `rollout.max_num_seqs`: the slots' cache plus the prompt window's (2 x slots rows of each shard, prompt columns
+    only; `rollout/slots.py`)."""
     data_cfg, rollout = self.config.data, self.config.actor_rollout_ref.rollout
     # DAPO's dynamic sampling generates gen_batch_size prompts a round.
     prompts = (
@@ -141,7 +149,8 @@ class StepProgram:
     shards = self.layouts.generation_shards(rows).count
     if rollout.max_num_seqs is None or rollout.max_num_seqs >= rows // shards:
       return self._cache_bytes(rows, whole)
-    return self._cache_bytes(shards * rollout.max_num_seqs, whole) + self._cache_bytes(rows, prompt_len)
+    slots = shards * rollout.max_num_seqs
+    return self._cache_bytes(slots, whole) + self._cache_bytes(2 * slots, prompt_len)
 
   def _cache_bytes(self, rows: int, length: int) -> int:
     """Per-device bytes of the rollout model's generation cache (`init_cache`) for `rows` rows of `length` columns."""

@@ -181,3 +181,14 @@ def test_dynamic_sampling_compiles_generation_and_training_apart(tmp_path):
   assert result.returncode == 0, result.stdout + result.stderr
   assert [p["name"] for p in report["programs"]] == ["gen", "reward", "train"]
   assert report["programs"][2]["resident_bytes"] == 0  # it is given the whole train state
+
+
+def test_only_compiles_the_named_phase_and_refuses_a_phase_the_step_lacks(tmp_path):
+  """`--only gen`: generation's program alone (the rest traced for shapes), for its memory at a new length."""
+  result, report = run_aot(tmp_path, FLOPS_PROBE, "--target", "h100x1", "--only", "gen")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert [p["name"] for p in report["programs"]] == ["gen"]
+  assert "only gen compiled" in result.stdout
+  result, _ = run_aot(tmp_path, FLOPS_PROBE, "--target", "h100x1", "--only", "generate")
+  assert result.returncode != 0 and "Traceback" not in result.stderr
+  assert "--only generate" in result.stderr and "'generate'" in result.stderr

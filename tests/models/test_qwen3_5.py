@@ -215,7 +215,7 @@ def test_lora_on_every_linear_exports_peft_adapters_transformers_loads(causal_lm
     Decoder(config).apply(variables, jnp.asarray(ids), positions_from_mask(jnp.asarray(mask)), jnp.asarray(mask))[0]
   )
 
-  adapter_dir = save_peft_adapter(adapters, config, str(tmp_path / "adapter"), base_model_name_or_path=causal_lm["path"])
+  adapter_dir = save_peft_adapter(adapters, config, str(tmp_path / "adapter"), causal_lm["path"])
   base = transformers.AutoModelForCausalLM.from_pretrained(causal_lm["path"], dtype=torch.float32).eval()
   with_adapter = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
   loaded = [k for k in with_adapter.state_dict() if "lora_A" in k]

@@ -19,9 +19,10 @@ from jax.sharding import AbstractMesh
 from jaxrlhf.config import resolve_config
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.models import Decoder, abstract_params, config_from_hf_dict, hf_config_dict, load_hf_config
-from jaxrlhf.parallel import MESH_AXES, TRAIN_RULES
-from jaxrlhf.parallel.layouts import generation_rules, logical_to_shardings
-from jaxrlhf.parallel.mesh import resolve_mesh_shape
+from jaxrlhf.models.decoder import kv_heads_repeated
+from jaxrlhf.parallel import TRAIN_RULES
+from jaxrlhf.parallel.layouts import generation_kv_repeat, generation_rules, logical_to_shardings
+from jaxrlhf.parallel.mesh import mesh_axes, resolve_mesh_shape
 from jaxrlhf.trainer import Trainer
 from tests.helpers import VAL_KEY, run_train
 
@@ -39,6 +40,8 @@ BIG_RECIPES = {
   "grpo_gsm8k_qwen2_5_32b": ("qwen2.5-32b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h100:4x8", 32),)),
   "grpo_gsm8k_qwen2_5_72b": ("qwen2.5-72b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
   "grpo_gsm8k_llama3_1_70b": ("llama-3.1-70b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
+  "grpo_gsm8k_qwen3_5_4b": ("qwen3.5-4b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+  "grpo_gsm8k_qwen3_5_27b": ("qwen3.5-27b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
 }
 # What a big recipe may change from its 0.5B parent: model, layout, micro-batch size, run name.
 BIG_RECIPE_CHANGES = (
@@ -50,6 +53,8 @@ BIG_RECIPE_CHANGES = (
   "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
   "critic.forward_micro_batch_size_per_gpu",
   "trainer.experiment_name",
+  "actor_rollout_ref.rollout.max_num_seqs",
+  "actor_rollout_ref.model.use_remove_padding",  # off for Qwen3.5: packing is refused for its recurrent layers
   "mesh.data",
   "mesh.fsdp",
   "mesh.tensor",
@@ -63,6 +68,12 @@ PUBLIC_SIZES = {
   "qwen2.5-72b-instruct": 72.7e9,
   "llama-3.1-8b-instruct": 8.03e9,
   "llama-3.1-70b-instruct": 70.6e9,
+  "qwen3-8b": 8.19e9,
+  # Qwen3.5's Hub names round text + vision tower; the text model (what loads; transformers' Qwen3_5ForCausalLM
+  # counts the same for these files) is 4.21e9 (tied head), 8.95e9 and 26.9e9.
+  "qwen3.5-4b": 4.21e9,
+  "qwen3.5-9b": 9e9,
+  "qwen3.5-27b": 27e9,
 }
 
 
@@ -191,12 +202,16 @@ def test_big_recipe_layout_fits_its_targets(name):
   heads = ("lm", "value") if config.critic.enable else ("lm",)
   for _, devices in targets:
     shape = resolve_mesh_shape((config.mesh.data, config.mesh.fsdp, config.mesh.tensor), devices)
-    mesh = AbstractMesh(shape, MESH_AXES)
-    rules = generation_rules(mesh, config.actor_rollout_ref.rollout.tensor_model_parallel_size)
+    k = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+    mesh = AbstractMesh(*mesh_axes(shape, 1, k))  # fsdp refined for a generation TP beyond mesh.tensor
+    rules = generation_rules(mesh, k)
     for head in heads:
-      _, shapes, logical = model_shapes(model, head)
+      model_config, shapes, logical = model_shapes(model, head)
       logical_to_shardings(logical, shapes, mesh, TRAIN_RULES)
-      if head == "lm":
+      if head == "lm":  # the rollout model: key/value heads repeated where generation TP outnumbers them
+        repeat = generation_kv_repeat(mesh, model_config.num_attention_heads, model_config.num_key_value_heads)
+        rollout = Decoder(kv_heads_repeated(model_config, repeat), head="lm") if repeat > 1 else None
+        shapes, logical = abstract_params(rollout) if rollout else (shapes, logical)
         logical_to_shardings(logical, shapes, mesh, rules)
 
 
