@@ -529,7 +529,11 @@ class Trainer:
 
   def _fit(self, config, stop: StopSignal) -> list[dict]:
     checkpointer = Checkpointer(self.run_dir, max_to_keep=config.max_actor_ckpt_to_keep or None)  # 0: all (verl's)
-    start_step = self.resume(checkpointer)
+    try:
+      start_step = self.resume(checkpointer)
+    except BaseException:  # a refused or failed resume: its checkpoint readers closed, not left to the collector
+      checkpointer.close()
+      raise
     if start_step >= self.total_steps:
       checkpointer.close()
       print(
