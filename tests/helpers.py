@@ -52,8 +52,10 @@ def subprocess_env(devices: int | None = None, optimize: bool = False, **extra: 
   steps of bigger models: -O1 compiles a third faster than the default -O2 and runs the quickstart's step as fast,
   where -O0 runs it 2.5x slower; the commands' compiles share the suite's cache with each other). `optimize=True`
   drops -O1 too (the command compiles as a user's does), `extra` sets more variables (XLA_FLAGS among them: then
-  exactly those flags)."""
-  flags = [] if optimize else ["--xla_backend_optimization_level=1"]
+  exactly those flags). The suite's instruction-set limit (`XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 make test`,
+  docs/contributing.md) reaches the commands too."""
+  isa = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if flag.startswith("--xla_cpu_max_isa")]
+  flags = isa + ([] if optimize else ["--xla_backend_optimization_level=1"])
   if devices is not None:
     flags.append(f"--xla_force_host_platform_device_count={devices}")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
