@@ -81,10 +81,10 @@ def test_full_lora_quickstart_learns(tmp_path):
 @pytest.mark.slow
 def test_full_qwen3_5_quickstart_learns(tmp_path):
   """configs/quickstart_qwen3_5.py: the tiny hybrid model (Gated DeltaNet + gated attention) learns the task, which
-  needs gradients through the delta rule (greedy validation >= 0.9, at step 50 of 150 with the default seed: 0.95;
-  the run stops once it gets there)."""
-  learned = lambda val: bool(val) and val[-1] >= 0.9
+  needs gradients through the delta rule (greedy validation >= 0.95, issue 54's bar; the run stops once it gets
+  there: step 75 of 150 with the default seed, just under 0.95 at step 50)."""
+  learned = lambda val: bool(val) and val[-1] >= 0.95
   _run_quickstart(tmp_path, "--config.trainer.logger=('jsonl',)", config="quickstart_qwen3_5.py", stop_when=learned)
   records = _records(tmp_path / "quickstart" / "recall_ppo_qwen3_5")
   val = [r[VAL_KEY] for r in records if VAL_KEY in r]
-  assert val[0] <= 0.2 and val[-1] >= 0.9, val
+  assert val[0] <= 0.2 and val[-1] >= 0.95, val
