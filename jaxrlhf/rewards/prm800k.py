@@ -17,9 +17,10 @@ callback thread); past them it counts as "not equal", as in verl. A reward worke
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
-import multiprocessing
+import multiprocessing.util  # noqa: F401  (its exit handler registered before ours: end of file)
 import re
 import signal
 import threading
@@ -302,9 +303,9 @@ class _HelperProcess:
   def call(self, fn, *args):
     with self._lock:
       if self._process is None:
-        context = multiprocessing.get_context(
-          "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-        )
+        from jaxrlhf.rewards.workers import process_context  # here: workers imports the registry, which imports this
+
+        context = process_context()
         self._conn, child = context.Pipe()
         self._process = context.Process(target=_serve_calls, args=(child,), daemon=True, name="jaxrlhf-sympy")
         self._process.start()
@@ -328,8 +329,16 @@ class _HelperProcess:
     self._conn.close()
     self._process = self._conn = None
 
+  def close(self):
+    with self._lock:
+      if self._process is not None:
+        self._stop()
+
 
 def _serve_calls(conn) -> None:
+  # Ignores SIGTERM, as a reward worker does: a scheduler's preemption signal reaches the whole process group and
+  # the trainer finishes its step (with this process) before it stops. Killed at the trainer's exit (below).
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   while True:
     try:
       fn, args = conn.recv()
@@ -342,6 +351,9 @@ def _serve_calls(conn) -> None:
 
 
 _HELPER = _HelperProcess()
+# Registered after multiprocessing's own exit handler (imported above), so it runs first: that one would send the
+# helper SIGTERM, which it ignores, and wait for it forever.
+atexit.register(_HELPER.close)
 
 
 # ----- the grader ---------------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ class WorkerPool:
     if num_workers < 1:
       raise ValueError(f"a reward worker pool needs num_workers >= 1, got {num_workers}")
     self.source, self.num_workers, self.timeout_s = source, num_workers, timeout_s
-    self._context = _context()
+    self._context = process_context()
     # Registry: modules whose import registers the functions (the built-in ones register with jaxrlhf.rewards).
     self._modules = (
       ()
@@ -308,8 +308,12 @@ def _identity(fn: Any) -> str:
   return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _context():
-  """forkserver where the platform has it (a child is forked from a clean server, cheaply), else spawn."""
+def process_context():
+  """forkserver where the platform has it (a child is forked from a clean server, cheaply), else spawn.
+
+  Every process jaxrlhf starts comes from here (the reward workers, prm800k's sympy helper): the forkserver is
+  one per process and keeps the preload of whoever starts it first, so a second context without the preload
+  would leave a server that SIGTERM ends (tests/reliability/test_process_group_sigterm.py)."""
   if "forkserver" in multiprocessing.get_all_start_methods():
     context = multiprocessing.get_context("forkserver")
     # The server imports this module once (through `worker_server`, which also makes it ignore SIGTERM), so a

@@ -86,6 +86,28 @@ def test_the_reward_workers_and_their_forkserver_ignore_sigterm_mid_batch(tmp_pa
     scorer.close()
 
 
+# prm800k's sympy helper process started first (a run scoring prm800k in the trainer's process): the forkserver it
+# starts is the one the reward workers get later, so it must ignore SIGTERM too. It once came from a context of its
+# own, without the preload that makes the server ignore SIGTERM, and the workers after it read as "exited with
+# status 255" when the group got SIGTERM (a CI run where the prm800k tests ran first in the same pytest worker).
+SYMPY_HELPER_FIRST = """
+import multiprocessing.forkserver, os, signal, time
+from jaxrlhf.rewards import prm800k
+assert prm800k._HELPER.call(abs, -3) == 3
+server = multiprocessing.forkserver._forkserver._forkserver_pid
+os.kill(server, signal.SIGTERM)
+time.sleep(0.5)
+os.kill(server, 0)  # alive (ProcessLookupError otherwise)
+print("alive")
+"""
+
+
+def test_the_forkserver_that_prm800k_starts_first_ignores_sigterm_too():
+  command = [sys.executable, "-c", SYMPY_HELPER_FIRST]
+  done = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and done.stdout.strip() == "alive", done.stderr[-2000:]
+
+
 STEPS = 5
 
 
