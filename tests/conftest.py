@@ -47,6 +47,21 @@ def tiny_model_config() -> DecoderConfig:
 
 def pytest_configure(config):
   assert jax.device_count() == 8, "tests expect 8 simulated CPU devices (XLA_FLAGS set too late?)"
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False  # xdist keeps the file order of `pytest_collection_modifyitems` below
+
+
+def pytest_collection_modifyitems(config, items):
+  """Files that hold `slow` tests (runs of minutes) first, most first; then the rest, most tests first.
+
+  `make test`'s workers take whole files (`--dist loadfile`) from one queue. xdist's own order (most tests first)
+  put the files of one or two slow tests last, and whichever worker drew the last of them ran on alone for minutes
+  while the other had finished; started first, the minutes are shared and the many short files even the end out."""
+  slow, tests = {}, {}
+  for item in items:
+    tests[item.path] = tests.get(item.path, 0) + 1
+    slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+  items.sort(key=lambda item: (-slow[item.path], -tests[item.path]))
 
 
 def pytest_unconfigure(config):

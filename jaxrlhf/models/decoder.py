@@ -66,6 +66,7 @@ from jaxrlhf.models.layers import logical_init as _init
 from jaxrlhf.models.linear_attention import GatedDeltaNet
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
 from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed
+from jaxrlhf.models.moe import SparseMoeBlock
 from jaxrlhf.models.projection import PROJECTION, project
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
 from jaxrlhf.models.stacking import layer_layout, stack_layers, unstack_layers
@@ -138,6 +139,17 @@ class DecoderConfig:
   linear_value_head_dim: int = 0
   linear_conv_kernel_dim: int = 4
   linear_chunk_size: int = 64  # the chunked form's chunk (training, prefill and log-prob forwards)
+  # Mixture of experts (`models/moe.py`; Qwen3-MoE, Qwen3.5-MoE), HF's names: num_experts > 0 makes every layer's
+  # feed-forward the routed experts (HF's decoder_sparse_step / mlp_only_layers mixing dense layers in: refused).
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = False
+  shared_expert_intermediate_size: int = 0  # Qwen3.5-MoE's shared expert (0: none)
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  # The load-balancing loss's weight in the actor's loss (HF adds it only with output_router_logits; 0: off).
+  router_aux_loss_coef: float = 0.0
 
   def __post_init__(self):
     for name, value, allowed in (
@@ -162,6 +174,23 @@ class DecoderConfig:
         self.linear_num_key_heads and self.linear_num_value_heads and self.linear_key_head_dim
       ):
         raise ValueError("model config has linear_attention layers but no linear_num_key_heads / linear_* sizes")
+
+    if self.num_experts:
+      if not 0 < self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size < 1:
+        raise ValueError(
+          f"model config num_experts={self.num_experts} needs 0 < num_experts_per_tok <= num_experts (got "
+          f"{self.num_experts_per_tok}) and moe_intermediate_size >= 1 (got {self.moe_intermediate_size})"
+        )
+      dense_layers = sorted(
+        set(self.mlp_only_layers)
+        | {i for i in range(self.num_hidden_layers) if (i + 1) % max(self.decoder_sparse_step, 1)}
+      )
+      if dense_layers:
+        raise ValueError(
+          f"model config makes layers {dense_layers[:8]} dense MLPs beside the experts (decoder_sparse_step="
+          f"{self.decoder_sparse_step}, mlp_only_layers={list(self.mlp_only_layers)}): a stack that mixes dense and "
+          "expert layers is not supported yet; every layer must be an expert layer"
+        )
 
   @property
   def has_linear_attention(self) -> bool:
@@ -464,7 +493,12 @@ class DecoderLayer(nn.Module):
         window_on,
       )
     x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
-    x_BxLxD = x_BxLxD + MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
+    if cfg.num_experts:  # load-balancing statistics over a cache-free call's tokens (its kv mask is theirs)
+      valid_BxL = kv_mask_BxS if cache is None else None
+      mlp_BxLxD = SparseMoeBlock(cfg, name="mlp")(norm("post_attention_layernorm")(x_BxLxD), valid_BxL)
+    else:
+      mlp_BxLxD = MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
+    x_BxLxD = x_BxLxD + mlp_BxLxD
     return pin(x_BxLxD, ("batch", "length", "embed")), new_kv
 
 
@@ -603,7 +637,7 @@ class Decoder(nn.Module):
       window, window_on_N = _layer_windows(cfg)
       layers = nn.scan(
         layer_class,
-        variable_axes={"params": 0, LORA_COLLECTION: 0},
+        variable_axes={"params": 0, LORA_COLLECTION: 0, "intermediates": 0},
         split_rngs={"params": True},
         in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
         length=cfg.num_hidden_layers,
@@ -619,7 +653,7 @@ class Decoder(nn.Module):
       groups = cfg.num_hidden_layers // len(pattern)
       stack = nn.scan(
         LayerGroup,
-        variable_axes={"params": 0, LORA_COLLECTION: 0},
+        variable_axes={"params": 0, LORA_COLLECTION: 0, "intermediates": 0},
         split_rngs={"params": True},
         in_axes=(0, nn.broadcast) + (nn.broadcast,) * len(shared),
         length=groups,

@@ -42,6 +42,8 @@ SUPPORTED_MODEL_TYPES = {
   "qwen3": "Qwen3",
   "mistral": "Mistral",
   "qwen3_5_text": "Qwen3_5",  # the hybrid family (`models/qwen3_5.py`); `qwen3_5` checkpoints load as their text model
+  "qwen3_moe": "Qwen3Moe",  # mixture of experts (`models/moe.py`)
+  "qwen3_5_moe_text": "Qwen3_5Moe",  # the hybrid family with experts and a shared expert; also `qwen3_5_moe`'s text
 }
 HEAD_ARCHITECTURE_SUFFIX = {
   "lm": "ForCausalLM",
@@ -50,7 +52,7 @@ HEAD_ARCHITECTURE_SUFFIX = {
 }
 SUPPORTED_ARCHITECTURES = tuple(
   prefix + suffix for prefix in SUPPORTED_MODEL_TYPES.values() for suffix in HEAD_ARCHITECTURE_SUFFIX.values()
-) + ("Qwen3_5ForConditionalGeneration",)
+) + qwen3_5.MULTIMODAL_ARCHITECTURES
 _NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _INDEX_FILE = "model.safetensors.index.json"
@@ -120,11 +122,49 @@ def _rope_fields(hf: dict[str, Any], where: str, partial_rotary: bool = False) -
   raise CheckpointError(f"{where}: rope_type={rope_type!r} is not supported; supported: default, linear, llama3")
 
 
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe_text")
+_MOE_KEYS = ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step")
+
+
+def _moe_fields(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
+  """The experts' fields of a mixture-of-experts config (`models/moe.py`); the load-balancing loss's coefficient
+  only where HF would add the loss (`output_router_logits`)."""
+  if model_type not in MOE_MODEL_TYPES:
+    return {}
+  fields = {key: int(hf[key]) for key in _MOE_KEYS if hf.get(key) is not None}
+  experts = hf.get("num_experts", hf.get("num_local_experts"))
+  return dict(
+    fields,
+    num_experts=int(experts) if experts is not None else None,
+    norm_topk_prob=bool(hf.get("norm_topk_prob", model_type == "qwen3_5_moe_text")),
+    mlp_only_layers=tuple(int(i) for i in hf.get("mlp_only_layers") or ()),
+    router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)) if hf.get("output_router_logits") else 0.0,
+  )
+
+
+def _moe_config_keys(config: DecoderConfig) -> dict[str, Any]:
+  """The experts' keys of an exported config.json (`_moe_fields` backwards)."""
+  keys = dict(
+    num_experts=config.num_experts,
+    num_experts_per_tok=config.num_experts_per_tok,
+    moe_intermediate_size=config.moe_intermediate_size,
+    norm_topk_prob=config.norm_topk_prob,
+    decoder_sparse_step=config.decoder_sparse_step,
+    mlp_only_layers=list(config.mlp_only_layers),
+    output_router_logits=config.router_aux_loss_coef > 0,
+    router_aux_loss_coef=config.router_aux_loss_coef or 0.001,
+  )
+  if config.model_type == "qwen3_5_moe_text":
+    keys.update(shared_expert_intermediate_size=config.shared_expert_intermediate_size)
+    keys.pop("decoder_sparse_step"), keys.pop("mlp_only_layers"), keys.pop("norm_topk_prob")
+  return keys
+
+
 def _sliding_window_fields(hf: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
   window = hf.get("sliding_window")
   if model_type == "mistral":
     return {"sliding_window": int(window)} if window else {}
-  if model_type in ("qwen2", "qwen3"):
+  if model_type in ("qwen2", "qwen3", "qwen3_moe"):
     layer_types = hf.get("layer_types")
     if layer_types and "sliding_attention" in layer_types:
       start = layer_types.index("sliding_attention")
@@ -164,7 +204,7 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
   fields: dict[str, Any] = dict(
     vocab_size=hf.get("vocab_size"),
     hidden_size=hf.get("hidden_size"),
-    intermediate_size=hf.get("intermediate_size"),
+    intermediate_size=hf.get("intermediate_size") or hf.get("moe_intermediate_size"),  # qwen3_5_moe has none
     num_hidden_layers=hf.get("num_hidden_layers"),
     num_attention_heads=hf.get("num_attention_heads"),
     num_key_value_heads=hf.get("num_key_value_heads") or hf.get("num_attention_heads"),
@@ -174,13 +214,14 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
     max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
     model_type=model_type,
     qkv_bias=True if model_type == "qwen2" else attention_bias and model_type != "mistral",
-    o_bias=attention_bias and model_type in ("llama", "qwen3"),
+    o_bias=attention_bias and model_type in ("llama", "qwen3", "qwen3_moe"),
     mlp_bias=bool(hf.get("mlp_bias", False)) and model_type == "llama",
-    qk_norm=model_type == "qwen3",
-    **_rope_fields(hf, where, partial_rotary=model_type == "qwen3_5_text"),
+    qk_norm=model_type in ("qwen3", "qwen3_moe"),
+    **_rope_fields(hf, where, partial_rotary=model_type in qwen3_5.TEXT_MODEL_TYPES),
     **_sliding_window_fields(hf, model_type, where),
+    **_moe_fields(hf, model_type),
   )
-  if model_type == "qwen3_5_text":
+  if model_type in qwen3_5.TEXT_MODEL_TYPES:
     fields.update(qwen3_5.config_fields(hf))
   fields.update(overrides)
   try:
@@ -266,18 +307,22 @@ def hf_config_dict(
   problems = []
   if model_type == "qwen2" and (not config.qkv_bias or config.o_bias or config.mlp_bias):
     problems.append("qwen2 needs qkv_bias=True, o_bias=False, mlp_bias=False")
-  if model_type in ("llama", "qwen3") and config.qkv_bias != config.o_bias:
+  if model_type in ("llama", "qwen3", "qwen3_moe") and config.qkv_bias != config.o_bias:
     problems.append(f"{model_type} has one attention_bias for q/k/v and o (qkv_bias == o_bias)")
   if model_type != "llama" and config.mlp_bias:
     problems.append(f"{model_type} has no mlp_bias")
   if model_type == "mistral" and (config.qkv_bias or config.o_bias):
     problems.append("mistral has no attention biases")
-  if model_type == "qwen3_5_text":
+  if model_type in qwen3_5.TEXT_MODEL_TYPES:
     problems.extend(qwen3_5.config_problems(config))
-  elif config.qk_norm != (model_type == "qwen3"):
-    problems.append("q/k norm exists in qwen3 only, and always")
-  if config.layer_types and model_type != "qwen3_5_text":
-    problems.append("layers of several kinds exist in qwen3_5_text only")
+  elif config.qk_norm != (model_type in ("qwen3", "qwen3_moe")):
+    problems.append("q/k norm exists in qwen3 and qwen3_moe only, and always")
+  if config.layer_types and model_type not in qwen3_5.TEXT_MODEL_TYPES:
+    problems.append("layers of several kinds exist in qwen3_5_text and qwen3_5_moe_text only")
+  if bool(config.num_experts) != (model_type in MOE_MODEL_TYPES):
+    problems.append(f"experts exist in {' and '.join(MOE_MODEL_TYPES)} only, and always")
+  if config.shared_expert_intermediate_size and model_type != "qwen3_5_moe_text":
+    problems.append("a shared expert exists in qwen3_5_moe_text only")
   if config.sliding_window and model_type == "llama":
     problems.append("llama has no sliding window")
   if config.sliding_window and model_type == "mistral" and config.sliding_window_start_layer:
@@ -297,6 +342,7 @@ def hf_config_dict(
       "id2label",
       "label2id",
       "layer_types",
+      "num_local_experts",  # HF v5's name of num_experts, written below
       "torch_dtype",
       "dtype",
       "transformers_version",
@@ -331,17 +377,19 @@ def hf_config_dict(
     }
   else:
     hf["rope_scaling"] = None
-  if model_type in ("llama", "qwen3"):
+  if model_type in ("llama", "qwen3", "qwen3_moe"):
     hf["attention_bias"] = config.qkv_bias
   if model_type == "llama":
     hf["mlp_bias"] = config.mlp_bias
   if model_type == "mistral":
     hf["sliding_window"] = config.sliding_window
-  if model_type == "qwen3_5_text":
+  if model_type in qwen3_5.TEXT_MODEL_TYPES:
     hf.pop("rope_theta")
     hf.pop("rope_scaling")
     hf.update(qwen3_5.hf_config_fields(config))
-  if model_type in ("qwen2", "qwen3"):
+  if model_type in MOE_MODEL_TYPES:
+    hf.update(_moe_config_keys(config))
+  if model_type in ("qwen2", "qwen3", "qwen3_moe"):
     hf["use_sliding_window"] = config.sliding_window is not None
     hf["sliding_window"] = config.sliding_window
     hf["max_window_layers"] = config.sliding_window_start_layer if config.sliding_window else config.num_hidden_layers
@@ -360,6 +408,11 @@ class _TensorSpec:
   path: tuple[str, ...]  # key path in our param tree
   kind: str  # "copy" | "linear" (HF [out,in] <-> ours [in,out]) | "in_heads" | "out_heads"
   layer: int | None = None  # scanned layers: this HF tensor is slice `layer` of the stacked leaf at `path`
+  expert: int | None = None  # an expert's projection: slice `expert` of the (layer's) [E, ...] leaf
+
+  def slice_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of this tensor's slice of a leaf of `shape` (less the stacked layer and the expert axes)."""
+    return shape[(self.layer is not None) + (self.expert is not None) :]
 
 
 def _check_head(head: str):
@@ -377,7 +430,29 @@ def _flatten(tree, prefix=()):
 
 def _tensor_specs(shapes) -> list[_TensorSpec]:
   """One spec per HF tensor: a leaf of our param tree (flattened), or one layer's slice of a stacked leaf
-  (`layers/...`, scanned layers), with its HF name."""
+  (`layers/...`, scanned layers), with its HF name; an expert's projection is one expert's slice of that
+  (`mlp/experts/gate_proj/kernel` [layers, E, D, F] -> HF's `mlp.experts.{e}.gate_proj.weight` [F, D] per layer)."""
+  specs = []
+  for spec in _leaf_specs(shapes):
+    if ".mlp.experts." not in spec.hf_name:
+      specs.append(spec)
+      continue
+    experts = _flatten_shape(shapes, spec.path)[spec.layer is not None]
+    head, tail = spec.hf_name.split(".mlp.experts.")
+    specs.extend(
+      dataclasses.replace(spec, hf_name=f"{head}.mlp.experts.{e}.{tail}", expert=e) for e in range(experts)
+    )
+  return specs
+
+
+def _flatten_shape(shapes, path: tuple[str, ...]) -> tuple[int, ...]:
+  node = shapes
+  for key in path:
+    node = node[key]
+  return tuple(node.shape)
+
+
+def _leaf_specs(shapes) -> list[_TensorSpec]:
   specs = []
   # A hybrid stack scans groups of `period` layers (`decoder.layer_pattern`): layer j of group g is HF's g * period + j.
   grouped = "layers" in shapes and all(name.isdigit() for name in shapes["layers"])
@@ -574,8 +649,7 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
       for spec in specs:
         if files[spec.hf_name] != file:
           continue
-        shape = tuple(shape_of[spec.path].shape)
-        expected = _hf_shape(spec, shape[1:] if spec.layer is not None else shape)  # a stacked leaf's layer
+        expected = _hf_shape(spec, spec.slice_shape(tuple(shape_of[spec.path].shape)))
         found = tuple(f.get_slice(spec.hf_name).get_shape())
         if found != expected:
           raise CheckpointError(
@@ -652,13 +726,20 @@ def load_hf_params(
   for spec in plan.specs:
     by_file.setdefault(plan.files[spec.hf_name], []).append(spec)
   layer_slices: dict[tuple[str, ...], dict[int, Any]] = {}
+  expert_slices: dict[tuple, dict[int, np.ndarray]] = {}  # (path, layer) -> the experts read so far, on the host
   for file, file_specs in sorted(by_file.items()):
     with safe_open(file, framework="numpy") as f:
       for spec in file_specs:
-        shape = tuple(plan.shape_of[spec.path].shape)
-        if spec.layer is not None:
-          shape = shape[1:]
+        full_shape = tuple(plan.shape_of[spec.path].shape)
+        shape = spec.slice_shape(full_shape)
         array = np.ascontiguousarray(_to_ours(spec, f.get_tensor(spec.hf_name), shape).astype(np_dtype))
+        if spec.expert is not None:  # a layer's experts stacked (and placed) once all are read, then freed
+          experts = expert_slices.setdefault((spec.path, spec.layer), {})
+          experts[spec.expert] = array
+          if len(experts) < full_shape[spec.layer is not None]:
+            continue
+          array = np.stack([experts[e] for e in range(len(experts))])
+          del expert_slices[(spec.path, spec.layer)]
         if spec.layer is None:
           flat[spec.path] = _place(array, sharding_of.get(spec.path))
         else:
@@ -725,6 +806,8 @@ def hf_state_dict(params, config: DecoderConfig, head: str = "lm", dtype: str | 
       )
     if spec.layer is not None:
       value = value[spec.layer]
+    if spec.expert is not None:
+      value = value[spec.expert]
     tensors[spec.hf_name] = np.ascontiguousarray(_to_hf(spec, value).astype(np_dtype))
   return tensors
 

@@ -1,4 +1,5 @@
-"""The Qwen3.5 family (`transformers.models.qwen3_5`): what differs from the dense decoder, in one place.
+"""The Qwen3.5 family (`transformers.models.qwen3_5`, and `qwen3_5_moe`: the same layers with experts in place of the
+MLP, `models/moe.py`): what differs from the dense decoder, in one place.
 
 - config: `qwen3_5_text` (`Qwen3_5ForCausalLM`) and `qwen3_5` (`Qwen3_5ForConditionalGeneration`, whose
   `text_config` is the text model's) -> `DecoderConfig` fields: `layer_types` (Gated DeltaNet `linear_attention`
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
-ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+TEXT_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
+MULTIMODAL_TEXT = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}  # model_type -> its text model's
+MULTIMODAL_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 TEXT_PREFIX = "model.language_model."  # the text model's tensors in a Qwen3_5ForConditionalGeneration checkpoint
 VISION_PREFIXES = ("model.visual.",)
 LINEAR_KEYS = (
@@ -27,12 +29,13 @@ LINEAR_KEYS = (
 
 
 def text_config(hf: dict[str, Any]) -> dict[str, Any]:
-  """The text model's config.json dict: `qwen3_5`'s `text_config` (with the outer tie_word_embeddings), or as is."""
-  if hf.get("model_type") != "qwen3_5":
+  """The text model's config.json dict: `qwen3_5`'s (`qwen3_5_moe`'s) `text_config` (with the outer
+  tie_word_embeddings), or as is."""
+  if hf.get("model_type") not in MULTIMODAL_TEXT:
     return hf
   text = dict(hf.get("text_config") or {})
   text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
-  text["model_type"] = "qwen3_5_text"
+  text["model_type"] = MULTIMODAL_TEXT[hf["model_type"]]
   text["architectures"] = hf.get("architectures")
   return text
 

@@ -1,0 +1,187 @@
+"""The mixture-of-experts feed-forward block (Qwen3-MoE's `Qwen3MoeSparseMoeBlock`; with Qwen3.5-MoE's shared expert).
+
+Router: logits x W_r in fp32, softmax over the experts, the top `num_experts_per_tok`, renormalised to sum to 1 with
+`norm_topk_prob` (HF's order: softmax, then top-k, then the renormalisation).
+
+Experts, dropless: every (token, chosen expert) pair is computed, none dropped for capacity. The T x k pairs are
+sorted by expert, so that each expert's rows are contiguous, and each SwiGLU projection is one grouped matmul over
+the sorted rows (`jax.lax.ragged_dot`, the expert's group sizes from a histogram): T x k x D x F multiply-adds per
+projection, never the dense E x T x D x F of running every expert on every token. The pairs' outputs, scaled by
+their routing weights, are summed back into their tokens (a scatter-add).
+
+Shared expert (Qwen3.5-MoE): a dense SwiGLU MLP on every token, scaled by sigmoid(x w_g), added to the experts'
+output.
+
+Load balancing (`load_balance_stats`): each call sows, per layer, the tokens each expert was chosen for and the sum
+of each expert's router probability over the call's valid tokens; `load_balancing_loss` turns the layers' sums into
+HF's `load_balancing_loss_func` (Switch Transformer's auxiliary loss) and the trainer into its expert-load metrics.
+
+Parameter axes: the router `gate/kernel` [D, E] ("embed", "experts"); the experts' `experts/{gate,up}_proj` [E, D, F]
+and `experts/down_proj` [E, F, D] ("experts", "expert_embed", "expert_mlp"): names of their own, so that a layout
+can split the experts over devices (expert parallelism) where the dense layers split their embed dim
+(`parallel/layouts.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxrlhf.models import layers
+from jaxrlhf.models.layers import DTYPES, INIT_STD, logical_init
+
+STATS = "load_balance"  # the sown collection's entry: per layer (tokens per expert [E], router probability [E], tokens)
+EXPERT_AXES = {"gate_proj": ("expert_embed", "expert_mlp"), "up_proj": ("expert_embed", "expert_mlp")}
+EXPERT_AXES["down_proj"] = ("expert_mlp", "expert_embed")
+
+
+def route(logits_TxE, top_k: int, norm_topk_prob: bool):
+  """(weights [T, k] fp32, experts [T, k] int32, probabilities [T, E] fp32) of router logits, HF's order."""
+  probs_TxE = jax.nn.softmax(logits_TxE.astype(jnp.float32), axis=-1)
+  weights_Txk, experts_Txk = jax.lax.top_k(probs_TxE, top_k)
+  if norm_topk_prob:
+    weights_Txk = weights_Txk / jnp.sum(weights_Txk, axis=-1, keepdims=True)
+  return weights_Txk, experts_Txk.astype(jnp.int32), probs_TxE
+
+
+def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD):
+  """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t: the dropless experts (module docstring).
+
+  The experts' SwiGLU: down(silu(x gate) * up). Matmuls in the weights' dtype, accumulated in fp32."""
+  tokens, top_k = experts_Txk.shape
+  num_experts = gate_ExDxF.shape[0]
+  expert_P = experts_Txk.reshape(-1)  # P = T x k (token, expert) pairs, token-major
+  order_P = jnp.argsort(expert_P, stable=True)
+  token_P = order_P // top_k
+  group_sizes_E = jnp.bincount(expert_P, length=num_experts).astype(jnp.int32)
+  dtype = gate_ExDxF.dtype
+  x_PxD = jnp.take(x_TxD, token_P, axis=0).astype(dtype)
+  grouped = lambda lhs, rhs: jax.lax.ragged_dot(lhs, rhs, group_sizes_E, preferred_element_type=jnp.float32)
+  gate_PxF, up_PxF = grouped(x_PxD, gate_ExDxF), grouped(x_PxD, up_ExDxF)
+  hidden_PxF = (jax.nn.silu(gate_PxF) * up_PxF).astype(dtype)
+  out_PxD = grouped(hidden_PxF, down_ExFxD)
+  weight_P = jnp.take(weights_Txk.reshape(-1), order_P)
+  return jnp.zeros((tokens, x_TxD.shape[-1]), jnp.float32).at[token_P].add(out_PxD * weight_P[:, None])
+
+
+def load_balance_stats(experts_Txk, probs_TxE, valid_T):
+  """(tokens routed to each expert [E], sum of each expert's probability [E], valid tokens []) over valid tokens."""
+  valid_T = valid_T.astype(jnp.float32)
+  num_experts = probs_TxE.shape[-1]
+  counts_E = jnp.zeros((num_experts,), jnp.float32).at[experts_Txk.reshape(-1)].add(
+    jnp.repeat(valid_T, experts_Txk.shape[-1])
+  )
+  return counts_E, jnp.sum(probs_TxE * valid_T[:, None], axis=0), jnp.sum(valid_T)
+
+
+def load_balancing_loss(counts_LxE, prob_sums_LxE, tokens_L):
+  """HF's `load_balancing_loss_func` from every MoE layer's `load_balance_stats` (stacked over layers):
+  E * sum_e f_e P_e, f_e the share of (token, layer) rows that chose expert e (summing to top-k), P_e its mean router
+  probability, both over all layers' rows together."""
+  rows = jnp.maximum(jnp.sum(tokens_L), 1.0)
+  tokens_per_expert_E = jnp.sum(counts_LxE, axis=0) / rows
+  prob_per_expert_E = jnp.sum(prob_sums_LxE, axis=0) / rows
+  return counts_LxE.shape[-1] * jnp.sum(tokens_per_expert_E * prob_per_expert_E)
+
+
+def router_stats(intermediates):
+  """Every MoE layer's sown `load_balance_stats` from a call's "intermediates" collection (`Decoder.apply(...,
+  mutable=["intermediates"])`), whatever the stack's layout (scanned, grouped, a loop of layers): (tokens per expert
+  [layers, E], router probability sums [layers, E], valid tokens [layers]), the layers in no particular order."""
+  found = []
+
+  def walk(node):
+    for key, value in node.items():
+      if key == STATS:
+        found.extend(value)  # sow keeps a tuple of the values sown
+      elif isinstance(value, dict):
+        walk(value)
+
+  walk(intermediates)
+  if not found:
+    raise ValueError("the call sowed no load-balancing statistics (a model without experts, or a decode call)")
+  experts = found[0][0].shape[-1]
+  return tuple(
+    jnp.concatenate([entry[i].reshape((-1, experts) if i < 2 else (-1,)) for entry in found]) for i in range(3)
+  )
+
+
+class SparseMoeBlock(nn.Module):
+  """x [B, L, D] -> the experts' (and shared expert's) output [B, L, D]; `valid_BxL` (cache-free calls): which
+  tokens count in the load-balancing statistics it sows. Parameters by HF's module names: `gate` (the router),
+  `experts/{gate,up,down}_proj`, and with a shared expert `shared_expert/{gate,up,down}_proj` and
+  `shared_expert_gate`."""
+
+  config: Any  # the model's DecoderConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, valid_BxL=None):
+    cfg = self.config
+    dtype = DTYPES[cfg.dtype]
+    batch, length, hidden = x_BxLxD.shape
+    x_TxD = x_BxLxD.reshape(-1, hidden)
+    router_DxE = Weight((hidden, cfg.num_experts), ("embed", "experts"), cfg.param_dtype, name="gate")()
+    logits_TxE = x_TxD.astype(jnp.float32) @ router_DxE.astype(jnp.float32)
+    weights_Txk, experts_Txk, probs_TxE = route(logits_TxE, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+    if valid_BxL is not None:
+      self.sow("intermediates", STATS, load_balance_stats(experts_Txk, probs_TxE, valid_BxL.reshape(-1)))
+    kernels = ExpertWeights(cfg, name="experts")()
+    out_TxD = grouped_swiglu(
+      x_TxD.astype(dtype),
+      experts_Txk,
+      weights_Txk,
+      *(kernels[name].astype(dtype) for name in ("gate_proj", "up_proj", "down_proj")),
+    ).astype(dtype)
+    if cfg.shared_expert_intermediate_size:
+      gate_Tx1 = layers.dense(cfg, "shared_expert_gate", (1,), ("embed",), (None,), False)(x_TxD)
+      shared_TxD = SharedExpert(cfg, name="shared_expert")(x_TxD)
+      out_TxD = out_TxD + (jax.nn.sigmoid(gate_Tx1.astype(jnp.float32)) * shared_TxD).astype(dtype)
+    return out_TxD.reshape(batch, length, hidden)
+
+
+class SharedExpert(nn.Module):
+  """Qwen3.5-MoE's shared expert: down(silu(x gate) * up), a dense SwiGLU MLP on every token."""
+
+  config: Any
+
+  @nn.compact
+  def __call__(self, x_TxD):
+    cfg, features = self.config, self.config.shared_expert_intermediate_size
+    dense = lambda name, size, ins, outs: layers.dense(cfg, name, (size,), ins, outs, False)
+    gate_TxF = dense("gate_proj", features, ("embed",), ("mlp",))(x_TxD)
+    up_TxF = dense("up_proj", features, ("embed",), ("mlp",))(x_TxD)
+    return dense("down_proj", cfg.hidden_size, ("mlp",), ("embed",))(jax.nn.silu(gate_TxF) * up_TxF)
+
+
+class Weight(nn.Module):
+  """One parameter `kernel` of `shape`, normal(INIT_STD)-initialised, with logical `axes`."""
+
+  shape: tuple[int, ...]
+  axes: tuple[str | None, ...]
+  param_dtype: str
+
+  @nn.compact
+  def __call__(self):
+    init = logical_init(nn.initializers.normal(INIT_STD), self.axes)
+    return self.param("kernel", init, self.shape, DTYPES[self.param_dtype])
+
+
+class ExpertWeights(nn.Module):
+  """Every expert's projections, {name: [E, ...]}, as `experts/{gate,up,down}_proj/kernel`: the paths HF's
+  `experts.{e}.{gate,up,down}_proj.weight` map to."""
+
+  config: Any
+
+  @nn.compact
+  def __call__(self):
+    cfg = self.config
+    sizes = {"expert_embed": cfg.hidden_size, "expert_mlp": cfg.moe_intermediate_size}
+    return {
+      name: Weight(
+        (cfg.num_experts,) + tuple(sizes[a] for a in axes), ("experts",) + axes, cfg.param_dtype, name=name
+      )()
+      for name, axes in EXPERT_AXES.items()
+    }
