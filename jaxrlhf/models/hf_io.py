@@ -50,9 +50,10 @@ HEAD_ARCHITECTURE_SUFFIX = {
   "value": "ForTokenClassification",
   "reward": "ForSequenceClassification",
 }
-SUPPORTED_ARCHITECTURES = tuple(
-  prefix + suffix for prefix in SUPPORTED_MODEL_TYPES.values() for suffix in HEAD_ARCHITECTURE_SUFFIX.values()
-) + qwen3_5.MULTIMODAL_ARCHITECTURES
+SUPPORTED_ARCHITECTURES = (
+  tuple(prefix + suffix for prefix in SUPPORTED_MODEL_TYPES.values() for suffix in HEAD_ARCHITECTURE_SUFFIX.values())
+  + qwen3_5.MULTIMODAL_ARCHITECTURES
+)
 _NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _INDEX_FILE = "model.safetensors.index.json"
@@ -439,9 +440,7 @@ def _tensor_specs(shapes) -> list[_TensorSpec]:
       continue
     experts = _flatten_shape(shapes, spec.path)[spec.layer is not None]
     head, tail = spec.hf_name.split(".mlp.experts.")
-    specs.extend(
-      dataclasses.replace(spec, hf_name=f"{head}.mlp.experts.{e}.{tail}", expert=e) for e in range(experts)
-    )
+    specs.extend(dataclasses.replace(spec, hf_name=f"{head}.mlp.experts.{e}.{tail}", expert=e) for e in range(experts))
   return specs
 
 

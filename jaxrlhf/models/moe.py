@@ -71,8 +71,8 @@ def load_balance_stats(experts_Txk, probs_TxE, valid_T):
   """(tokens routed to each expert [E], sum of each expert's probability [E], valid tokens []) over valid tokens."""
   valid_T = valid_T.astype(jnp.float32)
   num_experts = probs_TxE.shape[-1]
-  counts_E = jnp.zeros((num_experts,), jnp.float32).at[experts_Txk.reshape(-1)].add(
-    jnp.repeat(valid_T, experts_Txk.shape[-1])
+  counts_E = (
+    jnp.zeros((num_experts,), jnp.float32).at[experts_Txk.reshape(-1)].add(jnp.repeat(valid_T, experts_Txk.shape[-1]))
   )
   return counts_E, jnp.sum(probs_TxE * valid_T[:, None], axis=0), jnp.sum(valid_T)
 
