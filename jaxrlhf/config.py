@@ -98,6 +98,15 @@ def _model() -> ml_collections.ConfigDict:
         linear_value_head_dim=_placeholder(int),
         linear_conv_kernel_dim=_placeholder(int),
         partial_rotary_factor=_placeholder(float),
+        # Mixture of experts (qwen3_moe, qwen3_5_moe_text), HF's names; the load-balancing loss joins the actor's
+        # loss with output_router_logits=True (HF's switch), weighted by router_aux_loss_coef.
+        num_experts=_placeholder(int),
+        num_experts_per_tok=_placeholder(int),
+        moe_intermediate_size=_placeholder(int),
+        shared_expert_intermediate_size=_placeholder(int),
+        norm_topk_prob=_placeholder(bool),
+        output_router_logits=_placeholder(bool),
+        router_aux_loss_coef=_placeholder(float),
       ),
       use_remove_padding=False,
       enable_gradient_checkpointing=False,

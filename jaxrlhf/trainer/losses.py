@@ -8,8 +8,10 @@ outputs ([rows, R]) that later epochs read (`update_loop.ppo_update`), usually n
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from jaxrlhf import algos
+from jaxrlhf.models import moe
 from jaxrlhf.trainer.model_outputs import ModelOutputs
 
 
@@ -83,6 +85,13 @@ def actor_loss(
   if first_epoch:
     metrics["actor/entropy"] = entropy_loss
     rows["old_log_probs"] = old_log_prob
+  if "router_stats" in out:  # experts: HF's load-balancing loss, this micro-batch's share of the mini-batch's
+    share = jnp.sum(mask.astype(jnp.float32)) / jnp.maximum(normalizers["global_token_count"], 1.0)
+    aux_loss = moe.load_balancing_loss(*out["router_stats"])
+    loss = loss + outputs.actor.config.router_aux_loss_coef * share * aux_loss
+    load_E = jnp.sum(out["router_stats"][0], axis=0)  # tokens routed to each expert, over the layers
+    metrics["actor/moe_aux_loss"] = share * aux_loss
+    metrics["actor/moe_expert_load_max"] = share * jnp.max(load_E) / jnp.maximum(jnp.mean(load_E), 1.0)
   if actor.use_kl_loss:
     kl = out["full_kl"] if full_kl else algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
     kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf import algos
+from jaxrlhf.models import moe
 from jaxrlhf.models.decoder import Decoder, head_outputs, model_variables, positions_from_mask
 from jaxrlhf.models.lora import critic_variables
 from jaxrlhf.rollout import token_log_probs
@@ -131,25 +132,34 @@ class ModelOutputs:
     self.num_batch_shards = num_batch_shards
     self.constrain = constrain
 
-  def _hidden(self, model: Decoder, params, micro: dict, adapters=None):
+  def _hidden(self, model: Decoder, params, micro: dict, adapters=None, router_stats: bool = False):
     """Final hidden states at the positions that predict response tokens: [N, R, D] of padded rows, or
-    [B, S, D] of a packed slot's rows (every position: `packing.response_outputs` reads them back)."""
+    [B, S, D] of a packed slot's rows (every position: `packing.response_outputs` reads them back).
+    `router_stats` (a model with experts): (hidden, the MoE layers' `moe.router_stats` over every valid token)."""
+    apply = lambda *args, **kwargs: model.apply(
+      model_variables(params, adapters),
+      *args,
+      return_hidden=True,
+      mutable=["intermediates"] if router_stats else False,
+      **kwargs,
+    )
     if "packed" in micro:
       packed = micro["packed"]
-      return model.apply(
-        model_variables(params, adapters),
+      out = apply(
         packed["input_ids"],
         packed["positions"],
         (packed["segment_ids"] > 0).astype(jnp.int32),
         segment_ids_BxL=packed["segment_ids"],
-        return_hidden=True,
-      )[0]
-    prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
-    ids_NxS, positions_NxS, mask_NxS = sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"])
-    hidden_NxSxD, _ = model.apply(
-      model_variables(params, adapters), ids_NxS, positions_NxS, mask_NxS, return_hidden=True
-    )
-    return hidden_NxSxD[:, prompt_len - 1 : prompt_len + response_len - 1]
+      )
+      (hidden_BxLxD, _), variables = out if router_stats else (out, None)
+    else:
+      prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
+      out = apply(*sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"]))
+      (hidden_NxSxD, _), variables = out if router_stats else (out, None)
+      hidden_BxLxD = hidden_NxSxD[:, prompt_len - 1 : prompt_len + response_len - 1]
+    if router_stats:
+      return hidden_BxLxD, moe.router_stats(variables["intermediates"])
+    return hidden_BxLxD
 
   def _to_responses(self, per_token, micro: dict):
     """A packed slot's per-position outputs [B, S] as [N, R]; padded outputs are [N, R] already."""
@@ -165,9 +175,14 @@ class ModelOutputs:
     `adapters`: LoRA adapters on `params` (None: the model as `params` has it, e.g. the reference).
     With `ref_params` (the reference policy's, run without adapters) also "ref_log_prob" and "full_kl"
     [N, R] (exact KL over the vocabulary, `kl_penalty` / `kl_loss_type` "full"); the reference's forward
-    carries no gradient.
+    carries no gradient. A model with experts adds "router_stats": its layers' `moe.router_stats` over the
+    call's valid tokens (the load-balancing loss's and the expert-load metrics' input).
     """
-    hidden_BxLxD = self._hidden(self.actor, params, micro, adapters)
+    with_stats = bool(self.actor.config.num_experts)
+    hidden_BxLxD = self._hidden(self.actor, params, micro, adapters, router_stats=with_stats)
+    router_stats = None
+    if with_stats:
+      hidden_BxLxD, router_stats = hidden_BxLxD
     ref = None
     if ref_params is not None:
       ref_params = jax.lax.stop_gradient(ref_params)
@@ -186,7 +201,8 @@ class ModelOutputs:
       ref,
       adapters,
     )
-    return {name: self._to_responses(x, micro) for name, x in out.items()}
+    out = {name: self._to_responses(x, micro) for name, x in out.items()}
+    return out if router_stats is None else dict(out, router_stats=router_stats)
 
   def log_probs(self, params, micro: dict, with_entropy: bool = True, adapters=None):
     """(log_prob_NxR, entropy_NxR or None) of the response tokens; logits in fp32 / temperature."""

@@ -1,0 +1,59 @@
+"""A mixture-of-experts actor in the PPO step (issue 47): the load-balancing loss joins the actor's loss with HF's
+switch (`output_router_logits`), its metrics are logged, and the step gives one device's numbers on a (1, 4, 2) mesh
+(experts split as `parallel/layouts.py` says), in fp32."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrlhf.trainer import Trainer
+from tests.helpers import TIMING_DEPENDENT, small_config
+
+MOE = {
+  "actor_rollout_ref.model.override_config.model_type": "qwen3_moe",
+  "actor_rollout_ref.model.override_config.head_dim": 16,
+  "actor_rollout_ref.model.override_config.num_experts": 8,
+  "actor_rollout_ref.model.override_config.num_experts_per_tok": 2,
+  "actor_rollout_ref.model.override_config.moe_intermediate_size": 32,
+  "actor_rollout_ref.model.override_config.norm_topk_prob": True,
+  "actor_rollout_ref.model.override_config.output_router_logits": True,
+  "actor_rollout_ref.model.override_config.router_aux_loss_coef": 0.01,
+}
+
+
+def _run(tmp_path, mesh, **overrides):  # lr 1e-3, the quickstart's
+  data, fsdp, tensor = mesh
+  config = small_config(tmp_path, **{**MOE, "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor, **overrides})
+  trainer = Trainer(config, devices=jax.devices()[: data * fsdp * tensor])
+  metrics = trainer.train_step(0)
+  return trainer, metrics, jax.device_get(trainer.state.actor.params)
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+  return _run(tmp_path_factory.mktemp("one"), (1, 1, 1))
+
+
+def test_the_load_balancing_loss_and_expert_load_are_logged(one_device):
+  trainer, metrics, params = one_device
+  config = trainer.model_config
+  assert config.model_type == "qwen3_moe" and config.num_experts == 8 and config.router_aux_loss_coef == 0.01
+  assert params["layers"]["mlp"]["experts"]["gate_proj"]["kernel"].shape[1:] == (8, 64, 32)
+  # E * sum_e f_e P_e: 2 (top-k) when routing is uniform, more when it is not
+  assert 1.9 < metrics["actor/moe_aux_loss"] < 8 * 2
+  assert 1.0 <= metrics["actor/moe_expert_load_max"] <= 8.0
+  # the critic (a dense copy of the actor's config) has experts too: its value head reads the same backbone
+  assert trainer.critic_model_config.num_experts == 8
+
+
+@pytest.mark.slow
+def test_same_numbers_on_a_mesh_as_on_one_device(tmp_path, one_device):
+  _, ref_metrics, ref_actor = one_device
+  _, metrics, actor = _run(tmp_path, (1, 4, 2))
+  for key, value in ref_metrics.items():
+    if not key.startswith(TIMING_DEPENDENT):
+      np.testing.assert_allclose(metrics[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
+  # Adam moves every element by up to ~lr whatever its gradient's size: an element whose gradient is near zero turns
+  # fp32 rounding into a visible step (tests/trainer/test_ppo_step.py). Here 2 of 32,768 expert weights moved 0.04 lr.
+  lr = 1e-3
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0.1 * lr), ref_actor, actor)
