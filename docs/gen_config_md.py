@@ -86,6 +86,34 @@ _MODEL = {
     "HF config field: the share of each head's dims RoPE rotates (Qwen3.5: 0.25)",
     "`override_config` (free dict)",
   ),
+  "override_config.num_experts": (
+    "HF config field (Qwen3-MoE, Qwen3.5-MoE): routed experts per layer (docs/architecture.md, Mixture of experts)",
+    "`override_config` (free dict)",
+  ),
+  "override_config.num_experts_per_tok": (
+    "HF config field (MoE): experts each token is routed to (top-k)",
+    "`override_config` (free dict)",
+  ),
+  "override_config.moe_intermediate_size": (
+    "HF config field (MoE): each expert's SwiGLU hidden size",
+    "`override_config` (free dict)",
+  ),
+  "override_config.shared_expert_intermediate_size": (
+    "HF config field (Qwen3.5-MoE): the shared expert's hidden size",
+    "`override_config` (free dict)",
+  ),
+  "override_config.norm_topk_prob": (
+    "HF config field (MoE): renormalise the top-k routing weights to sum to 1",
+    "`override_config` (free dict)",
+  ),
+  "override_config.output_router_logits": (
+    "HF config field (MoE): True adds the load-balancing loss to the actor's loss (HF's switch)",
+    "`override_config` (free dict)",
+  ),
+  "override_config.router_aux_loss_coef": (
+    "HF config field (MoE): the load-balancing loss's weight (with output_router_logits)",
+    "`override_config` (free dict)",
+  ),
   "use_remove_padding": (
     "sequence packing: several sequences per row with segment ids and block-diagonal "
     "attention (same numbers as the padded path)",
