@@ -248,7 +248,8 @@ def expected_adapter_params(config, head: str = "lm") -> int:
   DeltaNet layer's in_proj_*/out_proj, each layer's MLP), plus the embedding's and the LM head's r x (V + D) when
   targeted: what the rank implies."""
   del head
-  D, F = config.hidden_size, config.intermediate_size
+  # A model with experts: the MLP targets are its shared expert's (the routed experts take no adapter).
+  D, F = config.hidden_size, config.shared_expert_intermediate_size if config.num_experts else config.intermediate_size
   QH, KH = config.num_attention_heads * config.resolved_head_dim, config.num_key_value_heads * config.resolved_head_dim
   key_channels = config.linear_num_key_heads * config.linear_key_head_dim
   value_channels = config.linear_num_value_heads * config.linear_value_head_dim
@@ -265,7 +266,7 @@ def expected_adapter_params(config, head: str = "lm") -> int:
     "in_proj_a": (D, config.linear_num_value_heads),
     "out_proj": (value_channels, D),
   }
-  mlp = {"gate_proj": (D, F), "up_proj": (D, F), "down_proj": (F, D)}
+  mlp = {"gate_proj": (D, F), "up_proj": (D, F), "down_proj": (F, D)} if F else {}
   per_layer = lambda sizes: sum(config.lora_rank * sum(sizes[name]) for name in config.lora_targets if name in sizes)
   kinds = config.layer_types or ("full_attention",) * config.num_hidden_layers
   mixers = sum(per_layer(linear if kind == "linear_attention" else attention) for kind in kinds)
@@ -307,7 +308,8 @@ def peft_state_dict(adapters, prefix: str = "base_model.model") -> dict[str, np.
       name = f"{prefix}.{HEAD_TARGET}"
     else:
       layer = int(path[0].split("_")[-1])
-      name = f"{prefix}.model.layers.{layer}.{_MODULE_PARENT[module]}.{module}"
+      parents = ".".join(path[1:-1]) or _MODULE_PARENT[module]  # e.g. "mlp.shared_expert" (Qwen3.5-MoE)
+      name = f"{prefix}.model.layers.{layer}.{parents}.{module}"
     tensors[f"{name}.lora_A.weight"] = lora_A
     tensors[f"{name}.lora_B.weight"] = lora_B
   return tensors

@@ -220,3 +220,37 @@ def test_the_grouped_matmul_equals_a_dense_per_expert_reference_gradients_includ
   weights, chosen, _ = route(logits.at[:, 0].set(-1e9), top_k, norm_topk_prob=False)
   grad = jax.grad(lambda g: jnp.sum(grouped_swiglu(x, chosen, weights, g, up, down)))(gate)
   assert not np.any(np.asarray(chosen) == 0) and np.all(np.asarray(grad[0]) == 0) and np.any(np.asarray(grad[1]))
+
+
+def test_lora_reaches_attention_and_the_shared_expert_and_peft_loads_it(family, tmp_path):
+  """The routed experts stay frozen (no adapter); attention's and the shared expert's adapters go to a PEFT file that
+  transformers' model loads with our logits."""
+  peft = pytest.importorskip("peft")
+  from jaxrlhf.models.decoder import init_adapters, model_variables
+  from jaxrlhf.models.lora import LORA_TARGETS, count_adapter_params, expected_adapter_params, save_peft_adapter
+
+  config = dataclasses.replace(family["config"], lora_rank=4, lora_alpha=8.0, lora_targets=LORA_TARGETS)
+  adapters = init_adapters(Decoder(config), jax.random.key(3))[0]
+  leaves, treedef = jax.tree.flatten(adapters)
+  keys = jax.random.split(jax.random.key(4), len(leaves))
+  adapters = treedef.unflatten([x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+  assert count_adapter_params(adapters) == expected_adapter_params(config)
+  paths = {
+    "/".join(str(getattr(k, "key", k)) for k in path) for path, _ in jax.tree_util.tree_leaves_with_path(adapters)
+  }
+  assert not any("experts" in p for p in paths)  # the routed experts: frozen
+  assert any("shared_expert" in p for p in paths) == bool(config.shared_expert_intermediate_size)
+  ids, mask = _batch(seed=6)
+  ours = np.asarray(
+    Decoder(config).apply(
+      model_variables(family["params"], adapters),
+      jnp.asarray(ids),
+      positions_from_mask(jnp.asarray(mask)),
+      jnp.asarray(mask),
+    )[0]
+  )
+  adapter_dir = save_peft_adapter(adapters, config, str(tmp_path / "adapter"), family["path"])
+  base = family["hf_class"].from_pretrained(family["path"], dtype=torch.float32).eval()
+  with_adapter = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
+  want = _hf_logits(with_adapter, ids, mask).logits.numpy()
+  np.testing.assert_allclose(ours[mask > 0], want[mask > 0], atol=1e-4, rtol=1e-4)
