@@ -42,6 +42,7 @@ BIG_RECIPES = {
   "grpo_gsm8k_llama3_1_70b": ("llama-3.1-70b-instruct", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
   "grpo_gsm8k_qwen3_5_4b": ("qwen3.5-4b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
   "grpo_gsm8k_qwen3_5_27b": ("qwen3.5-27b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+  "grpo_gsm8k_qwen3_30b_a3b": ("qwen3-30b-a3b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
 }
 # What a big recipe may change from its 0.5B parent: model, layout, micro-batch size, run name.
 BIG_RECIPE_CHANGES = (
@@ -55,6 +56,7 @@ BIG_RECIPE_CHANGES = (
   "trainer.experiment_name",
   "actor_rollout_ref.rollout.max_num_seqs",
   "actor_rollout_ref.model.use_remove_padding",  # off for Qwen3.5: packing is refused for its recurrent layers
+  "actor_rollout_ref.actor.fsdp_config.optimizer_offload",  # Qwen3-30B-A3B: Adam's moments in host memory
   "mesh.data",
   "mesh.fsdp",
   "mesh.tensor",
@@ -74,6 +76,7 @@ PUBLIC_SIZES = {
   "qwen3.5-4b": 4.21e9,
   "qwen3.5-9b": 9e9,
   "qwen3.5-27b": 27e9,
+  "qwen3-30b-a3b": 30.5e9,  # 3.3e9 of them active per token
 }
 
 
