@@ -45,7 +45,12 @@ def actor_loss(
   weights = aux["frozen"].with_trained(trained, None)
   full_kl = actor.use_kl_loss and actor.kl_loss_type == "full"
   out = outputs.token_outputs(
-    weights.params, micro, ("entropy",), adapters=weights.adapters, ref_params=aux["ref_params"] if full_kl else None
+    weights.params,
+    micro,
+    ("entropy",),
+    adapters=weights.adapters,
+    ref_params=aux["ref_params"] if full_kl else None,
+    router_stats=True,
   )
   log_prob, entropy = out["log_prob"], out["entropy"]
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy or first_epoch else micro["old_log_probs"]

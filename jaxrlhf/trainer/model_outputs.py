@@ -168,17 +168,24 @@ class ModelOutputs:
     return packing.response_outputs(per_token, micro["packed"], micro["prompts"].shape[1], micro["responses"].shape[1])
 
   def token_outputs(
-    self, params, micro: dict, statistics: tuple[str, ...] = (), adapters=None, ref_params=None
+    self,
+    params,
+    micro: dict,
+    statistics: tuple[str, ...] = (),
+    adapters=None,
+    ref_params=None,
+    router_stats: bool = False,
   ) -> dict:
     """{"log_prob": [N, R] of the response tokens, and each of `statistics` (TOKEN_STATISTICS): [N, R]}.
 
     `adapters`: LoRA adapters on `params` (None: the model as `params` has it, e.g. the reference).
     With `ref_params` (the reference policy's, run without adapters) also "ref_log_prob" and "full_kl"
     [N, R] (exact KL over the vocabulary, `kl_penalty` / `kl_loss_type` "full"); the reference's forward
-    carries no gradient. A model with experts adds "router_stats": its layers' `moe.router_stats` over the
-    call's valid tokens (the load-balancing loss's and the expert-load metrics' input).
+    carries no gradient. `router_stats` (a model with experts) adds "router_stats": its layers'
+    `moe.router_stats` over the call's valid tokens (the load-balancing loss's and the expert-load metrics' input;
+    not [N, R], so only a loss asks for it).
     """
-    with_stats = bool(self.actor.config.num_experts)
+    with_stats = router_stats and bool(self.actor.config.num_experts)
     hidden_BxLxD = self._hidden(self.actor, params, micro, adapters, router_stats=with_stats)
     router_stats = None
     if with_stats:

@@ -46,6 +46,18 @@ def test_the_load_balancing_loss_and_expert_load_are_logged(one_device):
   assert trainer.critic_model_config.num_experts == 8
 
 
+def test_the_packed_update_compiles_and_runs_with_experts(tmp_path, one_device):
+  """use_remove_padding: the update chooses packed slots or padded micro-batches at run time (`lax.cond`), so both are
+  compiled; the packed branch merges per-token outputs slot by slot, which the load-balancing statistics (per layer,
+  not per token) must stay out of (they once broke its compile). Here the padded branch runs (uniform lengths: packing
+  does not pay), with the padded step's numbers."""
+  _, padded, _ = one_device
+  _, packed, _ = _run(tmp_path, (1, 1, 1), **{"actor_rollout_ref.model.use_remove_padding": True})
+  assert packed["perf/packed/actor"] == 0
+  for key in ("actor/moe_aux_loss", "actor/moe_expert_load_max", "actor/pg_loss", "actor/entropy"):
+    np.testing.assert_allclose(packed[key], padded[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
 @pytest.mark.slow
 def test_same_numbers_on_a_mesh_as_on_one_device(tmp_path, one_device):
   _, ref_metrics, ref_actor = one_device
