@@ -43,6 +43,7 @@ BIG_RECIPES = {
   "grpo_gsm8k_qwen3_5_4b": ("qwen3.5-4b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
   "grpo_gsm8k_qwen3_5_27b": ("qwen3.5-27b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
   "grpo_gsm8k_qwen3_30b_a3b": ("qwen3-30b-a3b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+  "grpo_gsm8k_qwen3_235b_a22b": ("qwen3-235b-a22b", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
 }
 # What a big recipe may change from its 0.5B parent: model, layout, micro-batch size, run name.
 BIG_RECIPE_CHANGES = (
@@ -77,6 +78,7 @@ PUBLIC_SIZES = {
   "qwen3.5-9b": 9e9,
   "qwen3.5-27b": 27e9,
   "qwen3-30b-a3b": 30.5e9,  # 3.3e9 of them active per token
+  "qwen3-235b-a22b": 235e9,  # 22e9 active
 }
 
 
