@@ -25,6 +25,9 @@ from jaxrlhf.verl_shell import ENTRY_POINTS, GRAMMAR, OTHER_PROGRAMS  # noqa: E4
 OUTPUT = os.path.join(_ROOT, "docs", "verl_scripts.md")
 # Every key of verl 0.9.1's generated PPO trainer config, with its default (tests/cli/test_verl_keys.py checks them).
 VERL_KEYS = os.path.join(_ROOT, "tests", "cli", "verl_0_9_1_keys.txt")
+# The keys verl 0.9.1's generated Megatron PPO trainer config adds to those (its `megatron` sections, Megatron's
+# optimizer keys).
+VERL_MEGATRON_KEYS = os.path.join(_ROOT, "tests", "cli", "verl_0_9_1_megatron_keys.txt")
 
 
 def verl_keys(path: str = VERL_KEYS) -> list[tuple[str, object]]:
@@ -34,9 +37,9 @@ def verl_keys(path: str = VERL_KEYS) -> list[tuple[str, object]]:
   return [(key, json.loads(value)) for key, value in rows]
 
 
-def _key_counts() -> str:
+def _key_counts(path: str = VERL_KEYS) -> str:
   tree_types = verl_compat.base_tree_types()
-  counts = collections.Counter(verl_compat.classify(key, tree_types) for key, _ in verl_keys())
+  counts = collections.Counter(verl_compat.classify(key, tree_types) for key, _ in verl_keys(path))
   return ", ".join(f"{counts[name]} {name}" for name in verl_compat.CLASSES)
 
 
@@ -81,7 +84,9 @@ def render() -> str:
     "",
     "## What each verl key becomes",
     "",
-    f"verl 0.9.1's generated PPO trainer config has {len(verl_keys())} keys: {_key_counts()}. With verl's",
+    f"verl 0.9.1's generated PPO trainer config has {len(verl_keys())} keys: {_key_counts()}. Its Megatron",
+    f"config (ppo_megatron_trainer) adds {len(verl_keys(VERL_MEGATRON_KEYS))} more: "
+    f"{_key_counts(VERL_MEGATRON_KEYS)}. With verl's",
     "defaults none of the ignored ones is refused (tests/cli/test_verl_keys.py).",
     "",
     "A key of jaxrlhf's tree (docs/config.md) is mapped as it is: same name, same meaning. The keys below",
@@ -91,7 +96,8 @@ def render() -> str:
     "close). Every problem of a command line is reported at once.",
     "",
     "Hydra's base config: `--config-name=ppo_trainer` is verl's defaults (jaxrlhf's "
-    "`configs/verl_defaults.py`); `ppo_megatron_trainer` is refused (Megatron-LM); any other name is read from",
+    "`configs/verl_defaults.py`), and so is `ppo_megatron_trainer` (its megatron sections' defaults translate to",
+    "nothing: the keys a script sets are read as the Megatron-LM table below says); any other name is read from",
     "`<config-path>/<name>.yaml` (searched from where verl_compat runs, then from the folders above the script, where",
     "verl's scripts assume its checkout): a YAML on `defaults: [ppo_trainer, _self_]` becomes overrides placed before",
     "the script's own (verl's sglang_multiturn configs); one that cannot be found is refused, naming where it looked.",

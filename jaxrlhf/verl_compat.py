@@ -90,6 +90,8 @@ class Refused:
 GPUS, NODES = "trainer.n_gpus_per_node", "trainer.nnodes"
 ROLLOUT_TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 FSDP_SIZE = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
+# Megatron's training tensor parallelism: jaxrlhf's mesh.tensor (one mesh for actor, reference and critic).
+MEGATRON_TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
 
 
 def _devices(overrides) -> int:
@@ -112,16 +114,33 @@ def _mesh_from_gpus(value, overrides, config):
   # Without the GPU count (fsdp_size alone) the data axis fills whatever devices train.py finds.
   devices = _devices(overrides) if GPUS in overrides or NODES in overrides else None
   mesh = config.mesh
-  tensor = mesh.tensor if mesh.tensor != -1 else 1
+  megatron_tp = _megatron_tp(overrides)
+  tensor = megatron_tp or (mesh.tensor if mesh.tensor != -1 else 1)
+  tensor_key = {"mesh.tensor": megatron_tp} if megatron_tp else {}
   hybrid, dropped = _hybrid_shard(size, devices, tensor, overrides, config)
   if hybrid or devices is None:
-    return hybrid, dropped
+    return {**tensor_key, **hybrid}, dropped
   data = mesh.data if mesh.data != -1 else 1
   if devices % (data * tensor):
     raise UserError(
       f"{GPUS} x {NODES} = {devices} devices are not divisible by mesh.data*mesh.tensor = {data * tensor}"
     )
-  return {**({"mesh.data": 1} if mesh.data == -1 else {}), "mesh.fsdp": devices // (data * tensor)}, dropped
+  return {
+    **tensor_key,
+    **({"mesh.data": 1} if mesh.data == -1 else {}),
+    "mesh.fsdp": devices // (data * tensor),
+  }, dropped
+
+
+def _megatron_tp(overrides) -> int | None:
+  """Megatron's tensor_model_parallel_size (None when unset): training's tensor parallelism, jaxrlhf's mesh.tensor.
+  Megatron's pipeline and context ranks are not counted out of the GPUs: they stay on the fsdp axis."""
+  size = overrides.get(MEGATRON_TP)
+  if size is None:
+    return None
+  if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    raise UserError(f"{MEGATRON_TP} expects a positive int, got {size!r}")
+  return size
 
 
 def _hybrid_shard(size: int | None, devices: int | None, tensor: int, overrides, config) -> tuple[dict, list]:
@@ -353,11 +372,6 @@ def _sampler(key, value, overrides) -> str | None:
   return _SAMPLER
 
 
-def _strategy(key, value, overrides) -> str | None:
-  del key, overrides
-  return NEEDS_VALUE if value is LEFT_TO_SHELL else _MEGATRON if value == "megatron" else None
-
-
 _REWARD_MANAGERS = {
   "prime": "PRIME's reward manager (the PRIME recipe's verification with timeouts and implicit "
   "process rewards): jaxrlhf has no PRIME recipe",
@@ -459,7 +473,10 @@ _OPTIMIZER = "jaxrlhf's optimizer is AdamW (optax) with verl's schedules (optim.
 _QUANTIZATION = "quantized training or generation (QAT, FP8/INT8 rollouts): jaxrlhf computes in float32 or bfloat16"
 _DISAGGREGATION = "prefill/decode disaggregation over separate engine replicas: jaxrlhf generates inside the step"
 _IGNORE_EOS = "generating past EOS (a benchmark setting): jaxrlhf's rows stop at their EOS"
-_ROUTING_REPLAY = "MoE routing replay (the rollout's expert choices reused in training): not in jaxrlhf"
+_ROUTING_REPLAY = (
+  "MoE routing replay (the rollout's expert choices reused by the training forwards): not built yet in jaxrlhf "
+  "(issue 47); the sampler and the update route each token afresh"
+)
 _HF_CONFIG_PATH = "a config.json apart from the weights: jaxrlhf reads the model directory's own config.json"
 _AS_SUBKEYS = "a whole mapping on one key: set its fields as separate keys (section.field=value)"
 _TILED_MLP = "TiledMLP splits PyTorch's MLP activations into tiles: XLA plans the step's memory (and remat)"
@@ -484,6 +501,374 @@ def _critic_ckpt_to_keep(value, overrides, config) -> dict:
   return {"trainer.max_actor_ckpt_to_keep": None if not value or not actor else max(int(value), actor)}  # 0: all
 
 
+# ----- Megatron-LM's engine (verl's ppo_megatron_trainer) -------------------------------------------
+# verl's Megatron workers train the same PPO step as its FSDP workers; only the layout differs. Megatron splits
+# the GPUs into tensor x pipeline x context x data ranks (experts over their own expert x expert-tensor ranks);
+# jaxrlhf's mesh is (data, fsdp, tensor): tensor parallelism is mesh.tensor, the pipeline's and the data's GPUs
+# are the fsdp axis, context parallelism is Ulysses sequence parallelism on it.
+
+MEGATRON_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+_ROLE_MODEL = {
+  "actor_rollout_ref.actor": "actor_rollout_ref.model",
+  "actor_rollout_ref.ref": "actor_rollout_ref.model",
+  "critic": "critic.model",
+}
+_ROLE_SEQUENCE_PARALLEL = {
+  "actor_rollout_ref.actor": SEQUENCE_PARALLEL_KEYS["actor"],
+  "actor_rollout_ref.ref": SEQUENCE_PARALLEL_KEYS["ref"],
+  "critic": SEQUENCE_PARALLEL_KEYS["critic"],
+}
+_TRANSFORMER = "megatron.override_transformer_config"
+
+
+def _whole_number(value, what: str) -> int:
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    raise UserError(f"{what} expects a positive int, got {value!r}")
+  return value
+
+
+def _context_parallel(role: str) -> Translated:
+  """Megatron's context parallelism (each sequence split over k GPUs, K/V passed around a ring) -> Ulysses
+  sequence parallelism (each sequence split over k devices, heads exchanged by all-to-all): the same attention.
+  The actor's also sets the reference's, as verl's reference config takes the actor's by default."""
+  targets = [_ROLE_SEQUENCE_PARALLEL[role]]
+  ref_context = "actor_rollout_ref.ref.megatron.context_parallel_size"
+  if role == "actor_rollout_ref.actor":
+    targets.append(SEQUENCE_PARALLEL_KEYS["ref"])
+
+  def translate(value, overrides, config):
+    del config
+    size = _whole_number(value, "context_parallel_size")
+    # The reference's own context_parallel_size, when given, sets its Ulysses size itself.
+    chosen = [key for key in targets if not (key != targets[0] and ref_context in overrides)]
+    for key in chosen:
+      if size > 1 and overrides.get(key) not in (None, 1, size):
+        raise UserError(f"{key}={overrides[key]} differs: both split each sequence over devices; set one")
+    return {key: size for key in chosen} if size > 1 else {}
+
+  return Translated(
+    translate,
+    f"{' and '.join(targets)} = k (> 1): Megatron's context parallelism passes K/V around a ring of k GPUs, "
+    "Ulysses exchanges heads by all-to-all over k devices of the fsdp axis: the same attention over the whole "
+    "sequence (Ulysses needs the heads divisible by k, checked at start-up)",
+    inputs=(*targets, *((ref_context,) if len(targets) > 1 else ())),
+  )
+
+
+def _recompute(model: str) -> Translated:
+  """Megatron's activation recomputation -> jaxrlhf's gradient checkpointing (whole layers)."""
+
+  def translate(value, overrides, config):
+    del overrides, config
+    if value is None:
+      return {}
+    policy = {"full": "full", "selective": "dots_saveable"}.get(value)
+    if policy is None:
+      raise UserError(f"expects full, selective or null (Megatron's choices), got {value!r}")
+    return {f"{model}.enable_gradient_checkpointing": True, f"{model}.remat_policy": policy}
+
+  return Translated(
+    translate,
+    f"{model}.enable_gradient_checkpointing=True with remat_policy full (`full`) or dots_saveable (`selective`: "
+    "the matmuls' outputs kept, the rest recomputed, as Megatron's selective recompute keeps the projections); "
+    "null: nothing",
+  )
+
+
+def _moe_aux_loss(role: str) -> Translated:
+  """Megatron's load-balancing coefficient -> HF's (override_config.router_aux_loss_coef, output_router_logits)."""
+  model = _ROLE_MODEL[role]
+  balancing = f"{role}.{_TRANSFORMER}.moe_router_load_balancing_type"
+
+  def translate(value, overrides, config):
+    del config
+    if value is None:
+      return {}
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+      raise UserError(f"expects a number, got {value!r}")
+    coefficient = 0.0 if overrides.get(balancing) == "none" else float(value)
+    return {
+      f"{model}.override_config.router_aux_loss_coef": coefficient,
+      f"{model}.override_config.output_router_logits": coefficient > 0,
+    }
+
+  return Translated(
+    translate,
+    f"{model}.override_config.router_aux_loss_coef = the coefficient, output_router_logits = (coefficient > 0): "
+    "HF's load-balancing loss in the actor's loss (0 with moe_router_load_balancing_type=none)",
+    inputs=(balancing,),
+    note="Megatron adds E * sum_e f_e P_e per MoE layer, f_e divided by top-k; HF's (jaxrlhf's) is one such loss "
+    "over all layers' tokens, f_e not divided: the same coefficient weighs load balance about num_hidden_layers / "
+    "num_experts_per_tok times less here (scale router_aux_loss_coef by that to match)",
+  )
+
+
+def _min_lr(section: str) -> Translated:
+  def translate(value, overrides, config):
+    del overrides
+    lr = get(config, f"{section}.optim.lr")
+    if value is None or not value:
+      return {f"{section}.optim.min_lr_ratio": 0.0}
+    if not lr:
+      raise UserError(f"{section}.optim.lr={lr}: min_lr cannot become a ratio of it")
+    return {f"{section}.optim.min_lr_ratio": float(value) / lr}
+
+  return Translated(
+    translate,
+    f"{section}.optim.min_lr_ratio = min_lr / optim.lr (Megatron's floor of the decay)",
+    inputs=(f"{section}.optim.lr",),
+  )
+
+
+def _lr_decay_style(section: str) -> Translated:
+  def translate(value, overrides, config):
+    del overrides, config
+    if value not in ("constant", "cosine"):
+      raise UserError(
+        f"refused (optimizer): Megatron's lr_decay_style={value!r}: jaxrlhf's schedules are verl's "
+        "(constant, cosine: optim.lr_scheduler_type)"
+      )
+    return {f"{section}.optim.lr_scheduler_type": value}
+
+  return Translated(
+    translate,
+    f"{section}.optim.lr_scheduler_type: constant and cosine; Megatron's linear, inverse-square-root and WSD refused",
+  )
+
+
+_STRATEGY = (
+  "one strategy: XLA SPMD over the mesh (mesh.*); `megatron` runs the same trainer, its parallelism "
+  "keys translated to the mesh (docs/verl_scripts.md, Megatron-LM)"
+)
+_ONE_MESH = "one mesh for every model: the actor's megatron.* sizes set it (mesh.tensor, the fsdp axis)"
+_PIPELINE = (
+  "Megatron's pipeline stages (the layers split over k GPUs, micro-batches in flight) are folded into FSDP: those "
+  "GPUs join the fsdp axis (mesh.fsdp = GPUs / (mesh.data x mesh.tensor)) and every device holds a 1/(fsdp x "
+  "tensor) slice of every layer: the same loss and updates, another layout"
+)
+_EXPERT_PARALLEL = (
+  "Megatron's expert parallelism (experts spread over k GPUs, tokens moved all-to-all): jaxrlhf splits each "
+  "expert's weights over fsdp x tensor as a dense MLP's (docs/architecture.md, Mixture of experts); true expert "
+  "parallelism is not built yet. The same model and loss, another layout"
+)
+_MEGATRON_KERNELS = (
+  "Megatron-core's kernels, fusions, token dispatch and pipeline layout: XLA compiles the step; the model's math "
+  "is its HF config.json's"
+)
+_MEGATRON_MOE = {
+  "moe_router_load_balancing_type": (
+    ("aux_loss", "none", None),
+    "Megatron's sequence-level / global / Sinkhorn balancing: jaxrlhf has HF's load-balancing loss (aux_loss)",
+  ),
+  "moe_z_loss_coeff": ((None, 0, 0.0), "the router's z-loss: not in jaxrlhf (HF's Qwen3-MoE has none)"),
+  "moe_expert_capacity_factor": (
+    (None,),
+    "experts with a capacity (tokens over it dropped): jaxrlhf's experts are dropless, as HF's",
+  ),
+  "moe_router_enable_expert_bias": (
+    (False,),
+    "aux-loss-free balancing by a per-expert routing bias (DeepSeek-V3's): not in jaxrlhf",
+  ),
+  "moe_router_score_function": ((None, "softmax"), "a router other than softmax: jaxrlhf's routers are HF's softmax"),
+  "moe_input_jitter_eps": ((None, 0, 0.0), "noise on the router's input: jaxrlhf routes deterministically, as HF"),
+}
+_DIST_CHECKPOINT = (
+  "Megatron's own checkpoint of the starting weights (verl converts it from the HF model: "
+  "scripts/converter_hf_to_mcore.py): jaxrlhf reads the HF weights at actor_rollout_ref.model.path; a "
+  "checkpoint holding other weights must be converted back to HF first"
+)
+
+
+def _megatron_entries(role: str) -> dict[str, Translated | Ignored | Refused]:
+  """Every key of a role's `megatron` section (verl 0.9.1's McoreEngineConfig) and the Megatron optimizer's."""
+  megatron, model = f"{role}.megatron", _ROLE_MODEL[role]
+  actor = role == "actor_rollout_ref.actor"
+  offload = {
+    "actor_rollout_ref.actor": "actor_rollout_ref.actor.fsdp_config",
+    "actor_rollout_ref.ref": "actor_rollout_ref.ref.fsdp_config",
+    "critic": "critic.model.fsdp_config",
+  }[role]
+  entries: dict[str, Translated | Ignored | Refused] = {
+    f"{megatron}.tensor_model_parallel_size": Translated(
+      _mesh_from_gpus,
+      "mesh.tensor = k: training's tensor parallelism (Megatron's column/row splits of each matmul), mesh.fsdp = "
+      "GPUs / (mesh.data x k) with trainer.n_gpus_per_node",
+      inputs=(GPUS, NODES, FSDP_SIZE),
+    )
+    if actor
+    else Ignored(_ONE_MESH),
+    f"{megatron}.pipeline_model_parallel_size": Ignored(_PIPELINE),
+    f"{megatron}.virtual_pipeline_model_parallel_size": Ignored(
+      "interleaved pipeline stages: no pipeline here (its stages are folded into FSDP)"
+    ),
+    f"{megatron}.context_parallel_size": _context_parallel(role),
+    f"{megatron}.dynamic_context_parallel": Ignored(
+      "Megatron picks a context-parallel size per micro-batch by length: jaxrlhf's Ulysses size is fixed"
+    ),
+    f"{megatron}.max_seqlen_per_dp_cp_rank": Ignored("read with dynamic_context_parallel (above)"),
+    f"{megatron}.expert_model_parallel_size": Ignored(_EXPERT_PARALLEL),
+    f"{megatron}.expert_tensor_parallel_size": Ignored(_EXPERT_PARALLEL),
+    f"{megatron}.sequence_parallel": Ignored(
+      "Megatron's sequence parallelism splits the norms' activations over the TP ranks: XLA shards the "
+      "activations by the step's layouts"
+    ),
+    f"{megatron}.use_distributed_optimizer": Ignored(
+      "the optimizer state is sharded over the mesh as the weights are (ZeRO-1 and more)"
+    ),
+    f"{megatron}.use_megatron_fsdp": Ignored("Megatron's FSDP: jaxrlhf's training is FSDP over the mesh"),
+    f"{megatron}.param_offload": _rename(f"{offload}.param_offload", "the FSDP spelling"),
+    f"{megatron}.optimizer_offload": _rename(f"{offload}.optimizer_offload", "the FSDP spelling")
+    if role != "actor_rollout_ref.ref"
+    else Ignored("the reference model has no optimizer"),
+    f"{megatron}.grad_offload": Ignored("gradients stay on the devices (the key is gone from verl 0.9.1)"),
+    f"{megatron}.use_mbridge": Ignored(
+      "Megatron-Bridge converts HF weights to Megatron's layout: jaxrlhf reads the HF weights itself"
+    ),
+    f"{megatron}.vanilla_mbridge": Ignored(
+      "Megatron-Bridge converts HF weights to Megatron's layout: jaxrlhf reads the HF weights itself"
+    ),
+    f"{megatron}.use_dist_checkpointing": Ignored(_DIST_CHECKPOINT),
+    f"{megatron}.dist_checkpointing_path": Ignored(_DIST_CHECKPOINT),
+    f"{megatron}.dist_checkpointing_prefix": Ignored(_DIST_CHECKPOINT),
+    f"{megatron}.dist_ckpt_optim_fully_reshardable": Ignored(_CHECKPOINT),
+    f"{megatron}.distrib_optim_fully_reshardable_mem_efficient": Ignored(_CHECKPOINT),
+    f"{megatron}.entropy_from_logits_with_chunking": Ignored(_CHUNKED_HEAD),
+    f"{megatron}.entropy_from_logits_chunk_size": Ignored(_CHUNKED_HEAD),
+    f"{megatron}.seed": Ignored("Megatron's own RNG seed: jaxrlhf's draws come from trainer.seed"),
+    f"{megatron}.override_ddp_config": Ignored(
+      "Megatron's data-parallel settings (gradient buckets, overlap): XLA schedules the gradient reduction"
+    ),
+    f"{megatron}.override_ddp_config.*": Ignored(
+      "Megatron's data-parallel settings (gradient buckets, overlap): XLA schedules the gradient reduction"
+    ),
+    f"{megatron}.override_mcore_model_config": Ignored(
+      "an empty mapping",
+      _refused_unless({}, None, reason=_MEGATRON_MODEL_CONFIG),
+      "a mapping",
+      "Megatron-LM",
+    ),
+    f"{megatron}.override_mcore_model_config.*": Refused("Megatron-LM", _MEGATRON_MODEL_CONFIG),
+    f"{megatron}.use_remove_padding": Ignored(
+      f"packing is {_ROLE_MODEL[role]}.use_remove_padding (jaxrlhf's key, verl's FSDP spelling)"
+    ),
+    f"{megatron}.pad_bshd_to_minibatch_max": Ignored(_STATIC_SHAPES),
+    f"{megatron}.pad_to_length": Ignored(_STATIC_SHAPES),
+    f"{megatron}.pad_to_length_bucket": Ignored(_STATIC_SHAPES),
+    f"{megatron}.forward_only": Ignored("verl sets it for the reference model (no update)"),
+    f"{megatron}.dtype": Ignored(f"the compute dtype is {model}.dtype (bfloat16 in verl's defaults, as here)"),
+    f"{megatron}.router_replay.mode": Ignored(
+      "disabled", _refused_unless("disabled", None, reason=_ROUTING_REPLAY), "`R2` / `R3`", "MoE routing replay"
+    ),
+    **{
+      f"{megatron}.router_replay.{name}": Ignored(
+        "null: no routing file", _refused_unless(None, "", reason=_ROUTING_REPLAY), "a path", "MoE routing replay"
+      )
+      for name in ("record_file", "replay_file")
+    },
+    f"{megatron}.qat.*": Ignored(
+      "off (qat.enable=False, verl's default)",
+      _refused_when_on(f"{megatron}.qat.enable", _QUANTIZATION),
+      "`qat.enable=True`",
+      "quantization",
+    ),
+  }
+  if role == "actor_rollout_ref.ref":
+    # The reference model is the actor's architecture run forward only: its transformer settings are the actor's.
+    entries[f"{megatron}.override_transformer_config"] = Ignored(
+      "verl's reference model takes the actor's override_transformer_config"
+    )
+    entries[f"{megatron}.override_transformer_config.*"] = Ignored(
+      "the reference model runs forward only, on the actor's architecture and layouts"
+    )
+    return entries
+  transformer = f"{role}.{_TRANSFORMER}"
+  entries |= {
+    f"{transformer}.*": Ignored(_MEGATRON_KERNELS),
+    f"{transformer}.recompute_granularity": _recompute(model),
+    **{
+      f"{transformer}.{name}": Ignored(
+        f"which layers and modules Megatron recomputes: jaxrlhf recomputes each layer by {model}.remat_policy"
+      )
+      for name in ("recompute_method", "recompute_num_layers", "recompute_modules")
+    },
+    f"{transformer}.moe_aux_loss_coeff": _moe_aux_loss(role)
+    if actor
+    else Ignored("jaxrlhf adds the load-balancing loss to the actor's loss only"),
+    **{
+      f"{transformer}.{name}": Ignored(
+        "Megatron's default: what jaxrlhf does",
+        _refused_unless(*inert, reason=reason),
+        "any other value",
+        "Megatron-LM",
+      )
+      for name, (inert, reason) in _MEGATRON_MOE.items()
+    },
+  }
+  optim = f"{role}.optim"
+  entries |= {
+    f"{optim}.lr_decay_style": _lr_decay_style(role),
+    f"{optim}.min_lr": _min_lr(role),
+    f"{optim}.lr_warmup_init": Ignored(
+      "0: the warm-up starts from lr 0, as jaxrlhf's", _refused_unless(0, 0.0, reason=_OPTIMIZER), "> 0", "optimizer"
+    ),
+    f"{optim}.lr_decay_steps": Ignored(
+      "null: the decay spans the run, as jaxrlhf's",
+      _refused_unless(None, reason=_OPTIMIZER),
+      "a step count",
+      "optimizer",
+    ),
+    f"{optim}.weight_decay_incr_style": Ignored(
+      "constant: weight decay stays optim.weight_decay",
+      _refused_unless("constant", reason=_OPTIMIZER),
+      "linear / cosine",
+      "optimizer",
+    ),
+    f"{optim}.lr_wsd_*": Ignored("read only with lr_decay_style=WSD (refused)"),
+    f"{optim}.use_checkpoint_opt_param_scheduler": Ignored(
+      "a resumed run continues the schedule from its checkpoint's step"
+    ),
+    f"{optim}.use_layer_wise_distributed_optimizer": Ignored(
+      "the optimizer state is sharded over the mesh as the weights are"
+    ),
+    **{
+      f"{optim}.{name}": Ignored(
+        f"{default}: float32 gradients and Adam moments, as jaxrlhf's",
+        _refused_unless(default, reason=_OPTIMIZER_DTYPES),
+        "any other",
+        "optimizer",
+      )
+      for name, default in (
+        ("use_precision_aware_optimizer", False),
+        ("main_grads_dtype", "fp32"),
+        ("exp_avg_dtype", "fp32"),
+        ("exp_avg_sq_dtype", "fp32"),
+      )
+    },
+    f"{optim}.muon_*": Ignored("read only with optim.optimizer=muon (refused)"),
+    f"{optim}.override_optimizer_config.*": Ignored(
+      "Megatron's optimizer options (its CPU optimizer, offload fractions, overlaps): jaxrlhf offloads Adam's "
+      "state with fsdp_config.optimizer_offload"
+    ),
+    **{
+      f"{optim}.override_optimizer_config.{name}": Ignored(
+        "fp32: float32 gradients and Adam moments, as jaxrlhf's",
+        _refused_unless("fp32", "float32", "torch.float32", reason=_OPTIMIZER_DTYPES),
+        "any other",
+        "optimizer",
+      )
+      for name in ("main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+    },
+  }
+  return entries
+
+
+_MEGATRON_MODEL_CONFIG = (
+  "an override of Megatron's model config: jaxrlhf's model is its HF config.json; set HF's names under "
+  "actor_rollout_ref.model.override_config.<field>"
+)
+_OPTIMIZER_DTYPES = "the optimizer's gradients or Adam moments in another dtype: jaxrlhf keeps them in float32"
+
+
 # ----- the table ---------------------------------------------------------------------------------
 # Keys of jaxrlhf's tree are mapped as they are (same name, same meaning) unless listed here. A `*` in a
 # key matches any run of characters (`*.megatron.*`: every key with a `megatron` part); keys of the tree
@@ -506,9 +891,9 @@ _PROFILER = (
 )
 _REWARD_ENGINE = "the reward model's own engine (verl serves it apart): jaxrlhf's reward model scores inside the step"
 _MEGATRON = (
-  "Megatron-LM's tensor/pipeline/context/expert parallelism: jaxrlhf trains with FSDP (and Ulysses SP) "
-  "over its mesh; drop the megatron keys (trainer.n_gpus_per_node sizes the mesh, "
-  "ulysses_sequence_parallel_size splits long sequences)"
+  "a Megatron-LM setting jaxrlhf has no translation for (the megatron keys it translates are listed under "
+  "Megatron-LM above: tensor parallelism -> mesh.tensor, pipeline and expert parallelism folded into FSDP, context "
+  "parallelism -> Ulysses SP); drop it, or set jaxrlhf's own key"
 )
 _DEAD = "read nowhere in verl 0.9.1"
 _CUSTOM_AGENT_LOOP = (
@@ -533,16 +918,18 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
       GPUS: Translated(
         _mesh_from_gpus,
         "mesh.fsdp = GPUs per node x nodes / (mesh.data x mesh.tensor): training is FSDP, as verl's",
-        inputs=(NODES, FSDP_SIZE),
+        inputs=(NODES, FSDP_SIZE, MEGATRON_TP),
       ),
-      NODES: Translated(_mesh_from_gpus, "mesh.fsdp (with trainer.n_gpus_per_node)", inputs=(GPUS, FSDP_SIZE)),
+      NODES: Translated(
+        _mesh_from_gpus, "mesh.fsdp (with trainer.n_gpus_per_node)", inputs=(GPUS, FSDP_SIZE, MEGATRON_TP)
+      ),
       FSDP_SIZE: Translated(
         _mesh_from_gpus,
         "verl's hybrid sharding: k < GPUs -> mesh.fsdp = k, mesh.data = GPUs / k (-1, filled, "
         "without trainer.n_gpus_per_node / nnodes; parameters "
         "sharded within each group of k devices, replicated over the groups; where Ulysses SP or generation TP "
         "do not fit in a group of k, one group, reported); -1 or k >= GPUs: one group",
-        inputs=(GPUS, NODES, ROLLOUT_TP, *SEQUENCE_PARALLEL_KEYS.values()),
+        inputs=(GPUS, NODES, ROLLOUT_TP, MEGATRON_TP, *SEQUENCE_PARALLEL_KEYS.values()),
       ),
       ROLLOUT_TP: Translated(
         _rollout_tp,
@@ -551,15 +938,9 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         inputs=(GPUS, NODES),
       ),
       "actor_rollout_ref.hybrid_engine": Ignored("actor and rollout always share one set of weights in one program"),
-      "actor_rollout_ref.actor.strategy": Ignored(
-        "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"
-      ),
-      "critic.strategy": Ignored(
-        "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"
-      ),
-      "actor_rollout_ref.ref.strategy": Ignored(
-        "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"
-      ),
+      "actor_rollout_ref.actor.strategy": Ignored(_STRATEGY),
+      "critic.strategy": Ignored(_STRATEGY),
+      "actor_rollout_ref.ref.strategy": Ignored(_STRATEGY),
       "actor_rollout_ref.actor.fsdp_config.*": Ignored(_FSDP),
       "actor_rollout_ref.ref.fsdp_config.*": Ignored(_FSDP),
       "critic.model.fsdp_config.*": Ignored(_FSDP),
@@ -1041,8 +1422,8 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
       ),
       **{
         f"{section}.optim.optimizer": Ignored(
-          "AdamW (optax.adamw)",
-          _refused_unless("AdamW", "adamw", reason=_OPTIMIZER),
+          "AdamW (optax.adamw); Megatron's `adam` is AdamW too (decoupled weight decay)",
+          _refused_unless("AdamW", "adamw", "adam", reason=_OPTIMIZER),
           "any other optimizer",
           "optimizer",
         )
@@ -1161,9 +1542,7 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
       "critic.fsdp.ulysses_sequence_parallel_size": _rename(
         "critic.ulysses_sequence_parallel_size", "verl 0.9.1's critic.fsdp spelling"
       ),
-      "critic.fsdp.strategy": Ignored(
-        "one strategy: XLA SPMD over the mesh (mesh.*)", _strategy, "`megatron`", "Megatron-LM"
-      ),
+      "critic.fsdp.strategy": Ignored(_STRATEGY),
       **{
         f"critic.fsdp.{name}": Ignored(_CHUNKED_HEAD)
         for name in ("entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size", "entropy_checkpointing")
@@ -1235,6 +1614,15 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
     },
   ),
   (
+    "Megatron-LM (ppo_megatron_trainer)",
+    {
+      **{key: entry for role in MEGATRON_ROLES for key, entry in _megatron_entries(role).items()},
+      "critic.nccl_timeout": Ignored(
+        "the timeout of verl's NCCL process groups: XLA's collectives run inside the compiled step"
+      ),
+    },
+  ),
+  (
     "Features jaxrlhf does not have",
     {
       "*.megatron.*": Refused("Megatron-LM", _MEGATRON),
@@ -1302,7 +1690,8 @@ _PATTERNS = sorted(
 _TARGET = "*._target_"
 
 # Hydra's base config (`--config-name`): verl's defaults are jaxrlhf's base; another file's values are unknown.
-_HYDRA_BASES = {"ppo_trainer": None, "ppo_megatron_trainer": ("Megatron-LM", _MEGATRON)}
+# verl's ppo_megatron_trainer is ppo_trainer with the megatron sections, whose defaults translate to nothing.
+_HYDRA_BASES = {"ppo_trainer": None, "ppo_megatron_trainer": None}
 
 
 # ----- parsing key=value ---------------------------------------------------------------------------

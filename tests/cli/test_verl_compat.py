@@ -190,6 +190,38 @@ def _via_overrides(script):
         "trainer.max_actor_ckpt_to_keep": 2,
       },
     ),  # one checkpoint holds actor and critic
+    # verl's Megatron MoE GRPO (Qwen3-30B-A3B, 4 x 8 GPUs): TP 4 is mesh.tensor, PP 4 and EP 4 stay on fsdp
+    (
+      "grpo_qwen3moe_30b_megatron.sh",
+      {
+        "mesh.data": 1,
+        "mesh.fsdp": 8,
+        "mesh.tensor": 4,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
+        "actor_rollout_ref.model.path": "Qwen/Qwen3-30B-A3B",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
+      },
+    ),
+    (
+      "dapo_qwen3moe_megatron_overrides.sh",
+      {  # 2 x 8 GPUs, TP 2 (PP 2, CP 2 and EP 8 on the fsdp axis); CP 2 is Ulysses 2
+        "mesh.data": 1,
+        "mesh.fsdp": 8,
+        "mesh.tensor": 2,
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 2,
+        "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+        "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+        "actor_rollout_ref.model.remat_policy": "full",
+        "actor_rollout_ref.model.override_config.router_aux_loss_coef": 0.001,
+        "actor_rollout_ref.model.override_config.output_router_logits": True,
+        "actor_rollout_ref.actor.optim.lr_scheduler_type": "cosine",
+        "actor_rollout_ref.actor.optim.min_lr_ratio": 1e-7 / 1e-6,
+      },
+    ),
   ],
 )
 def test_verl_script_resolves_like_its_printed_command(script, expected):
@@ -287,6 +319,83 @@ def test_hybrid_sharding_becomes_the_data_axis(overrides, mesh, reported):
   assert len(dropped) == (reported is not None) and all(reported in reason for reason in dropped)
 
 
+def test_megatron_scripts_print_why_each_megatron_key_folds():
+  """Pipeline and expert parallelism fold into the mesh, Megatron's engine settings are ignored: each with its
+  reason, naming the key; the translated rows name the keys they came from."""
+  _, report, _ = verl_compat.translate_script(_script("grpo_qwen3moe_30b_megatron.sh"), env=ENV)
+  ignored = {key: reason for key, _, reason in report.ignored}
+  assert "folded into FSDP" in ignored["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"]
+  assert "expert parallelism is not built yet" in ignored["actor_rollout_ref.actor.megatron.expert_model_parallel_size"]
+  assert "one mesh for every model" in ignored["actor_rollout_ref.ref.megatron.tensor_model_parallel_size"]
+  assert "model.path" in ignored["actor_rollout_ref.actor.megatron.dist_checkpointing_path"]
+  assert "one strategy" in ignored["actor_rollout_ref.actor.strategy"]
+  assert "--config-name" in ignored  # ppo_megatron_trainer: verl's defaults
+  rows = {key: became for key, _, became in report.translated}
+  mesh_row = next(key for key in rows if "megatron.tensor_model_parallel_size" in key)
+  assert "trainer.n_gpus_per_node" in mesh_row and rows[mesh_row] == "mesh.tensor=4, mesh.fsdp=8"
+
+  _, report, _ = verl_compat.translate_script(_script("dapo_qwen3moe_megatron_overrides.sh"), env=ENV)
+  ignored = {key: reason for key, _, reason in report.ignored}
+  transformer = "actor_rollout_ref.actor.megatron.override_transformer_config"
+  assert "Megatron-core's kernels" in ignored[f"{transformer}.moe_grouped_gemm"]
+  assert "recomputes each layer" in ignored[f"{transformer}.recompute_method"]
+  assert "gradient reduction" in ignored["actor_rollout_ref.actor.megatron.override_ddp_config.grad_reduce_in_fp32"]
+  assert (
+    "fsdp_config.optimizer_offload"
+    in ignored["actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"]
+  )
+  assert "gradients stay on the devices" in ignored["actor_rollout_ref.actor.megatron.grad_offload"]
+  rows = {key: became for key, _, became in report.translated}
+  assert "num_hidden_layers / num_experts_per_tok" in rows[f"{transformer}.moe_aux_loss_coeff"]  # the scale differs
+
+
+@pytest.mark.parametrize(
+  "overrides, expected",
+  [
+    # TP without the GPU count: mesh.tensor, the fsdp axis filled at start-up
+    (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], {"mesh.tensor": 2, "mesh.fsdp": -1}),
+    # the reference's own context parallelism sets its Ulysses size
+    (
+      [
+        "actor_rollout_ref.actor.megatron.context_parallel_size=4",
+        "actor_rollout_ref.ref.megatron.context_parallel_size=2",
+        "critic.megatron.context_parallel_size=2",
+      ],
+      {
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 4,
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 2,
+        "critic.ulysses_sequence_parallel_size": 2,
+      },
+    ),
+    (
+      ["+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective"],
+      {
+        "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+        "actor_rollout_ref.model.remat_policy": "dots_saveable",
+      },
+    ),
+    (
+      [
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.01",
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_load_balancing_type=none",
+      ],
+      {
+        "actor_rollout_ref.model.override_config.router_aux_loss_coef": 0.0,
+        "actor_rollout_ref.model.override_config.output_router_logits": False,
+      },
+    ),
+    (
+      ["critic.megatron.param_offload=True", "critic.megatron.optimizer_offload=True"],
+      {"critic.model.fsdp_config.param_offload": True, "critic.model.fsdp_config.optimizer_offload": True},
+    ),
+  ],
+)
+def test_megatron_keys_translate(overrides, expected):
+  config = get_base_config()
+  verl_compat.apply_overrides(config, overrides)
+  assert {key: get(config, key) for key in expected} == expected
+
+
 def test_checkpoints_to_keep_count_actor_and_critic_together():
   def kept(*overrides):
     return verl_compat.plan(list(overrides), get_base_config()).assignments["trainer.max_actor_ckpt_to_keep"]
@@ -357,8 +466,9 @@ def test_refused_families_and_unknown_keys_in_one_message():
   lines = str(caught.value).splitlines()
   assert lines[0] == "5 problems with the verl overrides:"
   body = "\n".join(lines[1:])
-  assert sum("refused (Megatron-LM)" in line for line in lines) == 1  # 5 keys (and the base config), one line
-  assert "[--config-name=ppo_megatron_trainer.yaml and 4 more]" in body
+  assert not any("Megatron-LM" in line for line in lines)  # its Megatron parallelism translates
+  assert sum("refused (MoE routing replay)" in line for line in lines) == 1  # verl's two switches, one line
+  assert "not built yet" in body and "[actor_rollout_ref.actor.megatron.router_replay.mode=R3 and 1 more]" in body
   assert "refused (vision-language)" in body and "[data.image_key]" in body
   assert "refused (reward manager): PRIME's reward manager" in body
   assert "unknown config key 'trainer.total_trainig_steps'" in body
@@ -373,7 +483,24 @@ def test_refused_families_and_unknown_keys_in_one_message():
     (["reward_model.reward_manager=collabllm"], r"refused \(reward manager\): CollabLLM.*no user simulator"),
     (["reward_model.reward_manager=remote"], r"refused \(reward manager\): reward manager 'remote'"),
     (["actor_rollout_ref.rollout.agent.default_agent_loop=react_agent"], r"default_agent_loop"),
-    (["critic.strategy=megatron"], r"refused \(Megatron-LM\)"),
+    (
+      ["actor_rollout_ref.rollout.enable_rollout_routing_replay=True"],
+      r"refused \(MoE routing replay\).*not built yet",
+    ),
+    (["actor_rollout_ref.actor.megatron.router_replay.mode=R2"], r"refused \(MoE routing replay\).*not built yet"),
+    (
+      ["+actor_rollout_ref.actor.megatron.override_transformer_config.moe_expert_capacity_factor=1.25"],
+      r"refused \(Megatron-LM\): experts with a capacity.*dropless",
+    ),
+    (["actor_rollout_ref.actor.optim.lr_decay_style=WSD"], r"refused \(optimizer\): Megatron's lr_decay_style='WSD'"),
+    (["+actor_rollout_ref.actor.megatron.override_mcore_model_config.num_layers=2"], r"refused \(Megatron-LM\)"),
+    (
+      [
+        "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
+      ],
+      r"ulysses_sequence_parallel_size=4 differs",
+    ),
     (["reward_model.model.input_tokenizer=Qwen/Qwen2-7B-Instruct"], r"refused \(reward model tokenizer\)"),
     (["trainer.logger=['console','wandbb']"], r"unknown logger 'wandbb'"),
     (['trainer.logger=["console","wandb"'], r"'trainer.logger'.*an unclosed \[\] list"),
@@ -401,7 +528,6 @@ def test_refused_families_and_unknown_keys_in_one_message():
     (["+data.apply_chat_template_kwargs.tools_first=False"], r"refused \(chat template arguments\)"),
     (["actor_rollout_ref.actor.freeze_vision_tower=True"], r"refused \(vision-language\)"),
     (["actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml"], r"refused \(interactions\)"),
-    (["actor_rollout_ref.ref.strategy=megatron"], r"refused \(Megatron-LM\)"),
     (
       ["actor_rollout_ref.model.lora.rank=64", "actor_rollout_ref.model.lora.alpha=64"],
       r"refused \(Megatron-LM\): Megatron-Bridge's LoRA.*\[actor_rollout_ref.model.lora.rank=64 and 1 more\]",
@@ -472,7 +598,6 @@ def test_did_you_mean_only_when_close():
     "actor_rollout_ref.actor.kl_loss_coef"
   )
   for far in (
-    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
     "critic.pipeline_model_parallel_size",
     "actor_rollout_ref.model.use_rmpad",
     "trainer.bench_steps",

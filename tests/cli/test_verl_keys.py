@@ -21,16 +21,17 @@ from jaxrlhf.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "docs"))
-from gen_verl_scripts_md import VERL_KEYS, verl_keys  # noqa: E402
+from gen_verl_scripts_md import VERL_KEYS, VERL_MEGATRON_KEYS, verl_keys  # noqa: E402
 
 GENERATED = os.path.join("trainer", "config", "_generated_ppo_trainer.yaml")
+GENERATED_MEGATRON = os.path.join("trainer", "config", "_generated_ppo_megatron_trainer.yaml")
 
 
-def _installed_verl_yaml() -> str | None:
+def _installed_verl_yaml(name: str = GENERATED) -> str | None:
   spec = importlib.util.find_spec("verl")
   if spec is None or not spec.submodule_search_locations:
     return None
-  path = os.path.join(list(spec.submodule_search_locations)[0], GENERATED)
+  path = os.path.join(list(spec.submodule_search_locations)[0], name)
   return path if os.path.isfile(path) else None
 
 
@@ -52,7 +53,21 @@ def verl_config_keys() -> list[tuple[str, object]]:
     return list(_flatten(yaml.safe_load(file)))
 
 
+def verl_megatron_keys() -> list[tuple[str, object]]:
+  """The keys of verl's Megatron config that its FSDP config lacks (the megatron sections, Megatron's optimizer)."""
+  path = _installed_verl_yaml(GENERATED_MEGATRON)
+  if path is None:
+    return verl_keys(VERL_MEGATRON_KEYS)
+  import yaml
+
+  with open(path) as file:
+    keys = list(_flatten(yaml.safe_load(file)))
+  fsdp = {key for key, _ in verl_config_keys()}
+  return [(key, value) for key, value in keys if key not in fsdp]
+
+
 KEYS = verl_config_keys()
+MEGATRON_KEYS = verl_megatron_keys()
 TREE = verl_compat.base_tree_types()
 
 
@@ -160,4 +175,33 @@ def test_chat_template_kwargs_and_the_new_trainer_keys_are_read():
     "trainer.val_only": True,
     "trainer.rollout_data_dir": "/tmp/rollouts",
     "trainer.validation_data_dir": "/tmp/val",
+  }
+
+
+def test_every_key_of_verls_megatron_config_is_known_and_its_defaults_run():
+  """verl's ppo_megatron_trainer: every megatron key is translated, ignored with a reason or refused with one, and
+  verl's Megatron defaults (verl_0_9_1_megatron_keys.txt when verl is not installed) change nothing but the optimizer's
+  and strategy's spelling."""
+  with open(VERL_MEGATRON_KEYS) as file:
+    listed = sum(1 for line in file if line.strip() and not line.startswith("#"))
+  assert len(MEGATRON_KEYS) == listed
+  classes = {key: verl_compat.classify(key, TREE) for key, _ in MEGATRON_KEYS}
+  assert not [key for key, kind in classes.items() if kind == "unknown"]
+  counts = collections.Counter(classes.values())
+  with open(os.path.join(ROOT, "docs", "verl_scripts.md")) as file:
+    assert ", ".join(f"{counts[name]} {name}" for name in verl_compat.CLASSES) in file.read()
+  args = [override for key, value in MEGATRON_KEYS if (override := _default_override(key, value)) is not None]
+  args += ["actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron", "critic.optim.optimizer=adam"]
+  report = verl_compat.plan(args, get_base_config())
+  assert not report.deferred and len(report.ignored) > 100
+  assert report.assignments == {  # verl's Megatron defaults: one device of tensor parallelism, no context parallelism
+    "mesh.tensor": 1,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+    "critic.model.fsdp_config.param_offload": False,
+    "critic.model.fsdp_config.optimizer_offload": False,
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": "constant",
+    "actor_rollout_ref.actor.optim.min_lr_ratio": 0.0,
+    "critic.optim.lr_scheduler_type": "constant",
+    "critic.optim.min_lr_ratio": 0.0,
   }

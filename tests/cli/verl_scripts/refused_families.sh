@@ -1,5 +1,6 @@
-# A script jaxrlhf cannot run, for several reasons at once (Megatron, images, multi-turn tools, PRIME's
-# reward manager, two misspelled keys): every one is reported in one run, one line each.
+# A script jaxrlhf cannot run, for several reasons at once (MoE routing replay, images, multi-turn tools, PRIME's
+# reward manager, two misspelled keys): every one is reported in one run, one line each. Its Megatron
+# parallelism translates (TP 4 -> mesh.tensor, PP 2 folded into FSDP).
 python3 -m verl.trainer.main_ppo --config-path=config \
     --config-name='ppo_megatron_trainer.yaml' \
     algorithm.adv_estimator=grpo \
@@ -10,6 +11,8 @@ python3 -m verl.trainer.main_ppo --config-path=config \
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
     actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
     actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2 \
+    actor_rollout_ref.actor.megatron.router_replay.mode=R3 \
+    actor_rollout_ref.rollout.enable_rollout_routing_replay=True \
     actor_rollout_ref.rollout.multi_turn.enable=True \
     actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml \
     critic.pipeline_model_parallel_size=2 \
