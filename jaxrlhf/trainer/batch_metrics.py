@@ -22,6 +22,29 @@ def _stats(prefix: str, x, mask=None) -> dict[str, jax.Array]:
   }
 
 
+def rollout_probs_diff(rollout_log_probs_NxR, actor_log_probs_NxR, mask_NxR) -> dict[str, jax.Array]:
+  """verl's rollout-vs-training gap (`verl.utils.debug.metrics.calculate_debug_metrics`), over the sampled tokens:
+  |p_actor - p_rollout| of the token probabilities (not log-probs, despite the names) as max / mean / std (unbiased,
+  as torch.std), the probabilities' Pearson correlation, and `valid` (0, the rest NaN, with no sampled token)."""
+  valid = mask_NxR > 0
+  count = jnp.sum(valid.astype(jnp.float32))
+  actor, rollout = (jnp.exp(x.astype(jnp.float32)) for x in (actor_log_probs_NxR, rollout_log_probs_NxR))
+  diff = jnp.abs(actor - rollout)
+  mean = lambda x: jnp.sum(jnp.where(valid, x, 0.0)) / count
+  diff_mean, actor_mean, rollout_mean = mean(diff), mean(actor), mean(rollout)
+  centred = lambda x, m: jnp.where(valid, x - m, 0.0)
+  covariance = jnp.sum(centred(actor, actor_mean) * centred(rollout, rollout_mean))
+  spread = jnp.sqrt(jnp.sum(centred(actor, actor_mean) ** 2) * jnp.sum(centred(rollout, rollout_mean) ** 2))
+  nan = lambda x: jnp.where(count > 0, x, jnp.nan)
+  return {
+    "training/rollout_probs_diff_valid": (count > 0).astype(jnp.float32),
+    "training/rollout_probs_diff_max": nan(jnp.max(jnp.where(valid, diff, -jnp.inf))),
+    "training/rollout_probs_diff_mean": nan(diff_mean),
+    "training/rollout_probs_diff_std": nan(jnp.sqrt(jnp.sum(centred(diff, diff_mean) ** 2) / (count - 1))),
+    "training/rollout_actor_probs_pearson_corr": nan(covariance / spread),
+  }
+
+
 def batch_metrics(
   rollout: Rollout,
   scored: Scored,

@@ -31,7 +31,7 @@ from jaxrlhf.models.sequence_parallel import training_layout
 from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.trainer import advantage, flops, losses, reward, update_loop
-from jaxrlhf.trainer.batch_metrics import batch_metrics
+from jaxrlhf.trainer.batch_metrics import batch_metrics, rollout_probs_diff
 from jaxrlhf.trainer.generation import Generation
 from jaxrlhf.trainer.model_outputs import ModelOutputs
 from jaxrlhf.trainer.phase_plan import PhasePlan
@@ -175,9 +175,10 @@ class PPOStep:
     entropy = algos.agg_loss(
       out["entropy"], rollout.response_mask, section.loss_agg_mode, loss_scale_factor=section.loss_scale_factor
     )
+    gap = rollout_probs_diff(rollout.rollout_log_probs, out["log_prob"], rollout.response_mask)
     return OldLogProbs(
       log_probs=rollout.rollout_log_probs if self.plan.bypass else out["log_prob"],
-      metrics={"actor/entropy": entropy},
+      metrics={"actor/entropy": entropy, **gap},
       sum_pi_squared=out.get("sum_pi_squared"),
       full_kl=out.get("full_kl"),
       ref_log_probs=out.get("ref_log_prob"),

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxrlhf import algos
 from jaxrlhf.trainer import packing
+from jaxrlhf.trainer.batch_metrics import rollout_probs_diff
 from jaxrlhf.trainer.model_outputs import sequence_inputs
 from jaxrlhf.trainer.records import Advantages, OldLogProbs, Rollout
 from jaxrlhf.trainer.state import apply_gradients
@@ -268,6 +269,8 @@ def update_data(rollout: Rollout, old: OldLogProbs, ref_log_probs, adv: Advantag
   data = dict(rollout.sequences(), response_mask=adv.response_mask, advantages=adv.advantages)
   optional = {
     "old_log_probs": old.log_probs,  # None: the actor update's first epoch gives them (`PhasePlan.old_in_update`)
+    # ... and then compares them with the sampler's (`batch_metrics.rollout_probs_diff`)
+    "rollout_log_probs": rollout.rollout_log_probs if old.log_probs is None else None,
     "rollout_is_weights": adv.rollout_is_weights,
     "ref_log_probs": ref_log_probs,
   }
@@ -351,6 +354,9 @@ def ppo_update(
     carry, (first, rows), order = epoch(first_epoch_loss_fn, data, (params, opt_state), epoch_rngs[0])
     rows = {k: v[0] for k, v in rows.items()}  # the one mini-batch's
     data = dict(data, **{k: jnp.zeros_like(v).at[order].set(v) for k, v in rows.items()})  # back to row order
+    if "old_log_probs" in rows and "rollout_log_probs" in data:  # the old-log-prob phase's metric, here
+      gap = rollout_probs_diff(data["rollout_log_probs"], data["old_log_probs"], data["response_mask"])
+      first.update({k: v[None] for k, v in gap.items()})  # as one mini-batch's
     (params, opt_state), rest = epochs_of(loss_fn, data, carry, epoch_rngs[1:]) if epochs > 1 else (carry, {})
     metrics = {
       k: (v.sum() + rest[k].sum()) / (v.size + rest[k].size) if k in rest else v.mean() for k, v in first.items()

@@ -78,6 +78,9 @@ def test_metrics_follow_spec_names(one_device_run):
     "perf/mfu/step",
     "training/global_step",
     "training/epoch",
+    "training/rollout_probs_diff_valid",
+    "training/rollout_probs_diff_mean",
+    "training/rollout_actor_probs_pearson_corr",
   ):
     assert key in metrics, key
     assert np.isfinite(metrics[key]), key
