@@ -5,8 +5,9 @@ Router: logits x W_r in fp32, softmax over the experts, the top `num_experts_per
 
 Experts, dropless: every (token, chosen expert) pair is computed, none dropped for capacity. The T x k pairs are
 sorted by expert, so that each expert's rows are contiguous, and each SwiGLU projection is one grouped matmul over
-the sorted rows (`jax.lax.ragged_dot`, the expert's group sizes from a histogram): T x k x D x F multiply-adds per
-projection, never the dense E x T x D x F of running every expert on every token. The pairs' outputs, scaled by
+the sorted rows (`grouped_matmul`: a loop over tiles of one expert's rows, the group sizes from a histogram): T x k x
+D x F multiply-adds per projection, never the dense E x T x D x F of running every expert on every token (which is
+what `jax.lax.ragged_dot` lowers to on CPU and GPU in jax 0.10). The pairs' outputs, scaled by
 their routing weights, are summed back into their tokens (a scatter-add).
 
 Shared expert (Qwen3.5-MoE): a dense SwiGLU MLP on every token, scaled by sigmoid(x w_g), added to the experts'
@@ -24,6 +25,7 @@ can split the experts over devices (expert parallelism) where the dense layers s
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -47,6 +49,79 @@ def route(logits_TxE, top_k: int, norm_topk_prob: bool):
   return weights_Txk, experts_Txk.astype(jnp.int32), probs_TxE
 
 
+TILE_ROWS = 256  # rows of one expert per step of the grouped matmul's loop
+
+
+def _tiles(group_sizes_E, rows: int, tile: int):
+  """The row tiles of groups laid out one after another (group e: rows start_e .. start_e + n_e): each tile `tile`
+  rows of one group, a group's last tile partly valid. Returns (group [NT], first row [NT], valid rows [NT]) for
+  NT = ceil(rows / tile) + E, a bound on sum_e ceil(n_e / tile); the tiles past the last hold 0 valid rows."""
+  num_groups = group_sizes_E.shape[0]
+  count = -(-rows // tile) + num_groups
+  tiles_E = (group_sizes_E + tile - 1) // tile
+  tile_end_E = jnp.cumsum(tiles_E)
+  start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
+  t = jnp.arange(count, dtype=jnp.int32)
+  group = jnp.minimum(jnp.searchsorted(tile_end_E, t, side="right"), num_groups - 1).astype(jnp.int32)
+  row = start_E[group] + (t - (tile_end_E - tiles_E)[group]) * tile
+  valid = jnp.where(t < tile_end_E[-1], jnp.clip(start_E[group] + group_sizes_E[group] - row, 0, tile), 0)
+  return group, jnp.minimum(row, rows), valid
+
+
+def _tiled_matmul(lhs_PxK, rhs_GxKxN, tiles, tile: int):
+  """[P, N] fp32: row p of `lhs` times the matrix of its group, one tile of one group's rows per loop step."""
+  group, row, valid = tiles
+  rows, width = lhs_PxK.shape
+  padded = jnp.pad(lhs_PxK, ((0, tile), (0, 0)))  # a tile never runs past the end (dynamic_slice would shift it)
+
+  def step(t, out_PxN):
+    y_CxN = jax.lax.dot(
+      jax.lax.dynamic_slice(padded, (row[t], 0), (tile, width)), rhs_GxKxN[group[t]], preferred_element_type=jnp.float32
+    )
+    old_CxN = jax.lax.dynamic_slice(out_PxN, (row[t], 0), (tile, out_PxN.shape[1]))
+    keep_Cx1 = (jnp.arange(tile) < valid[t])[:, None]
+    return jax.lax.dynamic_update_slice(out_PxN, jnp.where(keep_Cx1, y_CxN, old_CxN), (row[t], 0))
+
+  out = jnp.zeros((rows + tile, rhs_GxKxN.shape[-1]), jnp.float32)
+  return jax.lax.fori_loop(0, group.shape[0], step, out)[:rows]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def grouped_matmul(lhs_PxK, rhs_GxKxN, group_sizes_G, tile: int = TILE_ROWS):
+  """[P, N] fp32: rows of `lhs` in groups laid out one after another (sizes `group_sizes_G`, summing to at most P;
+  rows past them give 0), each group's times its own matrix of `rhs`: what `jax.lax.ragged_dot` computes. Not that:
+  XLA (jax 0.10) lowers ragged_dot on CPU and GPU to dense masked products over every group, [G, P, K] at once (32
+  GiB at P = 65536 tokens x experts, K = 2048, G = 128; benchmarks/README.md). Here a loop over tiles of `tile` rows
+  of one group each: P x K x N multiply-adds and one tile's buffers; the backward is two such loops."""
+  return _tiled_matmul(lhs_PxK, rhs_GxKxN, _tiles(group_sizes_G, lhs_PxK.shape[0], tile), tile)
+
+
+def _grouped_matmul_fwd(lhs_PxK, rhs_GxKxN, group_sizes_G, tile):
+  tiles = _tiles(group_sizes_G, lhs_PxK.shape[0], tile)
+  return _tiled_matmul(lhs_PxK, rhs_GxKxN, tiles, tile), (lhs_PxK, rhs_GxKxN, tiles)
+
+
+def _grouped_matmul_bwd(tile, residuals, d_out_PxN):
+  lhs_PxK, rhs_GxKxN, tiles = residuals
+  group, row, valid = tiles
+  d_out_PxN = d_out_PxN.astype(lhs_PxK.dtype)
+  d_lhs = _tiled_matmul(d_out_PxN, jnp.swapaxes(rhs_GxKxN, 1, 2), tiles, tile).astype(lhs_PxK.dtype)
+  lhs_pad, d_out_pad = (jnp.pad(x, ((0, tile), (0, 0))) for x in (lhs_PxK, d_out_PxN))
+
+  def step(t, d_rhs_GxKxN):  # each tile adds lhs_tile^T d_out_tile to its group's matrix
+    keep_Cx1 = (jnp.arange(tile) < valid[t])[:, None]
+    lhs_CxK = jnp.where(keep_Cx1, jax.lax.dynamic_slice(lhs_pad, (row[t], 0), (tile, lhs_PxK.shape[1])), 0)
+    d_out_CxN = jax.lax.dynamic_slice(d_out_pad, (row[t], 0), (tile, d_out_PxN.shape[1]))
+    update_KxN = jax.lax.dot(lhs_CxK.T, d_out_CxN, preferred_element_type=jnp.float32)
+    return d_rhs_GxKxN.at[group[t]].add(update_KxN)
+
+  d_rhs = jax.lax.fori_loop(0, group.shape[0], step, jnp.zeros(rhs_GxKxN.shape, jnp.float32))
+  return d_lhs, d_rhs.astype(rhs_GxKxN.dtype), None
+
+
+grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
+
+
 def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD):
   """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t: the dropless experts (module docstring).
 
@@ -59,7 +134,7 @@ def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_E
   group_sizes_E = jnp.bincount(expert_P, length=num_experts).astype(jnp.int32)
   dtype = gate_ExDxF.dtype
   x_PxD = jnp.take(x_TxD, token_P, axis=0).astype(dtype)
-  grouped = lambda lhs, rhs: jax.lax.ragged_dot(lhs, rhs, group_sizes_E, preferred_element_type=jnp.float32)
+  grouped = lambda lhs, rhs: grouped_matmul(lhs, rhs, group_sizes_E)
   gate_PxF, up_PxF = grouped(x_PxD, gate_ExDxF), grouped(x_PxD, up_ExDxF)
   hidden_PxF = (jax.nn.silu(gate_PxF) * up_PxF).astype(dtype)
   out_PxD = grouped(hidden_PxF, down_ExFxD)

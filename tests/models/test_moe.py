@@ -254,3 +254,25 @@ def test_lora_reaches_attention_and_the_shared_expert_and_peft_loads_it(family, 
   with_adapter = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
   want = _hf_logits(with_adapter, ids, mask).logits.numpy()
   np.testing.assert_allclose(ours[mask > 0], want[mask > 0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tile", [4, 16, 256])
+def test_the_tiled_grouped_matmul_is_ragged_dot_gradients_included(tile):
+  """`moe.grouped_matmul` against `jax.lax.ragged_dot` (the definition it replaces; XLA lowers that one densely):
+  groups longer than a tile, an empty group, rows past the groups (0), gradients of both operands."""
+  from jaxrlhf.models.moe import grouped_matmul
+
+  keys = jax.random.split(jax.random.key(1), 3)
+  lhs, rhs = jax.random.normal(keys[0], (50, 6)), jax.random.normal(keys[1], (5, 6, 7))
+  sizes = jnp.array([13, 0, 21, 1, 9], jnp.int32)  # 44 of 50 rows
+  cotangent = jax.random.normal(keys[2], (50, 7))
+
+  def through(fn):
+    out, vjp = jax.vjp(lambda a, b: fn(a, b, sizes), lhs, rhs)
+    return (out,) + vjp(cotangent)
+
+  got = through(lambda a, b, g: grouped_matmul(a, b, g, tile))
+  want = through(lambda a, b, g: jax.lax.ragged_dot(a, b, g, preferred_element_type=jnp.float32))
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(got[0])[44:] == 0)
