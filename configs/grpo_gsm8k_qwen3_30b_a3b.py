@@ -29,6 +29,8 @@ def get_config():
   config = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grpo_gsm8k_qwen2_5_7b.py"))
   config.actor_rollout_ref.model.path = os.path.expanduser("~/models/Qwen3-30B-A3B")
   config.actor_rollout_ref.rollout.tensor_model_parallel_size = 8
+  # One generation shard (TP 8 over the node): 256 slots bound the KV cache to 256 rows (45 GiB for all 1280 at once).
+  config.actor_rollout_ref.rollout.max_num_seqs = 256
   actor = config.actor_rollout_ref.actor
   actor.fsdp_config.optimizer_offload = True
   actor.ppo_micro_batch_size_per_gpu = 2

@@ -101,6 +101,26 @@ class ActivationLayout:
       window_on,
     )
 
+  def experts(self, local: Callable, x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD):
+    """`local(x, experts, weights, gate, up, down) -> [T, D]` (`moe.grouped_swiglu`) on each device's own tokens:
+    the sort by expert and the grouped matmul's loop, which XLA would otherwise run on every token on every device.
+    The experts' weights enter whole over fsdp (gathered, as a dense layer's are) and split over `tensor` on their
+    hidden dim; the partial outputs of the tensor devices are summed."""
+    if self.mesh.size == 1:
+      return local(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD)
+    rows = self._rows(x_TxD.shape[0])
+    split = TENSOR_AXIS if gate_ExDxF.shape[-1] % self.mesh.shape[TENSOR_AXIS] == 0 else None
+
+    def body(x, experts, weights, gate, up, down):
+      out = local(x, experts, weights, gate, up, down)
+      return out if split is None else jax.lax.psum(out, TENSOR_AXIS)
+
+    tokens = PartitionSpec(rows, None)
+    specs = (tokens,) * 3 + (PartitionSpec(None, None, split),) * 2 + (PartitionSpec(None, split, None),)
+    return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=tokens, check_vma=False)(
+      x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD
+    )
+
   def _shard_attention(
     self,
     local: Callable,

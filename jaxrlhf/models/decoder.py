@@ -495,7 +495,8 @@ class DecoderLayer(nn.Module):
     x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
     if cfg.num_experts:  # load-balancing statistics over a cache-free call's tokens (its kv mask is theirs)
       valid_BxL = kv_mask_BxS if cache is None else None
-      mlp_BxLxD = SparseMoeBlock(cfg, name="mlp")(norm("post_attention_layernorm")(x_BxLxD), valid_BxL)
+      moe_layout = None if layout is None or isinstance(layout, SequenceParallel) else layout  # SP: XLA partitions it
+      mlp_BxLxD = SparseMoeBlock(cfg, moe_layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD), valid_BxL)
     else:
       mlp_BxLxD = MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
     x_BxLxD = x_BxLxD + mlp_BxLxD

@@ -191,6 +191,7 @@ class SparseMoeBlock(nn.Module):
   `shared_expert_gate`."""
 
   config: Any  # the model's DecoderConfig
+  layout: Any = None  # a cache-free call's ActivationLayout: the experts then run on each device's own tokens
 
   @nn.compact
   def __call__(self, x_BxLxD, valid_BxL=None):
@@ -204,7 +205,8 @@ class SparseMoeBlock(nn.Module):
     if valid_BxL is not None:
       self.sow("intermediates", STATS, load_balance_stats(experts_Txk, probs_TxE, valid_BxL.reshape(-1)))
     kernels = ExpertWeights(cfg, name="experts")()
-    out_TxD = grouped_swiglu(
+    run = grouped_swiglu if self.layout is None else functools.partial(self.layout.experts, grouped_swiglu)
+    out_TxD = run(
       x_TxD.astype(dtype),
       experts_Txk,
       weights_Txk,
