@@ -69,7 +69,8 @@ def _tiles(group_sizes_E, rows: int, tile: int):
 
 
 def _tiled_matmul(lhs_PxK, rhs_GxKxN, tiles, tile: int):
-  """[P, N] fp32: row p of `lhs` times the matrix of its group, one tile of one group's rows per loop step."""
+  """[P, N] in `lhs`'s dtype (each tile's product accumulated in fp32): row p of `lhs` times the matrix of its group,
+  one tile of one group's rows per loop step."""
   group, row, valid = tiles
   rows, width = lhs_PxK.shape
   padded = jnp.pad(lhs_PxK, ((0, tile), (0, 0)))  # a tile never runs past the end (dynamic_slice would shift it)
@@ -80,19 +81,20 @@ def _tiled_matmul(lhs_PxK, rhs_GxKxN, tiles, tile: int):
     )
     old_CxN = jax.lax.dynamic_slice(out_PxN, (row[t], 0), (tile, out_PxN.shape[1]))
     keep_Cx1 = (jnp.arange(tile) < valid[t])[:, None]
-    return jax.lax.dynamic_update_slice(out_PxN, jnp.where(keep_Cx1, y_CxN, old_CxN), (row[t], 0))
+    return jax.lax.dynamic_update_slice(out_PxN, jnp.where(keep_Cx1, y_CxN.astype(out_PxN.dtype), old_CxN), (row[t], 0))
 
-  out = jnp.zeros((rows + tile, rhs_GxKxN.shape[-1]), jnp.float32)
+  out = jnp.zeros((rows + tile, rhs_GxKxN.shape[-1]), lhs_PxK.dtype)
   return jax.lax.fori_loop(0, group.shape[0], step, out)[:rows]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def grouped_matmul(lhs_PxK, rhs_GxKxN, group_sizes_G, tile: int = TILE_ROWS):
-  """[P, N] fp32: rows of `lhs` in groups laid out one after another (sizes `group_sizes_G`, summing to at most P;
-  rows past them give 0), each group's times its own matrix of `rhs`: what `jax.lax.ragged_dot` computes. Not that:
-  XLA (jax 0.10) lowers ragged_dot on CPU and GPU to dense masked products over every group, [G, P, K] at once (32
-  GiB at P = 65536 tokens x experts, K = 2048, G = 128; benchmarks/README.md). Here a loop over tiles of `tile` rows
-  of one group each: P x K x N multiply-adds and one tile's buffers; the backward is two such loops."""
+  """[P, N] in `lhs`'s dtype, accumulated in fp32: rows of `lhs` in groups laid out one after another (sizes
+  `group_sizes_G`, summing to at most P; rows past them give 0), each group's times its own matrix of `rhs`: what
+  `jax.lax.ragged_dot` computes. Not that: XLA (jax 0.10) lowers ragged_dot on CPU and GPU to dense masked products
+  over every group, [G, P, K] at once (32 GiB at P = 65536 tokens x experts, K = 2048, G = 128; docs/architecture.md,
+  "Mixture of experts"). Here a loop over tiles of `tile` rows of one group each: P x K x N multiply-adds and one
+  tile's buffers; the backward is two such loops."""
   return _tiled_matmul(lhs_PxK, rhs_GxKxN, _tiles(group_sizes_G, lhs_PxK.shape[0], tile), tile)
 
 
@@ -125,7 +127,8 @@ grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
 def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD):
   """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t: the dropless experts (module docstring).
 
-  The experts' SwiGLU: down(silu(x gate) * up). Matmuls in the weights' dtype, accumulated in fp32."""
+  The experts' SwiGLU: down(silu(x gate) * up). Matmuls in the weights' dtype, accumulated in fp32, their outputs in
+  the weights' dtype (fp32 pair buffers of a bf16 model were the largest of Qwen3-30B-A3B's step, 16 GiB each)."""
   tokens, top_k = experts_Txk.shape
   num_experts = gate_ExDxF.shape[0]
   expert_P = experts_Txk.reshape(-1)  # P = T x k (token, expert) pairs, token-major
@@ -136,9 +139,9 @@ def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_E
   x_PxD = jnp.take(x_TxD, token_P, axis=0).astype(dtype)
   grouped = lambda lhs, rhs: grouped_matmul(lhs, rhs, group_sizes_E)
   gate_PxF, up_PxF = grouped(x_PxD, gate_ExDxF), grouped(x_PxD, up_ExDxF)
-  hidden_PxF = (jax.nn.silu(gate_PxF) * up_PxF).astype(dtype)
-  out_PxD = grouped(hidden_PxF, down_ExFxD)
-  weight_P = jnp.take(weights_Txk.reshape(-1), order_P)
+  out_PxD = grouped(jax.nn.silu(gate_PxF) * up_PxF, down_ExFxD)  # in the compute dtype, as a dense MLP's
+  weight_P = jnp.take(weights_Txk.reshape(-1), order_P).astype(dtype)
+  # each token's k weighted outputs summed in fp32
   return jnp.zeros((tokens, x_TxD.shape[-1]), jnp.float32).at[token_P].add(out_PxD * weight_P[:, None])
 
 
