@@ -140,9 +140,10 @@ def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_E
   grouped = lambda lhs, rhs: grouped_matmul(lhs, rhs, group_sizes_E)
   gate_PxF, up_PxF = grouped(x_PxD, gate_ExDxF), grouped(x_PxD, up_ExDxF)
   out_PxD = grouped(jax.nn.silu(gate_PxF) * up_PxF, down_ExFxD)  # in the compute dtype, as a dense MLP's
-  weight_P = jnp.take(weights_Txk.reshape(-1), order_P).astype(dtype)
-  # each token's k weighted outputs summed in fp32
-  return jnp.zeros((tokens, x_TxD.shape[-1]), jnp.float32).at[token_P].add(out_PxD * weight_P[:, None])
+  # Back to token-major order (a gather by the inverse permutation), each token's k outputs weighted and summed in fp32.
+  inverse_P = jnp.zeros_like(order_P).at[order_P].set(jnp.arange(order_P.shape[0], dtype=order_P.dtype))
+  out_TxkxD = jnp.take(out_PxD, inverse_P, axis=0).reshape(tokens, top_k, -1)
+  return jnp.einsum("tkd,tk->td", out_TxkxD, weights_Txk.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def load_balance_stats(experts_Txk, probs_TxE, valid_T):
