@@ -143,7 +143,7 @@ def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_E
   # Back to token-major order (a gather by the inverse permutation), each token's k outputs weighted and summed in fp32.
   inverse_P = jnp.zeros_like(order_P).at[order_P].set(jnp.arange(order_P.shape[0], dtype=order_P.dtype))
   out_TxkxD = jnp.take(out_PxD, inverse_P, axis=0).reshape(tokens, top_k, -1)
-  return jnp.einsum("tkd,tk->td", out_TxkxD, weights_Txk.astype(dtype), preferred_element_type=jnp.float32)
+  return jnp.sum((out_TxkxD * weights_Txk.astype(dtype)[..., None]).astype(jnp.float32), axis=1)
 
 
 def load_balance_stats(experts_Txk, probs_TxE, valid_T):
