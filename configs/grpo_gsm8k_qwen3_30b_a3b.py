@@ -18,6 +18,10 @@ What changes from the 7B recipe: the model, whose every layer routes each token 
 repeated twice), so each GPU holds 1/8 of the 61 GB bf16 generation copy; the actor's Adam moments live in host
 memory (`optimizer_offload`, as verl's FSDP recipes for this model offload): the fp32 actor, its moments and the fp32
 reference are 488 GB, 61 GB a GPU, before any activation. Micro-batches of 2 rows of 4096 tokens per GPU.
+
+Measured ahead of time (h100x8, jax 0.10.2, 2026-12-07): 98.0 GiB per GPU against 79.1, counting the offloaded
+Adam moments (28.4 GiB) in device memory (the cuda target compiled on a CPU has no host memory), 69.6 without: not
+shown to fit yet (benchmarks/README.md, "Scale").
 """
 
 import os
