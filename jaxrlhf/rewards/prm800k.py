@@ -26,6 +26,8 @@ import signal
 import threading
 from typing import Optional
 
+from jaxrlhf.rewards.processes import process_context
+
 EXTRA = "math"
 MODULES = ("sympy", "pylatexenc")
 SYMPY_TIME_LIMIT_S = 10.0
@@ -303,8 +305,6 @@ class _HelperProcess:
   def call(self, fn, *args):
     with self._lock:
       if self._process is None:
-        from jaxrlhf.rewards.workers import process_context  # here: workers imports the registry, which imports this
-
         context = process_context()
         self._conn, child = context.Pipe()
         self._process = context.Process(target=_serve_calls, args=(child,), daemon=True, name="jaxrlhf-sympy")

@@ -1,4 +1,4 @@
-"""Imported by multiprocessing's forkserver alone (`workers.process_context` preloads it), never by the trainer.
+"""Imported by multiprocessing's forkserver alone (`processes.process_context` preloads it), never by the trainer.
 
 The forkserver forks the reward workers and reports their exit statuses to the trainer. A scheduler's
 preemption SIGTERM goes to the whole process group (SLURM, `timeout`); a server it ended would make every

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 
 from jaxrlhf.errors import UserError
 from jaxrlhf.rewards.custom import RewardSource
+from jaxrlhf.rewards.processes import process_context
 from jaxrlhf.rewards.registry import registered_functions
 from jaxrlhf.rewards.sample import SampleResult, failed, score_sample, timed_out
 
@@ -306,22 +307,6 @@ def _exit_text(exitcode: Optional[int]) -> str:
 
 def _identity(fn: Any) -> str:
   return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
-def process_context():
-  """forkserver where the platform has it (a child is forked from a clean server, cheaply), else spawn.
-
-  Every process jaxrlhf starts comes from here (the reward workers, prm800k's sympy helper): the forkserver is
-  one per process and keeps the preload of whoever starts it first, so a second context without the preload
-  would leave a server that SIGTERM ends (tests/reliability/test_process_group_sigterm.py)."""
-  if "forkserver" in multiprocessing.get_all_start_methods():
-    context = multiprocessing.get_context("forkserver")
-    # The server imports this module once (through `worker_server`, which also makes it ignore SIGTERM), so a
-    # new worker starts without importing it (or NumPy) again. Not the trainer's __main__: its import could run a
-    # script's top-level code in a long-lived server.
-    context.set_forkserver_preload(["jaxrlhf.rewards.worker_server"])
-    return context
-  return multiprocessing.get_context("spawn")
 
 
 # ----- the worker process ---------------------------------------------------------------------------
