@@ -1,6 +1,7 @@
 """verl's rollout-vs-training gap metrics (`training/rollout_probs_diff_*`, `training/rollout_actor_probs_pearson_corr`)
 against verl 0.9.1's own `calculate_debug_metrics`, and in the step whichever phase gives the old log-probs."""
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -17,7 +18,8 @@ torch = pytest.importorskip("torch")
 def _verl_metrics():
   """verl's module, loaded by path: its package's __init__ imports ray, and its one verl import (DataProto) is a type
   annotation there, so a stand-in module answers it."""
-  spec = importlib.util.find_spec("verl")
+  # The path finder, not find_spec: another test may have left a stand-in `verl` (no __spec__) in sys.modules.
+  spec = importlib.machinery.PathFinder.find_spec("verl")
   if spec is None:
     pytest.skip("verl 0.9.1 is not installed (make test installs it)")
   path = spec.submodule_search_locations[0] + "/utils/debug/metrics.py"
