@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from jaxrlhf.models import Decoder, load_hf_config, load_hf_params, positions_from_mask, save_hf_checkpoint  # noqa: E402
 from jaxrlhf.models.decoding import decode_model  # noqa: E402
 from jaxrlhf.models.moe import grouped_swiglu, load_balancing_loss, route, router_stats  # noqa: E402
-from jaxrlhf.rollout import SamplingParams, generate, generate_in_slots  # noqa: E402
+from jaxrlhf.rollout import SamplingParams, generate, generate_in_slots, token_log_probs  # noqa: E402
 
 VOCAB, PROMPT, NEW_TOKENS = 96, 13, 16
 QWEN3_MOE = dict(
@@ -170,6 +170,25 @@ def test_greedy_generation_is_token_identical_to_transformers(family, slots):
     run = functools.partial(generate_in_slots, model, sampling=sampling, slots=slots, shards=2)
   out = jax.jit(run)(family["params"], jnp.asarray(ids), jnp.asarray(mask), jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(out["responses"]), _hf_greedy(family["hf_class"], family["path"], 3))
+
+
+def test_rollout_log_probs_equal_the_training_forward(family):
+  """The sampler's log-probs of its tokens equal the training forward's over prompt + response (same routing)."""
+  ids, mask = _batch(seed=4)
+  sampling = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=(5,), pad_token_id=0, temperature=0.7)
+  config, params = family["config"], family["params"]
+  out = jax.jit(functools.partial(generate, decode_model(Decoder(config)), sampling=sampling))(
+    params, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(1)
+  )
+  responses, response_mask = np.asarray(out["responses"]), np.asarray(out["response_mask"])
+  logits = _ours_logits(
+    config, params, np.concatenate([ids, responses], axis=1), np.concatenate([mask, response_mask], axis=1)
+  )[:, PROMPT - 1 : -1]
+  want = np.asarray(token_log_probs(jnp.asarray(logits), jnp.asarray(responses), 0.7))
+  assert response_mask.sum() > 8
+  np.testing.assert_allclose(
+    np.asarray(out["rollout_log_probs"])[response_mask > 0], want[response_mask > 0], atol=1e-5
+  )
 
 
 def test_export_reloads_in_transformers_with_the_same_logits(family, tmp_path):
