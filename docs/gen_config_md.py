@@ -360,6 +360,12 @@ _DOCS = {
     "None = the whole batch at once (one key for the batch)",
     "same key (vLLM's concurrent sequences per engine; verl's default 1024)",
   ),
+  "actor_rollout_ref.rollout.enable_rollout_routing_replay": (
+    "rollout routing replay (a model with experts): the sampler records the experts each token was routed to in "
+    "every layer, and the actor's old-log-prob and update forwards route by that record (the reference's routes by "
+    "its own router); metric `actor/moe_replay_route_mismatch`. Single-turn rollouts (docs/algorithms.md)",
+    "same key (verl's R3, with `actor.megatron.router_replay.mode=R3`; default False)",
+  ),
   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": (
     "sequences per device per micro-batch of the "
     "old-log-prob phase (and of the reference and "

@@ -206,6 +206,9 @@ def get_base_config() -> ml_collections.ConfigDict:
       # Rows decoding at once per generation shard (vLLM's concurrent sequences): a finished row's slot takes the
       # next prompt inside the compiled loop; the KV cache holds this many rows. None = the whole batch at once.
       max_num_seqs=_placeholder(int),
+      # Rollout routing replay (verl's R3; a model with experts): the sampler records each token's experts in every
+      # layer and the actor's old-log-prob and update forwards route by them (docs/algorithms.md).
+      enable_rollout_routing_replay=False,
       log_prob_micro_batch_size_per_gpu=_placeholder(int),
       val_kwargs=dict(temperature=0.0, top_k=-1, top_p=1.0, n=1, do_sample=False),
       # Multi-turn rollouts with tools (verl's MultiTurnConfig; docs/tools.md): the policy's turns end at EOS, the
@@ -745,6 +748,11 @@ def _check_multi_turn(config) -> None:
     raise ConfigError(
       f"actor_rollout_ref.rollout.max_num_seqs={rollout.max_num_seqs} with multi_turn.enable=True: multi-turn "
       "rollouts keep every trajectory's KV cache between turns (the whole batch at once); unset max_num_seqs"
+    )
+  if rollout.enable_rollout_routing_replay:
+    raise ConfigError(
+      "actor_rollout_ref.rollout.enable_rollout_routing_replay=True with multi_turn.enable=True: the turns' sampler "
+      "does not record routes yet; replay works with single-turn rollouts"
     )
 
 

@@ -474,8 +474,9 @@ _QUANTIZATION = "quantized training or generation (QAT, FP8/INT8 rollouts): jaxr
 _DISAGGREGATION = "prefill/decode disaggregation over separate engine replicas: jaxrlhf generates inside the step"
 _IGNORE_EOS = "generating past EOS (a benchmark setting): jaxrlhf's rows stop at their EOS"
 _ROUTING_REPLAY = (
-  "MoE routing replay (the rollout's expert choices reused by the training forwards): not built yet in jaxrlhf "
-  "(issue 47); the sampler and the update route each token afresh"
+  "router replay from files or of the old-log-prob forward's routes (Megatron's R2, record_file / replay_file): "
+  "jaxrlhf replays the rollout's own routes in the old-log-prob and update forwards (R3), with "
+  "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
 )
 _HF_CONFIG_PATH = "a config.json apart from the weights: jaxrlhf reads the model directory's own config.json"
 _AS_SUBKEYS = "a whole mapping on one key: set its fields as separate keys (section.field=value)"
@@ -757,7 +758,10 @@ def _megatron_entries(role: str) -> dict[str, Translated | Ignored | Refused]:
     f"{megatron}.forward_only": Ignored("verl sets it for the reference model (no update)"),
     f"{megatron}.dtype": Ignored(f"the compute dtype is {model}.dtype (bfloat16 in verl's defaults, as here)"),
     f"{megatron}.router_replay.mode": Ignored(
-      "disabled", _refused_unless("disabled", None, reason=_ROUTING_REPLAY), "`R2` / `R3`", "MoE routing replay"
+      "`R3` is actor_rollout_ref.rollout.enable_rollout_routing_replay (set it True); `disabled` is the default",
+      _refused_unless("disabled", "R3", None, reason=_ROUTING_REPLAY),
+      "`R2`",
+      "MoE routing replay",
     ),
     **{
       f"{megatron}.router_replay.{name}": Ignored(
@@ -1496,9 +1500,6 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "False: a row stops at its EOS", _refused_unless(False, reason=_IGNORE_EOS), "True", "rollout sampling"
       ),
       "actor_rollout_ref.rollout.logprobs_mode": Ignored("the old log-probs are recomputed by the actor"),
-      "actor_rollout_ref.rollout.enable_rollout_routing_replay": Ignored(
-        "False", _refused_unless(False, reason=_ROUTING_REPLAY), "True", "MoE routing replay"
-      ),
       "actor_rollout_ref.rollout.moe_load_balance_metrics_interval": Ignored(
         "the inference engine's MoE load-balance metrics: generation is jaxrlhf's sampler"
       ),

@@ -66,6 +66,7 @@ from jaxrlhf.models.layers import logical_init as _init
 from jaxrlhf.models.linear_attention import GatedDeltaNet
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
 from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed
+from jaxrlhf.models import moe
 from jaxrlhf.models.moe import SparseMoeBlock
 from jaxrlhf.models.projection import PROJECTION, project
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
@@ -423,8 +424,11 @@ def write_columns(x, new, index, *, batch_axis: int, length_axis: int):
     return jax.lax.dynamic_update_slice(x, new, tuple(index if a == length_axis else 0 for a in range(x.ndim)))
   at = [slice(None)] * x.ndim
   at[batch_axis], at[length_axis] = jnp.arange(x.shape[batch_axis]), index
-  # Advanced indices on two axes put their (row) axis first in the indexed result: [B, the other axes].
-  rows = jnp.moveaxis(jnp.take(new, 0, axis=length_axis), batch_axis - (batch_axis > length_axis), 0)
+  # Advanced indices on two axes put their (row) axis first in the indexed result, [B, the other axes], unless the
+  # two axes are adjacent: then it stays where they were.
+  rows = jnp.take(new, 0, axis=length_axis)
+  if abs(batch_axis - length_axis) > 1:
+    rows = jnp.moveaxis(rows, batch_axis - (batch_axis > length_axis), 0)
   return x.at[tuple(at)].set(rows, unique_indices=True, indices_are_sorted=True)
 
 
@@ -444,14 +448,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One layer, called as a scan body: (x, layer index, window flag, *shared inputs) -> (x, new_kv);
-  the Python loop calls it the same way. `new_kv`: the keys and values this call adds to the cache
-  (`Attention`), None without a cache."""
+  """One layer, called as a scan body: (x, layer index, window flag, replayed routes, *shared inputs) -> (x,
+  (new_kv, routes)); the Python loop calls it the same way. `new_kv`: the keys and values this call adds to the
+  cache (`Attention`), None without a cache; `routes` [B, L, k]: the experts each token was routed to, with
+  `record_routes` (else None). `replay_BxLxk` (or None): recorded routes the experts route by (`moe.route`)."""
 
   config: DecoderConfig
   sliding_window: int | None = None
   layout: ActivationLayout | None = None  # cache-free calls only
   kind: str = "full_attention"  # the token mixer, one of LAYER_TYPES
+  record_routes: bool = False
 
   @nn.compact
   def __call__(
@@ -459,6 +465,7 @@ class DecoderLayer(nn.Module):
     x_BxLxD,
     layer,
     window_on,
+    replay_BxLxk,
     cos_BxLxH,
     sin_BxLxH,
     kv_mask_BxS,
@@ -493,14 +500,17 @@ class DecoderLayer(nn.Module):
         window_on,
       )
     x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
+    routes_BxLxk = None
     if cfg.num_experts:  # load-balancing statistics over a cache-free call's tokens (its kv mask is theirs)
       valid_BxL = kv_mask_BxS if cache is None else None
       moe_layout = None if layout is None or isinstance(layout, SequenceParallel) else layout  # SP: XLA partitions it
-      mlp_BxLxD = SparseMoeBlock(cfg, moe_layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD), valid_BxL)
+      mlp_BxLxD, routes_BxLxk = SparseMoeBlock(cfg, moe_layout, name="mlp")(
+        norm("post_attention_layernorm")(x_BxLxD), valid_BxL, replay_BxLxk
+      )
     else:
       mlp_BxLxD = MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
     x_BxLxD = x_BxLxD + mlp_BxLxD
-    return pin(x_BxLxD, ("batch", "length", "embed")), new_kv
+    return pin(x_BxLxD, ("batch", "length", "embed")), (new_kv, routes_BxLxk if self.record_routes else None)
 
 
 def layer_pattern(config: DecoderConfig) -> tuple[str, ...]:
@@ -521,24 +531,32 @@ def _kind_index(pattern: tuple[str, ...], group, position: int):
 
 class LayerGroup(nn.Module):
   """One period of a hybrid stack's layer kinds (`layer_pattern`), called as a scan body: (x, group, window flag,
-  *shared inputs) -> (x, {kind: the new cache of its layers [count in the group, ...]})."""
+  replayed routes [period, ...] or None, *shared inputs) -> (x, ({kind: the new cache of its layers [count in the
+  group, ...]}, the group's routes [period, B, L, k] or None)), as `DecoderLayer`'s."""
 
   config: DecoderConfig
   sliding_window: int | None = None
   layout: ActivationLayout | None = None
+  record_routes: bool = False
 
   @nn.compact
-  def __call__(self, x_BxLxD, group, window_on, *shared):
+  def __call__(self, x_BxLxD, group, window_on, replay_PxBxLxk, *shared):
     pattern = layer_pattern(self.config)
     layer_class = _layer_class(self.config)
-    new = {kind: [] for kind in pattern}
+    new, routes = {kind: [] for kind in pattern}, []
     for position, kind in enumerate(pattern):
-      layer = layer_class(self.config, self.sliding_window, self.layout, kind, name=f"{position}")
-      x_BxLxD, state = layer(x_BxLxD, _kind_index(pattern, group, position), window_on, *shared)
+      layer = layer_class(self.config, self.sliding_window, self.layout, kind, self.record_routes, name=f"{position}")
+      replay_BxLxk = None if replay_PxBxLxk is None else replay_PxBxLxk[position]
+      x_BxLxD, (state, routes_BxLxk) = layer(
+        x_BxLxD, _kind_index(pattern, group, position), window_on, replay_BxLxk, *shared
+      )
       new[kind].append(state)
+      routes.append(routes_BxLxk)
+    routes_PxBxLxk = jnp.stack(routes) if self.record_routes else None
     if any(state is None for states in new.values() for state in states):
-      return x_BxLxD, None
-    return x_BxLxD, {kind: jax.tree.map(lambda *x: jnp.stack(x), *states) for kind, states in new.items()}
+      return x_BxLxD, (None, routes_PxBxLxk)
+    stacked = {kind: jax.tree.map(lambda *x: jnp.stack(x), *states) for kind, states in new.items()}
+    return x_BxLxD, (stacked, routes_PxBxLxk)
 
 
 def _layer_class(config: DecoderConfig):
@@ -594,6 +612,7 @@ class Decoder(nn.Module):
     cache_index=None,
     segment_ids_BxL=None,
     return_hidden: bool = False,
+    replay_BxLxYxk=None,
   ):
     cfg = self.config
     if self.head not in HEADS:
@@ -629,6 +648,16 @@ class Decoder(nn.Module):
     layer_class = _layer_class(cfg)
     shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index, segment_ids_BxL)
     pattern = layer_pattern(cfg)
+    # Rollout routing replay: a cache with "routes" records each token's experts per layer; `replay_BxLxYxk` routes by
+    # recorded ones (`moe.route`). Both with the layer axis first, as the layers are scanned.
+    record = cache is not None and ROUTES in cache
+    replay_YxBxLxk = None
+    if replay_BxLxYxk is not None:
+      if not cfg.num_experts:
+        raise ValueError("replay_BxLxYxk (rollout routing replay) is for a model with experts (num_experts > 0)")
+      if sp is not None:
+        replay_BxLxYxk = pad_length(replay_BxLxYxk, padded)
+      replay_YxBxLxk = jnp.moveaxis(replay_BxLxYxk, 2, 0)
     if cfg.has_linear_attention and (segment_ids_BxL is not None or sp is not None):
       raise ValueError(
         "packed rows and sequence parallelism are not supported with linear_attention layers (their recurrence "
@@ -636,16 +665,17 @@ class Decoder(nn.Module):
       )
     if cfg.scan_layers and len(pattern) == 1:
       window, window_on_N = _layer_windows(cfg)
+      scanned = lambda x: nn.broadcast if x is None else 0
       layers = nn.scan(
         layer_class,
         variable_axes={"params": 0, LORA_COLLECTION: 0, "intermediates": 0},
         split_rngs={"params": True},
-        in_axes=(0, nn.broadcast if window_on_N is None else 0) + (nn.broadcast,) * len(shared),
+        in_axes=(0, scanned(window_on_N), scanned(replay_YxBxLxk)) + (nn.broadcast,) * len(shared),
         length=cfg.num_hidden_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      x_BxLxD, new_kv = layers(cfg, window, layout, pattern[0], name="layers")(
-        x_BxLxD, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, *shared
+      x_BxLxD, (new_kv, routes_YxBxLxk) = layers(cfg, window, layout, pattern[0], record, name="layers")(
+        x_BxLxD, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32), window_on_N, replay_YxBxLxk, *shared
       )
       new_state = None if new_kv is None else {pattern[0]: new_kv}
     elif cfg.scan_layers:  # a hybrid stack: one scan over groups of one period each
@@ -656,26 +686,36 @@ class Decoder(nn.Module):
         LayerGroup,
         variable_axes={"params": 0, LORA_COLLECTION: 0, "intermediates": 0},
         split_rngs={"params": True},
-        in_axes=(0, nn.broadcast) + (nn.broadcast,) * len(shared),
+        in_axes=(0, nn.broadcast, nn.broadcast if replay_YxBxLxk is None else 0) + (nn.broadcast,) * len(shared),
         length=groups,
         metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      x_BxLxD, grouped = stack(cfg, None, layout, name="layers")(
-        x_BxLxD, jnp.arange(groups, dtype=jnp.int32), None, *shared
+      replay_GxPxBxLxk = (  # [layers, ...] -> [groups, a group's layers, ...]
+        None if replay_YxBxLxk is None else replay_YxBxLxk.reshape((groups, len(pattern)) + replay_YxBxLxk.shape[1:])
+      )
+      x_BxLxD, (grouped, routes_GxPxBxLxk) = stack(cfg, None, layout, record, name="layers")(
+        x_BxLxD, jnp.arange(groups, dtype=jnp.int32), None, replay_GxPxBxLxk, *shared
       )
       # [groups, count in a group, ...] -> [layers of the kind, ...], in layer order
-      new_state = None if grouped is None else jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), grouped)
+      flat = lambda tree: jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
+      new_state = None if grouped is None else flat(grouped)
+      routes_YxBxLxk = None if routes_GxPxBxLxk is None else flat(routes_GxPxBxLxk)
     else:
       types = cfg.layer_types or pattern * cfg.num_hidden_layers
-      per_layer = {kind: [] for kind in set(types)}
+      per_layer, routes = {kind: [] for kind in set(types)}, []
       for i, kind in enumerate(types):
         window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
         index = types[:i].count(kind)
-        x_BxLxD, state = layer_class(cfg, window, layout, kind, name=f"layers_{i}")(x_BxLxD, index, None, *shared)
+        replay_BxLxk = None if replay_YxBxLxk is None else replay_YxBxLxk[i]
+        x_BxLxD, (state, routes_BxLxk) = layer_class(cfg, window, layout, kind, record, name=f"layers_{i}")(
+          x_BxLxD, index, None, replay_BxLxk, *shared
+        )
         per_layer[kind].append(state)
+        routes.append(routes_BxLxk)
       new_state = (
         None if cache is None else {k: jax.tree.map(lambda *x: jnp.stack(x), *v) for k, v in per_layer.items()}
       )
+      routes_YxBxLxk = jnp.stack(routes) if record else None
     new_cache = None
     if cache is not None:
       new_cache = dict(cache)
@@ -690,6 +730,15 @@ class Decoder(nn.Module):
         )
       if "linear_attention" in new_state:  # whole states: a linear layer's conv and recurrent state after the call
         new_cache.update(new_state["linear_attention"])
+      if record:  # each token's experts at its column, as its keys and values
+        batch_axis, length_axis = ROUTES_LOGICAL_AXES.index("batch"), ROUTES_LOGICAL_AXES.index("length")
+        new_cache[ROUTES] = write_columns(
+          cache[ROUTES],
+          routes_YxBxLxk.astype(cache[ROUTES].dtype),
+          cache_index,
+          batch_axis=batch_axis,
+          length_axis=length_axis,
+        )
     x_BxLxD = RMSNorm(cfg.rms_norm_eps, dtype, param_dtype, offset=cfg.norm_offset, name="norm")(x_BxLxD)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     if sp is not None:
@@ -751,6 +800,11 @@ def head_outputs(config: DecoderConfig, head: str, params, hidden_xD, adapters=N
 CACHE_LOGICAL_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
 
 
+# Rollout routing replay's record in the cache: the experts each token was routed to, [layers, B, S, k] (`moe.route_dtype`;
+# the k axis has no logical name: never split).
+ROUTES = "routes"
+ROUTES_LOGICAL_AXES = ("layers", "batch", "length", None)
+
 LINEAR_CACHE_LOGICAL_AXES = {  # a Gated DeltaNet layer's state (`linear_attention.py`): no length axis
   "conv": ("layers", "batch", "conv_channels", "conv_window"),
   "recurrent": ("layers", "batch", "linear_heads", "linear_key_dim", "linear_value_dim"),
@@ -761,7 +815,7 @@ def _layers_of(config: DecoderConfig, kind: str) -> int:
   return (config.layer_types or ("full_attention",) * config.num_hidden_layers).count(kind)
 
 
-def cache_axes(config: DecoderConfig) -> dict:
+def cache_axes(config: DecoderConfig, record_routes: bool = False) -> dict:
   """The logical axes of each leaf of `init_cache`'s tree: what generation reads of the cache to move its rows
   ("batch") and columns ("length") without knowing what a layer keeps (`models/decoding.py`)."""
   axes = {}
@@ -769,17 +823,25 @@ def cache_axes(config: DecoderConfig) -> dict:
     axes.update(k=CACHE_LOGICAL_AXES, v=CACHE_LOGICAL_AXES)
   if _layers_of(config, "linear_attention"):
     axes.update(LINEAR_CACHE_LOGICAL_AXES)
+  if record_routes:
+    axes[ROUTES] = ROUTES_LOGICAL_AXES
   return axes
 
 
-def init_cache(config: DecoderConfig, batch: int, max_length: int):
+def init_cache(config: DecoderConfig, batch: int, max_length: int, record_routes: bool = False):
   """The zeroed per-layer state of `batch` rows: for full-attention layers keys and values {'k', 'v'}, each
   [layers, B, kv_heads, S, head_dim] (`CACHE_LOGICAL_AXES`; one layout, scan or loop); for linear-attention layers
   their conv inputs {'conv'} [layers, B, channels, kernel - 1] and recurrent state {'recurrent'} [layers, B,
   value heads, key dim, value dim] in fp32 (`LINEAR_CACHE_LOGICAL_AXES`). The layer axis counts the layers of the
-  leaf's kind."""
+  leaf's kind. `record_routes` (a model with experts; rollout routing replay): also {'routes'} [layers, B, S, k],
+  the experts each written token was routed to (`ROUTES_LOGICAL_AXES`), `moe.no_route` where none was written."""
   dtype = _DTYPES[config.dtype]
   cache = {}
+  if record_routes:
+    if not config.num_experts:
+      raise ValueError("record_routes (rollout routing replay) needs a model with experts (num_experts > 0)")
+    shape = (config.num_hidden_layers, batch, max_length, config.num_experts_per_tok)
+    cache[ROUTES] = jnp.full(shape, moe.no_route(config.num_experts), moe.route_dtype(config.num_experts))
   if full := _layers_of(config, "full_attention"):
     sizes = dict(
       layers=full,

@@ -40,13 +40,33 @@ EXPERT_AXES = {"gate_proj": ("expert_embed", "expert_mlp"), "up_proj": ("expert_
 EXPERT_AXES["down_proj"] = ("expert_mlp", "expert_embed")
 
 
-def route(logits_TxE, top_k: int, norm_topk_prob: bool):
-  """(weights [T, k] fp32, experts [T, k] int32, probabilities [T, E] fp32) of router logits, HF's order."""
+def route(logits_TxE, top_k: int, norm_topk_prob: bool, replay_Txk=None):
+  """(weights [T, k] fp32, experts [T, k] int32, probabilities [T, E] fp32) of router logits, HF's order.
+
+  `replay_Txk` (rollout routing replay): experts recorded for each token; a token whose record is `no_route(E)`
+  (or any value >= E) is routed by its own logits. A replayed token's weights are its current probabilities of
+  the recorded experts (renormalised with `norm_topk_prob`), so the router's gradient flows as without replay."""
   probs_TxE = jax.nn.softmax(logits_TxE.astype(jnp.float32), axis=-1)
   weights_Txk, experts_Txk = jax.lax.top_k(probs_TxE, top_k)
+  if replay_Txk is not None:
+    replay_Txk = replay_Txk.astype(jnp.int32)
+    recorded_Tx1 = jnp.all(replay_Txk < probs_TxE.shape[-1], axis=-1, keepdims=True)
+    experts_Txk = jnp.where(recorded_Tx1, replay_Txk, experts_Txk)
+    weights_Txk = jnp.take_along_axis(probs_TxE, experts_Txk, axis=-1)
   if norm_topk_prob:
     weights_Txk = weights_Txk / jnp.sum(weights_Txk, axis=-1, keepdims=True)
   return weights_Txk, experts_Txk.astype(jnp.int32), probs_TxE
+
+
+def route_dtype(num_experts: int):
+  """The smallest integer dtype that holds an expert index and `no_route(num_experts)`: a record of routes per token
+  and layer (rollout routing replay) is then a byte per choice for up to 255 experts."""
+  return jnp.uint8 if num_experts < 255 else jnp.int16 if num_experts < 2**15 - 1 else jnp.int32
+
+
+def no_route(num_experts: int) -> int:
+  """The record of a token whose routing was not recorded (`route` routes it by its logits)."""
+  return num_experts
 
 
 TILE_ROWS = 256  # rows of one expert per step of the grouped matmul's loop
@@ -146,14 +166,18 @@ def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_E
   return jnp.sum((out_TxkxD * weights_Txk.astype(dtype)[..., None]).astype(jnp.float32), axis=1)
 
 
-def load_balance_stats(experts_Txk, probs_TxE, valid_T):
-  """(tokens routed to each expert [E], sum of each expert's probability [E], valid tokens []) over valid tokens."""
+def load_balance_stats(experts_Txk, probs_TxE, valid_T, native_Txk=None):
+  """(tokens routed to each expert [E], sum of each expert's probability [E], valid tokens [], tokens whose experts
+  differ from their own top-k `native_Txk` (replayed routes; 0 without) []) over valid tokens."""
   valid_T = valid_T.astype(jnp.float32)
   num_experts = probs_TxE.shape[-1]
   counts_E = (
     jnp.zeros((num_experts,), jnp.float32).at[experts_Txk.reshape(-1)].add(jnp.repeat(valid_T, experts_Txk.shape[-1]))
   )
-  return counts_E, jnp.sum(probs_TxE * valid_T[:, None], axis=0), jnp.sum(valid_T)
+  differ_T = jnp.zeros_like(valid_T)
+  if native_Txk is not None:
+    differ_T = jnp.any(jnp.sort(experts_Txk, axis=-1) != jnp.sort(native_Txk, axis=-1), axis=-1).astype(jnp.float32)
+  return counts_E, jnp.sum(probs_TxE * valid_T[:, None], axis=0), jnp.sum(valid_T), jnp.sum(differ_T * valid_T)
 
 
 def load_balancing_loss(counts_LxE, prob_sums_LxE, tokens_L):
@@ -169,7 +193,8 @@ def load_balancing_loss(counts_LxE, prob_sums_LxE, tokens_L):
 def router_stats(intermediates):
   """Every MoE layer's sown `load_balance_stats` from a call's "intermediates" collection (`Decoder.apply(...,
   mutable=["intermediates"])`), whatever the stack's layout (scanned, grouped, a loop of layers): (tokens per expert
-  [layers, E], router probability sums [layers, E], valid tokens [layers]), the layers in no particular order."""
+  [layers, E], router probability sums [layers, E], valid tokens [layers], replayed tokens routed otherwise than by
+  their own logits [layers]), the layers in no particular order."""
   found = []
 
   def walk(node):
@@ -184,13 +209,14 @@ def router_stats(intermediates):
     raise ValueError("the call sowed no load-balancing statistics (a model without experts, or a decode call)")
   experts = found[0][0].shape[-1]
   return tuple(
-    jnp.concatenate([entry[i].reshape((-1, experts) if i < 2 else (-1,)) for entry in found]) for i in range(3)
+    jnp.concatenate([entry[i].reshape((-1, experts) if i < 2 else (-1,)) for entry in found]) for i in range(4)
   )
 
 
 class SparseMoeBlock(nn.Module):
-  """x [B, L, D] -> the experts' (and shared expert's) output [B, L, D]; `valid_BxL` (cache-free calls): which
-  tokens count in the load-balancing statistics it sows. Parameters by HF's module names: `gate` (the router),
+  """x [B, L, D] -> (the experts' (and shared expert's) output [B, L, D], the experts each token was routed to
+  [B, L, k] int32); `valid_BxL` (cache-free calls): which tokens count in the load-balancing statistics it sows;
+  `replay_BxLxk`: recorded routes to route by (`route`). Parameters by HF's module names: `gate` (the router),
   `experts/{gate,up,down}_proj`, and with a shared expert `shared_expert/{gate,up,down}_proj` and
   `shared_expert_gate`."""
 
@@ -198,16 +224,18 @@ class SparseMoeBlock(nn.Module):
   layout: Any = None  # a cache-free call's ActivationLayout: the experts then run on each device's own tokens
 
   @nn.compact
-  def __call__(self, x_BxLxD, valid_BxL=None):
+  def __call__(self, x_BxLxD, valid_BxL=None, replay_BxLxk=None):
     cfg = self.config
     dtype = DTYPES[cfg.dtype]
     batch, length, hidden = x_BxLxD.shape
     x_TxD = x_BxLxD.reshape(-1, hidden)
     router_DxE = Weight((hidden, cfg.num_experts), ("embed", "experts"), cfg.param_dtype, name="gate")()
     logits_TxE = x_TxD.astype(jnp.float32) @ router_DxE.astype(jnp.float32)
-    weights_Txk, experts_Txk, probs_TxE = route(logits_TxE, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+    replay_Txk = None if replay_BxLxk is None else replay_BxLxk.reshape(-1, cfg.num_experts_per_tok)
+    weights_Txk, experts_Txk, probs_TxE = route(logits_TxE, cfg.num_experts_per_tok, cfg.norm_topk_prob, replay_Txk)
     if valid_BxL is not None:
-      self.sow("intermediates", STATS, load_balance_stats(experts_Txk, probs_TxE, valid_BxL.reshape(-1)))
+      native_Txk = None if replay_Txk is None else jax.lax.top_k(probs_TxE, cfg.num_experts_per_tok)[1]
+      self.sow("intermediates", STATS, load_balance_stats(experts_Txk, probs_TxE, valid_BxL.reshape(-1), native_Txk))
     kernels = ExpertWeights(cfg, name="experts")()
     run = grouped_swiglu if self.layout is None else functools.partial(self.layout.experts, grouped_swiglu)
     out_TxD = run(
@@ -220,7 +248,7 @@ class SparseMoeBlock(nn.Module):
       gate_Tx1 = layers.dense(cfg, "shared_expert_gate", (1,), ("embed",), (None,), False)(x_TxD)
       shared_TxD = SharedExpert(cfg, name="shared_expert")(x_TxD)
       out_TxD = out_TxD + (jax.nn.sigmoid(gate_Tx1.astype(jnp.float32)) * shared_TxD).astype(dtype)
-    return out_TxD.reshape(batch, length, hidden)
+    return out_TxD.reshape(batch, length, hidden), experts_Txk.reshape(batch, length, -1)
 
 
 class SharedExpert(nn.Module):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from jaxrlhf.models.decoding import DecodeModel
-from jaxrlhf.rollout.decode import Responses, decode, prefill_cache, start_state
+from jaxrlhf.rollout.decode import Responses, decode, prefill_cache, record_outputs, start_state
 from jaxrlhf.rollout.sampler import SamplingParams
 
 
@@ -38,7 +38,8 @@ def generate(
   `constrain_cache(cache) -> cache` pins the cache's sharding (batch and kv-heads) on a mesh.
   `active_B` (bool, optional): rows marked False (batch padding) start finished and stay empty.
   Returns dict(responses [B,R] int32 (pad after EOS), response_mask [B,R] int32,
-  rollout_log_probs [B,R] fp32, response_lengths [B] int32, num_steps scalar). A length equal to R
+  rollout_log_probs [B,R] fp32, response_lengths [B] int32, num_steps scalar), plus the model's records
+  (`record_outputs`: "rollout_routes" [B, P + R, layers, k] of a model that records its routes). A length equal to R
   means the row hit max_new_tokens (`response_length/clip_ratio`).
   """
   batch, prompt_len = prompt_ids_BxP.shape
@@ -69,7 +70,8 @@ def generate(
       until_step=end,
       constrain_cache=constrain_cache,
     )
-  return responses.as_outputs(state.steps)
+  records = record_outputs(model, state.cache, state.kv_mask, prompt_len + response_len)
+  return dict(responses.as_outputs(state.steps), **records)
 
 
 def cache_length(prompt_len: int, response_len: int, end: int) -> int:

@@ -108,6 +108,14 @@ class Responses:
     return (self.tokens, self.loss_mask, self.log_probs)
 
 
+def record_outputs(model: DecodeModel, cache, written_BxS, width: int) -> dict:
+  """The model's per-token records of B rows (`DecodeModel.records`) as a rollout's outputs "rollout_<name>" [B,
+  width, ...]: sequence columns, prompt then response, as the training forward reads them; `written_BxS` the
+  columns the rows wrote (their kv mask; the last response token is never fed, so never recorded)."""
+  written_BxW = jnp.pad(written_BxS, ((0, 0), (0, width - written_BxS.shape[1])))
+  return {f"rollout_{name}": x for name, x in model.records(cache, written_BxW).items()}
+
+
 @flax.struct.dataclass
 class Forced:
   """Tokens the host chose for each row (multi-turn: a tool's response and the next generation prompt), fed before

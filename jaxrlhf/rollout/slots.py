@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jaxrlhf.models.decoding import DecodeModel
 from jaxrlhf.rollout import cache_rows
 from jaxrlhf.rollout.batch import cache_length
-from jaxrlhf.rollout.decode import DecodeState, Responses, decode, prefill_cache, start_state
+from jaxrlhf.rollout.decode import DecodeState, Responses, decode, prefill_cache, record_outputs, start_state
 from jaxrlhf.rollout.sampler import SamplingParams
 
 # Rows a shard's free slots take per loop step (each an unrolled copy of one prompt's cache row).
@@ -220,19 +220,33 @@ def generate_in_slots(
     jax.random.wrap_key_data(first_rows(prompts["key"])),
     shared_column=False,
   )
+  # The model's per-token records of each row (`DecodeModel.records`): saved when the row leaves its slot.
+  width = prompt_len + response_len
+  blank = record_outputs(model, state.cache, jnp.zeros_like(state.kv_mask), width)
+  saved = jax.tree.map(lambda x: jnp.broadcast_to(x[:1], (rows,) + x.shape[1:]), blank)
   slot_rows = SlotRows(
     row=jnp.tile(jnp.arange(slots, dtype=jnp.int32), shards.count),
     next=jnp.full((shards.count,), slots, jnp.int32),  # each shard's next waiting row
     window_start=jnp.full((shards.count,), slots, jnp.int32),  # the first row the prompt window holds
   )
 
-  def insert(cache, state: DecodeState, slot_rows: SlotRows, window, prompts):
-    """A shard's first free slots take its next rows (at most `inserts` per step) from the prompt window."""
+  def insert(cache, state: DecodeState, slot_rows: SlotRows, saved, window, prompts):
+    """A shard's first free slots take its next rows (at most `inserts` per step) from the prompt window; the
+    records of the rows they held are saved first."""
     free = jnp.nonzero(~state.live, size=inserts, fill_value=slots)[0]
     first = slot_rows.next[0]
     for j in range(inserts):
       ok = (free[j] < slots) & (first + j < per_shard)
       slot, row = jnp.minimum(free[j], slots - 1), jnp.minimum(first + j, per_shard - 1)
+      if saved:
+        leaving = record_outputs(
+          model,
+          cache_rows.take_rows(cache, axes, slot, 1),
+          jax.lax.dynamic_slice_in_dim(state.kv_mask, slot, 1, axis=0),
+          width,
+        )
+        left = slot_rows.row[slot]
+        saved = jax.tree.map(lambda whole, new, left=left, ok=ok: _put_row(whole, new, left, ok), saved, leaving)
       in_window = PromptChunks.ring_index(row, slots)
       cache = cache_rows.put_row(cache, cache_rows.take_rows(window, axes, in_window, 1), axes, slot, ok)
       take = lambda x, row=row: jax.lax.dynamic_slice_in_dim(x, row, 1, axis=0)
@@ -247,36 +261,46 @@ def generate_in_slots(
         keys=put(state.keys, take(prompts["key"])),
       )
       slot_rows = slot_rows.replace(row=put(slot_rows.row, row[None]), next=slot_rows.next + ok.astype(jnp.int32))
-    return cache, state, slot_rows
+    return cache, state, slot_rows, saved
 
   def advance(cache, local, window, prompts):
     """A shard after a decode step: its tokens recorded under their rows, finished rows' slots refilled."""
-    state, slot_rows, responses, taken = local
+    state, slot_rows, responses, saved, taken = local
     responses = responses.record(taken, rows=slot_rows.row)
     if inserts:
-      cache, state, slot_rows = insert(cache, state, slot_rows, window, prompts)
-    return cache, (state, slot_rows, responses, taken)
+      cache, state, slot_rows, saved = insert(cache, state, slot_rows, saved, window, prompts)
+    return cache, (state, slot_rows, responses, saved, taken)
 
   def after_step(state: DecodeState, carried, taken):
-    slot_rows, responses, window = carried
+    slot_rows, responses, saved, window = carried
     # The shards' local views hold per-row arrays only: the step count stays outside.
-    local = (state.replace(cache=(), steps=()), slot_rows, responses, taken)
-    cache, (local_state, slot_rows, responses, _) = shards.map(advance, axes, state.cache, local, window, prompts)
+    local = (state.replace(cache=(), steps=()), slot_rows, responses, saved, taken)
+    cache, (local_state, slot_rows, responses, saved, _) = shards.map(
+      advance, axes, state.cache, local, window, prompts
+    )
     if inserts:
       window, window_start = advance_window(chunks, shards, window, slot_rows.window_start, slot_rows.next, axes)
       window, slot_rows = constrain_cache(window), slot_rows.replace(window_start=window_start)
-    return local_state.replace(cache=cache, steps=state.steps), (slot_rows, responses, window)
+    return local_state.replace(cache=cache, steps=state.steps), (slot_rows, responses, saved, window)
 
-  state, (_, responses, _) = decode(
+  state, (slot_rows, responses, saved, _) = decode(
     model,
     params,
     state,
-    (slot_rows, Responses.empty(rows, response_len, sampling.pad_token_id), window),
+    (slot_rows, Responses.empty(rows, response_len, sampling.pad_token_id), saved, window),
     sampling,
     budget=response_len,
     after_step=after_step,
   )
-  return responses.as_outputs(state.steps)
+  if saved:  # the rows still in their slots
+
+    def save_last(cache, local, _const_caches, _const_rows):
+      kv_mask, row, saved = local
+      last = record_outputs(model, cache, kv_mask, width)
+      return cache, (kv_mask, row, jax.tree.map(lambda whole, new: whole.at[row].set(new), saved, last))
+
+    _, (_, _, saved) = shards.map(save_last, axes, state.cache, (state.kv_mask, slot_rows.row, saved), None, ())
+  return dict(responses.as_outputs(state.steps), **saved)
 
 
 @flax.struct.dataclass

@@ -8,6 +8,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from jaxrlhf.config import ConfigError
 from jaxrlhf.models.decoder import Decoder, DecoderConfig, cast_floating, kv_heads_repeated
 from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.lora import merge_adapters
@@ -28,7 +29,14 @@ class Generation:
       dataclasses.replace(kv_heads_repeated(model_config, layouts.generation_kv_repeat), dtype=self.rollout_dtype),
       head="lm",
     )
-    self.decode_model = decode_model(self.rollout_actor)  # what the decode loop calls and keeps
+    self.replay_routes = bool(config.actor_rollout_ref.rollout.enable_rollout_routing_replay)
+    if self.replay_routes and not model_config.num_experts:
+      raise ConfigError(
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True needs a model with experts (this model's "
+        f"model_type {model_config.model_type!r} has num_experts=0); set it False"
+      )
+    # What the decode loop calls and keeps; with routing replay it also records each token's experts.
+    self.decode_model = decode_model(self.rollout_actor, record_routes=self.replay_routes)
     self.sampling = sampling
     self.layouts = layouts
     self.lora_alpha = model_config.lora_alpha
@@ -81,6 +89,9 @@ class Generation:
     responses_NxR, response_mask_NxR, rollout_log_probs_NxR = self.layouts.to_train(
       (out["responses"], out["response_mask"], out["rollout_log_probs"])
     )
+    replayed = {}
+    if self.replay_routes:  # [N, P + R, layers, k]: each fed token's experts (`models/decoding.py`, records)
+      replayed["rollout_routes"] = self.layouts.to_train(out["rollout_routes"])
     prompts_NxP, prompt_mask_NxP = self.layouts.to_train((prompts_NxP, prompt_mask_NxP))
     baseline = {}
     if self.config.algorithm.adv_estimator == "remax":
@@ -100,5 +111,6 @@ class Generation:
       group_index=jnp.repeat(jnp.arange(batch["input_ids"].shape[0], dtype=jnp.int32), n),
       decode_steps=out["num_steps"],
       **baseline,
+      **replayed,
     )
     return rollout

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxrlhf import algos
 from jaxrlhf.models import moe
-from jaxrlhf.trainer.model_outputs import ModelOutputs
+from jaxrlhf.trainer.model_outputs import REPLAYED, ModelOutputs
 
 
 def actor_loss(
@@ -51,6 +51,7 @@ def actor_loss(
     adapters=weights.adapters,
     ref_params=aux["ref_params"] if full_kl else None,
     router_stats=True,
+    replay=True,
   )
   log_prob, entropy = out["log_prob"], out["entropy"]
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy or first_epoch else micro["old_log_probs"]
@@ -92,11 +93,15 @@ def actor_loss(
     rows["old_log_probs"] = old_log_prob
   if "router_stats" in out:  # experts: HF's load-balancing loss, this micro-batch's share of the mini-batch's
     share = jnp.sum(mask.astype(jnp.float32)) / jnp.maximum(normalizers["global_token_count"], 1.0)
-    aux_loss = moe.load_balancing_loss(*out["router_stats"])
+    aux_loss = moe.load_balancing_loss(*out["router_stats"][:3])
     loss = loss + outputs.actor.config.router_aux_loss_coef * share * aux_loss
     load_E = jnp.sum(out["router_stats"][0], axis=0)  # tokens routed to each expert, over the layers
     metrics["actor/moe_aux_loss"] = share * aux_loss
     metrics["actor/moe_expert_load_max"] = share * jnp.max(load_E) / jnp.maximum(jnp.mean(load_E), 1.0)
+    if REPLAYED in micro or REPLAYED in micro.get("packed", {}):  # rollout routing replay: (token, layer) pairs the
+      # replayed routes send elsewhere than the update's own router would
+      _, _, tokens_Y, differ_Y = out["router_stats"]
+      metrics["actor/moe_replay_route_mismatch"] = share * jnp.sum(differ_Y) / jnp.maximum(jnp.sum(tokens_Y), 1.0)
   if actor.use_kl_loss:
     kl = out["full_kl"] if full_kl else algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
     kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)

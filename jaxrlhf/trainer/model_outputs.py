@@ -109,6 +109,11 @@ def lm_token_outputs(
   )
 
 
+# Rollout routing replay (`actor_rollout_ref.rollout.enable_rollout_routing_replay`): the rollout's record of each
+# token's experts per layer, [N, P + R, layers, k] (`Generation`), and its packed rows' [B, S, layers, k].
+REPLAYED = "rollout_routes"
+
+
 class ModelOutputs:
   """The actor's (or reference's: same module, other params) and the critic's per-response-token outputs.
 
@@ -132,10 +137,13 @@ class ModelOutputs:
     self.num_batch_shards = num_batch_shards
     self.constrain = constrain
 
-  def _hidden(self, model: Decoder, params, micro: dict, adapters=None, router_stats: bool = False):
+  def _hidden(
+    self, model: Decoder, params, micro: dict, adapters=None, router_stats: bool = False, replay: bool = False
+  ):
     """Final hidden states at the positions that predict response tokens: [N, R, D] of padded rows, or
     [B, S, D] of a packed slot's rows (every position: `packing.response_outputs` reads them back).
-    `router_stats` (a model with experts): (hidden, the MoE layers' `moe.router_stats` over every valid token)."""
+    `router_stats` (a model with experts): (hidden, the MoE layers' `moe.router_stats` over every valid token).
+    `replay`: the experts route by the rollout's record (`REPLAYED`) where the micro-batch has one."""
     apply = lambda *args, **kwargs: model.apply(
       model_variables(params, adapters),
       *args,
@@ -150,11 +158,15 @@ class ModelOutputs:
         packed["positions"],
         (packed["segment_ids"] > 0).astype(jnp.int32),
         segment_ids_BxL=packed["segment_ids"],
+        replay_BxLxYxk=packed.get(REPLAYED) if replay else None,
       )
       (hidden_BxLxD, _), variables = out if router_stats else (out, None)
     else:
       prompt_len, response_len = micro["prompts"].shape[1], micro["responses"].shape[1]
-      out = apply(*sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"]))
+      out = apply(
+        *sequence_inputs(micro["prompts"], micro["prompt_mask"], micro["responses"]),
+        replay_BxLxYxk=micro.get(REPLAYED) if replay else None,
+      )
       (hidden_NxSxD, _), variables = out if router_stats else (out, None)
       hidden_BxLxD = hidden_NxSxD[:, prompt_len - 1 : prompt_len + response_len - 1]
     if router_stats:
@@ -175,6 +187,7 @@ class ModelOutputs:
     adapters=None,
     ref_params=None,
     router_stats: bool = False,
+    replay: bool = False,
   ) -> dict:
     """{"log_prob": [N, R] of the response tokens, and each of `statistics` (TOKEN_STATISTICS): [N, R]}.
 
@@ -183,10 +196,12 @@ class ModelOutputs:
     [N, R] (exact KL over the vocabulary, `kl_penalty` / `kl_loss_type` "full"); the reference's forward
     carries no gradient. `router_stats` (a model with experts) adds "router_stats": its layers'
     `moe.router_stats` over the call's valid tokens (the load-balancing loss's and the expert-load metrics' input;
-    not [N, R], so only a loss asks for it).
+    not [N, R], so only a loss asks for it). `replay`: the forward routes by the rollout's record (`REPLAYED`)
+    where the micro-batch has one (rollout routing replay): the actor's old-log-prob and update forwards ask for it,
+    the reference's forward never does (as verl's, it routes by the reference's own router).
     """
     with_stats = router_stats and bool(self.actor.config.num_experts)
-    hidden_BxLxD = self._hidden(self.actor, params, micro, adapters, router_stats=with_stats)
+    hidden_BxLxD = self._hidden(self.actor, params, micro, adapters, router_stats=with_stats, replay=replay)
     router_stats = None
     if with_stats:
       hidden_BxLxD, router_stats = hidden_BxLxD

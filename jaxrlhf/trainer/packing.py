@@ -90,12 +90,13 @@ def first_fit_decreasing(lengths_N, num_bins: int, capacity: int):
   return bin_N, offset_N
 
 
-def pack(input_ids_NxS, valid_NxS, batching: MicroBatching) -> dict:
+def pack(input_ids_NxS, valid_NxS, batching: MicroBatching, per_token: dict | None = None) -> dict:
   """Packs the valid tokens of N sequences into `num_micro` slots of `rows` rows of length S.
 
   Returns per-slot arrays (leading axis num_micro): `input_ids`, `positions`, `segment_ids`
   [rows, S] and `used` (the slot holds a sequence); per sequence: `slot_N`, `row_N` (row inside its
-  slot), `column_NxS` (packed column of each of its tokens; meaningful where valid).
+  slot), `column_NxS` (packed column of each of its tokens; meaningful where valid). `per_token` {name: [N, S,
+  ...]}: more per-token arrays packed alike, each [num_micro, rows, S, ...] under its name (0 off the tokens).
   Valid tokens of a sequence must be contiguous (left-padded prompt + response prefix) so that the
   packed position of a token's predecessor is its own column - 1, as in the padded row.
   """
@@ -111,11 +112,11 @@ def pack(input_ids_NxS, valid_NxS, batching: MicroBatching) -> dict:
   column_NxS = offset_N[:, None] + index_NxS
   flat_size = slots * rows * seq_len
   destination_NxS = jnp.where(valid_NxS > 0, ((slot_N * rows + row_N) * seq_len)[:, None] + column_NxS, flat_size)
-  scatter = lambda values_NxS: (
-    jnp.zeros((flat_size,), jnp.int32)
+  scatter = lambda values_NxS, dtype=jnp.int32: (
+    jnp.zeros((flat_size,) + values_NxS.shape[2:], dtype)
     .at[destination_NxS.reshape(-1)]
-    .set(values_NxS.reshape(-1).astype(jnp.int32), mode="drop")
-    .reshape(slots, rows, seq_len)
+    .set(values_NxS.reshape((-1,) + values_NxS.shape[2:]).astype(dtype), mode="drop")
+    .reshape((slots, rows, seq_len) + values_NxS.shape[2:])
   )
   sequence_NxS = jnp.broadcast_to(jnp.arange(1, num_sequences + 1, dtype=jnp.int32)[:, None], valid_NxS.shape)
   used_M = jnp.zeros((slots,), bool).at[slot_N].max(lengths_N > 0)
@@ -127,6 +128,7 @@ def pack(input_ids_NxS, valid_NxS, batching: MicroBatching) -> dict:
     "slot_N": slot_N,
     "row_N": row_N,
     "column_NxS": column_NxS,
+    **{name: scatter(values, values.dtype) for name, values in (per_token or {}).items()},
   }
 
 
@@ -145,15 +147,14 @@ def packing_pays(plan: dict, batching: MicroBatching, prompt_len: int, response_
   return packed < padded
 
 
+PER_SEQUENCE = ("used", "slot_N", "row_N", "column_NxS")  # a plan's entries that are not per slot
+
+
 def slot(plan: dict, k) -> dict:
-  """The packed rows of slot `k` and the gather indices of every sequence (valid for slot k's own)."""
-  return {
-    "input_ids": plan["input_ids"][k],
-    "positions": plan["positions"][k],
-    "segment_ids": plan["segment_ids"][k],
-    "row_N": plan["row_N"],
-    "column_NxS": plan["column_NxS"],
-  }
+  """The packed rows of slot `k` (and of its `per_token` arrays) and the gather indices of every sequence (valid for
+  slot k's own)."""
+  rows = {name: x[k] for name, x in plan.items() if name not in PER_SEQUENCE}
+  return dict(rows, row_N=plan["row_N"], column_NxS=plan["column_NxS"])
 
 
 def response_outputs(per_token_BxS, packed: dict, prompt_len: int, response_len: int):

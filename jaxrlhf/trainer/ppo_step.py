@@ -166,7 +166,9 @@ class PPOStep:
     actor = self.roles["actor"].layouts.on_device(actor)
     out = jax.lax.stop_gradient(
       self._forward_phase(
-        lambda micro: self.outputs.token_outputs(actor.params, micro, statistics, actor.adapters, ref_params),
+        lambda micro: self.outputs.token_outputs(
+          actor.params, micro, statistics, actor.adapters, ref_params, replay=True
+        ),
         rollout,
         "actor",
         "old_log_prob",

@@ -38,12 +38,17 @@ class Rollout:
   response_attention_mask: jax.Array | None = None  # [N, R]
   num_turns: jax.Array | None = None  # [N] verl's num_turns: assistant turns + tool turns + 1
   tool_rewards: jax.Array | None = None  # [N, C] each tool call's step reward, NaN past the row's calls
+  # Rollout routing replay: each token's experts in every layer as the sampler routed it, [N, P + R, layers, k]
+  # (`moe.no_route` where it recorded none: padding, the last response token).
+  rollout_routes: jax.Array | None = None
 
   def sequences(self) -> dict[str, jax.Array]:
-    """What a model's forward reads (`SEQUENCE_FIELDS`, and a multi-turn rollout's `response_attention_mask`)."""
+    """What a model's forward reads (`SEQUENCE_FIELDS`, and a multi-turn rollout's `response_attention_mask`, the
+    routes a forward may replay)."""
     fields = {name: getattr(self, name) for name in SEQUENCE_FIELDS}
-    if self.response_attention_mask is not None:
-      fields["response_attention_mask"] = self.response_attention_mask
+    for name in ("response_attention_mask", "rollout_routes"):
+      if getattr(self, name) is not None:
+        fields[name] = getattr(self, name)
     return fields
 
   def sequence_mask(self) -> jax.Array:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jaxrlhf import algos
 from jaxrlhf.trainer import packing
 from jaxrlhf.trainer.batch_metrics import rollout_probs_diff
-from jaxrlhf.trainer.model_outputs import sequence_inputs
+from jaxrlhf.trainer.model_outputs import REPLAYED, sequence_inputs
 from jaxrlhf.trainer.records import Advantages, OldLogProbs, Rollout
 from jaxrlhf.trainer.state import apply_gradients
 
@@ -129,7 +129,9 @@ def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
   # Every token of the sequence (with tool responses, in a multi-turn rollout), not only the loss's.
   response_valid_NxR = data.get("response_attention_mask", data["response_mask"])
   valid_NxS = jnp.concatenate([data["prompt_mask"], response_valid_NxR], axis=1)
-  return packing.pack(ids_NxS, valid_NxS, batching)
+  # The routes a forward replays (rollout routing replay) are per token too: packed alike.
+  per_token = {name: data[name] for name in (REPLAYED,) if name in data}
+  return packing.pack(ids_NxS, valid_NxS, batching, per_token)
 
 
 # Loss metrics that are means over one micro-batch (bypass mode's rollout correction, as verl reduces them):

@@ -388,6 +388,10 @@ def test_megatron_scripts_print_why_each_megatron_key_folds():
       ["critic.megatron.param_offload=True", "critic.megatron.optimizer_offload=True"],
       {"critic.model.fsdp_config.param_offload": True, "critic.model.fsdp_config.optimizer_offload": True},
     ),
+    (  # verl's R3: the rollout's routes replayed (the rollout key is jaxrlhf's own; the Megatron mode says nothing more)
+      ["actor_rollout_ref.actor.megatron.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"],
+      {"actor_rollout_ref.rollout.enable_rollout_routing_replay": True},
+    ),
   ],
 )
 def test_megatron_keys_translate(overrides, expected):
@@ -468,7 +472,8 @@ def test_refused_families_and_unknown_keys_in_one_message():
   body = "\n".join(lines[1:])
   assert not any("Megatron-LM" in line for line in lines)  # its Megatron parallelism translates
   assert sum("refused (MoE routing replay)" in line for line in lines) == 1  # verl's two switches, one line
-  assert "not built yet" in body and "[actor_rollout_ref.actor.megatron.router_replay.mode=R3 and 1 more]" in body
+  assert "replays the rollout's own routes" in body
+  assert "[actor_rollout_ref.actor.megatron.router_replay.mode=R2 and 1 more]" in body
   assert "refused (vision-language)" in body and "[data.image_key]" in body
   assert "refused (reward manager): PRIME's reward manager" in body
   assert "unknown config key 'trainer.total_trainig_steps'" in body
@@ -483,11 +488,7 @@ def test_refused_families_and_unknown_keys_in_one_message():
     (["reward_model.reward_manager=collabllm"], r"refused \(reward manager\): CollabLLM.*no user simulator"),
     (["reward_model.reward_manager=remote"], r"refused \(reward manager\): reward manager 'remote'"),
     (["actor_rollout_ref.rollout.agent.default_agent_loop=react_agent"], r"default_agent_loop"),
-    (
-      ["actor_rollout_ref.rollout.enable_rollout_routing_replay=True"],
-      r"refused \(MoE routing replay\).*not built yet",
-    ),
-    (["actor_rollout_ref.actor.megatron.router_replay.mode=R2"], r"refused \(MoE routing replay\).*not built yet"),
+    (["actor_rollout_ref.actor.megatron.router_replay.mode=R2"], r"refused \(MoE routing replay\).*\(R3\)"),
     (
       ["+actor_rollout_ref.actor.megatron.override_transformer_config.moe_expert_capacity_factor=1.25"],
       r"refused \(Megatron-LM\): experts with a capacity.*dropless",

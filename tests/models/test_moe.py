@@ -140,10 +140,11 @@ def test_the_load_balancing_loss_is_transformers(family):
     jnp.asarray(mask),
     mutable=["intermediates"],
   )
-  counts, probs, tokens = router_stats(variables["intermediates"])
+  counts, probs, tokens, replayed_elsewhere = router_stats(variables["intermediates"])
   assert counts.shape == (config.num_hidden_layers, config.num_experts)
   np.testing.assert_allclose(float(load_balancing_loss(counts, probs, tokens)), float(hf_loss), rtol=1e-5)
   np.testing.assert_array_equal(np.asarray(tokens), [mask.sum()] * config.num_hidden_layers)
+  assert not np.asarray(replayed_elsewhere).any()  # nothing replayed
   np.testing.assert_array_equal(np.asarray(counts).sum(-1), mask.sum() * config.num_experts_per_tok)
 
 
@@ -295,3 +296,38 @@ def test_the_tiled_grouped_matmul_is_ragged_dot_gradients_included(tile):
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   assert np.all(np.asarray(got[0])[44:] == 0)
+
+
+@pytest.mark.parametrize("slots", [None, 3])
+def test_routing_replay_records_the_samplers_routes(family, slots):
+  """Rollout routing replay: the sampler records every fed token's experts per layer ([N, P + R, layers, k], the
+  whole batch or slots), and a training forward that routes by the record gives the sampler's log-probs. In fp32 the
+  training forward's own router chooses exactly the recorded experts (0 of its (token, layer) pairs replayed
+  elsewhere); the tokens never fed (padding, the last response token) hold `no_route`."""
+  from jaxrlhf.models.moe import no_route
+  from jaxrlhf.trainer.model_outputs import sequence_inputs
+
+  ids, mask = _batch(seed=6)
+  config, params = family["config"], family["params"]
+  sampling = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=(5,), pad_token_id=0, temperature=0.7)
+  model = decode_model(Decoder(config), record_routes=True)
+  if slots is None:
+    run = functools.partial(generate, model, sampling=sampling)
+  else:
+    run = functools.partial(generate_in_slots, model, sampling=sampling, slots=slots, shards=2)
+  out = jax.jit(run)(params, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(2))
+  routes = np.asarray(out["rollout_routes"])
+  lengths = np.asarray(out["response_lengths"])
+  assert routes.shape == (8, PROMPT + NEW_TOKENS, config.num_hidden_layers, config.num_experts_per_tok)
+  fed = np.concatenate([mask, np.arange(NEW_TOKENS)[None, :] < lengths[:, None] - 1], axis=1) > 0
+  assert fed.sum() > 8 * PROMPT // 2 and (lengths < NEW_TOKENS).any()  # some rows end at EOS
+  assert (routes[fed] < config.num_experts).all() and (routes[~fed] == no_route(config.num_experts)).all()
+  seq, positions, seq_mask = sequence_inputs(jnp.asarray(ids), jnp.asarray(mask), out["responses"])
+  (logits, _), variables = Decoder(config).apply(
+    {"params": params}, seq, positions, seq_mask, replay_BxLxYxk=out["rollout_routes"], mutable=["intermediates"]
+  )
+  _, _, tokens, replayed_elsewhere = router_stats(variables["intermediates"])
+  assert replayed_elsewhere.sum() == 0 and tokens.sum() > 0
+  want = np.asarray(token_log_probs(logits[:, PROMPT - 1 : -1], out["responses"], 0.7))
+  response_mask = np.asarray(out["response_mask"]) > 0
+  np.testing.assert_allclose(np.asarray(out["rollout_log_probs"])[response_mask], want[response_mask], atol=1e-5)

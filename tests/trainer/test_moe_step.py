@@ -69,3 +69,50 @@ def test_same_numbers_on_a_mesh_as_on_one_device(tmp_path, one_device):
   # fp32 rounding into a visible step (tests/trainer/test_ppo_step.py). Here 2 of 32,768 expert weights moved 0.04 lr.
   lr = 1e-3
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0.1 * lr), ref_actor, actor)
+
+
+REPLAY = {"actor_rollout_ref.rollout.enable_rollout_routing_replay": True}
+
+
+def test_routing_replay_in_fp32_changes_no_number_before_the_first_update(tmp_path, one_device):
+  """Rollout routing replay (verl's R3): the sampler records each token's experts and the actor's old-log-prob and
+  update forwards route by them. In fp32 the sampler routes every token as the training forward would, so what the
+  step computes before its first update (rollout, old log-probs and their gap to the sampler's, values, rewards) is the
+  plain step's. The update's later mini-batches and epochs replay the rollout's routes on updated weights: there the
+  two differ."""
+  _, plain, _ = one_device
+  _, replayed, _ = _run(tmp_path, (1, 1, 1), **REPLAY)
+  before_update = ("training/", "critic/score", "critic/rewards", "response_length/", "prompt_length/")
+  compared = [key for key in plain if key == "actor/entropy" or key.startswith(before_update)]
+  assert len(compared) > 10
+  for key in compared:
+    np.testing.assert_allclose(replayed[key], plain[key], rtol=1e-6, atol=1e-7, err_msg=key)
+  # after an Adam step at lr 1e-3 the update's router would route many pairs elsewhere
+  assert 0 < replayed["actor/moe_replay_route_mismatch"] < 1
+
+
+def test_routing_replay_with_slots_and_packed_rows(tmp_path):
+  """The slots' rollout saves each row's routes as it leaves its slot; packed update rows carry their tokens' routes.
+  One mini-batch, one epoch: the update runs on the rollout's weights, where fp32 replays every (token, layer) pair's
+  own routing (0 mismatches)."""
+  _, metrics, _ = _run(
+    tmp_path,
+    (1, 1, 1),
+    **REPLAY,
+    **{
+      "actor_rollout_ref.rollout.max_num_seqs": 3,
+      "actor_rollout_ref.model.use_remove_padding": True,
+      "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+      "actor_rollout_ref.actor.ppo_epochs": 1,
+    },
+  )
+  assert metrics["actor/moe_replay_route_mismatch"] == 0
+  assert metrics["training/rollout_probs_diff_max"] < 1e-4
+
+
+def test_routing_replay_needs_experts_and_a_single_turn_rollout(tmp_path):
+  from jaxrlhf.config import ConfigError
+
+  config = small_config(tmp_path, **REPLAY)
+  with pytest.raises(ConfigError, match="enable_rollout_routing_replay=True needs a model with experts"):
+    Trainer(config, devices=jax.devices()[:1])
