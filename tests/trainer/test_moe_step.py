@@ -116,3 +116,21 @@ def test_routing_replay_needs_experts_and_a_single_turn_rollout(tmp_path):
   config = small_config(tmp_path, **REPLAY)
   with pytest.raises(ConfigError, match="enable_rollout_routing_replay=True needs a model with experts"):
     Trainer(config, devices=jax.devices()[:1])
+
+
+@pytest.mark.slow
+def test_routing_replay_on_a_mesh_with_slots(tmp_path):
+  """On a (1, 4, 2) mesh the slots run per generation shard in a shard_map (`StepLayouts.generation_shards`): each
+  shard saves its own rows' routes, which reach the update in the train layout."""
+  _, metrics, _ = _run(
+    tmp_path,
+    (1, 4, 2),
+    **REPLAY,
+    **{
+      "actor_rollout_ref.rollout.max_num_seqs": 1,
+      "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+      "actor_rollout_ref.actor.ppo_epochs": 1,
+    },
+  )
+  assert metrics["actor/moe_replay_route_mismatch"] == 0
+  assert metrics["training/rollout_probs_diff_max"] < 1e-4
