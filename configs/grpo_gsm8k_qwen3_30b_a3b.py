@@ -35,9 +35,10 @@ def get_config():
   config.actor_rollout_ref.rollout.tensor_model_parallel_size = 8
   # One generation shard (TP 8 over the node): 256 slots bound the KV cache to 256 rows (45 GiB for all 1280 at once).
   config.actor_rollout_ref.rollout.max_num_seqs = 256
-  # Forward phases in micro-batches of 16 sequences per GPU (all 160 at once held 2M (token, expert) pairs a GPU).
-  config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu = 16
-  config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu = 16
+  # Forward phases in micro-batches of 2 sequences per GPU, as the update's: 16 held 2M (token, expert) pairs a GPU,
+  # 8 GiB per bf16 [pairs, hidden] buffer.
+  config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu = 2
+  config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu = 2
   actor = config.actor_rollout_ref.actor
   actor.fsdp_config.optimizer_offload = True
   actor.ppo_micro_batch_size_per_gpu = 2
