@@ -1,5 +1,6 @@
-"""Decoder family (Llama, Qwen2/2.5, Qwen3, Mistral; Qwen3.5's hybrid stack with `layer_types`): RMSNorm,
-rotate-half RoPE, GQA attention, SwiGLU MLP. Qwen3.5's linear-attention layers are `linear_attention.py`'s.
+"""Decoder family (Llama, Qwen2/2.5, Qwen3, Mistral; Qwen3.5's hybrid stack with `layer_types`; Gemma 3's
+interleaved sliding and full attention): RMSNorm, rotate-half RoPE, GQA attention, SwiGLU (or gelu-tanh) MLP.
+Qwen3.5's linear-attention layers are `linear_attention.py`'s; what Gemma 3 sets is listed in `models/gemma3.py`.
 
 One module family with config switches instead of one copy per model: biases on q/k/v (Qwen2,
 Llama `attention_bias`), on o_proj and the MLP (Llama `attention_bias` / `mlp_bias`), per-head q/k
@@ -73,7 +74,9 @@ from jaxrlhf.models.stacking import layer_layout, stack_layers, unstack_layers
 
 HEADS = ("lm", "value", "reward")
 ROPE_TYPES = ("default", "linear", "llama3")
-LAYER_TYPES = ("full_attention", "linear_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+# The MLP's gate activation by HF's name (`hidden_act`, Gemma's `hidden_activation`).
+ACTIVATIONS = {"silu": nn.silu, "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 # Gradient checkpointing of each decoder layer: which intermediates the backward pass may keep.
 # The projections are custom-VJP calls (`projection.py`), which the dot policies do not recognise as
 # dots: those policies also keep them, by their checkpoint name.
@@ -150,6 +153,16 @@ class DecoderConfig:
   mlp_only_layers: tuple[int, ...] = ()
   # The load-balancing loss's weight in the actor's loss (HF adds it only with output_router_logits; 0: off).
   router_aux_loss_coef: float = 0.0
+  # Gemma 3 (`models/gemma3.py`), HF's names where HF has one. `sliding_attention` layers of `layer_types` attend
+  # within `sliding_window` and rotate by RoPE base `rope_local_base_freq` (default RoPE; None: as the others).
+  rope_local_base_freq: float | None = None
+  hidden_activation: str = "silu"  # one of ACTIVATIONS
+  query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power instead of head_dim's (None)
+  embed_scale: bool = False  # embeddings times sqrt(hidden_size), that factor rounded to the parameter dtype
+  # Gemma's four norms per layer: the attention's output normed (post_attention_layernorm), the MLP's input
+  # (pre_feedforward_layernorm) and output (post_feedforward_layernorm); else post_attention_layernorm is the MLP's
+  # input norm (Llama).
+  sandwich_norms: bool = False
 
   def __post_init__(self):
     for name, value, allowed in (
@@ -158,6 +171,7 @@ class DecoderConfig:
       ("rope_type", self.rope_type, ROPE_TYPES),
       ("remat_policy", self.remat_policy, REMAT_POLICIES),
       ("attention_impl", self.attention_impl, ATTENTION_IMPLS),
+      ("hidden_activation", self.hidden_activation, ACTIVATIONS),
     ):
       if value not in allowed:
         raise ValueError(f"model config {name}={value!r} is not supported; expected one of {list(allowed)}")
@@ -174,6 +188,11 @@ class DecoderConfig:
         self.linear_num_key_heads and self.linear_num_value_heads and self.linear_key_head_dim
       ):
         raise ValueError("model config has linear_attention layers but no linear_num_key_heads / linear_* sizes")
+      if "sliding_attention" in self.layer_types and (self.sliding_window is None or self.sliding_window_start_layer):
+        raise ValueError(
+          "model config has sliding_attention layers: it needs a sliding_window, and no sliding_window_start_layer "
+          f"(got {self.sliding_window}, {self.sliding_window_start_layer})"
+        )
 
     if self.num_experts:
       if not 0 < self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size < 1:
@@ -195,6 +214,12 @@ class DecoderConfig:
   @property
   def has_linear_attention(self) -> bool:
     return "linear_attention" in self.layer_types
+
+  @property
+  def mixer_types(self) -> tuple[str, ...]:
+    """Each layer's token mixer (empty: all full attention): `layer_types` with sliding attention counted as
+    attention, which differs from the full kind only by its window and RoPE (a per-layer flag, `_layer_windows`)."""
+    return tuple("full_attention" if kind == "sliding_attention" else kind for kind in self.layer_types)
 
   @property
   def rotary_dim(self) -> int:
@@ -263,6 +288,11 @@ def rope_inv_freq(config: DecoderConfig) -> np.ndarray:
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     inv_freq = np.where(is_medium, smoothed, scaled)
   return inv_freq.astype(np.float32)
+
+
+def local_rope_config(config: DecoderConfig) -> DecoderConfig:
+  """The config whose RoPE the sliding layers use (Gemma 3's `rope_local_base_freq`, unscaled)."""
+  return dataclasses.replace(config, rope_theta=config.rope_local_base_freq, rope_type="default")
 
 
 def rope_cos_sin(positions_BxL, config: DecoderConfig):
@@ -334,6 +364,11 @@ class Attention(nn.Module):
       k_BxLxKxH = head_norm("k_norm")(k_BxLxKxH)
     q_BxLxQxH = apply_rope(q_BxLxQxH, cos_BxLxH, sin_BxLxH)
     k_BxLxKxH = apply_rope(k_BxLxKxH, cos_BxLxH, sin_BxLxH)
+    if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != head_dim:
+      # Gemma: scores scaled by query_pre_attn_scalar ** -0.5; every kernel divides by sqrt(head_dim), so the
+      # queries carry the rest of the factor.
+      factor = np.float32(math.sqrt(head_dim / cfg.query_pre_attn_scalar))
+      q_BxLxQxH = (q_BxLxQxH.astype(jnp.float32) * factor).astype(q_BxLxQxH.dtype)
     pin = _pin(layout)
     q_BxLxQxH = pin(q_BxLxQxH, ("batch", "length", "heads", "head_dim"))
     k_BxLxKxH = pin(k_BxLxKxH, ("batch", "length", "kv_heads", "head_dim"))
@@ -440,7 +475,8 @@ class MLP(nn.Module):
     # The largest activations of a layer ([B, L, F], F ~ 5 D): split by rows (and F over tensor), never copied.
     gate_BxLxF = pin(dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj")(x_BxLxD), ("batch", "length", "mlp"))
     up_BxLxF = pin(dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj")(x_BxLxD), ("batch", "length", "mlp"))
-    return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj")(nn.silu(gate_BxLxF) * up_BxLxF)
+    activation = ACTIVATIONS[cfg.hidden_activation]
+    return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj")(activation(gate_BxLxF) * up_BxLxF)
 
 
 class DecoderLayer(nn.Module):
@@ -465,7 +501,9 @@ class DecoderLayer(nn.Module):
     cache=None,
     cache_index=None,
     segment_ids_BxL=None,
+    local_rope=None,
   ):
+    """`local_rope`: the sliding layers' own RoPE tables (cos, sin) [B, L, H] (Gemma 3), or None."""
     cfg = self.config
     layout = self.layout if cache is None else None
     # Pinned at both ends of every layer (the scan body's carry): the residual stream stays split by rows
@@ -480,7 +518,10 @@ class DecoderLayer(nn.Module):
       attn_BxLxD, new_kv = GatedDeltaNet(cfg, name="linear_attn")(
         norm("input_layernorm")(x_BxLxD), kv_mask_BxS, cache, cache_index, layer
       )
-    else:  # `layer`: its index among the full-attention layers
+    else:  # `layer`: its index among the attention layers
+      if local_rope is not None and self.sliding_window is not None:  # this layer's kind decides its RoPE
+        sliding = True if window_on is None else window_on
+        cos_BxLxH, sin_BxLxH = (jnp.where(sliding, local, full) for local, full in zip(local_rope, (cos_BxLxH, sin_BxLxH)))
       attn_BxLxD, new_kv = Attention(cfg, self.sliding_window, layout, name="self_attn")(
         norm("input_layernorm")(x_BxLxD),
         cos_BxLxH,
@@ -492,21 +533,27 @@ class DecoderLayer(nn.Module):
         layer,
         window_on,
       )
+    if cfg.sandwich_norms:
+      attn_BxLxD = norm("post_attention_layernorm")(attn_BxLxD)
     x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
+    mlp_norm = norm("pre_feedforward_layernorm" if cfg.sandwich_norms else "post_attention_layernorm")
     if cfg.num_experts:  # load-balancing statistics over a cache-free call's tokens (its kv mask is theirs)
       valid_BxL = kv_mask_BxS if cache is None else None
       moe_layout = None if layout is None or isinstance(layout, SequenceParallel) else layout  # SP: XLA partitions it
-      mlp_BxLxD = SparseMoeBlock(cfg, moe_layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD), valid_BxL)
+      mlp_BxLxD = SparseMoeBlock(cfg, moe_layout, name="mlp")(mlp_norm(x_BxLxD), valid_BxL)
     else:
-      mlp_BxLxD = MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
+      mlp_BxLxD = MLP(cfg, layout, name="mlp")(mlp_norm(x_BxLxD))
+    if cfg.sandwich_norms:
+      mlp_BxLxD = norm("post_feedforward_layernorm")(mlp_BxLxD)
     x_BxLxD = x_BxLxD + mlp_BxLxD
     return pin(x_BxLxD, ("batch", "length", "embed")), new_kv
 
 
 def layer_pattern(config: DecoderConfig) -> tuple[str, ...]:
-  """The layer kinds of one group: the shortest period of `layer_types` (Qwen3.5: three linear, one full), which
-  the stack scans over; one full-attention layer for a model without `layer_types`."""
-  types = config.layer_types or ("full_attention",)
+  """The token mixers of one group: the shortest period of `mixer_types` (Qwen3.5: three linear, one full), which
+  the stack scans over; one full-attention layer for a model without `layer_types` or with attention layers only
+  (Gemma 3's sliding and full layers are one scan, with a per-layer window flag)."""
+  types = config.mixer_types or ("full_attention",)
   for period in range(1, len(types) + 1):
     if len(types) % period == 0 and types == types[:period] * (len(types) // period):
       return types[:period]
@@ -549,15 +596,26 @@ def _layer_class(config: DecoderConfig):
   return nn.remat(DecoderLayer, policy=policy, prevent_cse=not config.scan_layers)
 
 
+def _sliding_layers(config: DecoderConfig) -> np.ndarray:
+  """Which layers attend within the sliding window [layers] bool: the `sliding_attention` ones of `layer_types`
+  (Gemma 3), else those from `sliding_window_start_layer` on (Qwen2's `max_window_layers`; Mistral: all)."""
+  if config.sliding_window is None:
+    return np.zeros(config.num_hidden_layers, bool)
+  if "sliding_attention" in config.layer_types:
+    return np.array([kind == "sliding_attention" for kind in config.layer_types])
+  return np.arange(config.num_hidden_layers) >= config.sliding_window_start_layer
+
+
 def _layer_windows(config: DecoderConfig):
   """(static window or None, per-layer flag [layers] bool or None): the flag only when the window covers
-  some layers but not all (Qwen2 `max_window_layers`), the one case a scan cannot make static."""
-  start, layers = config.sliding_window_start_layer, config.num_hidden_layers
-  if config.sliding_window is None or start >= layers:
+  some layers but not all (Qwen2 `max_window_layers`, Gemma 3's interleaving), the one case a scan cannot make
+  static."""
+  sliding_N = _sliding_layers(config)
+  if not sliding_N.any():
     return None, None
-  if start <= 0:
+  if sliding_N.all():
     return config.sliding_window, None
-  return config.sliding_window, jnp.arange(layers) >= start
+  return config.sliding_window, jnp.asarray(sliding_N)
 
 
 class Decoder(nn.Module):
@@ -622,12 +680,19 @@ class Decoder(nn.Module):
       name=EMBED_TARGET,
     )
     x_BxLxD = embed(input_ids_BxL)
+    if cfg.embed_scale:  # Gemma: sqrt(D) in the weights' dtype (bf16 weights make sqrt(3072) 55.5), as HF
+      x_BxLxD = x_BxLxD * jnp.asarray(np.float32(math.sqrt(cfg.hidden_size)), param_dtype).astype(dtype)
     # RoPE from the global positions, before any split: each length shard keeps its tokens' own angles.
     cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     cos_BxLxH, sin_BxLxH = (pin(x, ("batch", "length", "head_dim")) for x in (cos_BxLxH, sin_BxLxH))
+    local_rope = None
+    if cfg.rope_local_base_freq is not None:
+      local_rope = tuple(
+        pin(x, ("batch", "length", "head_dim")) for x in rope_cos_sin(positions_BxL, local_rope_config(cfg))
+      )
     layer_class = _layer_class(cfg)
-    shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index, segment_ids_BxL)
+    shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index, segment_ids_BxL, local_rope)
     pattern = layer_pattern(cfg)
     if cfg.has_linear_attention and (segment_ids_BxL is not None or sp is not None):
       raise ValueError(
@@ -666,10 +731,11 @@ class Decoder(nn.Module):
       # [groups, count in a group, ...] -> [layers of the kind, ...], in layer order
       new_state = None if grouped is None else jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), grouped)
     else:
-      types = cfg.layer_types or pattern * cfg.num_hidden_layers
+      types = cfg.mixer_types or pattern * cfg.num_hidden_layers
       per_layer = {kind: [] for kind in set(types)}
+      sliding_N = _sliding_layers(cfg)
       for i, kind in enumerate(types):
-        window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
+        window = cfg.sliding_window if sliding_N[i] else None
         index = types[:i].count(kind)
         x_BxLxD, state = layer_class(cfg, window, layout, kind, name=f"layers_{i}")(x_BxLxD, index, None, *shared)
         per_layer[kind].append(state)
@@ -758,7 +824,7 @@ LINEAR_CACHE_LOGICAL_AXES = {  # a Gated DeltaNet layer's state (`linear_attenti
 
 
 def _layers_of(config: DecoderConfig, kind: str) -> int:
-  return (config.layer_types or ("full_attention",) * config.num_hidden_layers).count(kind)
+  return (config.mixer_types or ("full_attention",) * config.num_hidden_layers).count(kind)
 
 
 def cache_axes(config: DecoderConfig) -> dict:
