@@ -521,7 +521,9 @@ class DecoderLayer(nn.Module):
     else:  # `layer`: its index among the attention layers
       if local_rope is not None and self.sliding_window is not None:  # this layer's kind decides its RoPE
         sliding = True if window_on is None else window_on
-        cos_BxLxH, sin_BxLxH = (jnp.where(sliding, local, full) for local, full in zip(local_rope, (cos_BxLxH, sin_BxLxH)))
+        cos_BxLxH, sin_BxLxH = (
+          jnp.where(sliding, local, full) for local, full in zip(local_rope, (cos_BxLxH, sin_BxLxH))
+        )
       attn_BxLxD, new_kv = Attention(cfg, self.sliding_window, layout, name="self_attn")(
         norm("input_layernorm")(x_BxLxD),
         cos_BxLxH,

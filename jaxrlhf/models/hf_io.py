@@ -203,7 +203,9 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
     )
   activation_key = "hidden_activation" if model_type == gemma3.MODEL_TYPE else "hidden_act"
   if hf.get(activation_key, "silu") not in ACTIVATIONS:
-    raise CheckpointError(f"{where}: {activation_key}={hf[activation_key]!r} is not supported; one of {list(ACTIVATIONS)}")
+    raise CheckpointError(
+      f"{where}: {activation_key}={hf[activation_key]!r} is not supported; one of {list(ACTIVATIONS)}"
+    )
   family: dict[str, Any] = {}
   rope_source = hf
   if model_type == gemma3.MODEL_TYPE:
@@ -664,9 +666,8 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
       f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
       f"tie_word_embeddings={config.tie_word_embeddings})"
     )
-  layers = sorted(
-    {int(m.group(1)) for n in files if (m := re.match(r"(?:language_model\.)?model\.(?:language_model\.)?layers\.(\d+)\.", n))}
-  )
+  layer_name = re.compile(r"(?:language_model\.)?model\.(?:language_model\.)?layers\.(\d+)\.")
+  layers = sorted({int(m.group(1)) for n in files if (m := layer_name.match(n))})
   if layers and layers[-1] >= config.num_hidden_layers:
     raise CheckpointError(
       f"{path} holds {layers[-1] + 1} decoder layers but its config sets num_hidden_layers="
