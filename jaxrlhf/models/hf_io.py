@@ -359,7 +359,7 @@ def hf_config_dict(
 
   hf = {
     k: v
-    for k, v in (base or {}).items()
+    for k, v in _text_base(base).items()
     if k
     not in (
       "rope_parameters",
@@ -430,6 +430,15 @@ def hf_config_dict(
     hf["id2label"] = {"0": "LABEL_0"}
     hf["label2id"] = {"LABEL_0": 0}
   return hf
+
+
+def _text_base(base: dict[str, Any] | None) -> dict[str, Any]:
+  """A multimodal checkpoint's config.json as its text model's (what the export is): the `text_config`'s keys over
+  the outer ones (token ids), without the sub-configs, which a text model's config cannot hold."""
+  base = dict(base or {})
+  text = base.pop("text_config", None) or {}
+  base.pop("vision_config", None)
+  return {**base, **text}
 
 
 # ----- the name map ------------------------------------------------------------------------------

@@ -147,9 +147,13 @@ def test_conditional_generation_checkpoint_loads_its_text_model(tmp_path, caplog
   assert ours_config.model_type == "gemma3_text" and ours_config.layer_types[5] == "full_attention"
   assert "vision tower" in caplog.text
   ids, mask = _batch(seed=2)
-  np.testing.assert_allclose(
-    _ours_logits(ours_config, params, ids, mask)[mask > 0], _hf_logits(hf, ids, mask)[mask > 0], atol=1e-4
-  )
+  want = _hf_logits(hf, ids, mask)
+  np.testing.assert_allclose(_ours_logits(ours_config, params, ids, mask)[mask > 0], want[mask > 0], atol=1e-4)
+  # Exported with the multimodal checkpoint as its source: a text model's config.json (no sub-configs).
+  save_hf_checkpoint(params, ours_config, str(tmp_path / "out"), source_dir=str(tmp_path))
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+  assert type(reloaded).__name__ == "Gemma3ForCausalLM"
+  np.testing.assert_allclose(_hf_logits(reloaded, ids, mask)[mask > 0], want[mask > 0], atol=1e-4)
 
 
 @functools.cache
