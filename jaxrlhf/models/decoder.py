@@ -58,6 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrlhf.models import ring_cache
 from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.attention import ATTENTION_IMPLS, choose_kernel, decode_attention, kernel_fn, resolve_impl
 from jaxrlhf.models.layers import DTYPES as _DTYPES
@@ -163,6 +164,9 @@ class DecoderConfig:
   # (pre_feedforward_layernorm) and output (post_feedforward_layernorm); else post_attention_layernorm is the MLP's
   # input norm (Llama).
   sandwich_norms: bool = False
+  # Generation: `sliding_attention` layers keep a ring of `sliding_window` columns (`models/ring_cache.py`) instead
+  # of the whole length (False: as the full layers, the reference the ring is tested against).
+  ring_kv_cache: bool = True
 
   def __post_init__(self):
     for name, value, allowed in (
@@ -381,6 +385,10 @@ class Attention(nn.Module):
       out_BxLxKxGxH = self._attend(
         q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, segment_ids_BxL, window_on, offset=0, cached=False
       )
+    elif has_ring_cache(cfg):
+      out_BxLxKxGxH, new_kv = self._cached_by_kind(
+        q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on
+      )
     else:
       new_kv, layer_kv = _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
       if length == 1:  # a decode step: one query row, over the cache in its own layout
@@ -407,13 +415,87 @@ class Attention(nn.Module):
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(out_BxLxQxH)
     return out_BxLxD, new_kv
 
+  def _cached_by_kind(self, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on):
+    """A cached call with the sliding layers' ring (`ring_cache.py`): a full layer reads and writes the whole-length
+    "k"/"v" cache, a sliding one its ring "sliding_k"/"sliding_v"; in the layer scan the layer's traced kind picks
+    the branch (`lax.cond`: one runs). `layer`: the index among the attention layers, mapped to the kind's own.
+    Returns (out [B, L, K, G, H], new_kv): both kinds' leaves, the other kind's zeros, so that every layer returns
+    one structure; a full layer's new columns [B, K, L, H], a sliding layer's new column [B, K, 1, H] (decode) or
+    whole new ring [B, K, W, H] (prefill)."""
+    cfg, window = self.config, self.config.sliding_window
+    batch, length, num_kv, head_dim = k_BxLxKxH.shape
+    sliding_N = _sliding_layers(cfg)
+    kinds = {"k": not sliding_N.all(), "sliding_k": True}
+    ring_columns = 1 if length == 1 else window
+
+    def zeros(names, columns):
+      return {name: jnp.zeros((batch, num_kv, columns, head_dim), cache[name].dtype) for name in names}
+
+    def full(_):
+      index = jnp.asarray(np.maximum(np.cumsum(~sliding_N) - 1, 0), jnp.int32)[layer]
+      new_kv, layer_kv = _layer_kv(cache, index, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
+      if length == 1:
+        out = decode_attention(q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS)[:, None]
+      else:
+        keys, values = (layer_kv[name].transpose(0, 2, 1, 3) for name in "kv")
+        out = self._attend(
+          q_BxLxKxGxH, keys, values, kv_mask_BxS, None, None, offset=cache_index, cached=True, window=None
+        )
+      return out, {**new_kv, **zeros(("sliding_k", "sliding_v"), ring_columns)}
+
+    def sliding(_):
+      index = jnp.asarray(np.maximum(np.cumsum(sliding_N) - 1, 0), jnp.int32)[layer]
+      ring = {name: _layer_slice(cache[name], index, batch) for name in ("sliding_k", "sliding_v")}
+      new_kv = {
+        name: new.astype(cache[name].dtype).transpose(0, 2, 1, 3)
+        for name, new in (("sliding_k", k_BxLxKxH), ("sliding_v", v_BxLxKxH))
+      }
+      if length == 1:
+        out = ring_cache.decode(
+          q_BxLxKxGxH[:, 0],
+          new_kv["sliding_k"],
+          new_kv["sliding_v"],
+          ring["sliding_k"],
+          ring["sliding_v"],
+          kv_mask_BxS,
+          cache_index,
+          write_columns,
+        )[:, None]
+      else:
+        attend = lambda q, keys, values, mask, offset: self._attend(
+          q, keys, values, mask, None, None, offset=offset, cached=True, window=window
+        )
+        out, new_kv = ring_cache.prefill(
+          attend, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, ring["sliding_k"], ring["sliding_v"], kv_mask_BxS, cache_index
+        )
+      other = zeros(("k", "v"), length) if kinds["k"] else {}
+      return out, {**other, **new_kv}
+
+    if not kinds["k"]:
+      return sliding(None)
+    if window_on is None:  # a loop of modules: the kind is static
+      return sliding(None) if self.sliding_window is not None else full(None)
+    return jax.lax.cond(window_on, sliding, full, None)
+
   def _attend(
-    self, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, cached: bool
+    self,
+    q_BxLxKxGxH,
+    keys_BxSxKxH,
+    values_BxSxKxH,
+    kv_mask_BxS,
+    segment_ids_BxL,
+    window_on,
+    *,
+    offset,
+    cached: bool,
+    window: int | None | str = "layer",
   ):
     """A cache-free call or a prefill through the configured kernel, as `choose_kernel` settles it for this call.
     Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a Mosaic kernel
-    (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads."""
-    cfg, window = self.config, self.sliding_window
+    (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads. `window`: the
+    layer's (default), or a static one for a call whose kind is known (the ring cache's branches)."""
+    cfg = self.config
+    window = self.sliding_window if window == "layer" else window
     kernel = choose_kernel(
       resolve_impl(cfg.attention_impl),
       dtype=_DTYPES[cfg.dtype],
@@ -428,6 +510,14 @@ class Attention(nn.Module):
     return core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
 
 
+def _layer_slice(stacked, layer, batch: int, columns: int | None = None):
+  """Layer `layer`'s [B, K, columns, H] of a stacked cache leaf [layers, B, K, S, H] (default: every column)."""
+  zero = jnp.zeros((), jnp.int32)
+  _, _, kv_heads, length, dim = stacked.shape
+  size = (1, batch, kv_heads, length if columns is None else columns, dim)
+  return jax.lax.dynamic_slice(stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero), size)[0]
+
+
 def _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, num_keys: int):
   """This layer's first `num_keys` (S = len(kv_mask)) cache columns with the call's keys and values written in at
   `cache_index`. Returns (new_kv {"k", "v"} [B, K, L, H] in the cache's dtype, layer_kv {"k", "v"} [B, K, S, H]).
@@ -436,15 +526,11 @@ def _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, num_keys: int):
   beyond them. The stacked cache is not written here: written per layer inside the layer scan (its slice taken
   out, updated, put back), XLA moved every layer's whole slice several times per decode step, most of a small
   model's decode time."""
-  zero = jnp.zeros((), jnp.int32)
   new_kv, layer_kv = {}, {}
   for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
     stacked = cache[name]
     new_kv[name] = new_BxLxKxH.astype(stacked.dtype).transpose(0, 2, 1, 3)
-    batch, (_, _, kv_heads, _, dim) = k_BxLxKxH.shape[0], stacked.shape
-    old_BxKxSxH = jax.lax.dynamic_slice(
-      stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero), (1, batch, kv_heads, num_keys, dim)
-    )[0]
+    old_BxKxSxH = _layer_slice(stacked, layer, k_BxLxKxH.shape[0], num_keys)
     layer_kv[name] = write_columns(old_BxKxSxH, new_kv[name], cache_index, batch_axis=0, length_axis=2)
   return new_kv, layer_kv
 
@@ -750,10 +836,17 @@ class Decoder(nn.Module):
       if "full_attention" in new_state:  # every layer's new columns [layers, B, K, L, H] written at once, in place
         batch_axis, length_axis = CACHE_LOGICAL_AXES.index("batch"), CACHE_LOGICAL_AXES.index("length")
         new_kv = new_state["full_attention"]
+        if has_ring_cache(cfg):  # the attention layers' outputs by kind (`Attention._cached_by_kind`)
+          sliding_N = _sliding_layers(cfg)
+          new_kv = {
+            name: x[np.flatnonzero(~sliding_N if name in ("k", "v") else sliding_N)] for name, x in new_kv.items()
+          }
+          new_cache.update({name: _write_ring(cache[name], new_kv[name], cache_index) for name in RING_LEAVES})
         new_cache.update(
           {
             name: write_columns(cache[name], new_kv[name], cache_index, batch_axis=batch_axis, length_axis=length_axis)
             for name in ("k", "v")
+            if name in cache
           }
         )
       if "linear_attention" in new_state:  # whole states: a linear layer's conv and recurrent state after the call
@@ -825,8 +918,31 @@ LINEAR_CACHE_LOGICAL_AXES = {  # a Gated DeltaNet layer's state (`linear_attenti
 }
 
 
+RING_LEAVES = ("sliding_k", "sliding_v")  # the sliding layers' ring (`ring_cache.py`), axes RING_LOGICAL_AXES
+
+
+def has_ring_cache(config: DecoderConfig) -> bool:
+  """Whether the sliding layers keep a ring of `sliding_window` columns (`ring_cache.py`): `sliding_attention`
+  layers (Gemma 3) with `ring_kv_cache`."""
+  return config.ring_kv_cache and "sliding_attention" in config.layer_types
+
+
 def _layers_of(config: DecoderConfig, kind: str) -> int:
+  """Layers with a cache of `kind`'s: "full_attention" (whole-length keys and values; the sliding layers too
+  without a ring), "sliding_attention" (a ring), "linear_attention"."""
+  if has_ring_cache(config) and kind != "linear_attention":
+    return config.layer_types.count(kind)
   return (config.mixer_types or ("full_attention",) * config.num_hidden_layers).count(kind)
+
+
+def _write_ring(ring, new, cache_index):
+  """The stacked ring [layers, B, K, W, H] after a call: its new column [layers, B, K, 1, H] written at slot
+  cache_index mod W (a decode step), or the whole new ring [layers, B, K, W, H] (a prefill)."""
+  width = ring.shape[3]
+  if new.shape[3] == width:
+    return new.astype(ring.dtype)
+  slot = jnp.asarray(cache_index, jnp.int32) % width
+  return write_columns(ring, new, slot, batch_axis=1, length_axis=3)
 
 
 def cache_axes(config: DecoderConfig) -> dict:
@@ -835,6 +951,8 @@ def cache_axes(config: DecoderConfig) -> dict:
   axes = {}
   if _layers_of(config, "full_attention"):
     axes.update(k=CACHE_LOGICAL_AXES, v=CACHE_LOGICAL_AXES)
+  if has_ring_cache(config):
+    axes.update({name: ring_cache.RING_LOGICAL_AXES for name in RING_LEAVES})
   if _layers_of(config, "linear_attention"):
     axes.update(LINEAR_CACHE_LOGICAL_AXES)
   return axes
@@ -858,6 +976,9 @@ def init_cache(config: DecoderConfig, batch: int, max_length: int):
     )
     shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
     cache.update(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+  if has_ring_cache(config):  # W columns whatever max_length: a prompt's ring moves into a longer cache whole
+    shape = (_layers_of(config, "sliding_attention"), batch, config.num_key_value_heads, config.sliding_window)
+    cache.update({name: jnp.zeros(shape + (config.resolved_head_dim,), dtype) for name in RING_LEAVES})
   if linear := _layers_of(config, "linear_attention"):
     key_dim = config.linear_num_key_heads * config.linear_key_head_dim
     channels = 2 * key_dim + config.linear_num_value_heads * config.linear_value_head_dim
