@@ -284,3 +284,62 @@ def test_softcapping_and_bidirectional_attention_are_refused(causal_lm):
   ):
     with pytest.raises(CheckpointError, match=message):
       config_from_hf_dict({**hf, key: value})
+
+
+# ----- the sliding layers' ring cache (`models/ring_cache.py`) ------------------------------------------------------
+
+
+def test_sliding_layers_keep_a_ring_of_the_window(causal_lm):
+  from jaxrlhf.models.decoder import cache_axes, init_cache
+
+  config = causal_lm["config"]
+  cache = jax.eval_shape(lambda: init_cache(config, 3, 200))
+  assert cache["k"].shape == (1, 3, 2, 200, 16)  # the one full layer: the whole length
+  assert cache["sliding_k"].shape == (7, 3, 2, WINDOW, 16)  # seven sliding layers: the window
+  assert cache_axes(config)["sliding_v"][3] == "ring"
+  full = jax.eval_shape(lambda: init_cache(dataclasses.replace(config, ring_kv_cache=False), 3, 200))
+  assert set(full) == {"k", "v"} and full["k"].shape == (8, 3, 2, 200, 16)
+
+
+@pytest.mark.parametrize("slots", [None, 3])
+def test_the_ring_decodes_4x_the_window_as_the_whole_length_cache(causal_lm, slots):
+  """Sampled at temperature 0.7, 32 tokens (over 4x the window of 6): the same tokens and log-probs as the sliding
+  layers keeping every column."""
+  ids, mask = _batch(seed=9)
+  sampling = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=(-1,), pad_token_id=0, temperature=0.7)
+  outputs = []
+  for ring in (True, False):
+    model = decode_model(Decoder(dataclasses.replace(causal_lm["config"], ring_kv_cache=ring)))
+    if slots is None:
+      run = functools.partial(generate, model, sampling=sampling)
+    else:
+      run = functools.partial(generate_in_slots, model, sampling=sampling, slots=slots, shards=2)
+    outputs.append(jax.device_get(jax.jit(run)(causal_lm["params"], jnp.asarray(ids), jnp.asarray(mask), row_keys())))
+  ring, full = outputs
+  assert NEW_TOKENS >= 4 * WINDOW
+  np.testing.assert_array_equal(ring["responses"], full["responses"])
+  np.testing.assert_allclose(ring["rollout_log_probs"], full["rollout_log_probs"], atol=1e-5)
+
+
+def row_keys(rows=8, seed=5):
+  return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.arange(rows))
+
+
+def test_serving_engine_through_compaction_with_the_ring(causal_lm):
+  """Continuous batching, 3 slots, a cache of 50 columns shifted left by 5 (no multiple of the window: the rings
+  roll) each time it fills: what `generate` samples."""
+  from jaxrlhf.rollout import Engine, request_key
+
+  config, params = causal_lm["config"], causal_lm["params"]
+  ids, mask = _batch(seed=10)
+  sampling = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=(-1,), pad_token_id=0, temperature=0.7)
+  model = decode_model(Decoder(config))
+  engine = Engine(config, sampling, model=model, max_concurrent_decodes=3, prefill_buckets=(PROMPT,), cache_length=50)
+  served = engine.serve(params, [row[m > 0].tolist() for row, m in zip(ids, mask)], seed=11)
+  keys = jax.vmap(request_key, in_axes=(None, 0, None))(11, jnp.arange(len(ids)), 0)
+  want = jax.device_get(
+    jax.jit(functools.partial(generate, model, sampling=sampling))(params, jnp.asarray(ids), jnp.asarray(mask), keys)
+  )
+  for row, result in enumerate(served):
+    assert result["token_ids"] == want["responses"][row].tolist(), row
+    np.testing.assert_allclose(result["log_probs"], want["rollout_log_probs"][row], atol=1e-5)
