@@ -390,23 +390,9 @@ class Attention(nn.Module):
         q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on
       )
     else:
-      new_kv, layer_kv = _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
-      if length == 1:  # a decode step: one query row, over the cache in its own layout
-        out_BxLxKxGxH = decode_attention(
-          q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS, self.sliding_window, window_on
-        )[:, None]
-      else:  # a prefill: queries offset into the cache
-        keys_BxSxKxH, values_BxSxKxH = (layer_kv[name].transpose(0, 2, 1, 3) for name in "kv")
-        out_BxLxKxGxH = self._attend(
-          q_BxLxKxGxH,
-          keys_BxSxKxH,
-          values_BxSxKxH,
-          kv_mask_BxS,
-          segment_ids_BxL,
-          window_on,
-          offset=cache_index,
-          cached=True,
-        )
+      out_BxLxKxGxH, new_kv = self._cached(
+        q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on
+      )
     out_BxLxQxH = pin(
       out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim), ("batch", "length", "heads", "head_dim")
     )
@@ -414,6 +400,32 @@ class Attention(nn.Module):
       out_BxLxQxH = out_BxLxQxH * jax.nn.sigmoid(gate_BxLxQxH.astype(jnp.float32)).astype(out_BxLxQxH.dtype)
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(out_BxLxQxH)
     return out_BxLxD, new_kv
+
+  def _cached(
+    self, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on, window="layer"
+  ):
+    """A cached call over the whole-length cache "k"/"v" (its layer `layer`): a decode step or a prefill. Returns
+    (out [B, L, K, G, H], new_kv {"k", "v"} [B, K, L, H]: this call's columns, which the Decoder writes)."""
+    window = self.sliding_window if window == "layer" else window
+    new_kv, layer_kv = _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
+    if q_BxLxKxGxH.shape[1] == 1:  # a decode step: one query row, over the cache in its own layout
+      out_BxLxKxGxH = decode_attention(
+        q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS, window, window_on
+      )[:, None]
+    else:  # a prefill: queries offset into the cache
+      keys_BxSxKxH, values_BxSxKxH = (layer_kv[name].transpose(0, 2, 1, 3) for name in "kv")
+      out_BxLxKxGxH = self._attend(
+        q_BxLxKxGxH,
+        keys_BxSxKxH,
+        values_BxSxKxH,
+        kv_mask_BxS,
+        None,
+        window_on,
+        offset=cache_index,
+        cached=True,
+        window=window,
+      )
+    return out_BxLxKxGxH, new_kv
 
   def _cached_by_kind(self, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on):
     """A cached call with the sliding layers' ring (`ring_cache.py`): a full layer reads and writes the whole-length
@@ -425,7 +437,7 @@ class Attention(nn.Module):
     cfg, window = self.config, self.config.sliding_window
     batch, length, num_kv, head_dim = k_BxLxKxH.shape
     sliding_N = _sliding_layers(cfg)
-    kinds = {"k": not sliding_N.all(), "sliding_k": True}
+    has_full = not sliding_N.all()
     ring_columns = 1 if length == 1 else window
 
     def zeros(names, columns):
@@ -433,19 +445,12 @@ class Attention(nn.Module):
 
     def full(_):
       index = jnp.asarray(np.maximum(np.cumsum(~sliding_N) - 1, 0), jnp.int32)[layer]
-      new_kv, layer_kv = _layer_kv(cache, index, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
-      if length == 1:
-        out = decode_attention(q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS)[:, None]
-      else:
-        keys, values = (layer_kv[name].transpose(0, 2, 1, 3) for name in "kv")
-        out = self._attend(
-          q_BxLxKxGxH, keys, values, kv_mask_BxS, None, None, offset=cache_index, cached=True, window=None
-        )
-      return out, {**new_kv, **zeros(("sliding_k", "sliding_v"), ring_columns)}
+      out, new_kv = self._cached(q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, index, None, None)
+      return out, {**new_kv, **zeros(RING_LEAVES, ring_columns)}
 
     def sliding(_):
       index = jnp.asarray(np.maximum(np.cumsum(sliding_N) - 1, 0), jnp.int32)[layer]
-      ring = {name: _layer_slice(cache[name], index, batch) for name in ("sliding_k", "sliding_v")}
+      ring = {name: _layer_slice(cache[name], index, batch) for name in RING_LEAVES}
       new_kv = {
         name: new.astype(cache[name].dtype).transpose(0, 2, 1, 3)
         for name, new in (("sliding_k", k_BxLxKxH), ("sliding_v", v_BxLxKxH))
@@ -468,10 +473,10 @@ class Attention(nn.Module):
         out, new_kv = ring_cache.prefill(
           attend, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, ring["sliding_k"], ring["sliding_v"], kv_mask_BxS, cache_index
         )
-      other = zeros(("k", "v"), length) if kinds["k"] else {}
+      other = zeros(("k", "v"), length) if has_full else {}
       return out, {**other, **new_kv}
 
-    if not kinds["k"]:
+    if not has_full:
       return sliding(None)
     if window_on is None:  # a loop of modules: the kind is static
       return sliding(None) if self.sliding_window is not None else full(None)

@@ -343,3 +343,28 @@ def test_serving_engine_through_compaction_with_the_ring(causal_lm):
   for row, result in enumerate(served):
     assert result["token_ids"] == want["responses"][row].tolist(), row
     np.testing.assert_allclose(result["log_probs"], want["rollout_log_probs"][row], atol=1e-5)
+
+
+def test_turns_with_paused_rows_and_forced_tokens_with_the_ring(causal_lm):
+  """Multi-turn: some rows sit the first turn out (their columns advance unwritten) and every row then takes forced
+  tokens: the ring gives the whole-length cache's tokens and log-probs."""
+  from jaxrlhf.rollout.turns import run_turn, start_turns
+
+  ids, mask = _batch(seed=11)
+  sampling = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=(5,), pad_token_id=0, temperature=0.7)
+  forced = jnp.asarray(np.tile(np.array([[7, 9, 11, 13, 0]], np.int32), (8, 1)))
+  results = []
+  for ring in (True, False):
+    model = decode_model(Decoder(dataclasses.replace(causal_lm["config"], ring_kv_cache=ring)))
+    state = jax.jit(functools.partial(start_turns, model, sampling=sampling))(
+      causal_lm["params"], prompt_ids_NxP=jnp.asarray(ids), prompt_mask_NxP=jnp.asarray(mask), rng=row_keys()
+    )
+    turn = jax.jit(functools.partial(run_turn, model, sampling=sampling))
+    state = turn(causal_lm["params"], state, forced, jnp.zeros((8,), jnp.int32), jnp.asarray(np.arange(8) % 3 != 0))
+    state = turn(causal_lm["params"], state, forced, jnp.full((8,), 4, jnp.int32), jnp.ones((8,), bool))
+    results.append(jax.device_get((state.responses, state.log_probs, state.length)))
+  (responses, log_probs, length), (want_responses, want_log_probs, want_length) = results
+  assert length.max() > 4 * WINDOW
+  np.testing.assert_array_equal(length, want_length)
+  np.testing.assert_array_equal(responses, want_responses)
+  np.testing.assert_allclose(log_probs, want_log_probs, atol=1e-5)
