@@ -29,7 +29,8 @@ layer parameter has a leading layer axis (logical name `layers`, no mesh axis) u
 XLA compiles one layer body whatever the depth. Without it they are a Python loop of modules
 `layers_0 .. layers_{n-1}` (the layout of checkpoints written before the scan; `stack_layers` /
 `unstack_layers` convert between the two). Either way the KV cache is one array per k/v with a
-leading layer axis, [layers, B, K, S, H] (`init_cache`). The layers only read it (each its own slice,
+leading layer axis, [layers, B, K, S, H] (`init_cache`); Gemma 3's sliding layers keep a ring of their window's
+columns instead ("sliding_k"/"sliding_v", `ring_cache.py`). The layers only read it (each its own slice,
 with this call's keys/values written into that copy) and return their new columns; the Decoder writes
 all layers' columns into the cache once, after the last layer.
 Attention kernels (`attention_impl`: xla, blockwise, cudnn, splash, auto) are in `models/attention.py`.

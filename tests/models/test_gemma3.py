@@ -327,14 +327,15 @@ def row_keys(rows=8, seed=5):
 
 def test_serving_engine_through_compaction_with_the_ring(causal_lm):
   """Continuous batching, 3 slots, a cache of 50 columns shifted left by 5 (no multiple of the window: the rings
-  roll) each time it fills: what `generate` samples."""
+  roll) each time it fills, prompts of up to 8 tokens prefilled in a bucket of 8 and padded to 13 (rolled): what
+  `generate` samples."""
   from jaxrlhf.rollout import Engine, request_key
 
   config, params = causal_lm["config"], causal_lm["params"]
   ids, mask = _batch(seed=10)
   sampling = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=(-1,), pad_token_id=0, temperature=0.7)
   model = decode_model(Decoder(config))
-  engine = Engine(config, sampling, model=model, max_concurrent_decodes=3, prefill_buckets=(PROMPT,), cache_length=50)
+  engine = Engine(config, sampling, model=model, max_concurrent_decodes=3, prefill_buckets=(8, PROMPT), cache_length=50)
   served = engine.serve(params, [row[m > 0].tolist() for row, m in zip(ids, mask)], seed=11)
   keys = jax.vmap(request_key, in_axes=(None, 0, None))(11, jnp.arange(len(ids)), 0)
   want = jax.device_get(
