@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrlhf.models import Decoder, DecoderConfig, init_params, positions_from_mask
+from jaxrlhf.models import Decoder, DecoderConfig, init_params
 from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.moe import router_stats
 from jaxrlhf.rollout import SamplingParams, generate, token_log_probs

@@ -1,5 +1,6 @@
-"""Decoder family (Llama, Qwen2/2.5, Qwen3, Mistral; Qwen3.5's hybrid stack with `layer_types`): RMSNorm,
-rotate-half RoPE, GQA attention, SwiGLU MLP. Qwen3.5's linear-attention layers are `linear_attention.py`'s.
+"""Decoder family (Llama, Qwen2/2.5, Qwen3, Mistral; Qwen3.5's hybrid stack with `layer_types`; Gemma 3's
+interleaved sliding and full attention): RMSNorm, rotate-half RoPE, GQA attention, SwiGLU (or gelu-tanh) MLP.
+Qwen3.5's linear-attention layers are `linear_attention.py`'s; what Gemma 3 sets is listed in `models/gemma3.py`.
 
 One module family with config switches instead of one copy per model: biases on q/k/v (Qwen2,
 Llama `attention_bias`), on o_proj and the MLP (Llama `attention_bias` / `mlp_bias`), per-head q/k
@@ -28,7 +29,8 @@ layer parameter has a leading layer axis (logical name `layers`, no mesh axis) u
 XLA compiles one layer body whatever the depth. Without it they are a Python loop of modules
 `layers_0 .. layers_{n-1}` (the layout of checkpoints written before the scan; `stack_layers` /
 `unstack_layers` convert between the two). Either way the KV cache is one array per k/v with a
-leading layer axis, [layers, B, K, S, H] (`init_cache`). The layers only read it (each its own slice,
+leading layer axis, [layers, B, K, S, H] (`init_cache`); Gemma 3's sliding layers keep a ring of their window's
+columns instead ("sliding_k"/"sliding_v", `ring_cache.py`). The layers only read it (each its own slice,
 with this call's keys/values written into that copy) and return their new columns; the Decoder writes
 all layers' columns into the cache once, after the last layer.
 Attention kernels (`attention_impl`: xla, blockwise, cudnn, splash, auto) are in `models/attention.py`.
@@ -57,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrlhf.models import moe, ring_cache
 from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.attention import ATTENTION_IMPLS, choose_kernel, decode_attention, kernel_fn, resolve_impl
 from jaxrlhf.models.layers import DTYPES as _DTYPES
@@ -66,7 +69,6 @@ from jaxrlhf.models.layers import logical_init as _init
 from jaxrlhf.models.linear_attention import GatedDeltaNet
 from jaxrlhf.models.lora import COLLECTION as LORA_COLLECTION
 from jaxrlhf.models.lora import EMBED_TARGET, HEAD_TARGET, LORA_TARGETS, Embed
-from jaxrlhf.models import moe
 from jaxrlhf.models.moe import SparseMoeBlock
 from jaxrlhf.models.projection import PROJECTION, project
 from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
@@ -74,7 +76,9 @@ from jaxrlhf.models.stacking import layer_layout, stack_layers, unstack_layers
 
 HEADS = ("lm", "value", "reward")
 ROPE_TYPES = ("default", "linear", "llama3")
-LAYER_TYPES = ("full_attention", "linear_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+# The MLP's gate activation by HF's name (`hidden_act`, Gemma's `hidden_activation`).
+ACTIVATIONS = {"silu": nn.silu, "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 # Gradient checkpointing of each decoder layer: which intermediates the backward pass may keep.
 # The projections are custom-VJP calls (`projection.py`), which the dot policies do not recognise as
 # dots: those policies also keep them, by their checkpoint name.
@@ -151,6 +155,19 @@ class DecoderConfig:
   mlp_only_layers: tuple[int, ...] = ()
   # The load-balancing loss's weight in the actor's loss (HF adds it only with output_router_logits; 0: off).
   router_aux_loss_coef: float = 0.0
+  # Gemma 3 (`models/gemma3.py`), HF's names where HF has one. `sliding_attention` layers of `layer_types` attend
+  # within `sliding_window` and rotate by RoPE base `rope_local_base_freq` (default RoPE; None: as the others).
+  rope_local_base_freq: float | None = None
+  hidden_activation: str = "silu"  # one of ACTIVATIONS
+  query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power instead of head_dim's (None)
+  embed_scale: bool = False  # embeddings times sqrt(hidden_size), that factor rounded to the parameter dtype
+  # Gemma's four norms per layer: the attention's output normed (post_attention_layernorm), the MLP's input
+  # (pre_feedforward_layernorm) and output (post_feedforward_layernorm); else post_attention_layernorm is the MLP's
+  # input norm (Llama).
+  sandwich_norms: bool = False
+  # Generation: `sliding_attention` layers keep a ring of `sliding_window` columns (`models/ring_cache.py`) instead
+  # of the whole length (False: as the full layers, the reference the ring is tested against).
+  ring_kv_cache: bool = True
 
   def __post_init__(self):
     for name, value, allowed in (
@@ -159,6 +176,7 @@ class DecoderConfig:
       ("rope_type", self.rope_type, ROPE_TYPES),
       ("remat_policy", self.remat_policy, REMAT_POLICIES),
       ("attention_impl", self.attention_impl, ATTENTION_IMPLS),
+      ("hidden_activation", self.hidden_activation, ACTIVATIONS),
     ):
       if value not in allowed:
         raise ValueError(f"model config {name}={value!r} is not supported; expected one of {list(allowed)}")
@@ -175,6 +193,11 @@ class DecoderConfig:
         self.linear_num_key_heads and self.linear_num_value_heads and self.linear_key_head_dim
       ):
         raise ValueError("model config has linear_attention layers but no linear_num_key_heads / linear_* sizes")
+      if "sliding_attention" in self.layer_types and (self.sliding_window is None or self.sliding_window_start_layer):
+        raise ValueError(
+          "model config has sliding_attention layers: it needs a sliding_window, and no sliding_window_start_layer "
+          f"(got {self.sliding_window}, {self.sliding_window_start_layer})"
+        )
 
     if self.num_experts:
       if not 0 < self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size < 1:
@@ -196,6 +219,12 @@ class DecoderConfig:
   @property
   def has_linear_attention(self) -> bool:
     return "linear_attention" in self.layer_types
+
+  @property
+  def mixer_types(self) -> tuple[str, ...]:
+    """Each layer's token mixer (empty: all full attention): `layer_types` with sliding attention counted as
+    attention, which differs from the full kind only by its window and RoPE (a per-layer flag, `_layer_windows`)."""
+    return tuple("full_attention" if kind == "sliding_attention" else kind for kind in self.layer_types)
 
   @property
   def rotary_dim(self) -> int:
@@ -264,6 +293,11 @@ def rope_inv_freq(config: DecoderConfig) -> np.ndarray:
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     inv_freq = np.where(is_medium, smoothed, scaled)
   return inv_freq.astype(np.float32)
+
+
+def local_rope_config(config: DecoderConfig) -> DecoderConfig:
+  """The config whose RoPE the sliding layers use (Gemma 3's `rope_local_base_freq`, unscaled)."""
+  return dataclasses.replace(config, rope_theta=config.rope_local_base_freq, rope_type="default")
 
 
 def rope_cos_sin(positions_BxL, config: DecoderConfig):
@@ -335,6 +369,11 @@ class Attention(nn.Module):
       k_BxLxKxH = head_norm("k_norm")(k_BxLxKxH)
     q_BxLxQxH = apply_rope(q_BxLxQxH, cos_BxLxH, sin_BxLxH)
     k_BxLxKxH = apply_rope(k_BxLxKxH, cos_BxLxH, sin_BxLxH)
+    if cfg.query_pre_attn_scalar is not None and cfg.query_pre_attn_scalar != head_dim:
+      # Gemma: scores scaled by query_pre_attn_scalar ** -0.5; every kernel divides by sqrt(head_dim), so the
+      # queries carry the rest of the factor.
+      factor = np.float32(math.sqrt(head_dim / cfg.query_pre_attn_scalar))
+      q_BxLxQxH = (q_BxLxQxH.astype(jnp.float32) * factor).astype(q_BxLxQxH.dtype)
     pin = _pin(layout)
     q_BxLxQxH = pin(q_BxLxQxH, ("batch", "length", "heads", "head_dim"))
     k_BxLxKxH = pin(k_BxLxKxH, ("batch", "length", "kv_heads", "head_dim"))
@@ -347,24 +386,14 @@ class Attention(nn.Module):
       out_BxLxKxGxH = self._attend(
         q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, segment_ids_BxL, window_on, offset=0, cached=False
       )
+    elif has_ring_cache(cfg):
+      out_BxLxKxGxH, new_kv = self._cached_by_kind(
+        q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on
+      )
     else:
-      new_kv, layer_kv = _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
-      if length == 1:  # a decode step: one query row, over the cache in its own layout
-        out_BxLxKxGxH = decode_attention(
-          q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS, self.sliding_window, window_on
-        )[:, None]
-      else:  # a prefill: queries offset into the cache
-        keys_BxSxKxH, values_BxSxKxH = (layer_kv[name].transpose(0, 2, 1, 3) for name in "kv")
-        out_BxLxKxGxH = self._attend(
-          q_BxLxKxGxH,
-          keys_BxSxKxH,
-          values_BxSxKxH,
-          kv_mask_BxS,
-          segment_ids_BxL,
-          window_on,
-          offset=cache_index,
-          cached=True,
-        )
+      out_BxLxKxGxH, new_kv = self._cached(
+        q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on
+      )
     out_BxLxQxH = pin(
       out_BxLxKxGxH.reshape(batch, length, num_heads, head_dim), ("batch", "length", "heads", "head_dim")
     )
@@ -373,13 +402,106 @@ class Attention(nn.Module):
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(out_BxLxQxH)
     return out_BxLxD, new_kv
 
+  def _cached(
+    self, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on, window="layer"
+  ):
+    """A cached call over the whole-length cache "k"/"v" (its layer `layer`): a decode step or a prefill. Returns
+    (out [B, L, K, G, H], new_kv {"k", "v"} [B, K, L, H]: this call's columns, which the Decoder writes)."""
+    window = self.sliding_window if window == "layer" else window
+    new_kv, layer_kv = _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
+    if q_BxLxKxGxH.shape[1] == 1:  # a decode step: one query row, over the cache in its own layout
+      out_BxLxKxGxH = decode_attention(
+        q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS, window, window_on
+      )[:, None]
+    else:  # a prefill: queries offset into the cache
+      keys_BxSxKxH, values_BxSxKxH = (layer_kv[name].transpose(0, 2, 1, 3) for name in "kv")
+      out_BxLxKxGxH = self._attend(
+        q_BxLxKxGxH,
+        keys_BxSxKxH,
+        values_BxSxKxH,
+        kv_mask_BxS,
+        None,
+        window_on,
+        offset=cache_index,
+        cached=True,
+        window=window,
+      )
+    return out_BxLxKxGxH, new_kv
+
+  def _cached_by_kind(self, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on):
+    """A cached call with the sliding layers' ring (`ring_cache.py`): a full layer reads and writes the whole-length
+    "k"/"v" cache, a sliding one its ring "sliding_k"/"sliding_v"; in the layer scan the layer's traced kind picks
+    the branch (`lax.cond`: one runs). `layer`: the index among the attention layers, mapped to the kind's own.
+    Returns (out [B, L, K, G, H], new_kv): both kinds' leaves, the other kind's zeros, so that every layer returns
+    one structure; a full layer's new columns [B, K, L, H], a sliding layer's new column [B, K, 1, H] (decode) or
+    whole new ring [B, K, W, H] (prefill)."""
+    cfg, window = self.config, self.config.sliding_window
+    batch, length, num_kv, head_dim = k_BxLxKxH.shape
+    sliding_N = _sliding_layers(cfg)
+    has_full = not sliding_N.all()
+    ring_columns = 1 if length == 1 else window
+
+    def zeros(names, columns):
+      return {name: jnp.zeros((batch, num_kv, columns, head_dim), cache[name].dtype) for name in names}
+
+    def full(_):
+      index = jnp.asarray(np.maximum(np.cumsum(~sliding_N) - 1, 0), jnp.int32)[layer]
+      out, new_kv = self._cached(q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, index, None, None)
+      return out, {**new_kv, **zeros(RING_LEAVES, ring_columns)}
+
+    def sliding(_):
+      index = jnp.asarray(np.maximum(np.cumsum(sliding_N) - 1, 0), jnp.int32)[layer]
+      ring = {name: _layer_slice(cache[name], index, batch) for name in RING_LEAVES}
+      new_kv = {
+        name: new.astype(cache[name].dtype).transpose(0, 2, 1, 3)
+        for name, new in (("sliding_k", k_BxLxKxH), ("sliding_v", v_BxLxKxH))
+      }
+      if length == 1:
+        out = ring_cache.decode(
+          q_BxLxKxGxH[:, 0],
+          new_kv["sliding_k"],
+          new_kv["sliding_v"],
+          ring["sliding_k"],
+          ring["sliding_v"],
+          kv_mask_BxS,
+          cache_index,
+          write_columns,
+        )[:, None]
+      else:
+        attend = lambda q, keys, values, mask, offset: self._attend(
+          q, keys, values, mask, None, None, offset=offset, cached=True, window=window
+        )
+        out, new_kv = ring_cache.prefill(
+          attend, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, ring["sliding_k"], ring["sliding_v"], kv_mask_BxS, cache_index
+        )
+      other = zeros(("k", "v"), length) if has_full else {}
+      return out, {**other, **new_kv}
+
+    if not has_full:
+      return sliding(None)
+    if window_on is None:  # a loop of modules: the kind is static
+      return sliding(None) if self.sliding_window is not None else full(None)
+    return jax.lax.cond(window_on, sliding, full, None)
+
   def _attend(
-    self, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, cached: bool
+    self,
+    q_BxLxKxGxH,
+    keys_BxSxKxH,
+    values_BxSxKxH,
+    kv_mask_BxS,
+    segment_ids_BxL,
+    window_on,
+    *,
+    offset,
+    cached: bool,
+    window: int | None | str = "layer",
   ):
     """A cache-free call or a prefill through the configured kernel, as `choose_kernel` settles it for this call.
     Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a Mosaic kernel
-    (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads."""
-    cfg, window = self.config, self.sliding_window
+    (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads. `window`: the
+    layer's (default), or a static one for a call whose kind is known (the ring cache's branches)."""
+    cfg = self.config
+    window = self.sliding_window if window == "layer" else window
     kernel = choose_kernel(
       resolve_impl(cfg.attention_impl),
       dtype=_DTYPES[cfg.dtype],
@@ -394,6 +516,14 @@ class Attention(nn.Module):
     return core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
 
 
+def _layer_slice(stacked, layer, batch: int, columns: int | None = None):
+  """Layer `layer`'s [B, K, columns, H] of a stacked cache leaf [layers, B, K, S, H] (default: every column)."""
+  zero = jnp.zeros((), jnp.int32)
+  _, _, kv_heads, length, dim = stacked.shape
+  size = (1, batch, kv_heads, length if columns is None else columns, dim)
+  return jax.lax.dynamic_slice(stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero), size)[0]
+
+
 def _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, num_keys: int):
   """This layer's first `num_keys` (S = len(kv_mask)) cache columns with the call's keys and values written in at
   `cache_index`. Returns (new_kv {"k", "v"} [B, K, L, H] in the cache's dtype, layer_kv {"k", "v"} [B, K, S, H]).
@@ -402,15 +532,11 @@ def _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, num_keys: int):
   beyond them. The stacked cache is not written here: written per layer inside the layer scan (its slice taken
   out, updated, put back), XLA moved every layer's whole slice several times per decode step, most of a small
   model's decode time."""
-  zero = jnp.zeros((), jnp.int32)
   new_kv, layer_kv = {}, {}
   for name, new_BxLxKxH in (("k", k_BxLxKxH), ("v", v_BxLxKxH)):
     stacked = cache[name]
     new_kv[name] = new_BxLxKxH.astype(stacked.dtype).transpose(0, 2, 1, 3)
-    batch, (_, _, kv_heads, _, dim) = k_BxLxKxH.shape[0], stacked.shape
-    old_BxKxSxH = jax.lax.dynamic_slice(
-      stacked, (jnp.asarray(layer, jnp.int32), zero, zero, zero, zero), (1, batch, kv_heads, num_keys, dim)
-    )[0]
+    old_BxKxSxH = _layer_slice(stacked, layer, k_BxLxKxH.shape[0], num_keys)
     layer_kv[name] = write_columns(old_BxKxSxH, new_kv[name], cache_index, batch_axis=0, length_axis=2)
   return new_kv, layer_kv
 
@@ -444,7 +570,8 @@ class MLP(nn.Module):
     # The largest activations of a layer ([B, L, F], F ~ 5 D): split by rows (and F over tensor), never copied.
     gate_BxLxF = pin(dense(cfg.intermediate_size, ("embed", "mlp"), "gate_proj")(x_BxLxD), ("batch", "length", "mlp"))
     up_BxLxF = pin(dense(cfg.intermediate_size, ("embed", "mlp"), "up_proj")(x_BxLxD), ("batch", "length", "mlp"))
-    return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj")(nn.silu(gate_BxLxF) * up_BxLxF)
+    activation = ACTIVATIONS[cfg.hidden_activation]
+    return dense(cfg.hidden_size, ("mlp", "embed"), "down_proj")(activation(gate_BxLxF) * up_BxLxF)
 
 
 class DecoderLayer(nn.Module):
@@ -472,7 +599,9 @@ class DecoderLayer(nn.Module):
     cache=None,
     cache_index=None,
     segment_ids_BxL=None,
+    local_rope=None,
   ):
+    """`local_rope`: the sliding layers' own RoPE tables (cos, sin) [B, L, H] (Gemma 3), or None."""
     cfg = self.config
     layout = self.layout if cache is None else None
     # Pinned at both ends of every layer (the scan body's carry): the residual stream stays split by rows
@@ -487,7 +616,12 @@ class DecoderLayer(nn.Module):
       attn_BxLxD, new_kv = GatedDeltaNet(cfg, name="linear_attn")(
         norm("input_layernorm")(x_BxLxD), kv_mask_BxS, cache, cache_index, layer
       )
-    else:  # `layer`: its index among the full-attention layers
+    else:  # `layer`: its index among the attention layers
+      if local_rope is not None and self.sliding_window is not None:  # this layer's kind decides its RoPE
+        sliding = True if window_on is None else window_on
+        cos_BxLxH, sin_BxLxH = (
+          jnp.where(sliding, local, full) for local, full in zip(local_rope, (cos_BxLxH, sin_BxLxH))
+        )
       attn_BxLxD, new_kv = Attention(cfg, self.sliding_window, layout, name="self_attn")(
         norm("input_layernorm")(x_BxLxD),
         cos_BxLxH,
@@ -499,24 +633,28 @@ class DecoderLayer(nn.Module):
         layer,
         window_on,
       )
+    if cfg.sandwich_norms:
+      attn_BxLxD = norm("post_attention_layernorm")(attn_BxLxD)
     x_BxLxD = pin(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
     routes_BxLxk = None
+    mlp_norm = norm("pre_feedforward_layernorm" if cfg.sandwich_norms else "post_attention_layernorm")
     if cfg.num_experts:  # load-balancing statistics over a cache-free call's tokens (its kv mask is theirs)
       valid_BxL = kv_mask_BxS if cache is None else None
       moe_layout = None if layout is None or isinstance(layout, SequenceParallel) else layout  # SP: XLA partitions it
-      mlp_BxLxD, routes_BxLxk = SparseMoeBlock(cfg, moe_layout, name="mlp")(
-        norm("post_attention_layernorm")(x_BxLxD), valid_BxL, replay_BxLxk
-      )
+      mlp_BxLxD, routes_BxLxk = SparseMoeBlock(cfg, moe_layout, name="mlp")(mlp_norm(x_BxLxD), valid_BxL, replay_BxLxk)
     else:
-      mlp_BxLxD = MLP(cfg, layout, name="mlp")(norm("post_attention_layernorm")(x_BxLxD))
+      mlp_BxLxD = MLP(cfg, layout, name="mlp")(mlp_norm(x_BxLxD))
+    if cfg.sandwich_norms:
+      mlp_BxLxD = norm("post_feedforward_layernorm")(mlp_BxLxD)
     x_BxLxD = x_BxLxD + mlp_BxLxD
     return pin(x_BxLxD, ("batch", "length", "embed")), (new_kv, routes_BxLxk if self.record_routes else None)
 
 
 def layer_pattern(config: DecoderConfig) -> tuple[str, ...]:
-  """The layer kinds of one group: the shortest period of `layer_types` (Qwen3.5: three linear, one full), which
-  the stack scans over; one full-attention layer for a model without `layer_types`."""
-  types = config.layer_types or ("full_attention",)
+  """The token mixers of one group: the shortest period of `mixer_types` (Qwen3.5: three linear, one full), which
+  the stack scans over; one full-attention layer for a model without `layer_types` or with attention layers only
+  (Gemma 3's sliding and full layers are one scan, with a per-layer window flag)."""
+  types = config.mixer_types or ("full_attention",)
   for period in range(1, len(types) + 1):
     if len(types) % period == 0 and types == types[:period] * (len(types) // period):
       return types[:period]
@@ -567,15 +705,26 @@ def _layer_class(config: DecoderConfig):
   return nn.remat(DecoderLayer, policy=policy, prevent_cse=not config.scan_layers)
 
 
+def _sliding_layers(config: DecoderConfig) -> np.ndarray:
+  """Which layers attend within the sliding window [layers] bool: the `sliding_attention` ones of `layer_types`
+  (Gemma 3), else those from `sliding_window_start_layer` on (Qwen2's `max_window_layers`; Mistral: all)."""
+  if config.sliding_window is None:
+    return np.zeros(config.num_hidden_layers, bool)
+  if "sliding_attention" in config.layer_types:
+    return np.array([kind == "sliding_attention" for kind in config.layer_types])
+  return np.arange(config.num_hidden_layers) >= config.sliding_window_start_layer
+
+
 def _layer_windows(config: DecoderConfig):
   """(static window or None, per-layer flag [layers] bool or None): the flag only when the window covers
-  some layers but not all (Qwen2 `max_window_layers`), the one case a scan cannot make static."""
-  start, layers = config.sliding_window_start_layer, config.num_hidden_layers
-  if config.sliding_window is None or start >= layers:
+  some layers but not all (Qwen2 `max_window_layers`, Gemma 3's interleaving), the one case a scan cannot make
+  static."""
+  sliding_N = _sliding_layers(config)
+  if not sliding_N.any():
     return None, None
-  if start <= 0:
+  if sliding_N.all():
     return config.sliding_window, None
-  return config.sliding_window, jnp.arange(layers) >= start
+  return config.sliding_window, jnp.asarray(sliding_N)
 
 
 class Decoder(nn.Module):
@@ -641,12 +790,19 @@ class Decoder(nn.Module):
       name=EMBED_TARGET,
     )
     x_BxLxD = embed(input_ids_BxL)
+    if cfg.embed_scale:  # Gemma: sqrt(D) in the weights' dtype (bf16 weights make sqrt(3072) 55.5), as HF
+      x_BxLxD = x_BxLxD * jnp.asarray(np.float32(math.sqrt(cfg.hidden_size)), param_dtype).astype(dtype)
     # RoPE from the global positions, before any split: each length shard keeps its tokens' own angles.
     cos_BxLxH, sin_BxLxH = rope_cos_sin(positions_BxL, cfg)
     x_BxLxD = pin(x_BxLxD, ("batch", "length", "embed"))
     cos_BxLxH, sin_BxLxH = (pin(x, ("batch", "length", "head_dim")) for x in (cos_BxLxH, sin_BxLxH))
+    local_rope = None
+    if cfg.rope_local_base_freq is not None:
+      local_rope = tuple(
+        pin(x, ("batch", "length", "head_dim")) for x in rope_cos_sin(positions_BxL, local_rope_config(cfg))
+      )
     layer_class = _layer_class(cfg)
-    shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index, segment_ids_BxL)
+    shared = (cos_BxLxH, sin_BxLxH, kv_mask_BxS, cache, cache_index, segment_ids_BxL, local_rope)
     pattern = layer_pattern(cfg)
     # Rollout routing replay: a cache with "routes" records each token's experts per layer; `replay_BxLxYxk` routes by
     # recorded ones (`moe.route`). Both with the layer axis first, as the layers are scanned.
@@ -701,10 +857,11 @@ class Decoder(nn.Module):
       new_state = None if grouped is None else flat(grouped)
       routes_YxBxLxk = None if routes_GxPxBxLxk is None else flat(routes_GxPxBxLxk)
     else:
-      types = cfg.layer_types or pattern * cfg.num_hidden_layers
+      types = cfg.mixer_types or pattern * cfg.num_hidden_layers
       per_layer, routes = {kind: [] for kind in set(types)}, []
+      sliding_N = _sliding_layers(cfg)
       for i, kind in enumerate(types):
-        window = cfg.sliding_window if i >= cfg.sliding_window_start_layer else None
+        window = cfg.sliding_window if sliding_N[i] else None
         index = types[:i].count(kind)
         replay_BxLxk = None if replay_YxBxLxk is None else replay_YxBxLxk[i]
         x_BxLxD, (state, routes_BxLxk) = layer_class(cfg, window, layout, kind, record, name=f"layers_{i}")(
@@ -722,10 +879,17 @@ class Decoder(nn.Module):
       if "full_attention" in new_state:  # every layer's new columns [layers, B, K, L, H] written at once, in place
         batch_axis, length_axis = CACHE_LOGICAL_AXES.index("batch"), CACHE_LOGICAL_AXES.index("length")
         new_kv = new_state["full_attention"]
+        if has_ring_cache(cfg):  # the attention layers' outputs by kind (`Attention._cached_by_kind`)
+          sliding_N = _sliding_layers(cfg)
+          new_kv = {
+            name: x[np.flatnonzero(~sliding_N if name in ("k", "v") else sliding_N)] for name, x in new_kv.items()
+          }
+          new_cache.update({name: _write_ring(cache[name], new_kv[name], cache_index) for name in RING_LEAVES})
         new_cache.update(
           {
             name: write_columns(cache[name], new_kv[name], cache_index, batch_axis=batch_axis, length_axis=length_axis)
             for name in ("k", "v")
+            if name in cache
           }
         )
       if "linear_attention" in new_state:  # whole states: a linear layer's conv and recurrent state after the call
@@ -800,8 +964,8 @@ def head_outputs(config: DecoderConfig, head: str, params, hidden_xD, adapters=N
 CACHE_LOGICAL_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
 
 
-# Rollout routing replay's record in the cache: the experts each token was routed to, [layers, B, S, k] (`moe.route_dtype`;
-# the k axis has no logical name: never split).
+# Rollout routing replay's record in the cache: the experts each token was routed to, [layers, B, S, k]
+# (`moe.route_dtype`; the k axis has no logical name: never split).
 ROUTES = "routes"
 ROUTES_LOGICAL_AXES = ("layers", "batch", "length", None)
 
@@ -811,8 +975,31 @@ LINEAR_CACHE_LOGICAL_AXES = {  # a Gated DeltaNet layer's state (`linear_attenti
 }
 
 
+RING_LEAVES = ("sliding_k", "sliding_v")  # the sliding layers' ring (`ring_cache.py`), axes RING_LOGICAL_AXES
+
+
+def has_ring_cache(config: DecoderConfig) -> bool:
+  """Whether the sliding layers keep a ring of `sliding_window` columns (`ring_cache.py`): `sliding_attention`
+  layers (Gemma 3) with `ring_kv_cache`."""
+  return config.ring_kv_cache and "sliding_attention" in config.layer_types
+
+
 def _layers_of(config: DecoderConfig, kind: str) -> int:
-  return (config.layer_types or ("full_attention",) * config.num_hidden_layers).count(kind)
+  """Layers with a cache of `kind`'s: "full_attention" (whole-length keys and values; the sliding layers too
+  without a ring), "sliding_attention" (a ring), "linear_attention"."""
+  if has_ring_cache(config) and kind != "linear_attention":
+    return config.layer_types.count(kind)
+  return (config.mixer_types or ("full_attention",) * config.num_hidden_layers).count(kind)
+
+
+def _write_ring(ring, new, cache_index):
+  """The stacked ring [layers, B, K, W, H] after a call: its new column [layers, B, K, 1, H] written at slot
+  cache_index mod W (a decode step), or the whole new ring [layers, B, K, W, H] (a prefill)."""
+  width = ring.shape[3]
+  if new.shape[3] == width:
+    return new.astype(ring.dtype)
+  slot = jnp.asarray(cache_index, jnp.int32) % width
+  return write_columns(ring, new, slot, batch_axis=1, length_axis=3)
 
 
 def cache_axes(config: DecoderConfig, record_routes: bool = False) -> dict:
@@ -821,6 +1008,8 @@ def cache_axes(config: DecoderConfig, record_routes: bool = False) -> dict:
   axes = {}
   if _layers_of(config, "full_attention"):
     axes.update(k=CACHE_LOGICAL_AXES, v=CACHE_LOGICAL_AXES)
+  if has_ring_cache(config):
+    axes.update({name: ring_cache.RING_LOGICAL_AXES for name in RING_LEAVES})
   if _layers_of(config, "linear_attention"):
     axes.update(LINEAR_CACHE_LOGICAL_AXES)
   if record_routes:
@@ -852,6 +1041,9 @@ def init_cache(config: DecoderConfig, batch: int, max_length: int, record_routes
     )
     shape = tuple(sizes[axis] for axis in CACHE_LOGICAL_AXES)
     cache.update(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+  if has_ring_cache(config):  # W columns whatever max_length: a prompt's ring moves into a longer cache whole
+    shape = (_layers_of(config, "sliding_attention"), batch, config.num_key_value_heads, config.sliding_window)
+    cache.update({name: jnp.zeros(shape + (config.resolved_head_dim,), dtype) for name in RING_LEAVES})
   if linear := _layers_of(config, "linear_attention"):
     key_dim = config.linear_num_key_heads * config.linear_key_head_dim
     channels = 2 * key_dim + config.linear_num_value_heads * config.linear_value_head_dim

@@ -31,8 +31,8 @@ import numpy as np
 
 from jaxrlhf.config import resolve_target_modules
 from jaxrlhf.errors import CheckpointError
-from jaxrlhf.models import qwen3_5
-from jaxrlhf.models.decoder import HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params, params_for
+from jaxrlhf.models import gemma3, qwen3_5
+from jaxrlhf.models.decoder import ACTIVATIONS, HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params, params_for
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ SUPPORTED_MODEL_TYPES = {
   "qwen3_5_text": "Qwen3_5",  # the hybrid family (`models/qwen3_5.py`); `qwen3_5` checkpoints load as their text model
   "qwen3_moe": "Qwen3Moe",  # mixture of experts (`models/moe.py`)
   "qwen3_5_moe_text": "Qwen3_5Moe",  # the hybrid family with experts and a shared expert; also `qwen3_5_moe`'s text
+  "gemma3_text": "Gemma3",  # interleaved sliding and full attention (`models/gemma3.py`); also `gemma3`'s text model
 }
 HEAD_ARCHITECTURE_SUFFIX = {
   "lm": "ForCausalLM",
@@ -53,7 +54,13 @@ HEAD_ARCHITECTURE_SUFFIX = {
 SUPPORTED_ARCHITECTURES = (
   tuple(prefix + suffix for prefix in SUPPORTED_MODEL_TYPES.values() for suffix in HEAD_ARCHITECTURE_SUFFIX.values())
   + qwen3_5.MULTIMODAL_ARCHITECTURES
+  + gemma3.MULTIMODAL_ARCHITECTURES
+  + gemma3.TEXT_ARCHITECTURES
 )
+# A multimodal checkpoint's text model: its tensors' prefix in place of `model.` (Qwen3.5 and Gemma 3 files written
+# by transformers v5; Gemma 3's released files), and the towers beside it, which are skipped.
+TEXT_MODEL_PREFIXES = (qwen3_5.TEXT_PREFIX, gemma3.TEXT_PREFIX)
+VISION_PREFIXES = qwen3_5.VISION_PREFIXES + gemma3.VISION_PREFIXES
 _NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 _PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _INDEX_FILE = "model.safetensors.index.json"
@@ -182,7 +189,7 @@ def _sliding_window_fields(hf: dict[str, Any], model_type: str, where: str) -> d
 
 def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overrides) -> DecoderConfig:
   """DecoderConfig from the contents of an HF config.json; `overrides` set our own fields (dtype, ...)."""
-  hf = qwen3_5.text_config(hf)  # a multimodal Qwen3.5 checkpoint: its text model
+  hf = gemma3.text_config(qwen3_5.text_config(hf))  # a multimodal checkpoint: its text model
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
     raise CheckpointError(
@@ -194,8 +201,19 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
     raise CheckpointError(
       f"{where}: architectures {unknown} are not supported; supported architectures: {list(SUPPORTED_ARCHITECTURES)}"
     )
-  if hf.get("hidden_act", "silu") != "silu":
-    raise CheckpointError(f"{where}: hidden_act={hf['hidden_act']!r} is not supported (only 'silu')")
+  activation_key = "hidden_activation" if model_type == gemma3.MODEL_TYPE else "hidden_act"
+  if hf.get(activation_key, "silu") not in ACTIVATIONS:
+    raise CheckpointError(
+      f"{where}: {activation_key}={hf[activation_key]!r} is not supported; one of {list(ACTIVATIONS)}"
+    )
+  family: dict[str, Any] = {}
+  rope_source = hf
+  if model_type == gemma3.MODEL_TYPE:
+    try:
+      family = gemma3.config_fields(hf)
+    except gemma3.UnsupportedGemma3 as e:
+      raise CheckpointError(f"{where}: {e}") from None
+    rope_source = {"rope_parameters": gemma3.rope_by_layer_type(hf)["full_attention"]}
   head_dim = hf.get("head_dim")
   if head_dim is None and model_type == "qwen3":
     head_dim = 128  # Qwen3Config's default
@@ -218,12 +236,13 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
     o_bias=attention_bias and model_type in ("llama", "qwen3", "qwen3_moe"),
     mlp_bias=bool(hf.get("mlp_bias", False)) and model_type == "llama",
     qk_norm=model_type in ("qwen3", "qwen3_moe"),
-    **_rope_fields(hf, where, partial_rotary=model_type in qwen3_5.TEXT_MODEL_TYPES),
+    **_rope_fields(rope_source, where, partial_rotary=model_type in qwen3_5.TEXT_MODEL_TYPES),
     **_sliding_window_fields(hf, model_type, where),
     **_moe_fields(hf, model_type),
   )
   if model_type in qwen3_5.TEXT_MODEL_TYPES:
     fields.update(qwen3_5.config_fields(hf))
+  fields.update(family)
   fields.update(overrides)
   try:
     return DecoderConfig.from_dict(fields)
@@ -316,10 +335,17 @@ def hf_config_dict(
     problems.append("mistral has no attention biases")
   if model_type in qwen3_5.TEXT_MODEL_TYPES:
     problems.extend(qwen3_5.config_problems(config))
+  elif model_type == gemma3.MODEL_TYPE:
+    problems.extend(gemma3.config_problems(config))
   elif config.qk_norm != (model_type in ("qwen3", "qwen3_moe")):
     problems.append("q/k norm exists in qwen3 and qwen3_moe only, and always")
-  if config.layer_types and model_type not in qwen3_5.TEXT_MODEL_TYPES:
-    problems.append("layers of several kinds exist in qwen3_5_text and qwen3_5_moe_text only")
+  if config.layer_types and model_type not in qwen3_5.TEXT_MODEL_TYPES + (gemma3.MODEL_TYPE,):
+    problems.append("layers of several kinds exist in qwen3_5_text, qwen3_5_moe_text and gemma3_text only")
+  gemma_fields = ("rope_local_base_freq", "query_pre_attn_scalar", "embed_scale", "sandwich_norms")
+  if model_type != gemma3.MODEL_TYPE and (
+    config.hidden_activation != "silu" or any(getattr(config, name) for name in gemma_fields)
+  ):
+    problems.append(f"a gelu-tanh MLP and {', '.join(gemma_fields)} exist in gemma3_text only")
   if bool(config.num_experts) != (model_type in MOE_MODEL_TYPES):
     problems.append(f"experts exist in {' and '.join(MOE_MODEL_TYPES)} only, and always")
   if config.shared_expert_intermediate_size and model_type != "qwen3_5_moe_text":
@@ -333,7 +359,7 @@ def hf_config_dict(
 
   hf = {
     k: v
-    for k, v in (base or {}).items()
+    for k, v in _text_base(base).items()
     if k
     not in (
       "rope_parameters",
@@ -388,6 +414,12 @@ def hf_config_dict(
     hf.pop("rope_theta")
     hf.pop("rope_scaling")
     hf.update(qwen3_5.hf_config_fields(config))
+  if model_type == gemma3.MODEL_TYPE:
+    full_rope = {"rope_type": "default", **(hf.pop("rope_scaling") or {}), "rope_theta": hf.pop("rope_theta")}
+    hf.pop("hidden_act")
+    hf.update(gemma3.hf_config_fields(config, full_rope))
+    if head == "reward":
+      hf["architectures"] = ["Gemma3TextForSequenceClassification"]
   if model_type in MOE_MODEL_TYPES:
     hf.update(_moe_config_keys(config))
   if model_type in ("qwen2", "qwen3", "qwen3_moe"):
@@ -398,6 +430,15 @@ def hf_config_dict(
     hf["id2label"] = {"0": "LABEL_0"}
     hf["label2id"] = {"LABEL_0": 0}
   return hf
+
+
+def _text_base(base: dict[str, Any] | None) -> dict[str, Any]:
+  """A multimodal checkpoint's config.json as its text model's (what the export is): the `text_config`'s keys over
+  the outer ones (token ids), without the sub-configs, which a text model's config cannot hold."""
+  base = dict(base or {})
+  text = base.pop("text_config", None) or {}
+  base.pop("vision_config", None)
+  return {**base, **text}
 
 
 # ----- the name map ------------------------------------------------------------------------------
@@ -610,12 +651,13 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
   specs = _tensor_specs(shapes)
   files = _weight_files(path)
   shape_of = dict(_flatten(shapes))
-  if any(name.startswith(qwen3_5.TEXT_PREFIX) for name in files):  # a Qwen3_5ForConditionalGeneration checkpoint
-    specs = [dataclasses.replace(s, hf_name=_text_model_name(s.hf_name)) for s in specs]
-    vision = [n for n in files if n.startswith(qwen3_5.VISION_PREFIXES)]
+  text_prefix = next((p for p in TEXT_MODEL_PREFIXES if any(name.startswith(p) for name in files)), None)
+  if text_prefix is not None:  # a multimodal (*ForConditionalGeneration) checkpoint
+    specs = [dataclasses.replace(s, hf_name=_text_model_name(s.hf_name, text_prefix)) for s in specs]
+    vision = [n for n in files if n.startswith(VISION_PREFIXES)]
     if vision:
       log.info("%s: the vision tower's %d tensors are skipped (the text model is trained)", path, len(vision))
-    files = {n: f for n, f in files.items() if not n.startswith(qwen3_5.VISION_PREFIXES)}
+    files = {n: f for n, f in files.items() if not n.startswith(VISION_PREFIXES)}
 
   missing = [s.hf_name for s in specs if s.hf_name not in files]
   fresh_head = head == "value" and set(missing) <= {"score.weight", "score.bias"} and "score.weight" in missing
@@ -633,9 +675,8 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
       f"{path} is missing tensor(s) {shown} (needed for head={head!r}, "
       f"tie_word_embeddings={config.tie_word_embeddings})"
     )
-  layers = sorted(
-    {int(m.group(1)) for n in files if (m := re.match(r"model\.(?:language_model\.)?layers\.(\d+)\.", n))}
-  )
+  layer_name = re.compile(r"(?:language_model\.)?model\.(?:language_model\.)?layers\.(\d+)\.")
+  layers = sorted({int(m.group(1)) for n in files if (m := layer_name.match(n))})
   if layers and layers[-1] >= config.num_hidden_layers:
     raise CheckpointError(
       f"{path} holds {layers[-1] + 1} decoder layers but its config sets num_hidden_layers="
@@ -668,9 +709,14 @@ def _read_plan(path: str, config: DecoderConfig, head: str, warn_unused: bool = 
   return _ReadPlan(specs, files, shape_of, fresh_head)
 
 
-def _text_model_name(hf_name: str) -> str:
-  """A text model tensor's name in a multimodal Qwen3.5 checkpoint (`model.` -> `model.language_model.`)."""
-  return qwen3_5.TEXT_PREFIX + hf_name[len("model.") :] if hf_name.startswith("model.") else hf_name
+def _text_model_name(hf_name: str, prefix: str) -> str:
+  """A text model tensor's name in a multimodal checkpoint whose text model is under `prefix` (`model.` ->
+  `model.language_model.`; Gemma 3's released files: `language_model.model.`, and `language_model.lm_head.`)."""
+  if hf_name.startswith("model."):
+    return prefix + hf_name[len("model.") :]
+  if hf_name.startswith("lm_head.") and prefix == gemma3.TEXT_PREFIX:
+    return "language_model." + hf_name
+  return hf_name
 
 
 def check_hf_checkpoint(path: str, config: DecoderConfig, *, head: str = "lm") -> None:

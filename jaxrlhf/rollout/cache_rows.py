@@ -2,7 +2,8 @@
 
 Generation moves a row's state between slots and shards and its columns along the sequence without knowing what
 a layer keeps: every leaf has a "batch" axis; leaves that grow with the sequence (keys, values) also have a
-"length" axis, the others (a recurrent state) are moved whole per row.
+"length" axis, the others (a recurrent state) are moved whole per row. A "ring" axis (a sliding layer's last W columns,
+`models/ring_cache.py`) holds sequence column c at c mod W: where the columns shift, it rolls.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def pad_length(cache, axes, after: int, before: int = 0):
 
   def pad(x, names):
     length = _axis(names, "length")
+    if _axis(names, "ring") is not None:
+      return jnp.roll(x, before, axis=_axis(names, "ring"))
     if length is None or not (before or after):
       return x
     return jnp.pad(x, [(before, after) if a == length else (0, 0) for a in range(x.ndim)])
@@ -37,6 +40,8 @@ def shift_length(cache, axes, shift: int):
 
   def left(x, names):
     length = _axis(names, "length")
+    if _axis(names, "ring") is not None:
+      return jnp.roll(x, -shift, axis=_axis(names, "ring"))
     if length is None:
       return x
     kept = jax.lax.slice_in_dim(x, shift, x.shape[length], axis=length)
@@ -74,10 +79,12 @@ def take_rows(cache, axes, start, count: int):
 def put_row(cache, row_cache, axes, slot, ok, column=0):
   """`cache` with `row_cache`'s one row (its leaves [.., 1, ..]) written into row `slot` where `ok` (else unchanged):
   a leaf with a length axis from sequence column `column` on (its first columns; the rest of the row is kept,
-  masked by the caller), any other leaf whole."""
+  masked by the caller), any other leaf whole (a ring rolled by `column`)."""
 
   def put(whole, new, names):
     batch, length = names.index("batch"), _axis(names, "length")
+    if _axis(names, "ring") is not None:
+      new = jnp.roll(new, column, axis=_axis(names, "ring"))
     zero = jnp.int32(0)
     start = tuple(slot if a == batch else column if a == length else zero for a in range(whole.ndim))
     new = new.astype(whole.dtype)

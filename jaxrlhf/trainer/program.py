@@ -30,6 +30,7 @@ from jaxrlhf.models import (
   load_hf_config,
   model_config_from,
 )
+from jaxrlhf.models.decoder import has_ring_cache
 from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, replicated
 from jaxrlhf.parallel.layouts import activation_sharding
 from jaxrlhf.parallel.mesh import fsdp_size
@@ -129,8 +130,10 @@ class StepProgram:
   def _cache_label(self) -> str:
     """What the generation cache holds: keys and values, and with Gated DeltaNet layers their conv and recurrent
     state per row (`models.decoder.init_cache`)."""
-    linear = "linear_attention" in self.ppo.generation.rollout_actor.config.layer_types
-    return "KV cache + recurrent state" if linear else "KV cache"
+    config = self.ppo.generation.rollout_actor.config
+    if has_ring_cache(config):
+      return f"KV cache (sliding layers: a ring of {config.sliding_window} columns)"
+    return "KV cache + recurrent state" if "linear_attention" in config.layer_types else "KV cache"
 
   def kv_cache_bytes_per_device(self) -> int:
     """The rollout's generation cache (keys + values of every attention layer, the conv and recurrent state of

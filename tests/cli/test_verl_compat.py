@@ -388,8 +388,11 @@ def test_megatron_scripts_print_why_each_megatron_key_folds():
       ["critic.megatron.param_offload=True", "critic.megatron.optimizer_offload=True"],
       {"critic.model.fsdp_config.param_offload": True, "critic.model.fsdp_config.optimizer_offload": True},
     ),
-    (  # verl's R3: the rollout's routes replayed (the rollout key is jaxrlhf's own; the Megatron mode says nothing more)
-      ["actor_rollout_ref.actor.megatron.router_replay.mode=R3", "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"],
+    (  # verl's R3: the rollout's routes replayed (the rollout key is jaxrlhf's own; the Megatron mode adds nothing)
+      [
+        "actor_rollout_ref.actor.megatron.router_replay.mode=R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+      ],
       {"actor_rollout_ref.rollout.enable_rollout_routing_replay": True},
     ),
   ],

@@ -79,6 +79,9 @@ PUBLIC_SIZES = {
   "qwen3.5-27b": 27e9,
   "qwen3-30b-a3b": 30.5e9,  # 3.3e9 of them active per token
   "qwen3-235b-a22b": 235e9,  # 22e9 active
+  # Gemma 3's Hub name rounds text + vision tower; the text model (what loads; transformers' Gemma3ForCausalLM counts
+  # the same) is 11.77e9.
+  "gemma-3-12b-it": 12e9,
 }
 
 
