@@ -22,7 +22,13 @@ window, when on), `kv_mask_BxS[s]` > 0 (padding) and, for packed rows, the same 
              heads (`ActivationLayout.attention`; the Decoder needs its `layout`, as the trainer's have).
 What a vendor kernel cannot express falls back to blockwise (`choose_kernel` says why): fp32 inputs or
 packed segment ids for cudnn, a per-layer (traced) window flag, a cache prefill (queries offset into
-a longer cache), and a process without cuDNN (an ahead-of-time compile for GPUs on a CPU host).
+a longer cache), learned attention sinks, and a process without cuDNN (an ahead-of-time compile for GPUs on a CPU
+host).
+
+Attention sinks (gpt-oss, `sinks_KxG`): a learned logit per query head that joins every query's softmax
+denominator and carries no value: out = sum_s exp(score_s) v_s / (exp(sink) + sum_s exp(score_s)). xla and decode
+add it as one more column; blockwise scales its output by sigmoid(lse - sink), the same quotient (lse: the log of
+the keys' denominator), its backward taking lse's cotangent.
 """
 
 from __future__ import annotations
@@ -63,12 +69,14 @@ def _log_fallback(impl: str, reason: str) -> None:
   log.info("attention_impl=%s falls back to blockwise: %s", impl, reason)
 
 
-def choose_kernel(impl: str, *, dtype, cached: bool, packed: bool, traced_window: bool) -> str:
+def choose_kernel(impl: str, *, dtype, cached: bool, packed: bool, traced_window: bool, sinks: bool = False) -> str:
   """The kernel one attention call runs (see the module docstring); logs each fallback once."""
   if impl in ("xla", "blockwise"):
     return impl
   reason = None
-  if cached:
+  if sinks:
+    reason = "learned attention sinks (gpt-oss): an extra softmax logit per head, which neither cuDNN nor splash takes"
+  elif cached:
     reason = "a cache prefill (queries offset into a longer cache)"
   elif traced_window:
     reason = "the sliding window covers only some layers (a per-layer flag inside the layer scan)"
@@ -83,20 +91,57 @@ def choose_kernel(impl: str, *, dtype, cached: bool, packed: bool, traced_window
 
 
 def _run_xla(
-  q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, window, block_size
+  q_BxLxKxGxH,
+  keys_BxSxKxH,
+  values_BxSxKxH,
+  kv_mask_BxS,
+  segment_ids_BxL,
+  window_on,
+  *,
+  offset,
+  window,
+  block_size,
+  sinks_KxG=None,
 ):
   del block_size
   query_index_L = offset + jnp.arange(q_BxLxKxGxH.shape[1])
   return xla_attention(
-    q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, query_index_L, kv_mask_BxS, segment_ids_BxL, window, window_on
+    q_BxLxKxGxH,
+    keys_BxSxKxH,
+    values_BxSxKxH,
+    query_index_L,
+    kv_mask_BxS,
+    segment_ids_BxL,
+    window,
+    window_on,
+    sinks_KxG,
   )
 
 
 def _run_blockwise(
-  q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on, *, offset, window, block_size
+  q_BxLxKxGxH,
+  keys_BxSxKxH,
+  values_BxSxKxH,
+  kv_mask_BxS,
+  segment_ids_BxL,
+  window_on,
+  *,
+  offset,
+  window,
+  block_size,
+  sinks_KxG=None,
 ):
   return blockwise_attention(
-    q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, offset, kv_mask_BxS, segment_ids_BxL, window, window_on, block_size
+    q_BxLxKxGxH,
+    keys_BxSxKxH,
+    values_BxSxKxH,
+    offset,
+    kv_mask_BxS,
+    segment_ids_BxL,
+    window,
+    window_on,
+    block_size,
+    sinks_KxG,
   )
 
 
@@ -122,10 +167,22 @@ def _run_splash(
 _KERNELS = {"xla": _run_xla, "blockwise": _run_blockwise, "cudnn": _run_cudnn, "splash": _run_splash}
 
 
-def kernel_fn(kernel: str, *, offset, window: int | None, block_size: int):
+def kernel_fn(kernel: str, *, offset, window: int | None, block_size: int, sinks_KxG=None):
   """`core(q, keys, values, kv_mask, segment_ids, window_on) -> out [B, L, K, G, H]`: one kernel (as
-  `choose_kernel` gives it) with a call's static settings bound; `ActivationLayout.attention` takes it as is."""
-  return functools.partial(_KERNELS[kernel], offset=offset, window=window, block_size=block_size)
+  `choose_kernel` gives it) with a call's static settings bound; `ActivationLayout.attention` takes it as is.
+  `sinks_KxG`: learned attention sinks (xla and blockwise only; `choose_kernel` sends them nowhere else)."""
+  sinks = {} if sinks_KxG is None else {"sinks_KxG": sinks_KxG}
+  return functools.partial(_KERNELS[kernel], offset=offset, window=window, block_size=block_size, **sinks)
+
+
+def _softmax_with_sinks(scores_BxKxGx_xS, sinks_KxG):
+  """softmax over the last axis with each head's sink logit as one more column, dropped after (module docstring);
+  plain softmax without sinks. `scores`: [B, K, G, ..., S] fp32."""
+  if sinks_KxG is None:
+    return jax.nn.softmax(scores_BxKxGx_xS, axis=-1)
+  sink = sinks_KxG.astype(jnp.float32).reshape(sinks_KxG.shape + (1,) * (scores_BxKxGx_xS.ndim - 3))
+  sink = jnp.broadcast_to(sink[None], scores_BxKxGx_xS.shape[:-1] + (1,))
+  return jax.nn.softmax(jnp.concatenate([scores_BxKxGx_xS, sink], axis=-1), axis=-1)[..., :-1]
 
 
 def _allowed(query_index_L, key_index_S, kv_mask_BxS, segment_q_BxL, segment_k_BxS, window, window_on):
@@ -150,6 +207,7 @@ def xla_attention(
   segment_ids_BxL=None,
   window=None,
   window_on=None,
+  sinks_KxG=None,
 ):
   """The whole score matrix [B, K, G, L, S] in fp32; probabilities in the compute dtype (q's)."""
   dtype, head_dim = q_BxLxKxGxH.dtype, q_BxLxKxGxH.shape[-1]
@@ -159,11 +217,13 @@ def xla_attention(
   key_index_S = jnp.arange(keys_BxSxKxH.shape[1])
   allowed_BxLxS = _allowed(query_index_L, key_index_S, kv_mask_BxS, segment_ids_BxL, segment_ids_BxL, window, window_on)
   scores_BxKxGxLxS = jnp.where(allowed_BxLxS[:, None, None], scores_BxKxGxLxS, MASK_VALUE)
-  probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(dtype)
+  probs_BxKxGxLxS = _softmax_with_sinks(scores_BxKxGxLxS, sinks_KxG).astype(dtype)
   return jnp.einsum("bkgls,bskh->blkgh", probs_BxKxGxLxS, values_BxSxKxH.astype(dtype))
 
 
-def decode_attention(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, query_index, kv_mask_BxS, window=None, window_on=None):
+def decode_attention(
+  q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, query_index, kv_mask_BxS, window=None, window_on=None, sinks_KxG=None
+):
   """One query per row (a decode step) over the KV cache in its own [B, K, S, H] layout -> [B, K, G, H].
   `query_index`: the query's cache column, one for every row (a scalar) or one per row ([B]).
 
@@ -183,7 +243,7 @@ def decode_attention(q_BxKxGxH, keys_BxKxSxH, values_BxKxSxH, query_index, kv_ma
     row_allowed = lambda index, mask_S: _allowed(index[None], key_index_S, mask_S[None], None, None, window, window_on)
     allowed_BxS = jax.vmap(row_allowed)(query_index, kv_mask_BxS)[:, 0, 0]
   scores_BxKxGxS = jnp.where(allowed_BxS[:, None, None], scores_BxKxGxS, MASK_VALUE)
-  probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(dtype)
+  probs_BxKxGxS = _softmax_with_sinks(scores_BxKxGxS, sinks_KxG).astype(dtype)
   return jnp.einsum(
     "bkgs,bksh->bkgh", probs_BxKxGxS, values_BxKxSxH.astype(dtype), preferred_element_type=jnp.float32
   ).astype(dtype)
@@ -288,23 +348,25 @@ def _blockwise_forward(q, k, v, offset, kv_mask, segment_q, segment_k, window_on
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
 def _blockwise(q, k, v, offset, kv_mask, segment_q, segment_k, window_on, block_q, block_k, window):
-  return _blockwise_forward(q, k, v, offset, kv_mask, segment_q, segment_k, window_on, block_q, block_k, window)[0]
+  """(out [B, L, K, G, H], lse [B, K, G, L] fp32: the log of each query's softmax denominator)."""
+  return _blockwise_forward(q, k, v, offset, kv_mask, segment_q, segment_k, window_on, block_q, block_k, window)
 
 
 def _blockwise_fwd(q, k, v, offset, kv_mask, segment_q, segment_k, window_on, block_q, block_k, window):
   out, lse = _blockwise_forward(q, k, v, offset, kv_mask, segment_q, segment_k, window_on, block_q, block_k, window)
-  return out, (q, k, v, offset, kv_mask, segment_q, segment_k, window_on, out, lse)
+  return (out, lse), (q, k, v, offset, kv_mask, segment_q, segment_k, window_on, out, lse)
 
 
-def _blockwise_bwd(block_q, block_k, window, residuals, d_out):
+def _blockwise_bwd(block_q, block_k, window, residuals, cotangents):
   """FlashAttention-2's backward: per key block, recompute each visible tile's probabilities from the
   saved log-sum-exp; dk, dv accumulate over query blocks, dq over key blocks."""
   q, k, v, offset, kv_mask, segment_q, segment_k, window_on, out, lse = residuals
+  d_out, d_lse = cotangents
   blocks = _Blocks(q, k, block_q, block_k, window)
   b, kh, h = blocks.batch, blocks.kv_heads, blocks.head_dim
   d_out32 = d_out.astype(jnp.float32)
-  # D_i = rowsum(dO * O): [B, K, G, L]
-  delta = jnp.einsum("blkgh,blkgh->bkgl", d_out32, out.astype(jnp.float32))
+  # D_i = rowsum(dO * O): [B, K, G, L]; lse's cotangent adds p_ij d_lse_i to each score's (d lse / d s_ij = p_ij).
+  delta = jnp.einsum("blkgh,blkgh->bkgl", d_out32, out.astype(jnp.float32)) - d_lse.astype(jnp.float32)
 
   def key_block(dq, j):
     k_j, v_j = blocks.k_tile(k, j), blocks.k_tile(v, j)
@@ -356,8 +418,10 @@ def blockwise_attention(
   window=None,
   window_on=None,
   block_size: int = 512,
+  sinks_KxG=None,
 ):
   """Online-softmax attention over [block, block] tiles; queries at sequence indices offset + [0, L).
+  `sinks_KxG`: learned attention sinks (module docstring).
 
   Without a cache S == L (offset 0); with one, the keys are the whole cache (S >= offset + L).
   Lengths that the block does not divide are padded (masked keys, discarded queries).
@@ -378,7 +442,10 @@ def blockwise_attention(
   offset = jnp.asarray(offset, jnp.int32)
   if window_on is not None:
     window_on = jnp.asarray(window_on, bool)
-  out = _blockwise(q, k, v, offset, kv_mask, segment_q, segment_k, window_on, block_q, block_k, window)
+  out, lse_BxKxGxL = _blockwise(q, k, v, offset, kv_mask, segment_q, segment_k, window_on, block_q, block_k, window)
+  if sinks_KxG is not None:  # keys' denominator e^lse against e^lse + e^sink
+    keep_BxKxGxL = jax.nn.sigmoid(lse_BxKxGxL - sinks_KxG.astype(jnp.float32)[None, :, :, None])
+    out = (out.astype(jnp.float32) * keep_BxKxGxL.transpose(0, 3, 1, 2)[..., None]).astype(out.dtype)
   return out[:, :length]
 
 

@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrlhf.models import moe, ring_cache
+from jaxrlhf.models import gpt_oss, moe, ring_cache
 from jaxrlhf.models.activation_layout import ActivationLayout
 from jaxrlhf.models.attention import ATTENTION_IMPLS, choose_kernel, decode_attention, kernel_fn, resolve_impl
 from jaxrlhf.models.layers import DTYPES as _DTYPES
@@ -75,7 +75,7 @@ from jaxrlhf.models.sequence_parallel import SequenceParallel, pad_length
 from jaxrlhf.models.stacking import layer_layout, stack_layers, unstack_layers
 
 HEADS = ("lm", "value", "reward")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 # The MLP's gate activation by HF's name (`hidden_act`, Gemma's `hidden_activation`).
 ACTIVATIONS = {"silu": nn.silu, "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
@@ -122,7 +122,11 @@ class DecoderConfig:
   rope_factor: float = 1.0
   rope_low_freq_factor: float = 1.0  # llama3
   rope_high_freq_factor: float = 4.0  # llama3
-  rope_original_max_position_embeddings: int = 8192  # llama3
+  rope_original_max_position_embeddings: int = 8192  # llama3, yarn
+  rope_beta_fast: float = 32.0  # yarn
+  rope_beta_slow: float = 1.0  # yarn
+  rope_truncate: bool = True  # yarn: the correction range rounded outwards to whole dims
+  rope_attention_factor: float = 1.0  # yarn: cos and sin scaled by it (`hf_io` settles HF's default from factor)
   remat_policy: str = "none"  # one of REMAT_POLICIES
   scan_layers: bool = True  # layers as one nn.scan over stacked weights (False: a Python loop of modules)
   attention_impl: str = "auto"  # one of attention.ATTENTION_IMPLS ("auto": by the device platform)
@@ -165,6 +169,11 @@ class DecoderConfig:
   # (pre_feedforward_layernorm) and output (post_feedforward_layernorm); else post_attention_layernorm is the MLP's
   # input norm (Llama).
   sandwich_norms: bool = False
+  # gpt-oss (`models/gpt_oss.py`): a learned logit per query head in every softmax's denominator ("sinks"), and
+  # its experts' clamped SwiGLU.
+  attention_sinks: bool = False
+  swiglu_alpha: float = 1.702
+  swiglu_limit: float = 7.0
   # Generation: `sliding_attention` layers keep a ring of `sliding_window` columns (`models/ring_cache.py`) instead
   # of the whole length (False: as the full layers, the reference the ring is tested against).
   ring_kv_cache: bool = True
@@ -292,6 +301,19 @@ def rope_inv_freq(config: DecoderConfig) -> np.ndarray:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     inv_freq = np.where(is_medium, smoothed, scaled)
+  elif config.rope_type == "yarn":
+    # YaRN: frequencies past beta_fast rotations over the original context kept, those under beta_slow divided by
+    # factor, a linear ramp over the dims in between (HF `_compute_yarn_parameters`).
+    base, factor, old_context = config.rope_theta, config.rope_factor, config.rope_original_max_position_embeddings
+    correction_dim = lambda rotations: head_dim * math.log(old_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low, high = correction_dim(config.rope_beta_fast), correction_dim(config.rope_beta_slow)
+    if config.rope_truncate:
+      low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
+    extrapolation = (1 - ramp).astype(np.float32)
+    inv_freq = (inv_freq / np.float32(factor)) * (1 - extrapolation) + inv_freq * extrapolation
   return inv_freq.astype(np.float32)
 
 
@@ -305,6 +327,9 @@ def rope_cos_sin(positions_BxL, config: DecoderConfig):
   inv_freq = jnp.asarray(rope_inv_freq(config))
   freqs_BxLxH2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
   emb_BxLxH = jnp.concatenate([freqs_BxLxH2, freqs_BxLxH2], axis=-1)
+  if config.rope_type == "yarn" and config.rope_attention_factor != 1.0:
+    scale = np.float32(config.rope_attention_factor)
+    return jnp.cos(emb_BxLxH) * scale, jnp.sin(emb_BxLxH) * scale
   return jnp.cos(emb_BxLxH), jnp.sin(emb_BxLxH)
 
 
@@ -381,6 +406,8 @@ class Attention(nn.Module):
 
     batch, length = x_BxLxD.shape[:2]
     q_BxLxKxGxH = q_BxLxQxH.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
+    if cfg.attention_sinks:  # HF's `sinks` [Q]; read back by `_sinks` in the kernels' calls
+      self.param("sinks", _init(nn.initializers.normal(INIT_STD), ("heads",)), (num_heads,), param_dtype)
     if cache is None:
       new_kv = None
       out_BxLxKxGxH = self._attend(
@@ -402,6 +429,14 @@ class Attention(nn.Module):
     out_BxLxD = _linear(cfg, "o_proj", (cfg.hidden_size,), ("heads", "head_dim"), ("embed",), cfg.o_bias)(out_BxLxQxH)
     return out_BxLxD, new_kv
 
+  def _sinks(self):
+    """The learned attention sinks [K, G] fp32 (query head q = k * G + g reads key/value head k), or None."""
+    cfg = self.config
+    if not cfg.attention_sinks:
+      return None
+    sinks_Q = nn.unbox(self.get_variable("params", "sinks"))
+    return sinks_Q.astype(jnp.float32).reshape(cfg.num_key_value_heads, -1)
+
   def _cached(
     self, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS, cache, cache_index, layer, window_on, window="layer"
   ):
@@ -411,7 +446,7 @@ class Attention(nn.Module):
     new_kv, layer_kv = _layer_kv(cache, layer, cache_index, k_BxLxKxH, v_BxLxKxH, kv_mask_BxS.shape[1])
     if q_BxLxKxGxH.shape[1] == 1:  # a decode step: one query row, over the cache in its own layout
       out_BxLxKxGxH = decode_attention(
-        q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS, window, window_on
+        q_BxLxKxGxH[:, 0], layer_kv["k"], layer_kv["v"], cache_index, kv_mask_BxS, window, window_on, self._sinks()
       )[:, None]
     else:  # a prefill: queries offset into the cache
       keys_BxSxKxH, values_BxSxKxH = (layer_kv[name].transpose(0, 2, 1, 3) for name in "kv")
@@ -466,6 +501,7 @@ class Attention(nn.Module):
           kv_mask_BxS,
           cache_index,
           write_columns,
+          self._sinks(),
         )[:, None]
       else:
         attend = lambda q, keys, values, mask, offset: self._attend(
@@ -508,9 +544,16 @@ class Attention(nn.Module):
       cached=cached,
       packed=segment_ids_BxL is not None,
       traced_window=window is not None and window_on is not None,
+      sinks=self._sinks() is not None,
     )
-    core = kernel_fn(kernel, offset=offset, window=window, block_size=cfg.attention_block_size)
+    core = kernel_fn(
+      kernel, offset=offset, window=window, block_size=cfg.attention_block_size, sinks_KxG=self._sinks()
+    )
     layout = None if cached else self.layout
+    if layout is not None and isinstance(layout, SequenceParallel) and self._sinks() is not None:
+      raise ValueError(
+        "attention sinks (gpt-oss) are not supported with sequence parallelism (ulysses_sequence_parallel_size > 1)"
+      )
     if layout is not None and (isinstance(layout, SequenceParallel) or kernel == "splash"):
       return layout.attention(core, q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
     return core(q_BxLxKxGxH, keys_BxSxKxH, values_BxSxKxH, kv_mask_BxS, segment_ids_BxL, window_on)
@@ -641,7 +684,8 @@ class DecoderLayer(nn.Module):
     if cfg.num_experts:  # load-balancing statistics over a cache-free call's tokens (its kv mask is theirs)
       valid_BxL = kv_mask_BxS if cache is None else None
       moe_layout = None if layout is None or isinstance(layout, SequenceParallel) else layout  # SP: XLA partitions it
-      mlp_BxLxD, routes_BxLxk = SparseMoeBlock(cfg, moe_layout, name="mlp")(mlp_norm(x_BxLxD), valid_BxL, replay_BxLxk)
+      block = gpt_oss.GptOssMLP if cfg.model_type == gpt_oss.MODEL_TYPE else SparseMoeBlock
+      mlp_BxLxD, routes_BxLxk = block(cfg, moe_layout, name="mlp")(mlp_norm(x_BxLxD), valid_BxL, replay_BxLxk)
     else:
       mlp_BxLxD = MLP(cfg, layout, name="mlp")(mlp_norm(x_BxLxD))
     if cfg.sandwich_norms:

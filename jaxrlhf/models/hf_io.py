@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import logging
 import os
 import re
@@ -31,7 +32,7 @@ import numpy as np
 
 from jaxrlhf.config import resolve_target_modules
 from jaxrlhf.errors import CheckpointError
-from jaxrlhf.models import gemma3, qwen3_5
+from jaxrlhf.models import gemma3, gpt_oss, qwen3_5
 from jaxrlhf.models.decoder import ACTIVATIONS, HEADS, INIT_STD, Decoder, DecoderConfig, abstract_params, params_for
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ SUPPORTED_MODEL_TYPES = {
   "qwen3_5_text": "Qwen3_5",  # the hybrid family (`models/qwen3_5.py`); `qwen3_5` checkpoints load as their text model
   "qwen3_moe": "Qwen3Moe",  # mixture of experts (`models/moe.py`)
   "qwen3_5_moe_text": "Qwen3_5Moe",  # the hybrid family with experts and a shared expert; also `qwen3_5_moe`'s text
-  "gemma3_text": "Gemma3",  # interleaved sliding and full attention (`models/gemma3.py`); also `gemma3`'s text model
+  "gemma3_text": "Gemma3",
+  "gpt_oss": "GptOss",  # sliding/full layers, attention sinks, YaRN, biased clamped-SwiGLU experts (`models/gpt_oss.py`)  # interleaved sliding and full attention (`models/gemma3.py`); also `gemma3`'s text model
 }
 HEAD_ARCHITECTURE_SUFFIX = {
   "lm": "ForCausalLM",
@@ -127,7 +129,31 @@ def _rope_fields(hf: dict[str, Any], where: str, partial_rotary: bool = False) -
       }
     except KeyError as e:
       raise CheckpointError(f"{where}: llama3 rope scaling is missing {e.args[0]!r}") from None
-  raise CheckpointError(f"{where}: rope_type={rope_type!r} is not supported; supported: default, linear, llama3")
+  if rope_type == "yarn":
+    return {**fields, **_yarn_fields(merged, hf, where)}
+  raise CheckpointError(f"{where}: rope_type={rope_type!r} is not supported; supported: default, linear, llama3, yarn")
+
+
+def _yarn_fields(rope: dict[str, Any], hf: dict[str, Any], where: str) -> dict[str, Any]:
+  """YaRN's fields (HF `_compute_yarn_parameters`): its attention factor as HF settles it when not given."""
+  if rope.get("original_max_position_embeddings") is None:
+    raise CheckpointError(f"{where}: yarn rope scaling is missing 'original_max_position_embeddings'")
+  old_context = int(rope["original_max_position_embeddings"])
+  factor = rope.get("factor")
+  factor = float(factor) if factor is not None else hf["max_position_embeddings"] / old_context
+  mscale = lambda scale, m=1.0: 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+  attention_factor = rope.get("attention_factor")
+  if attention_factor is None:
+    m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+    attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+  return {
+    "rope_factor": factor,
+    "rope_original_max_position_embeddings": old_context,
+    "rope_beta_fast": float(rope.get("beta_fast") or 32),
+    "rope_beta_slow": float(rope.get("beta_slow") or 1),
+    "rope_truncate": bool(rope.get("truncate", True)),
+    "rope_attention_factor": float(attention_factor),
+  }
 
 
 MOE_MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe_text")
@@ -190,6 +216,10 @@ def _sliding_window_fields(hf: dict[str, Any], model_type: str, where: str) -> d
 def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overrides) -> DecoderConfig:
   """DecoderConfig from the contents of an HF config.json; `overrides` set our own fields (dtype, ...)."""
   hf = gemma3.text_config(qwen3_5.text_config(hf))  # a multimodal checkpoint: its text model
+  try:
+    hf = gpt_oss.text_config(hf)
+  except gpt_oss.UnsupportedGptOss as e:
+    raise CheckpointError(f"{where}: {e}") from None
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
     raise CheckpointError(
@@ -214,6 +244,11 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
     except gemma3.UnsupportedGemma3 as e:
       raise CheckpointError(f"{where}: {e}") from None
     rope_source = {"rope_parameters": gemma3.rope_by_layer_type(hf)["full_attention"]}
+  elif model_type == gpt_oss.MODEL_TYPE:
+    try:
+      family = gpt_oss.config_fields(hf)
+    except gpt_oss.UnsupportedGptOss as e:
+      raise CheckpointError(f"{where}: {e}") from None
   head_dim = hf.get("head_dim")
   if head_dim is None and model_type == "qwen3":
     head_dim = 128  # Qwen3Config's default
@@ -337,17 +372,21 @@ def hf_config_dict(
     problems.extend(qwen3_5.config_problems(config))
   elif model_type == gemma3.MODEL_TYPE:
     problems.extend(gemma3.config_problems(config))
+  elif model_type == gpt_oss.MODEL_TYPE:
+    problems.extend(gpt_oss.config_problems(config))
   elif config.qk_norm != (model_type in ("qwen3", "qwen3_moe")):
     problems.append("q/k norm exists in qwen3 and qwen3_moe only, and always")
-  if config.layer_types and model_type not in qwen3_5.TEXT_MODEL_TYPES + (gemma3.MODEL_TYPE,):
-    problems.append("layers of several kinds exist in qwen3_5_text, qwen3_5_moe_text and gemma3_text only")
+  if config.layer_types and model_type not in qwen3_5.TEXT_MODEL_TYPES + (gemma3.MODEL_TYPE, gpt_oss.MODEL_TYPE):
+    problems.append("layers of several kinds exist in qwen3_5_text, qwen3_5_moe_text, gemma3_text and gpt_oss only")
+  if config.attention_sinks and model_type != gpt_oss.MODEL_TYPE:
+    problems.append("attention sinks exist in gpt_oss only")
   gemma_fields = ("rope_local_base_freq", "query_pre_attn_scalar", "embed_scale", "sandwich_norms")
   if model_type != gemma3.MODEL_TYPE and (
     config.hidden_activation != "silu" or any(getattr(config, name) for name in gemma_fields)
   ):
     problems.append(f"a gelu-tanh MLP and {', '.join(gemma_fields)} exist in gemma3_text only")
-  if bool(config.num_experts) != (model_type in MOE_MODEL_TYPES):
-    problems.append(f"experts exist in {' and '.join(MOE_MODEL_TYPES)} only, and always")
+  if bool(config.num_experts) != (model_type in MOE_MODEL_TYPES + (gpt_oss.MODEL_TYPE,)):
+    problems.append(f"experts exist in {', '.join(MOE_MODEL_TYPES)} and gpt_oss only, and always")
   if config.shared_expert_intermediate_size and model_type != "qwen3_5_moe_text":
     problems.append("a shared expert exists in qwen3_5_moe_text only")
   if config.sliding_window and model_type == "llama":
@@ -422,6 +461,18 @@ def hf_config_dict(
       hf["architectures"] = ["Gemma3TextForSequenceClassification"]
   if model_type in MOE_MODEL_TYPES:
     hf.update(_moe_config_keys(config))
+  if model_type == gpt_oss.MODEL_TYPE:
+    rope = {"rope_type": config.rope_type, "rope_theta": hf.pop("rope_theta"), **(hf.pop("rope_scaling") or {})}
+    if config.rope_type == "yarn":
+      rope.update(
+        factor=config.rope_factor,
+        beta_fast=config.rope_beta_fast,
+        beta_slow=config.rope_beta_slow,
+        truncate=config.rope_truncate,
+        original_max_position_embeddings=config.rope_original_max_position_embeddings,
+        attention_factor=config.rope_attention_factor,
+      )
+    hf.update(gpt_oss.hf_config_fields(config), rope_parameters=rope)
   if model_type in ("qwen2", "qwen3", "qwen3_moe"):
     hf["use_sliding_window"] = config.sliding_window is not None
     hf["sliding_window"] = config.sliding_window
@@ -476,7 +527,7 @@ def _tensor_specs(shapes) -> list[_TensorSpec]:
   (`mlp/experts/gate_proj/kernel` [layers, E, D, F] -> HF's `mlp.experts.{e}.gate_proj.weight` [F, D] per layer)."""
   specs = []
   for spec in _leaf_specs(shapes):
-    if ".mlp.experts." not in spec.hf_name:
+    if ".mlp.experts." not in spec.hf_name or spec.path[-1] in gpt_oss.EXPERT_AXES:  # gpt-oss's: all experts in one
       specs.append(spec)
       continue
     experts = _flatten_shape(shapes, spec.path)[spec.layer is not None]
@@ -523,7 +574,8 @@ def _leaf_specs(shapes) -> list[_TensorSpec]:
   return specs
 
 
-_NAMED_LEAVES = ("A_log", "dt_bias")  # Gated DeltaNet parameters HF names as they are (no weight/bias)
+# Parameters HF names as they are (no weight/bias): Gated DeltaNet's, gpt-oss's attention sinks and fused experts.
+_NAMED_LEAVES = ("A_log", "dt_bias", "sinks") + tuple(gpt_oss.EXPERT_AXES)
 
 
 def _kind(name: str, leaf: str) -> str:

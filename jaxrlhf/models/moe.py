@@ -149,17 +149,27 @@ def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_E
 
   The experts' SwiGLU: down(silu(x gate) * up). Matmuls in the weights' dtype, accumulated in fp32, their outputs in
   the weights' dtype (fp32 pair buffers of a bf16 model were the largest of Qwen3-30B-A3B's step, 16 GiB each)."""
+
+  def swiglu(x_PxD, group_sizes_E, expert_P):
+    del expert_P
+    grouped = lambda lhs, rhs: grouped_matmul(lhs, rhs, group_sizes_E)
+    gate_PxF, up_PxF = grouped(x_PxD, gate_ExDxF), grouped(x_PxD, up_ExDxF)
+    return grouped(jax.nn.silu(gate_PxF) * up_PxF, down_ExFxD)  # in the compute dtype, as a dense MLP's
+
+  return grouped_experts(x_TxD, experts_Txk, weights_Txk, swiglu, gate_ExDxF.dtype, gate_ExDxF.shape[0])
+
+
+def grouped_experts(x_TxD, experts_Txk, weights_Txk, expert_fn, dtype, num_experts: int):
+  """The dropless experts around any expert function: the T x k (token, expert) pairs sorted by expert, `expert_fn(
+  x_PxD, group_sizes_E, expert_P) -> out_PxD` on the sorted pairs (each expert's rows contiguous; `expert_P`: each
+  row's expert), the outputs weighted and summed back into their tokens, in fp32: [T, D]."""
   tokens, top_k = experts_Txk.shape
-  num_experts = gate_ExDxF.shape[0]
   expert_P = experts_Txk.reshape(-1)  # P = T x k (token, expert) pairs, token-major
   order_P = jnp.argsort(expert_P, stable=True)
   token_P = order_P // top_k
   group_sizes_E = jnp.bincount(expert_P, length=num_experts).astype(jnp.int32)
-  dtype = gate_ExDxF.dtype
   x_PxD = jnp.take(x_TxD, token_P, axis=0).astype(dtype)
-  grouped = lambda lhs, rhs: grouped_matmul(lhs, rhs, group_sizes_E)
-  gate_PxF, up_PxF = grouped(x_PxD, gate_ExDxF), grouped(x_PxD, up_ExDxF)
-  out_PxD = grouped(jax.nn.silu(gate_PxF) * up_PxF, down_ExFxD)  # in the compute dtype, as a dense MLP's
+  out_PxD = expert_fn(x_PxD, group_sizes_E, jnp.take(expert_P, order_P))
   # Back to token-major order (a gather by the inverse permutation), each token's k outputs weighted and summed in fp32,
   # one choice at a time: a [T, k, D] fp32 product was the 30B step's largest buffer (16 GiB; XLA materialised it).
   inverse_P = jnp.zeros_like(order_P).at[order_P].set(jnp.arange(order_P.shape[0], dtype=order_P.dtype))

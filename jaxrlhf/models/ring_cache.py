@@ -37,9 +37,20 @@ def _mask_at(kv_mask_BxS, columns):
   return jnp.where(inside, jnp.take_along_axis(kv_mask_BxS, clipped, axis=1), 0)
 
 
-def decode(q_BxKxGxH, k_BxKx1xH, v_BxKx1xH, ring_k_BxKxWxH, ring_v_BxKxWxH, kv_mask_BxS, cache_index, write_columns):
+def decode(
+  q_BxKxGxH,
+  k_BxKx1xH,
+  v_BxKx1xH,
+  ring_k_BxKxWxH,
+  ring_v_BxKxWxH,
+  kv_mask_BxS,
+  cache_index,
+  write_columns,
+  sinks_KxG=None,
+):
   """One query per row at column `cache_index` (a scalar or [B]) over the ring with this step's key and value
-  written at its slot. Returns the attention output [B, K, G, H]. `write_columns`: the decoder's column writer."""
+  written at its slot. Returns the attention output [B, K, G, H]. `write_columns`: the decoder's column writer;
+  `sinks_KxG`: learned attention sinks (gpt-oss; `attention.py`)."""
   width = ring_k_BxKxWxH.shape[2]
   slot = jnp.asarray(cache_index, jnp.int32) % width
   ring_k_BxKxWxH = write_columns(ring_k_BxKxWxH, k_BxKx1xH, slot, batch_axis=0, length_axis=2)
@@ -47,7 +58,7 @@ def decode(q_BxKxGxH, k_BxKx1xH, v_BxKx1xH, ring_k_BxKxWxH, ring_v_BxKxWxH, kv_m
   valid_BxW = _mask_at(kv_mask_BxS, slot_columns(cache_index, width))
   # Every slot is at or before the query and inside the window by construction: the query's index W passes the
   # causal test of each, and the mask alone decides.
-  return decode_attention(q_BxKxGxH, ring_k_BxKxWxH, ring_v_BxKxWxH, jnp.int32(width), valid_BxW)
+  return decode_attention(q_BxKxGxH, ring_k_BxKxWxH, ring_v_BxKxWxH, jnp.int32(width), valid_BxW, sinks_KxG=sinks_KxG)
 
 
 def prefill(attend, q_BxLxKxGxH, k_BxLxKxH, v_BxLxKxH, ring_k_BxKxWxH, ring_v_BxKxWxH, kv_mask_BxS, offset):
