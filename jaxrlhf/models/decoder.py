@@ -305,7 +305,9 @@ def rope_inv_freq(config: DecoderConfig) -> np.ndarray:
     # YaRN: frequencies past beta_fast rotations over the original context kept, those under beta_slow divided by
     # factor, a linear ramp over the dims in between (HF `_compute_yarn_parameters`).
     base, factor, old_context = config.rope_theta, config.rope_factor, config.rope_original_max_position_embeddings
-    correction_dim = lambda rotations: head_dim * math.log(old_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    correction_dim = lambda rotations: (
+      head_dim * math.log(old_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    )
     low, high = correction_dim(config.rope_beta_fast), correction_dim(config.rope_beta_slow)
     if config.rope_truncate:
       low, high = math.floor(low), math.ceil(high)
@@ -546,9 +548,7 @@ class Attention(nn.Module):
       traced_window=window is not None and window_on is not None,
       sinks=self._sinks() is not None,
     )
-    core = kernel_fn(
-      kernel, offset=offset, window=window, block_size=cfg.attention_block_size, sinks_KxG=self._sinks()
-    )
+    core = kernel_fn(kernel, offset=offset, window=window, block_size=cfg.attention_block_size, sinks_KxG=self._sinks())
     layout = None if cached else self.layout
     if layout is not None and isinstance(layout, SequenceParallel) and self._sinks() is not None:
       raise ValueError(

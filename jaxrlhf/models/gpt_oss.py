@@ -139,7 +139,12 @@ def config_problems(config) -> list[str]:
     problems.append("gpt_oss has attention sinks, experts in every layer and layer_types, always")
   if set(config.layer_types) - {"sliding_attention", "full_attention"}:
     problems.append("gpt_oss has sliding_attention and full_attention layers only")
-  if config.qkv_bias != config.o_bias or config.qk_norm or config.sandwich_norms or config.shared_expert_intermediate_size:
+  if (
+    config.qkv_bias != config.o_bias
+    or config.qk_norm
+    or config.sandwich_norms
+    or config.shared_expert_intermediate_size
+  ):
     problems.append("gpt_oss has one attention_bias for q/k/v and o, no q/k norm, two norms a layer, no shared expert")
   return problems
 
@@ -210,7 +215,10 @@ class Router(nn.Module):
   def __call__(self):
     cfg, param_dtype = self.config, DTYPES[self.config.param_dtype]
     kernel = self.param(
-      "kernel", logical_init(nn.initializers.normal(INIT_STD), ("embed", "experts")), (cfg.hidden_size, cfg.num_experts), param_dtype
+      "kernel",
+      logical_init(nn.initializers.normal(INIT_STD), ("embed", "experts")),
+      (cfg.hidden_size, cfg.num_experts),
+      param_dtype,
     )
     bias = self.param("bias", logical_init(nn.initializers.zeros_init(), ("experts",)), (cfg.num_experts,), param_dtype)
     return kernel, bias
@@ -226,7 +234,12 @@ class Experts(nn.Module):
     cfg, param_dtype = self.config, DTYPES[self.config.param_dtype]
     sizes = {"experts": cfg.num_experts, "expert_embed": cfg.hidden_size}
     shapes = {
-      name: tuple(2 * cfg.moe_intermediate_size if (a == "expert_mlp" and "gate_up" in name) else sizes.get(a, cfg.moe_intermediate_size) for a in axes)
+      name: tuple(
+        2 * cfg.moe_intermediate_size
+        if (a == "expert_mlp" and "gate_up" in name)
+        else sizes.get(a, cfg.moe_intermediate_size)
+        for a in axes
+      )
       for name, axes in EXPERT_AXES.items()
     }
     init = lambda name: nn.initializers.zeros_init() if name.endswith("_bias") else nn.initializers.normal(INIT_STD)

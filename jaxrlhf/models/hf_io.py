@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
-import math
 import logging
+import math
 import os
 import re
 import shutil
@@ -45,8 +45,8 @@ SUPPORTED_MODEL_TYPES = {
   "qwen3_5_text": "Qwen3_5",  # the hybrid family (`models/qwen3_5.py`); `qwen3_5` checkpoints load as their text model
   "qwen3_moe": "Qwen3Moe",  # mixture of experts (`models/moe.py`)
   "qwen3_5_moe_text": "Qwen3_5Moe",  # the hybrid family with experts and a shared expert; also `qwen3_5_moe`'s text
-  "gemma3_text": "Gemma3",
-  "gpt_oss": "GptOss",  # sliding/full layers, attention sinks, YaRN, biased clamped-SwiGLU experts (`models/gpt_oss.py`)  # interleaved sliding and full attention (`models/gemma3.py`); also `gemma3`'s text model
+  "gemma3_text": "Gemma3",  # interleaved sliding and full attention (`models/gemma3.py`); also `gemma3`'s text model
+  "gpt_oss": "GptOss",  # sliding/full layers, attention sinks, YaRN, biased clamped experts (`models/gpt_oss.py`)
 }
 HEAD_ARCHITECTURE_SUFFIX = {
   "lm": "ForCausalLM",

@@ -82,6 +82,7 @@ PUBLIC_SIZES = {
   # Gemma 3's Hub name rounds text + vision tower; the text model (what loads; transformers' Gemma3ForCausalLM counts
   # the same) is 11.77e9.
   "gemma-3-12b-it": 12e9,
+  "gpt-oss-20b": 21e9,  # 3.6e9 active per token; the bf16 (dequantised) checkpoint's config, as transformers counts it
 }
 
 
