@@ -99,8 +99,9 @@ def _read_json(path: str) -> dict[str, Any]:
     raise CheckpointError(f"{path} is not valid JSON: {e}") from None
 
 
-def _rope_fields(hf: dict[str, Any], where: str, partial_rotary: bool = False) -> dict[str, Any]:
-  """RoPE settings from transformers-v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`."""
+def _rope_fields(hf: dict[str, Any], where: str, partial_rotary: bool = False, yarn: bool = False) -> dict[str, Any]:
+  """RoPE settings from transformers-v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`; YaRN where `yarn` (the
+  families whose export writes it back: gpt_oss)."""
   params = dict(hf.get("rope_parameters") or {})
   if params and all(isinstance(v, dict) for v in params.values()):
     raise CheckpointError(f"{where}: per-layer-type rope_parameters {sorted(params)} are not supported")
@@ -129,9 +130,10 @@ def _rope_fields(hf: dict[str, Any], where: str, partial_rotary: bool = False) -
       }
     except KeyError as e:
       raise CheckpointError(f"{where}: llama3 rope scaling is missing {e.args[0]!r}") from None
-  if rope_type == "yarn":
+  if rope_type == "yarn" and yarn:
     return {**fields, **_yarn_fields(merged, hf, where)}
-  raise CheckpointError(f"{where}: rope_type={rope_type!r} is not supported; supported: default, linear, llama3, yarn")
+  supported = "default, linear, llama3" + (", yarn" if yarn else "")
+  raise CheckpointError(f"{where}: rope_type={rope_type!r} is not supported; supported: {supported}")
 
 
 def _yarn_fields(rope: dict[str, Any], hf: dict[str, Any], where: str) -> dict[str, Any]:
@@ -271,7 +273,12 @@ def config_from_hf_dict(hf: dict[str, Any], where: str = "config.json", **overri
     o_bias=attention_bias and model_type in ("llama", "qwen3", "qwen3_moe"),
     mlp_bias=bool(hf.get("mlp_bias", False)) and model_type == "llama",
     qk_norm=model_type in ("qwen3", "qwen3_moe"),
-    **_rope_fields(rope_source, where, partial_rotary=model_type in qwen3_5.TEXT_MODEL_TYPES),
+    **_rope_fields(
+      rope_source,
+      where,
+      partial_rotary=model_type in qwen3_5.TEXT_MODEL_TYPES,
+      yarn=model_type == gpt_oss.MODEL_TYPE,
+    ),
     **_sliding_window_fields(hf, model_type, where),
     **_moe_fields(hf, model_type),
   )
@@ -380,6 +387,8 @@ def hf_config_dict(
     problems.append("layers of several kinds exist in qwen3_5_text, qwen3_5_moe_text, gemma3_text and gpt_oss only")
   if config.attention_sinks and model_type != gpt_oss.MODEL_TYPE:
     problems.append("attention sinks exist in gpt_oss only")
+  if config.rope_type == "yarn" and model_type != gpt_oss.MODEL_TYPE:
+    problems.append("yarn RoPE is written for gpt_oss only")
   gemma_fields = ("rope_local_base_freq", "query_pre_attn_scalar", "embed_scale", "sandwich_norms")
   if model_type != gemma3.MODEL_TYPE and (
     config.hidden_activation != "silu" or any(getattr(config, name) for name in gemma_fields)

@@ -143,6 +143,8 @@ def test_kernel_choice_and_fallbacks():
   assert choose_kernel("splash", **{**bf16, "cached": True}) == "blockwise"
   assert choose_kernel("cudnn", **{**bf16, "traced_window": True}) == "blockwise"
   assert choose_kernel("xla", **{**bf16, "cached": True}) == "xla"
+  # gpt-oss's learned attention sinks: an extra logit neither vendor kernel takes
+  assert choose_kernel("cudnn", **bf16, sinks=True) == choose_kernel("splash", **bf16, sinks=True) == "blockwise"
 
 
 def test_for_platform_resolves_auto_only(tiny_model_config):

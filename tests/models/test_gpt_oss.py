@@ -294,3 +294,31 @@ def test_bf16_checkpoint_loads(causal_lm, tmp_path):
   got = _ours_logits(config, params, ids, mask)
   want = _hf_logits(causal_lm["hf"], ids, mask)
   assert np.abs(got - want)[mask > 0].max() < 0.2  # bf16 weights, fp32 compute
+
+
+def test_routing_replay_records_the_samplers_routes(causal_lm):
+  """Rollout routing replay through gpt-oss's router: the sampler's recorded experts, replayed by the training
+  forward, are the ones its own router picks (fp32), and the replayed forward gives the sampler's log-probs."""
+  from jaxrlhf.models.moe import no_route, router_stats
+  from jaxrlhf.trainer.model_outputs import sequence_inputs
+
+  ids, mask = _batch(seed=10)
+  config, params = causal_lm["config"], causal_lm["params"]
+  sampling = SamplingParams(max_new_tokens=NEW_TOKENS, eos_token_ids=(5,), pad_token_id=0, temperature=0.7)
+  run = functools.partial(generate, decode_model(Decoder(config), record_routes=True), sampling=sampling)
+  out = jax.jit(run)(params, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(2))
+  routes = np.asarray(out["rollout_routes"])
+  assert (routes[:, :PROMPT][np.asarray(mask) == 0] == no_route(config.num_experts)).all()
+  seq, positions, seq_mask = sequence_inputs(jnp.asarray(ids), jnp.asarray(mask), out["responses"])
+  (logits, _), variables = Decoder(config).apply(
+    {"params": params}, seq, positions, seq_mask, replay_BxLxYxk=out["rollout_routes"], mutable=["intermediates"]
+  )
+  _, _, tokens, replayed_elsewhere = router_stats(variables["intermediates"])
+  assert replayed_elsewhere.sum() == 0 and tokens.sum() > 0
+  want = np.asarray(token_log_probs(logits[:, PROMPT - 1 : -1], out["responses"], 0.7))
+  response_mask = np.asarray(out["response_mask"]) > 0
+  np.testing.assert_allclose(np.asarray(out["rollout_log_probs"])[response_mask], want[response_mask], atol=1e-5)
+  # Routes recorded elsewhere (every token to experts 0..3) are followed: the logits change.
+  forced = jnp.broadcast_to(jnp.arange(4, dtype=routes.dtype), routes.shape)
+  other, _ = Decoder(config).apply({"params": params}, seq, positions, seq_mask, replay_BxLxYxk=forced)
+  assert np.abs(np.asarray(other) - np.asarray(logits))[np.asarray(seq_mask) > 0].max() > 1e-2

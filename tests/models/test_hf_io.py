@@ -232,7 +232,8 @@ def test_unknown_model_type_and_architecture(qwen2, tmp_path):
   with pytest.raises(
     CheckpointError,
     match=r"model_type='gpt2' is not supported; supported model types: "
-    r"\['gemma3_text', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_moe'\]",
+    r"\['gemma3_text', 'gpt_oss', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_5_moe_text', 'qwen3_5_text', "
+    r"'qwen3_moe'\]",
   ):
     load_hf_config(_copy_config_only(path, tmp_path / "gpt2", model_type="gpt2"))
   with pytest.raises(
