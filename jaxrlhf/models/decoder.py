@@ -1,6 +1,7 @@
 """Decoder family (Llama, Qwen2/2.5, Qwen3, Mistral; Qwen3.5's hybrid stack with `layer_types`; Gemma 3's
-interleaved sliding and full attention): RMSNorm, rotate-half RoPE, GQA attention, SwiGLU (or gelu-tanh) MLP.
-Qwen3.5's linear-attention layers are `linear_attention.py`'s; what Gemma 3 sets is listed in `models/gemma3.py`.
+interleaved sliding and full attention; gpt-oss): RMSNorm, rotate-half RoPE, GQA attention, SwiGLU (or gelu-tanh) MLP.
+Qwen3.5's linear-attention layers are `linear_attention.py`'s; what Gemma 3 sets is listed in `models/gemma3.py`,
+gpt-oss's (attention sinks, YaRN, its experts) in `models/gpt_oss.py`.
 
 One module family with config switches instead of one copy per model: biases on q/k/v (Qwen2,
 Llama `attention_bias`), on o_proj and the MLP (Llama `attention_bias` / `mlp_bias`), per-head q/k
@@ -538,7 +539,7 @@ class Attention(nn.Module):
     Under sequence parallelism the all-to-all gives each device whole sequences for some heads; a Mosaic kernel
     (splash), which XLA cannot partition, runs in a shard_map on each device's rows and heads. `window`: the
     layer's (default), or a static one for a call whose kind is known (the ring cache's branches)."""
-    cfg = self.config
+    cfg, sinks_KxG = self.config, self._sinks()
     window = self.sliding_window if window == "layer" else window
     kernel = choose_kernel(
       resolve_impl(cfg.attention_impl),
@@ -546,11 +547,11 @@ class Attention(nn.Module):
       cached=cached,
       packed=segment_ids_BxL is not None,
       traced_window=window is not None and window_on is not None,
-      sinks=self._sinks() is not None,
+      sinks=sinks_KxG is not None,
     )
-    core = kernel_fn(kernel, offset=offset, window=window, block_size=cfg.attention_block_size, sinks_KxG=self._sinks())
+    core = kernel_fn(kernel, offset=offset, window=window, block_size=cfg.attention_block_size, sinks_KxG=sinks_KxG)
     layout = None if cached else self.layout
-    if layout is not None and isinstance(layout, SequenceParallel) and self._sinks() is not None:
+    if isinstance(layout, SequenceParallel) and sinks_KxG is not None:
       raise ValueError(
         "attention sinks (gpt-oss) are not supported with sequence parallelism (ulysses_sequence_parallel_size > 1)"
       )
