@@ -21,7 +21,8 @@ reference are 488 GB, 61 GB a GPU, before any activation. Micro-batches of 2 row
 
 Measured ahead of time (h100x8, jax 0.10.2, 2026-12-07): 98.0 GiB per GPU against 79.1, counting the offloaded
 Adam moments (28.4 GiB) in device memory (the cuda target compiled on a CPU has no host memory), 69.6 without: not
-shown to fit yet (benchmarks/README.md, "Scale").
+shown to fit yet; the peak is the update's, whose largest buffers are the experts' fp32 gradients and their copies
+(benchmarks/README.md, "Scale").
 """
 
 import os

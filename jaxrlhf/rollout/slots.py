@@ -49,6 +49,10 @@ from jaxrlhf.rollout.sampler import SamplingParams
 
 # Rows a shard's free slots take per loop step (each an unrolled copy of one prompt's cache row).
 INSERTS_PER_STEP = 4
+# Prompt tokens one prefill call runs per generation shard: a chunk of more rows prefills in groups (`PromptChunks`).
+# A forward's activations grow with its tokens; a mixture of experts' (token, expert) pair buffers by top-k times
+# more (Qwen3-30B-A3B: 256 slots x 1,024 prompt tokens held [2M, 2048] bf16 buffers, 8 GiB each, on every GPU).
+PREFILL_TOKENS = 32768
 
 
 def row_keys(rng, rows: int):
@@ -88,16 +92,31 @@ class PromptChunks:
     return cls(model, params, ids, mask, slots, constrain_cache)
 
   def rows(self, starts_D, count: int | None = None):
-    """The prompt state of rows [start_d, start_d + count) of each shard d (`count`: one chunk of `slots`)."""
+    """The prompt state of rows [start_d, start_d + count) of each shard d (`count`: one chunk of `slots`), in
+    prefill calls of at most `PREFILL_TOKENS` prompt tokens per shard: groups of `group` rows of every shard at once
+    (a loop over the groups), so a call's rows stay split over the shards as the chunk's are."""
     count = count or self.slots
-    take = lambda x: cache_rows.merge_axis(
-      jax.vmap(lambda rows, start: jax.lax.dynamic_slice_in_dim(rows, start, count, axis=0))(x, starts_D), 0
+    shards, _, prompt_len = self.ids_DxMxP.shape
+    take = lambda x: jax.vmap(lambda rows, start: jax.lax.dynamic_slice_in_dim(rows, start, count, axis=0))(
+      x, starts_D
     )
-    prompt_len = self.ids_DxMxP.shape[-1]
-    cache, _ = prefill_cache(
-      self.model, self.params, take(self.ids_DxMxP), take(self.mask_DxMxP), prompt_len, self.constrain_cache
-    )
-    return cache
+    ids_DxCxP, mask_DxCxP = take(self.ids_DxMxP), take(self.mask_DxMxP)
+    group = max(r for r in range(1, count + 1) if count % r == 0 and (r * prompt_len <= PREFILL_TOKENS or r == 1))
+    prefill = lambda ids_BxP, mask_BxP: prefill_cache(
+      self.model, self.params, ids_BxP, mask_BxP, prompt_len, self.constrain_cache
+    )[0]
+    if group == count:
+      return prefill(cache_rows.merge_axis(ids_DxCxP, 0), cache_rows.merge_axis(mask_DxCxP, 0))
+    # [D, C, P] -> [G, D x group, P]: each call takes `group` rows of every shard
+    to_groups = lambda x: cache_rows.merge_axis(jnp.moveaxis(cache_rows.split_axis(x, 1, count // group), 1, 0), 1)
+    caches_G = jax.lax.map(lambda inputs: prefill(*inputs), (to_groups(ids_DxCxP), to_groups(mask_DxCxP)))
+
+    def back(x, names):  # [G, .., D x group, ..] -> [.., D x C, ..], shard-major (shard d's rows contiguous)
+      axis = names.index("batch")
+      x = cache_rows.split_axis(jnp.moveaxis(x, 0, axis), axis + 1, shards)  # [.., G, D, group, ..]
+      return cache_rows.merge_axis(cache_rows.merge_axis(jnp.swapaxes(x, axis, axis + 1), axis + 1), axis)
+
+    return self.constrain_cache(cache_rows.map_leaves(back, caches_G, self.model.cache_axes))
 
 
 def advance_window(chunks: PromptChunks, shards, window, window_start_D, next_D, axes):

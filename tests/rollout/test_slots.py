@@ -100,6 +100,20 @@ def test_rows_sample_the_same_whichever_slots_they_run_in(do_sample, slots, shar
     assert RESPONSE < int(got["num_steps"]) <= (per_shard // slots + 1) * RESPONSE
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_chunk_prefilled_in_groups_is_the_chunk_prefilled_at_once(monkeypatch, shards):
+  """`PREFILL_TOKENS` bounds one prefill call's prompt tokens per shard: a chunk of 4 rows per shard (slots 4, the
+  window 8) then prefills 2 or 1 rows of every shard at a time, in a loop, and the rows sample what they did."""
+  from jaxrlhf.rollout import slots as slots_module
+
+  model, params, apply_fn, prompts, mask = _setup()
+  want = _slots(True, 4, shards)
+  monkeypatch.setattr(slots_module, "PREFILL_TOKENS", 2 * PROMPT if shards == 1 else PROMPT)
+  run = functools.partial(generate_in_slots, apply_fn, sampling=_sampling(True), slots=4, shards=shards)
+  got = jax.device_get(jax.jit(run)(params, prompt_ids_NxP=prompts, prompt_mask_NxP=mask, rng=jax.random.key(7)))
+  _assert_same(got, want)
+
+
 def test_a_row_longer_than_all_others_holds_its_slot_while_the_others_cycle():
   # Greedy tokens do not depend on the EOS ids (only where a row stops): EOS = the other rows' first tokens that row
   # `long` never emits, so row `long` runs to the limit while every other row ends within a few tokens.
