@@ -97,9 +97,7 @@ class PromptChunks:
     (a loop over the groups), so a call's rows stay split over the shards as the chunk's are."""
     count = count or self.slots
     shards, _, prompt_len = self.ids_DxMxP.shape
-    take = lambda x: jax.vmap(lambda rows, start: jax.lax.dynamic_slice_in_dim(rows, start, count, axis=0))(
-      x, starts_D
-    )
+    take = lambda x: jax.vmap(lambda rows, start: jax.lax.dynamic_slice_in_dim(rows, start, count, axis=0))(x, starts_D)
     ids_DxCxP, mask_DxCxP = take(self.ids_DxMxP), take(self.mask_DxMxP)
     group = max(r for r in range(1, count + 1) if count % r == 0 and (r * prompt_len <= PREFILL_TOKENS or r == 1))
     prefill = lambda ids_BxP, mask_BxP: prefill_cache(
