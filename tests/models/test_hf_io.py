@@ -302,3 +302,9 @@ def test_tokenizer_and_eos_ids(tmp_path):
   assert pad_token_id(tokenizer, (1,)) == tokenizer.pad_token_id
   with pytest.raises(ValueError, match="is not a directory"):
     load_tokenizer(str(tmp_path / "nope"))
+
+
+@pytest.mark.parametrize("model_type", ["gemma4", "gemma4_text"])
+def test_gemma4_is_refused_naming_what_it_adds(model_type):
+  with pytest.raises(CheckpointError, match=r"not supported yet: Gemma 4's text model adds per-layer inputs"):
+    config_from_hf_dict({"model_type": model_type, "vocab_size": 64, "hidden_size": 32})
