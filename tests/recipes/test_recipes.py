@@ -45,6 +45,7 @@ BIG_RECIPES = {
   "grpo_gsm8k_qwen3_30b_a3b": ("qwen3-30b-a3b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
   "grpo_gsm8k_qwen3_235b_a22b": ("qwen3-235b-a22b", "grpo_gsm8k_qwen2_5_0_5b", (("h200:8x8", 64),)),
   "grpo_gsm8k_gemma3_12b": ("gemma-3-12b-it", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
+  "grpo_gsm8k_gpt_oss_20b": ("gpt-oss-20b", "grpo_gsm8k_qwen2_5_0_5b", (("h100x8", 8),)),
 }
 # What a big recipe may change from its 0.5B parent: model, layout, micro-batch size, run name.
 BIG_RECIPE_CHANGES = (
