@@ -248,3 +248,23 @@ class Judge:
     return self.fns.scores(
       responses_NxR, response_mask_NxR, sample_index_N, out["responses"], out["response_mask"], too_long_N
     )
+
+
+class HostJudging:
+  """Judging driven from the host, for validation (whose rule reward runs on the host after sampling): the same
+  three parts as inside the step (`Judge.scores`), the replies from one compiled program (`Judge.verdicts`)."""
+
+  def __init__(self, judge: Judge, host: JudgeHost, params_sharding=None):
+    self.judge = judge
+    self.host = host
+    self.verdicts = jax.jit(judge.verdicts, in_shardings=(params_sharding, None, None, None))
+
+  def __call__(self, params, prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR, sample_index_N):
+    """(scores [N], errors [N]) as numpy: the rows of `host.dataset` at `sample_index_N`."""
+    prompts_NxQ, prompt_mask_NxQ, too_long_N = self.host.prompts(
+      prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR, sample_index_N
+    )
+    out = jax.device_get(self.verdicts(params, prompts_NxQ, prompt_mask_NxQ, np.asarray(sample_index_N, np.int32)))
+    return self.host.scores(
+      responses_NxR, response_mask_NxR, sample_index_N, out["responses"], out["response_mask"], too_long_N
+    )

@@ -33,7 +33,7 @@ from jaxrlhf.trainer.dumps import RolloutDump
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.hf_weights import actor_base_params, critic_base_params, init_keys, write_hf
-from jaxrlhf.trainer.judge import JudgeFns, JudgeHost, judge_score_function, judge_scorer, make_judge_fns
+from jaxrlhf.trainer.judge import HostJudging, JudgeFns, JudgeHost, judge_score_function, judge_scorer, make_judge_fns
 from jaxrlhf.trainer.multi_turn import MultiTurnGeneration, tools_kwargs_notes
 from jaxrlhf.trainer.phased import PhasedStep, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
@@ -195,8 +195,13 @@ class Trainer:
     self.rng = jax.random.key(trainer_cfg.seed)
     self.validation = None
     if self.val_data is not None:
+      judging = None
+      if self.judge_host is not None:
+        judging = HostJudging(
+          self.ppo.judge, self.judge_host.with_dataset(self.val_data), state_shardings.reward_params
+        )
       self.validation = Validation(
-        config, self.generation, self.val_data, self.tokenizer, self.reward_scorer, self.run_dir, self.rng
+        config, self.generation, self.val_data, self.tokenizer, self.reward_scorer, self.run_dir, self.rng, judging
       )
 
   # ----- set-up ----------------------------------------------------------------------------------

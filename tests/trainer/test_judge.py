@@ -81,7 +81,9 @@ def _judge_config(tmp_path, judge_path, **overrides):
     tmp_path,
     **{
       "mesh.fsdp": 2,
-      "data.val_files": (),
+      "data.val_max_samples": 8,
+      "data.val_batch_size": 4,
+      "trainer.validation_data_dir": str(tmp_path / "validation"),
       "trainer.total_training_steps": 1,
       "trainer.rollout_data_dir": str(tmp_path / "rollouts"),
       "reward_model.enable": True,
@@ -124,23 +126,45 @@ def test_judge_replies_equal_jaxrlhf_generate_and_scores_reach_metrics(judged_ru
   replies = [row["judge_response"] for row in dumped]
   _, _, oracle = _oracle_replies(echo_judge, [TEMPLATE.format(response=row["output"]) for row in dumped])
   assert replies == oracle
-  expected, failed = [], []
-  for row, reply in zip(dumped, oracle):
-    try:
-      expected.append(judge_parser.compute_score("", row["output"], row["gts"], {}, judge_response=reply))
-      failed.append(0.0)
-    except ValueError:
-      expected.append(0.0)
-      failed.append(1.0)
+  expected, failed = _expected(oracle)
   assert 0 < sum(failed) < len(failed), "the random policy's responses should end in digits and in other words"
   np.testing.assert_allclose([row["score"] for row in dumped], expected)
   np.testing.assert_allclose([row["reward_error"] for row in dumped], failed)
-  (step,) = metrics
+  (step,) = [record for record in metrics if "critic/score/mean" in record]
   # verl's reward metric names: the sequence score (critic/score/*) and, with one reward, the token rewards' sums.
   assert step["critic/score/mean"] == pytest.approx(np.mean(expected), abs=1e-5)
   assert step["critic/score/max"] == pytest.approx(np.max(expected), abs=1e-5)
   assert step["critic/rewards/mean"] == pytest.approx(np.mean(expected), abs=1e-3)  # less the KL (kl_coef 0.001)
   assert step["reward/num_errors"] == sum(failed)
+
+
+def _expected(replies):
+  """(scores, failed) of the built-in parser on the replies, on_error=zero."""
+  scores, failed = [], []
+  for reply in replies:
+    try:
+      scores.append(judge_parser.compute_score("", "", "", {}, judge_response=reply))
+      failed.append(0.0)
+    except ValueError:
+      scores.append(0.0)
+      failed.append(1.0)
+  return scores, failed
+
+
+def test_validation_is_judged_too(judged_run, echo_judge):
+  """Validation's judge (on the host, `HostJudging`): the scores of the oracle's replies to the validation
+  responses, in verl's val-core reward and validation_data_dir's rows, before and after the step."""
+  trainer, metrics, _ = judged_run
+  validations = [record for record in metrics if "val-core/jaxrlhf/recall/reward/mean@1" in record]
+  assert len(validations) == 2
+  for step, record in zip((0, 1), validations):
+    with open(os.path.join(trainer.config.trainer.validation_data_dir, f"{step}.jsonl")) as f:
+      rows = [json.loads(line) for line in f]
+    assert len(rows) == 8
+    _, _, oracle = _oracle_replies(echo_judge, [TEMPLATE.format(response=row["output"]) for row in rows])
+    expected, _ = _expected(oracle)
+    np.testing.assert_allclose([row["score"] for row in rows], expected)
+    assert record["val-core/jaxrlhf/recall/reward/mean@1"] == pytest.approx(np.mean(expected), abs=1e-5)
 
 
 def test_rejected_reply_with_on_error_raise_is_one_clear_error(judged_run):
