@@ -113,6 +113,9 @@ class StepProgram:
     }
     if state.ref_params is not None:
       counts["ref params"] = per_device_bytes(state.ref_params)
+    if state.reward_params is not None:  # a scalar reward model's, or a judge's (its LM head)
+      name = "judge" if self.ppo.judge is not None else "reward model"
+      counts[f"{name} params"] = per_device_bytes(state.reward_params)
     if state.critic is not None:
       counts["critic params"] = per_device_bytes(state.critic.params)
       counts["critic optimizer"] = per_device_bytes(state.critic.opt_state)
