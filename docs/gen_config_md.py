@@ -535,7 +535,7 @@ _DOCS = {
     "`reward.reward_model.rollout.max_num_seqs`",
   ),
   "reward_model.rollout.seed": (
-    "a sampling judge's key: reply r of prompt i draws with (seed, i, r), as `jaxrlhf.generate` keys sample r",
+    "a sampling judge's key: batch row r, judging a response to data row i, draws with (seed, i, r)",
     "`reward.reward_model.rollout.seed`",
   ),
   "reward_model.rollout.dtype": (

@@ -291,7 +291,7 @@ def get_base_config() -> ml_collections.ConfigDict:
       top_k=-1,
       top_p=1.0,
       max_num_seqs=_placeholder(int),  # None = every judge prompt decodes at once
-      seed=42,  # sampling judges (do_sample=True): row r of prompt i draws with key (seed, i, r)
+      seed=42,  # sampling judges (do_sample=True): batch row r, of data row i, draws with key (seed, i, r)
       dtype="float32",  # the judge's compute dtype (its weights are cast once per judging): float32 | bfloat16
     ),
   )

@@ -223,8 +223,9 @@ class Judge:
     return self.layouts.judge_to_generation(cast_floating(params, self.section.rollout.dtype), self.config)
 
   def verdicts(self, params, prompts_NxQ, prompt_mask_NxQ, sample_index_N) -> dict:
-    """The judge's replies to its prompts (`rollout.generate`'s outputs). Row r of prompt i draws with
-    `request_key(seed, i, r)` (unused when greedy), the key `jaxrlhf.generate` gives sample r of prompt i."""
+    """The judge's replies to its prompts (`rollout.generate`'s outputs). Batch row r, judging a response to data
+    row i, draws with `request_key(seed, i, r)` (unused when greedy): keys that differ between the rows of a batch
+    and do not depend on `max_num_seqs` (the convention of `jaxrlhf.generate`'s keys)."""
     keys_N = jax.vmap(request_key, in_axes=(None, 0, 0))(
       self.section.rollout.seed, sample_index_N, jnp.arange(sample_index_N.shape[0])
     )

@@ -254,3 +254,41 @@ def test_builtin_parser_takes_the_last_number():
   assert judge_parser.compute_score("s", "r", "1", {}, judge_response="7 out of 10, so 8.5") == 8.5
   with pytest.raises(ValueError, match="holds no number"):
     judge_parser.compute_score("s", "r", "1", {}, judge_response="great answer")
+
+
+def test_a_parser_file_runs_in_worker_processes_with_the_reply(tmp_path):
+  """A `score_function.path` parser gets the reply as `judge_response` in reward worker processes (the rule reward's
+  scorer: num_workers, timeout_s); a reply that makes it hang times out into on_error."""
+  from jaxrlhf.trainer.judge import judge_score_function, judge_scorer
+
+  parser = tmp_path / "parse.py"
+  parser.write_text(
+    "import time\n"
+    "def parse(data_source, solution_str, ground_truth, extra_info=None, judge_response=''):\n"
+    "    if judge_response == 'hang':\n"
+    "        time.sleep(60)\n"
+    "    return {'score': float(judge_response == ground_truth), 'judge_length': float(len(judge_response))}\n"
+  )
+  section = get_base_config().reward_model
+  section.update(num_workers=1, timeout_s=2.0)
+  section.judge.score_function.update(path=str(parser), name="parse")
+  scorer = judge_scorer(section, judge_score_function(section))
+  try:
+    scores, extras = rewards.score_batch(
+      scorer,
+      ["s"] * 3,
+      ["a", "b", "c"],
+      ["7", "7", "7"],
+      [{}] * 3,
+      extra_keys=(),
+      on_error="zero",
+      keywords=[{"judge_response": "7"}, {"judge_response": "3"}, {"judge_response": "hang"}],
+    )
+  finally:
+    scorer.close()
+  assert scorer.num_workers == 1
+  np.testing.assert_allclose(scores, [1.0, 0.0, 0.0])
+  np.testing.assert_allclose(extras[rewards.ERROR_KEY], [0.0, 0.0, 1.0])
+  section.judge.score_function.path = str(tmp_path / "missing.py")
+  with pytest.raises(ConfigError, match=r"reward_model\.judge\.score_function\.path: reward file .* does not exist"):
+    judge_score_function(section)
