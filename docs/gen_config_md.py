@@ -451,7 +451,7 @@ _DOCS = {
   "reward_model.enable": ("score with a learned reward model (in addition to rule rewards)", SAME),
   "reward_model.model.path": (
     "reward model checkpoint (HF sequence classification, num_labels=1; the "
-    "actor's tokenizer): a directory or a Hub model id",
+    "actor's tokenizer), or with `generative` a causal LM judge with its own tokenizer: a directory or a Hub model id",
     SAME,
   ),
   "reward_model.reward_manager": (
@@ -487,6 +487,60 @@ _DOCS = {
   "reward_model.overlong_buffer.penalty_factor": (
     "penalty at `max_response_length` (reached linearly)",
     "same (DAPO recipe)",
+  ),
+  "reward_model.generative": (
+    "True: `model.path` is a causal LM judge with its own tokenizer (LLM-as-judge, docs/algorithms.md "
+    "\"A generative reward model\"): each response fills `judge.prompt_template`, the judge replies inside the step "
+    "and `judge.score_function` parses the reply into the score (`on_error`, `timeout_s`, `num_workers` apply)",
+    "— (verl: a reward model whose `custom_reward_function` posts to its reward router is generative)",
+  ),
+  "reward_model.judge.prompt_template": (
+    "`str.format` template of a judge prompt: `{prompt}` (the policy's prompt, decoded), `{response}`, "
+    "`{ground_truth}`, `{data_source}`, `{extra_info}` (the row's dict: `{extra_info[question]}`); a literal "
+    "brace is `{{` or `}}`",
+    "— (verl: the template inside the user's reward function)",
+  ),
+  "reward_model.judge.apply_chat_template": (
+    "the filled template as one user message through the judge tokenizer's chat template (with the generation "
+    "prompt), as `jaxrlhf.generate --chat`; False, or a tokenizer without one: the text as it is",
+    "— (verl's router applies the chat template of `/v1/chat/completions`)",
+  ),
+  "reward_model.judge.score_function.path": (
+    "Python file with the judge's parser, called as verl calls a reward function plus the judge's reply: "
+    "`fn(data_source, solution_str, ground_truth, extra_info, judge_response)` -> a number or a dict with "
+    "`score`; a reply it rejects (raises, no number) fails that sample (`on_error`); `\"\"` = the last number of "
+    "the reply",
+    "— (verl: the parsing part of a generative `custom_reward_function`)",
+  ),
+  "reward_model.judge.score_function.name": ("the parser's function name in `score_function.path`", "— (ours)"),
+  "reward_model.rollout.prompt_length": (
+    "judge prompt tokens (left-padded); a longer judge prompt fails its sample (`on_error`), it is not truncated",
+    "`reward.reward_model.rollout.prompt_length`",
+  ),
+  "reward_model.rollout.response_length": (
+    "tokens of a judge's reply at most",
+    "`reward.reward_model.rollout.response_length`",
+  ),
+  "reward_model.rollout.do_sample": (
+    "False: greedy replies (the default here: a verdict should not be a draw); True: sampled with "
+    "`temperature`, `top_k`, `top_p`",
+    "`reward.reward_model.rollout.do_sample` (verl: True)",
+  ),
+  "reward_model.rollout.temperature": ("judge sampling temperature", "`reward.reward_model.rollout.temperature`"),
+  "reward_model.rollout.top_k": ("judge top-k; -1 = off", "`reward.reward_model.rollout.top_k`"),
+  "reward_model.rollout.top_p": ("judge nucleus sampling; 1.0 = off", "`reward.reward_model.rollout.top_p`"),
+  "reward_model.rollout.max_num_seqs": (
+    "judge prompts decoding at once per generation shard (slots refilled in-graph, as "
+    "`actor_rollout_ref.rollout.max_num_seqs`); None = all of them",
+    "`reward.reward_model.rollout.max_num_seqs`",
+  ),
+  "reward_model.rollout.seed": (
+    "a sampling judge's key: batch row r, judging a response to data row i, draws with (seed, i, r)",
+    "`reward.reward_model.rollout.seed`",
+  ),
+  "reward_model.rollout.dtype": (
+    "the judge's compute dtype in generation (`float32` | `bfloat16`): its weights are cast once a step",
+    "`reward.reward_model.rollout.dtype` (verl: bfloat16)",
   ),
   "custom_reward_function.path": (
     "Python file with a reward function; `\"\"` = the built-in ones by `data_source`",

@@ -12,6 +12,8 @@ import importlib.util
 import logging
 import math
 import os
+import re
+import string
 
 import ml_collections
 from ml_collections import config_dict
@@ -266,6 +268,32 @@ def get_base_config() -> ml_collections.ConfigDict:
     timeout_s=60.0,  # beyond verl: a sample scored in a worker process longer than this fails (on_error)
     # DAPO overlong shaping: a linear penalty over the last `len` tokens before max_response_length.
     overlong_buffer=dict(enable=False, len=4096, penalty_factor=1.0),
+    # A generative reward model (LLM-as-judge, docs/algorithms.md "A generative reward model"): model.path is a
+    # causal LM with its own tokenizer; each response fills `judge.prompt_template`, the judge's greedy (by
+    # default) reply is parsed into the score by `judge.score_function`, through on_error and timeout_s.
+    generative=False,
+    judge=dict(
+      # str.format fields: {prompt} (the policy's prompt, decoded), {response}, {ground_truth}, {data_source},
+      # {extra_info} (the row's dict: {extra_info[question]}).
+      prompt_template="{prompt}\n{response}\nScore the response from 0 to 10.",
+      apply_chat_template=True,  # the filled template as one user message through the judge's chat template
+      # verl's reward function signature plus the judge's reply: fn(data_source, solution_str, ground_truth,
+      # extra_info, judge_response) -> float | dict with "score"; path "" = the last number in the reply.
+      score_function=dict(path="", name="compute_score"),
+    ),
+    # The judge's sampler (verl's reward.reward_model.rollout.*): judge prompts are left-padded to prompt_length
+    # tokens (a longer one fails its row: on_error), replies are up to response_length tokens.
+    rollout=dict(
+      prompt_length=512,
+      response_length=32,
+      do_sample=False,  # greedy, unlike verl's default: a judge's verdict should not be a draw
+      temperature=1.0,
+      top_k=-1,
+      top_p=1.0,
+      max_num_seqs=_placeholder(int),  # None = every judge prompt decodes at once
+      seed=42,  # sampling judges (do_sample=True): batch row r, of data row i, draws with key (seed, i, r)
+      dtype="float32",  # the judge's compute dtype (its weights are cast once per judging): float32 | bfloat16
+    ),
   )
   # verl keeps the custom reward function at the top level of its tree.
   config.custom_reward_function = dict(path="", name="compute_score")
@@ -386,6 +414,7 @@ _CHOICES = {
   "actor_rollout_ref.model.remat_policy": REMAT_POLICY_NAMES,
   "critic.model.remat_policy": REMAT_POLICY_NAMES,
   "actor_rollout_ref.rollout.dtype": ("float32", "bfloat16"),
+  "reward_model.rollout.dtype": ("float32", "bfloat16"),
   "algorithm.rollout_correction.rollout_is": ("token", "sequence"),
   "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
   "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
@@ -507,6 +536,9 @@ _RANGES = {
       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
       "critic.forward_micro_batch_size_per_gpu",
       "actor_rollout_ref.rollout.max_num_seqs",
+      "reward_model.rollout.max_num_seqs",
+      "reward_model.rollout.prompt_length",
+      "reward_model.rollout.response_length",
       "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
       "actor_rollout_ref.rollout.multi_turn.max_user_turns",
       "actor_rollout_ref.rollout.multi_turn.max_parallel_calls",
@@ -607,6 +639,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   rollout = config.actor_rollout_ref.rollout
   _check_sampling("actor_rollout_ref.rollout", rollout)
   _check_sampling("actor_rollout_ref.rollout.val_kwargs", rollout.val_kwargs)
+  _check_judge(config)
   for path, (default, instead) in NOT_IMPLEMENTED.items():
     if values[path] != default:
       raise ConfigError(
@@ -653,7 +686,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     )
   if config.reward_model.enable and not config.reward_model.model.path:
     raise ConfigError(
-      "reward_model.enable=True needs reward_model.model.path (an HF sequence-classification checkpoint directory)"
+      "reward_model.enable=True needs reward_model.model.path (an HF sequence-classification checkpoint directory; "
+      "with reward_model.generative=True a causal LM judge with its tokenizer)"
     )
   if actor.use_dynamic_bsz:
     # A micro-batch holds whole sequences: the per-device token budget must fit the longest one. Under
@@ -726,6 +760,35 @@ def _check_sampling(prefix: str, sampling) -> None:
     raise ConfigError(f"config key '{prefix}.top_p' must be in (0, 1], got {sampling.top_p!r} (1.0 = off)")
   if sampling.top_k < -1:
     raise ConfigError(f"config key '{prefix}.top_k' must be >= -1, got {sampling.top_k!r} (-1 = off)")
+
+
+JUDGE_TEMPLATE_FIELDS = ("prompt", "response", "ground_truth", "data_source", "extra_info")
+
+
+def reward_model_head(config) -> str:
+  """The reward model's head: "lm" for a judge (`reward_model.generative`), else a scalar "reward" head."""
+  return "lm" if config.reward_model.generative else "reward"
+
+
+def _check_judge(config) -> None:
+  """A judge's template names only the fields each row fills (`JUDGE_TEMPLATE_FIELDS`), and parses as a format
+  string; its sampling keys are checked as a rollout's."""
+  section = config.reward_model
+  if not (section.enable and section.generative):
+    return
+  key = "reward_model.judge.prompt_template"
+  try:
+    fields = [field for _, field, _, _ in string.Formatter().parse(section.judge.prompt_template) if field is not None]
+  except ValueError as error:
+    raise ConfigError(f"config key '{key}' is not a str.format template: {error}") from None
+  for field in fields:
+    name = re.split(r"[.\[]", field, maxsplit=1)[0]
+    if name not in JUDGE_TEMPLATE_FIELDS:
+      raise ConfigError(
+        f"config key '{key}' has field {{{field}}}; a judge template fills {list(JUDGE_TEMPLATE_FIELDS)} "
+        "(write a literal brace as {{ or }})"
+      )
+  _check_sampling("reward_model.rollout", section.rollout)
 
 
 def _check_multi_turn(config) -> None:

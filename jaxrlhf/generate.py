@@ -49,6 +49,7 @@ from jaxrlhf.models import (
 )
 from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.hub import resolve_model_path
+from jaxrlhf.models.tokenizer import encode_prompt
 from jaxrlhf.rollout import (
   SamplingParams,
   generate,
@@ -103,17 +104,6 @@ def read_prompts(path: str) -> list:
   if not prompts:
     raise UserError(f"--prompts {path!r} holds no prompt")
   return prompts
-
-
-def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
-  if isinstance(prompt, list) or chat:
-    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    if not getattr(tokenizer, "chat_template", None):
-      raise UserError("--chat (or a prompt given as chat messages) needs a tokenizer with a chat template")
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-  if not isinstance(prompt, str):
-    raise UserError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
-  return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
 def load_model(path: str):

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 
 from jaxrlhf import rewards
 from jaxrlhf.checkpoint import STEP_PREFIX, CheckpointError, split_step_dir
-from jaxrlhf.config import ConfigError
+from jaxrlhf.config import ConfigError, reward_model_head
 from jaxrlhf.data import DataError
 from jaxrlhf.data.builtin import builtin_rows
 from jaxrlhf.data.dataset import read_lines
@@ -108,11 +108,12 @@ def check_models(config) -> None:
     elif actor.path:
       sections.append(("actor_rollout_ref.model", actor, "value"))
   if config.reward_model.enable:
-    sections.append(("reward_model.model", config.reward_model.model, "reward"))
+    sections.append(("reward_model.model", config.reward_model.model, reward_model_head(config)))
   for key, section, head in sections:
     check_model_dir(f"{key}.path", section.path)
     try:
-      model_config = load_hf_config(section.path) if head == "reward" else model_config_from(section)
+      reward = key == "reward_model.model"  # its own config.json as it is: not the actor's override keys
+      model_config = load_hf_config(section.path) if reward else model_config_from(section)
       check_hf_checkpoint(section.path, model_config, head=head)
     except CheckpointError as e:
       raise CheckpointError(f"{key}.path: {e}", hint=e.hint) from None

@@ -893,6 +893,18 @@ _PROFILER = (
   "jaxrlhf traces every device of the steps in trainer.profile_steps with jax.profiler into "
   "<run dir>/profile (view with TensorBoard or Perfetto); tool, ranks and options are verl's profilers'"
 )
+# verl's reward rollout keys a judge's sampler reads (`reward_model.rollout.*`, same names).
+JUDGE_ROLLOUT_KEYS = (
+  "prompt_length",
+  "response_length",
+  "do_sample",
+  "temperature",
+  "top_k",
+  "top_p",
+  "max_num_seqs",
+  "seed",
+  "dtype",
+)
 _REWARD_ENGINE = "the reward model's own engine (verl serves it apart): jaxrlhf's reward model scores inside the step"
 _MEGATRON = (
   "a Megatron-LM setting jaxrlhf has no translation for (the megatron keys it translates are listed under "
@@ -1170,6 +1182,14 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
       **{
         f"reward.reward_model.{name}": Ignored(_REWARD_ENGINE)
         for name in ("enable_resource_pool", "n_gpus_per_node", "nnodes", "rollout.*")
+      },
+      # A generative reward model's sampler (`reward_model.generative`): the judge decodes inside the step with
+      # these; the rest of verl's reward rollout section configures its serving engine.
+      **{
+        f"reward.reward_model.rollout.{name}": _new_spelling(
+          f"reward.reward_model.rollout.{name}", f"reward_model.rollout.{name}", f"reward_model.rollout.{name}"
+        )
+        for name in JUDGE_ROLLOUT_KEYS
       },
       **{
         f"{prefix}.url": Ignored(

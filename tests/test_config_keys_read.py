@@ -24,6 +24,10 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 READ_ELSEWHERE = {
   "reward_model.model.path": ("jaxrlhf/trainer/program.py", "a reward model (reward_model.enable)"),
   "reward_model.combine_with_rule": ("jaxrlhf/trainer/reward.py", "a reward model"),
+  "reward_model.generative": ("jaxrlhf/trainer/reward.py", "a reward model"),
+  # A generative reward model's (tests/trainer/test_judge.py runs one).
+  "reward_model.judge": ("jaxrlhf/trainer/judge.py", "a judge (reward_model.generative)"),
+  "reward_model.rollout": ("jaxrlhf/trainer/judge.py", "a judge (reward_model.generative)"),
   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("jaxrlhf/trainer/update_loop.py", "use_dynamic_bsz"),
   "trainer.resume_from_path": ("jaxrlhf/trainer/trainer.py", "resume_mode=resume_path"),
   "trainer.total_epochs": ("jaxrlhf/trainer/trainer.py", "total_training_steps=None"),

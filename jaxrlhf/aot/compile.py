@@ -24,6 +24,7 @@ import re
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrlhf.aot.targets import Target
@@ -34,8 +35,10 @@ from jaxrlhf.parallel import replicated
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.parallel.report import fmt_bytes, per_device_bytes
 from jaxrlhf.trainer.flops import step_phase_flops
+from jaxrlhf.trainer.judge import JudgeFns
 from jaxrlhf.trainer.phased import PhasedStep
 from jaxrlhf.trainer.program import StepProgram, build_program, model_configs
+from jaxrlhf.trainer.reward import uses_judge
 from jaxrlhf.trainer.state import TrainState
 from jaxrlhf.trainer.step_modes import abstract_batches, generation_mode, step_mode
 
@@ -172,6 +175,25 @@ def _rule_reward_on_device(responses_NxR, response_mask_NxR, sample_index_N, *tr
   return scores_N, scores_N, scores_N, scores_N[None, :][:0]  # scores, errors, null ground truths; no GDPO: [0, N]
 
 
+def _judge_on_device(config) -> JudgeFns:
+  """Stands in for a judge's two host callbacks (`trainer/judge.py`), as `_rule_reward_on_device` does for the rule
+  reward: the same shapes (prompt_length judge tokens a row in, two numbers a row out), measured, never run."""
+  length = config.reward_model.rollout.prompt_length
+
+  def prompts(prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR, sample_index_N):
+    del prompts_NxP, prompt_mask_NxP, responses_NxR, sample_index_N
+    ids_NxQ = jnp.zeros((response_mask_NxR.shape[0], length), jnp.int32) + response_mask_NxR[:, :1]
+    return ids_NxQ, jnp.ones_like(ids_NxQ), ids_NxQ[:, 0].astype(jnp.float32) * 0.0
+
+  def scores(responses_NxR, response_mask_NxR, sample_index_N, verdicts_NxV, verdict_mask_NxV, too_long_N):
+    del responses_NxR, response_mask_NxR, sample_index_N
+    scores_N = verdict_mask_NxV.sum(axis=1).astype(jnp.float32) * 0.0 + verdicts_NxV[:, 0] * 0.0
+    return scores_N, too_long_N
+
+  eos_ids = _eos_ids(config.reward_model.model.path)
+  return JudgeFns(prompts, scores, eos_ids, eos_ids[0])
+
+
 def build_abstract_program(config, devices) -> StepProgram:
   """The trainer's step program for `config` on `devices` (a target's abstract devices)."""
   config = resolve_config(config)
@@ -196,6 +218,7 @@ def build_abstract_program(config, devices) -> StepProgram:
     eos_token_ids=eos_ids,
     pad_token_id=eos_ids[0],
     total_steps=config.trainer.total_training_steps or 1,
+    judge_fns=_judge_on_device(config) if uses_judge(config.reward_model) else None,
   )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from jaxrlhf.errors import CheckpointError
+from jaxrlhf.errors import CheckpointError, UserError
 
 
 def load_tokenizer(path: str):
@@ -50,3 +50,17 @@ def generation_eos_ids(path: str | None, tokenizer) -> tuple[int, ...]:
 def pad_token_id(tokenizer, eos_ids: tuple[int, ...]) -> int:
   """The tokenizer's pad id, else the first eos id (Llama tokenizers have no pad token)."""
   return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else int(eos_ids[0])
+
+
+def encode_prompt(tokenizer, prompt, chat: bool) -> list[int]:
+  """A prompt's token ids as `jaxrlhf.generate` and a judge (`trainer/judge.py`) tokenize it: a list of chat
+  messages, or text with `chat`, through the chat template (with the generation prompt); text as-is, no special
+  tokens added."""
+  if isinstance(prompt, list) or chat:
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if not getattr(tokenizer, "chat_template", None):
+      raise UserError("--chat (or a prompt given as chat messages) needs a tokenizer with a chat template")
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+  if not isinstance(prompt, str):
+    raise UserError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+  return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrlhf.config import reward_model_head
 from jaxrlhf.models.decoder import (
   Decoder,
   abstract_adapters,
@@ -184,7 +185,11 @@ class StepLayouts:
   critic_train: Any = None  # the critic's whole tree, value head included
   actor: RoleLayouts = RoleLayouts()  # the trained roles' state
   critic: RoleLayouts = RoleLayouts()
-  reward_train: Any = None
+  reward_train: Any = None  # the reward model's (a scalar head, or a judge's LM head: `reward_model_head`)
+  # A judge's (`reward_model.generative`) rollout model's parameters in the generation layout, its key/value heads
+  # repeated `judge_kv_repeat` times as the actor's are.
+  judge_generation: Any = None
+  judge_kv_repeat: int = 1
   generation_rules: tuple = ()
   # Copies of each key/value head in the generation layout (1, or more where the rollout TP devices
   # outnumber the heads: `layouts.generation_kv_repeat`); the rollout model has K x this many.
@@ -206,6 +211,14 @@ class StepLayouts:
     if self.actor_generation is None:
       return params
     return constrain(constrain(params, self.actor_generation_staging), self.actor_generation)
+
+  def judge_to_generation(self, params, model_config):
+    """A judge's parameters (of `model_config`, train layout) in the generation layout (`judge_generation`). One
+    constraint: a judge's weights move once per step, before its replies are decoded."""
+    params = repeat_kv_heads(params, model_config, self.judge_kv_repeat)
+    if self.judge_generation is None:
+      return params
+    return jax.lax.with_sharding_constraint(params, self.judge_generation)
 
   def to_generation_batch(self, tree):
     return self._constrain(tree, lambda shape: batch_sharding(self.mesh, shape, dict(self.generation_rules)["batch"]))
@@ -324,6 +337,15 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
       actor_train,
       is_leaf=lambda x: isinstance(x, tuple),
     )
+  judge_generation, judge_kv_repeat = None, 1
+  if reward_model_config is not None and config.reward_model.generative:
+    judge_kv_repeat = generation_kv_repeat(
+      mesh, reward_model_config.num_attention_heads, reward_model_config.num_key_value_heads
+    )
+    judge_shapes, judge_logical = abstract_params(
+      Decoder(kv_heads_repeated(reward_model_config, judge_kv_repeat), head="lm")
+    )
+    judge_generation = logical_to_shardings(judge_logical, judge_shapes, mesh, gen_rules)
   critic_train = train_shardings(critic_model_config, "value")
   critic = RoleLayouts(params=critic_train)
   if config.critic.enable:
@@ -337,7 +359,11 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
     critic_train=critic_train,
     actor=RoleLayouts.of(Decoder(model_config, head="lm"), mesh, actor_train),
     critic=critic,
-    reward_train=train_shardings(reward_model_config, "reward") if reward_model_config is not None else None,
+    reward_train=(
+      train_shardings(reward_model_config, reward_model_head(config)) if reward_model_config is not None else None
+    ),
+    judge_generation=judge_generation,
+    judge_kv_repeat=judge_kv_repeat,
     generation_rules=gen_rules,
     generation_kv_repeat=kv_repeat,
   )

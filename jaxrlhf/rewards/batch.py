@@ -183,6 +183,7 @@ def score_batch(
   extra_keys: Optional[Sequence[str]] = None,
   require_extra_keys: bool = False,
   on_error: str = "raise",
+  keywords: Optional[Sequence[dict]] = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
   """Scores every sample; returns ``(scores float32[B], extras {key: float32[B]})``.
 
@@ -194,6 +195,8 @@ def score_batch(
   ``"pred"``, what majority voting counts) as object arrays (None where missing). ``extra_keys``
   fixes the set of extras, numbers only; with ``require_extra_keys`` a sample whose result lacks one
   of them fails the batch (GDPO's reward components must all be there).
+
+  ``keywords``: one dict per sample of more keywords for its call (a judge's reply, ``judge_response``).
 
   ``on_error="raise"``: a reward function that raises, exits, crashes, times out, or returns a
   non-number / non-finite value fails the batch with a ``RewardFunctionError`` naming the sample index,
@@ -210,11 +213,13 @@ def score_batch(
     "solution_strs": batch_size,
     "ground_truths": len(ground_truths),
     "extra_infos": len(extra_infos),
+    **({} if keywords is None else {"keywords": len(keywords)}),
   }
   if len(set(lengths.values())) != 1:
     raise ValueError(f"score_batch inputs must all have the batch size; got lengths {lengths}")
   scorer = compute_score_fn if isinstance(compute_score_fn, RewardScorer) else RewardScorer(compute_score_fn)
-  samples = list(zip(data_sources, solution_strs, ground_truths, extra_infos))
+  columns = (data_sources, solution_strs, ground_truths, extra_infos) + (() if keywords is None else (keywords,))
+  samples = list(zip(*columns))
   results = scorer.score(samples, stop_at_error=on_error == "raise")
   for result in results:
     if result is not None and result.unknown_data_source:

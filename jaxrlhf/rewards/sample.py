@@ -44,15 +44,27 @@ def timed_out(seconds: float) -> SampleResult:
 
 
 def score_sample(
-  fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict]
+  fn: Callable[..., Any],
+  data_source: str,
+  solution_str: str,
+  ground_truth: Any,
+  extra_info: Optional[dict],
+  keywords: Optional[dict] = None,
 ) -> SampleResult:
-  """Calls `fn` as verl calls a reward function (keywords) and checks its result.
+  """Calls `fn` as verl calls a reward function (keywords) and checks its result. `keywords`: more keywords of
+  this sample's call (a judge's reply, `judge_response`, for a generative reward model's parser).
 
   An exception, `sys.exit` or a result that is not a finite number (or a dict with one under "score")
   gives `error`; KeyboardInterrupt propagates (Ctrl-C stops the run, it is not the sample's failure).
   """
   try:
-    result = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+    result = fn(
+      data_source=data_source,
+      solution_str=solution_str,
+      ground_truth=ground_truth,
+      extra_info=extra_info,
+      **(keywords or {}),
+    )
     score, extras = _split_result(result, data_source)
   except UnknownDataSourceError as error:
     return SampleResult(unknown_data_source=str(error))

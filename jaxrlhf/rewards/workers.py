@@ -35,7 +35,7 @@ from jaxrlhf.rewards.processes import process_context
 from jaxrlhf.rewards.registry import registered_functions
 from jaxrlhf.rewards.sample import SampleResult, failed, score_sample, timed_out
 
-Sample = tuple  # (data_source, solution_str, ground_truth, extra_info)
+Sample = tuple  # (data_source, solution_str, ground_truth, extra_info[, keywords])
 
 _CHUNKS_PER_WORKER = 4  # a batch is cut into about this many chunks per worker: even loads, few messages
 _MAX_CHUNK = 64

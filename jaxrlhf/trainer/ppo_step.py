@@ -33,6 +33,7 @@ from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.trainer import advantage, flops, losses, reward, update_loop
 from jaxrlhf.trainer.batch_metrics import batch_metrics, rollout_probs_diff
 from jaxrlhf.trainer.generation import Generation
+from jaxrlhf.trainer.judge import Judge, JudgeFns
 from jaxrlhf.trainer.model_outputs import ModelOutputs
 from jaxrlhf.trainer.phase_plan import PhasePlan
 from jaxrlhf.trainer.records import Advantages, OldLogProbs, Rollout, Scored
@@ -58,7 +59,9 @@ class PPOStep:
     kl_warmup_steps: int = 0,
     critic_model_config: DecoderConfig | None = None,
     reward_model_config: DecoderConfig | None = None,
+    judge_fns: JudgeFns | None = None,
   ):
+    """`judge_fns`: with a generative reward model (`reward_model.generative`), the judge's host side."""
     self.config = config
     actor = config.actor_rollout_ref.actor
     # Every train-layout forward pins its activations to the batch layout, and under Ulysses splits sequences
@@ -68,9 +71,15 @@ class PPOStep:
     self.actor = Decoder(model_config, head="lm", layout=layout("actor"))
     self.critic = Decoder(critic_model_config or model_config, head="value", layout=layout("critic"))
     self.reward_fn = reward_fn
-    self.reward_model = (
-      Decoder(reward_model_config, head="reward", layout=layout("reward")) if reward_model_config else None
-    )
+    # A reward model is a scalar head over the actor's tokens, or a judge that generates (`judge.Judge`).
+    self.judge = None
+    self.reward_model = None
+    if reward_model_config and reward.uses_judge(config.reward_model):
+      if judge_fns is None:
+        raise ValueError("reward_model.generative=True: PPOStep needs the judge's host side (judge_fns)")
+      self.judge = Judge(config, reward_model_config, layouts, judge_fns)
+    elif reward_model_config:
+      self.reward_model = Decoder(reward_model_config, head="reward", layout=layout("reward"))
     self.layouts = layouts
     self.kl_warmup_steps = kl_warmup_steps
     self.sampling = SamplingParams.from_rollout_config(
@@ -132,7 +141,9 @@ class PPOStep:
 
   def score(self, rollout: Rollout, reward_params=None) -> Scored:
     """Phase `reward` (`reward.score_rollout`)."""
-    return reward.score_rollout(self.config.reward_model, self.reward_fn, self.reward_model, reward_params, rollout)
+    return reward.score_rollout(
+      self.config.reward_model, self.reward_fn, self.reward_model, reward_params, rollout, judge=self.judge
+    )
 
   # ----- forward-only phases: old/ref log-probs, values ---------------------------------------
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from jaxrlhf.config import SEQUENCE_PARALLEL_KEYS, ConfigError, sequence_parallel_sizes
+from jaxrlhf.config import SEQUENCE_PARALLEL_KEYS, ConfigError, reward_model_head, sequence_parallel_sizes
 from jaxrlhf.models import (
   Decoder,
   DecoderConfig,
@@ -35,6 +35,7 @@ from jaxrlhf.parallel import StepLayouts, batch_sharding, build_step_layouts, re
 from jaxrlhf.parallel.layouts import activation_sharding
 from jaxrlhf.parallel.mesh import fsdp_size
 from jaxrlhf.parallel.report import layout_report, per_device_bytes
+from jaxrlhf.trainer.judge import JudgeFns
 from jaxrlhf.trainer.ppo_step import PPOStep
 from jaxrlhf.trainer.state import TrainState, make_lr_schedule, make_optimizer, opt_state_shardings
 
@@ -112,6 +113,9 @@ class StepProgram:
     }
     if state.ref_params is not None:
       counts["ref params"] = per_device_bytes(state.ref_params)
+    if state.reward_params is not None:  # a scalar reward model's, or a judge's (its LM head)
+      name = "judge" if self.ppo.judge is not None else "reward model"
+      counts[f"{name} params"] = per_device_bytes(state.reward_params)
     if state.critic is not None:
       counts["critic params"] = per_device_bytes(state.critic.params)
       counts["critic optimizer"] = per_device_bytes(state.critic.opt_state)
@@ -177,7 +181,7 @@ def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig,
   """
   model_config = model_config_from(config.actor_rollout_ref.model, tokenizer)
   critic_model_config = critic_config_from(config, model_config, tokenizer)
-  # The reward model reads the actor's token ids: it must share the actor's tokenizer.
+  # A scalar reward model reads the actor's token ids: it must share the actor's tokenizer (a judge has its own).
   reward_model_config = load_hf_config(config.reward_model.model.path) if config.reward_model.enable else None
   check_layer_kinds(config, model_config, critic_model_config)
   return model_config, critic_model_config, reward_model_config
@@ -265,7 +269,7 @@ class BaseWeights:
 
   actor: Any  # the actor's whole params, in the train layout
   critic: Any  # the critic's whole params (value head included); None without a critic
-  reward: Any  # the reward model's (reward_model.enable); else None
+  reward: Any  # the reward model's (reward_model.enable; a judge's with its LM head); else None
 
 
 def init_train_state(ppo: PPOStep, kl_coef: float, base: BaseWeights, actor_key, critic_key) -> TrainState:
@@ -308,8 +312,10 @@ def build_program(
   eos_token_ids,
   pad_token_id: int,
   total_steps: int,
+  judge_fns: JudgeFns | None = None,
 ) -> StepProgram:
-  """The step of a resolved `config` on `mesh` (see the module docstring)."""
+  """The step of a resolved `config` on `mesh` (see the module docstring). `judge_fns`: a generative reward
+  model's host side (`judge.make_judge_fns`)."""
   # attention_impl="auto" follows the mesh's devices: ahead of time they are not this host's.
   platform = mesh.devices.flat[0].platform
   model_config, critic_model_config = model_config.for_platform(platform), critic_model_config.for_platform(platform)
@@ -343,6 +349,7 @@ def build_program(
     kl_warmup_steps=int(config.trainer.guard.kl_warmup_steps_ratio * total_steps),
     critic_model_config=critic_model_config,
     reward_model_config=reward_model_config,
+    judge_fns=judge_fns,
   )
   check_micro_batches(config, ppo, num_batch_shards)
   shardings = state_shardings(ppo, layouts, mesh, reward_model_config is not None)
@@ -351,7 +358,9 @@ def build_program(
   base = BaseWeights(
     actor=abstract_params_of(model_config, "lm"),
     critic=abstract_params_of(critic_model_config, "value") if ppo.plan.use_critic else None,
-    reward=abstract_params_of(reward_model_config, "reward") if reward_model_config is not None else None,
+    reward=(
+      abstract_params_of(reward_model_config, reward_model_head(config)) if reward_model_config is not None else None
+    ),
   )
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   abstract_state = jax.tree.map(

@@ -66,6 +66,21 @@ def host_callback_errors():
     raise original from error
 
 
+def reported(fn: Callable) -> Callable:
+  """`fn` for a host callback: an exception it raises (Ctrl-C too) is kept for `host_callback_errors`."""
+
+  @functools.wraps(fn)
+  def host_fn(*args):
+    try:
+      return fn(*args)
+    except BaseException as error:
+      with _callback_errors_lock:
+        _callback_errors.append(error)
+      raise
+
+  return host_fn
+
+
 def reward_scorer(reward_model_config, compute_score_fn: Callable | None) -> rewards.RewardScorer:
   """Where the rule reward runs (`reward_model.num_workers`, `reward_model.timeout_s`); its worker processes
   start at the first batch, and `close()` stops them."""
@@ -284,6 +299,11 @@ def make_reward_fn(
   return reward_fn
 
 
+def uses_judge(reward_model_config) -> bool:
+  """Whether a generative reward model (a judge, `trainer/judge.py`) scores."""
+  return bool(reward_model_config.enable and reward_model_config.generative)
+
+
 def uses_rule_reward(reward_model_config) -> bool:
   """Whether the rule reward scores (no reward model, or one combined with the rule)."""
   return not reward_model_config.enable or reward_model_config.combine_with_rule
@@ -298,8 +318,8 @@ def model_scores(
   responses_NxR,
   response_mask_NxR,
 ):
-  """The reward model's score of each sequence [N] (zeros without a reward model)."""
-  if not reward_model_config.enable:
+  """The scalar reward model's score of each sequence [N] (zeros without one; a judge scores in `sequence_scores`)."""
+  if not reward_model_config.enable or uses_judge(reward_model_config):
     return jnp.zeros(responses_NxR.shape[:1], jnp.float32)
   ids_NxS, _, _ = sequence_inputs(prompts_NxP, prompt_mask_NxP, responses_NxR)
   mask_NxS = jnp.concatenate([prompt_mask_NxP, response_mask_NxR], axis=1).astype(jnp.int32)
@@ -317,12 +337,14 @@ def sequence_scores(
   response_mask_NxR,
   sample_index_N,
   trajectories=None,
+  judge=None,
 ):
   """(scores_N, errors_N, null_ground_truths_N, components_KxN): the rule reward, the reward model's score,
-  or (combine_with_rule) their sum; the rule reward's failed samples, rows with a null ground truth and
-  components (GDPO), K = 0 without.
+  or (combine_with_rule) their sum; the failed samples (the rule reward's, the judge's), rows with a null ground
+  truth and components (GDPO), K = 0 without.
 
-  `reward_model_config`: the config's `reward_model` section; `reward_fn` as made by `make_reward_fn`.
+  `reward_model_config`: the config's `reward_model` section; `reward_fn` as made by `make_reward_fn`; `judge`: a
+  generative reward model (`judge.Judge`, its weights `reward_params`), or None.
   """
   zeros_N = jnp.zeros(responses_NxR.shape[:1], jnp.float32)
   scores_N, errors_N, null_ground_truths_N = zeros_N, zeros_N, zeros_N
@@ -334,13 +356,19 @@ def sequence_scores(
   scores_N = scores_N + model_scores(
     reward_model_config, reward_model, reward_params, prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR
   )
+  if judge is not None:
+    judged_N, judge_errors_N = judge.scores(
+      reward_params, prompts_NxP, prompt_mask_NxP, responses_NxR, response_mask_NxR, sample_index_N
+    )
+    scores_N, errors_N = scores_N + judged_N, jnp.maximum(errors_N, judge_errors_N)
   return scores_N, errors_N, null_ground_truths_N, components_KxN
 
 
 def score_rollout(
-  reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params, rollout: Rollout
+  reward_model_config, reward_fn: Callable, reward_model: Decoder | None, reward_params, rollout: Rollout, judge=None
 ) -> Scored:
-  """The step's reward phase: sequence scores (+ DAPO overlong penalty) placed on the last valid token.
+  """The step's reward phase: sequence scores (+ DAPO overlong penalty) placed on the last valid token. `judge`: a
+  generative reward model (`judge.Judge`) or None.
 
   For GDPO the record holds the rule reward's `reward_components` [K, N], for ReMax the greedy baseline's
   `reward_baselines` [N].
@@ -357,6 +385,7 @@ def score_rollout(
     reward_params,
     rollout.prompts,
     rollout.prompt_mask,
+    judge=judge,
   )
   scores_N, errors_N, null_ground_truths_N, components_KxN = score(
     responses_NxR, response_mask_NxR, rollout.sample_index, trajectories

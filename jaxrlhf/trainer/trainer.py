@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxrlhf.checkpoint import Checkpointer, CheckpointError, resume_changes, split_step_dir
-from jaxrlhf.config import ConfigError, resolve_config
+from jaxrlhf.config import ConfigError, resolve_config, reward_model_head
 from jaxrlhf.data import BatchSchedule, batch_arrays, build_dataset, longest_prompt, process_rows
 from jaxrlhf.data.builtin import build_tokenizer
 from jaxrlhf.errors import UserError
@@ -33,6 +33,7 @@ from jaxrlhf.trainer.dumps import RolloutDump
 from jaxrlhf.trainer.flops import actor_step_flops, count_params, device_peak_flops, update_flops
 from jaxrlhf.trainer.guards import Guard
 from jaxrlhf.trainer.hf_weights import actor_base_params, critic_base_params, init_keys, write_hf
+from jaxrlhf.trainer.judge import HostJudging, JudgeFns, JudgeHost, judge_score_function, judge_scorer, make_judge_fns
 from jaxrlhf.trainer.multi_turn import MultiTurnGeneration, tools_kwargs_notes
 from jaxrlhf.trainer.phased import PhasedStep, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
@@ -43,6 +44,7 @@ from jaxrlhf.trainer.reward import (
   make_reward_fn,
   preflight,
   reward_scorer,
+  uses_judge,
   uses_rule_reward,
 )
 from jaxrlhf.trainer.run_lock import RunLock
@@ -142,6 +144,9 @@ class Trainer:
     reward_fn = make_reward_fn(
       self.tokenizer, self.train_data, self.reward_scorer, config.reward_model.on_error, components, self.rollout_dump
     )
+    self.judge_host, judge_fns = None, None
+    if uses_judge(config.reward_model):  # a generative reward model: its own tokenizer, its parser tried now
+      self.judge_host, judge_fns = self._judge(config, self.reward_model_config)
     self.program = build_program(
       config,
       self.mesh,
@@ -152,6 +157,7 @@ class Trainer:
       eos_token_ids=eos_ids,
       pad_token_id=pad_id,
       total_steps=self.total_steps,
+      judge_fns=judge_fns,
     )
     self.ppo, self.layouts = self.program.ppo, self.program.layouts
     state_shardings = self.program.state_shardings
@@ -189,8 +195,13 @@ class Trainer:
     self.rng = jax.random.key(trainer_cfg.seed)
     self.validation = None
     if self.val_data is not None:
+      judging = None
+      if self.judge_host is not None:
+        judging = HostJudging(
+          self.ppo.judge, self.judge_host.with_dataset(self.val_data), state_shardings.reward_params
+        )
       self.validation = Validation(
-        config, self.generation, self.val_data, self.tokenizer, self.reward_scorer, self.run_dir, self.rng
+        config, self.generation, self.val_data, self.tokenizer, self.reward_scorer, self.run_dir, self.rng, judging
       )
 
   # ----- set-up ----------------------------------------------------------------------------------
@@ -256,6 +267,23 @@ class Trainer:
     )
     self.total_steps = trainer_cfg.total_training_steps or self.schedule.batches_per_epoch * trainer_cfg.total_epochs
 
+  def _judge(self, config, judge_config) -> tuple[JudgeHost, JudgeFns]:
+    """A generative reward model's host side: the judge's tokenizer (checked against its vocabulary), its parser
+    (`reward_model.judge.score_function`) and where it runs, the judge's generation ids."""
+    path = config.reward_model.model.path
+    judge_tokenizer = load_tokenizer(path)
+    if len(judge_tokenizer) > judge_config.vocab_size:
+      raise ConfigError(
+        f"reward_model.model.path={path!r}: the judge's tokenizer has {len(judge_tokenizer)} tokens but its "
+        f"vocab_size is {judge_config.vocab_size}"
+      )
+    scorer = judge_scorer(config.reward_model, judge_score_function(config.reward_model))
+    host = JudgeHost(
+      config.reward_model, self.tokenizer, judge_tokenizer, self.train_data, scorer, dump=self.rollout_dump
+    )
+    eos_ids = generation_eos_ids(path, judge_tokenizer)
+    return host, make_judge_fns(host, eos_ids, pad_token_id(judge_tokenizer, eos_ids))
+
   def layout_report(self) -> str:
     """Mesh, per-layout sharding of each parameter group, per-device bytes (printed at start-up)."""
     return self.program.layout_report()
@@ -271,7 +299,10 @@ class Trainer:
       critic_params = critic_base_params(config, self.critic_model_config, self.layouts.critic_train)
     if self.reward_model_config is not None:
       reward_params = load_hf_params(
-        config.reward_model.model.path, self.reward_model_config, head="reward", shardings=shardings.reward_params
+        config.reward_model.model.path,
+        self.reward_model_config,
+        head=reward_model_head(config),
+        shardings=shardings.reward_params,
       )
     base = BaseWeights(actor=actor_params, critic=critic_params, reward=reward_params)
     return self.program.init_state(base, actor_key, critic_key)
@@ -524,6 +555,8 @@ class Trainer:
         return self._fit(config, stop)
     finally:
       self.reward_scorer.close()  # stops its reward worker processes, if any (another fit() starts them again)
+      if self.judge_host is not None:
+        self.judge_host.scorer.close()
       if jax.process_index() == 0:
         self.run_lock.release()
 

@@ -9,6 +9,7 @@ responses with the rule reward on the host (where every entry the reward functio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import defaultdict
@@ -36,8 +37,10 @@ class Validation:
   `generation`: the step's generation mode (`step_modes`); `rng`: the run's key (validation folds in its own stream).
   """
 
-  def __init__(self, config, generation, data, tokenizer, reward_scorer, run_dir: str, rng):
+  def __init__(self, config, generation, data, tokenizer, reward_scorer, run_dir: str, rng, judging=None):
+    """`judging`: a generative reward model's `judge.HostJudging` on the validation rows, or None."""
     self.config = config
+    self.judging = judging
     self.generation = generation
     self.data = data
     self.tokenizer = tokenizer
@@ -60,6 +63,11 @@ class Validation:
       )
       for b in range(num_batches)
     ]
+    if self.judging is not None:  # the judge's scores of each batch (its rows' prompts from the data set)
+      samples = [
+        dataclasses.replace(sample, model_scores=sample.model_scores + self._judged(state, data, rows, n, sample))
+        for sample, rows in zip(samples, (order[b * batch_size : (b + 1) * batch_size] for b in range(num_batches)))
+      ]
     valid = len(data) * n
     scores, responses, masks = (
       np.concatenate([getattr(s, name) for s in samples])[:valid]
@@ -100,6 +108,18 @@ class Validation:
       inputs = prompt_texts(self.tokenizer, data, rows)
       write_generations(folder, step, inputs, outputs, truths, scores.tolist(), extras)
     return metrics
+
+  def _judged(self, state, data, rows, n: int, sample) -> np.ndarray:
+    rows_N = np.repeat(rows, n)
+    scores_N, _ = self.judging(
+      state.reward_params,
+      data.input_ids[rows_N],
+      data.attention_mask[rows_N],
+      sample.responses,
+      sample.response_mask,
+      rows_N,
+    )
+    return scores_N
 
   def _log_generations(self, step: int, n: int, scores, responses, masks) -> None:
     """The first `trainer.log_val_generations` samples to val_generations.jsonl (process 0)."""

@@ -118,6 +118,11 @@ def test_verls_defaults_run_and_only_refused_families_refuse():
     ("reward.num_workers", "reward_model.num_workers", "reward_model.num_workers", 3),
     ("reward.custom_reward_function.path", "custom_reward_function.path", "custom_reward_function.path", "/r.py"),
     ("reward.reward_manager.name", "reward_model.reward_manager", "reward_model.reward_manager", "batch"),
+    # A generative reward model's sampler.
+    *(
+      (f"reward.reward_model.rollout.{name}", f"reward_model.rollout.{name}", f"reward_model.rollout.{name}", value)
+      for name, value in (("prompt_length", 1024), ("response_length", 64), ("max_num_seqs", 16), ("do_sample", True))
+    ),
     ("critic.fsdp.param_offload", None, "critic.model.fsdp_config.param_offload", True),
     ("critic.fsdp.ulysses_sequence_parallel_size", None, "critic.ulysses_sequence_parallel_size", 2),
     (
