@@ -12,14 +12,37 @@ import os
 
 from jaxrlhf.errors import CheckpointError, UserError
 
+# The class transformers 5 writes for a tokenizer that is its tokenizer.json alone (the built-in tasks' word tokenizer).
+_PLAIN_TOKENIZER = "TokenizersBackend"
+
 
 def load_tokenizer(path: str):
-  """`transformers.AutoTokenizer` from a local checkpoint directory, never running repository code."""
+  """`transformers.AutoTokenizer` from a local checkpoint directory, never running repository code.
+
+  A tokenizer saved as a plain `TokenizersBackend` is loaded as one: beside a config.json whose model type
+  transformers lists as having wrong hub tokenizer classes (qwen2, qwen3_5, phi3, ...), AutoTokenizer would build
+  that family's class instead, with its own pre-tokenizer (the built-in word tokenizer of an exported quickstart
+  model then split "10" into "1" "0", dropped "####" and decoded "3 3" as "33")."""
   if not os.path.isdir(path):
     raise CheckpointError(f"tokenizer path {path!r} is not a directory")
   from transformers import AutoTokenizer
 
+  if _tokenizer_class(path) == _PLAIN_TOKENIZER:
+    from transformers import TokenizersBackend
+
+    return TokenizersBackend.from_pretrained(path)
   return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+def _tokenizer_class(path: str) -> str | None:
+  config = os.path.join(path, "tokenizer_config.json")
+  if not os.path.exists(config):
+    return None
+  with open(config) as f:
+    try:
+      return json.load(f).get("tokenizer_class")
+    except (json.JSONDecodeError, AttributeError):
+      return None  # AutoTokenizer names the broken file
 
 
 def _as_ids(value) -> list[int]:

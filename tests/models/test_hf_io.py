@@ -304,6 +304,23 @@ def test_tokenizer_and_eos_ids(tmp_path):
     load_tokenizer(str(tmp_path / "nope"))
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3_5_text"])
+def test_the_word_tokenizer_beside_a_model_config_tokenizes_as_it_was_saved(tmp_path, model_type):
+  """An exported quickstart model: the built-in word tokenizer in the folder of a config.json. transformers maps
+  qwen2 and qwen3_5 to their own tokenizer class whatever tokenizer_config.json says; loaded so, "10" was "1" "0"
+  and "3 3" decoded as "33"."""
+  from jaxrlhf.data.builtin import build_tokenizer
+  from jaxrlhf.models import load_tokenizer
+
+  built = build_tokenizer(save_dir=str(tmp_path))
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump({"model_type": model_type, "vocab_size": built.vocab_size}, f)
+  loaded = load_tokenizer(str(tmp_path))
+  text = "<|user|> last : 5 8 2 10 first #### 7"
+  assert loaded.encode(text) == built.encode(text)
+  assert loaded.decode(loaded.encode("3 3")) == built.decode(built.encode("3 3")) == "3 3"
+
+
 @pytest.mark.parametrize("model_type", ["gemma4", "gemma4_text"])
 def test_gemma4_is_refused_naming_what_it_adds(model_type):
   with pytest.raises(CheckpointError, match=r"not supported yet: Gemma 4's text model adds per-layer inputs"):
