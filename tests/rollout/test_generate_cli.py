@@ -75,10 +75,10 @@ def greedy_text_run(hf_dir, tmp_path_factory):
 
 
 def test_text_prompts_greedy_with_n_samples(greedy_text_run, hf_dir):
-  from transformers import AutoTokenizer
+  from jaxrlhf.models import load_tokenizer
 
   rows, stderr = greedy_text_run
-  tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+  tokenizer = load_tokenizer(hf_dir)  # the checkpoint's word tokenizer (AutoTokenizer makes it Qwen2's: test_hf_io)
   assert [r["prompt"] for r in rows] == [p for p in PROMPTS for _ in range(2)]
   assert [r["sample"] for r in rows] == [0, 1] * 3
   for first, second in zip(rows[::2], rows[1::2]):  # greedy: every sample of a prompt is the same
