@@ -26,6 +26,7 @@ from jaxrlhf.models import (
   Decoder,
   DecoderConfig,
   abstract_params,
+  compute_settings,
   critic_config_from,
   load_hf_config,
   model_config_from,
@@ -183,6 +184,27 @@ def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig,
   return model_config, critic_model_config, reward_model_config
 
 
+def teacher_model_config(config, model_config: DecoderConfig) -> DecoderConfig | None:
+  """The distillation teacher's config (`distillation.teacher_model.model_path`), None when distillation is off.
+
+  The teacher scores the student's token ids, so both must index the same vocabulary: a teacher of another
+  vocabulary size is refused here, before any weight is read (a tokenizer that differs at equal size is the
+  user's to rule out, as for the reward model)."""
+  if not config.distillation.enabled:
+    return None
+  path = config.distillation.teacher_model.model_path
+  # The actor's compute settings (dtype, attention, layer scan), without LoRA or gradient checkpointing: the
+  # teacher only runs forward.
+  settings = dict(compute_settings(config.actor_rollout_ref.model), lora_rank=0, remat_policy="none")
+  teacher = load_hf_config(path, **settings)
+  if teacher.vocab_size != model_config.vocab_size:
+    raise ConfigError(
+      f"distillation.teacher_model.model_path={path!r} has vocab_size={teacher.vocab_size}, the student "
+      f"(actor_rollout_ref.model) {model_config.vocab_size}: the teacher must score the student's token ids"
+    )
+  return teacher
+
+
 def check_layer_kinds(config, model_config: DecoderConfig, critic_model_config: DecoderConfig) -> None:
   """Start-up check: a model with Gated DeltaNet layers (Qwen3.5's `linear_attention`) neither packs sequences
   nor splits them over devices. Its recurrence runs along the whole row: packed, one sequence's state would flow
@@ -266,6 +288,7 @@ class BaseWeights:
   actor: Any  # the actor's whole params, in the train layout
   critic: Any  # the critic's whole params (value head included); None without a critic
   reward: Any  # the reward model's (reward_model.enable); else None
+  teacher: Any = None  # the distillation teacher's (distillation.enabled); else None
 
 
 def init_train_state(ppo: PPOStep, kl_coef: float, base: BaseWeights, actor_key, critic_key) -> TrainState:
@@ -279,6 +302,7 @@ def init_train_state(ppo: PPOStep, kl_coef: float, base: BaseWeights, actor_key,
     # The reference starts as the actor (with LoRA it is the actor's base, which the actor keeps: no copy).
     ref_params=jax.tree.map(jnp.copy, base.actor) if plan.stores_reference else None,
     reward_params=base.reward,
+    teacher_params=base.teacher,
     kl_coef=jnp.float32(kl_coef),
     lr_scale=jnp.float32(1.0),
   )
@@ -292,6 +316,7 @@ def state_shardings(ppo: PPOStep, layouts: StepLayouts, mesh: Mesh, has_reward_m
     critic=ppo.roles["critic"].state_shardings() if ppo.plan.use_critic else None,
     ref_params=layouts.ref_params if ppo.plan.stores_reference else None,
     reward_params=layouts.reward_train if has_reward_model else None,
+    teacher_params=layouts.teacher_train,
     kl_coef=replicated(mesh),
     lr_scale=replicated(mesh),
   )
@@ -308,12 +333,14 @@ def build_program(
   eos_token_ids,
   pad_token_id: int,
   total_steps: int,
+  teacher_model_config: DecoderConfig | None = None,
 ) -> StepProgram:
   """The step of a resolved `config` on `mesh` (see the module docstring)."""
   # attention_impl="auto" follows the mesh's devices: ahead of time they are not this host's.
   platform = mesh.devices.flat[0].platform
   model_config, critic_model_config = model_config.for_platform(platform), critic_model_config.for_platform(platform)
   reward_model_config = reward_model_config.for_platform(platform) if reward_model_config is not None else None
+  teacher_model_config = teacher_model_config.for_platform(platform) if teacher_model_config is not None else None
   actor_cfg = config.actor_rollout_ref.actor
   optimizers = {
     "actor": make_optimizer(actor_cfg.optim, actor_cfg.grad_clip),
@@ -323,7 +350,9 @@ def build_program(
     "actor": make_lr_schedule(actor_cfg.optim, total_steps),
     "critic": make_lr_schedule(config.critic.optim, total_steps),
   }
-  layouts = build_step_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
+  layouts = build_step_layouts(
+    config, mesh, model_config, critic_model_config, reward_model_config, teacher_model_config
+  )
   # Each optimizer's state is laid out like what it tracks (`RoleLayouts.trained`).
   layouts = layouts.with_optimizers(
     {role: opt_state_shardings(tx, layouts.role(role).trained, replicated(mesh)) for role, tx in optimizers.items()}
@@ -343,6 +372,7 @@ def build_program(
     kl_warmup_steps=int(config.trainer.guard.kl_warmup_steps_ratio * total_steps),
     critic_model_config=critic_model_config,
     reward_model_config=reward_model_config,
+    teacher_model_config=teacher_model_config,
   )
   check_micro_batches(config, ppo, num_batch_shards)
   shardings = state_shardings(ppo, layouts, mesh, reward_model_config is not None)
@@ -352,6 +382,7 @@ def build_program(
     actor=abstract_params_of(model_config, "lm"),
     critic=abstract_params_of(critic_model_config, "value") if ppo.plan.use_critic else None,
     reward=abstract_params_of(reward_model_config, "reward") if reward_model_config is not None else None,
+    teacher=abstract_params_of(teacher_model_config, "lm") if teacher_model_config is not None else None,
   )
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   abstract_state = jax.tree.map(

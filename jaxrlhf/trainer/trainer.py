@@ -36,7 +36,7 @@ from jaxrlhf.trainer.hf_weights import actor_base_params, critic_base_params, in
 from jaxrlhf.trainer.multi_turn import MultiTurnGeneration, tools_kwargs_notes
 from jaxrlhf.trainer.phased import PhasedStep, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
-from jaxrlhf.trainer.program import BaseWeights, build_program, model_configs
+from jaxrlhf.trainer.program import BaseWeights, build_program, model_configs, teacher_model_config
 from jaxrlhf.trainer.reward import (
   PREFLIGHT_ROWS,
   host_callback_errors,
@@ -133,6 +133,7 @@ class Trainer:
     data_cfg = config.data
 
     self.model_config, self.critic_model_config, self.reward_model_config = model_configs(config, self.tokenizer)
+    self.teacher_model_config = teacher_model_config(config, self.model_config)
     eos_ids = generation_eos_ids(config.actor_rollout_ref.model.path or None, self.tokenizer)
     pad_id = pad_token_id(self.tokenizer, eos_ids)
     # GDPO's reward components: entries of the dict the reward function returns, one advantage each.
@@ -152,6 +153,7 @@ class Trainer:
       eos_token_ids=eos_ids,
       pad_token_id=pad_id,
       total_steps=self.total_steps,
+      teacher_model_config=self.teacher_model_config,
     )
     self.ppo, self.layouts = self.program.ppo, self.program.layouts
     state_shardings = self.program.state_shardings
@@ -273,7 +275,15 @@ class Trainer:
       reward_params = load_hf_params(
         config.reward_model.model.path, self.reward_model_config, head="reward", shardings=shardings.reward_params
       )
-    base = BaseWeights(actor=actor_params, critic=critic_params, reward=reward_params)
+    teacher_params = None
+    if self.teacher_model_config is not None:
+      teacher_params = load_hf_params(
+        config.distillation.teacher_model.model_path,
+        self.teacher_model_config,
+        head="lm",
+        shardings=shardings.teacher_params,
+      )
+    base = BaseWeights(actor=actor_params, critic=critic_params, reward=reward_params, teacher=teacher_params)
     return self.program.init_state(base, actor_key, critic_key)
 
   def _device_batch(self, arrays):
