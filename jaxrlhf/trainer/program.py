@@ -113,6 +113,8 @@ class StepProgram:
     }
     if state.ref_params is not None:
       counts["ref params"] = per_device_bytes(state.ref_params)
+    if state.teacher_params is not None:
+      counts["teacher params"] = per_device_bytes(state.teacher_params)
     if state.critic is not None:
       counts["critic params"] = per_device_bytes(state.critic.params)
       counts["critic optimizer"] = per_device_bytes(state.critic.opt_state)
@@ -194,8 +196,10 @@ def teacher_model_config(config, model_config: DecoderConfig) -> DecoderConfig |
     return None
   path = config.distillation.teacher_model.model_path
   # The actor's compute settings (dtype, attention, layer scan), without LoRA or gradient checkpointing: the
-  # teacher only runs forward.
-  settings = dict(compute_settings(config.actor_rollout_ref.model), lora_rank=0, remat_policy="none")
+  # teacher only runs forward. Its weights are stored in the rollout's dtype, as verl's teacher engine runs in it.
+  model = config.actor_rollout_ref.model
+  settings = dict(compute_settings(model), lora_rank=0, remat_policy="none")
+  settings["param_dtype"] = config.actor_rollout_ref.rollout.dtype or model.dtype
   teacher = load_hf_config(path, **settings)
   if teacher.vocab_size != model_config.vocab_size:
     raise ConfigError(
