@@ -71,10 +71,11 @@ def random_rollout(seed=0):
 
 @pytest.fixture(scope="module")
 def k3_trainer(tmp_path_factory, teacher):
-  return Trainer(
-    distill_config(tmp_path_factory.mktemp("k3"), teacher[0], use_task_rewards=False, loss_max_clamp=5.0),
-    devices=jax.devices()[:1],
-  )
+  """The estimator modes on packed rows (`use_remove_padding`): the teacher's forward and the student's log-probs
+  go through the packed slots."""
+  config = distill_config(tmp_path_factory.mktemp("k3"), teacher[0], use_task_rewards=False, loss_max_clamp=5.0)
+  config.actor_rollout_ref.model.use_remove_padding = True
+  return Trainer(config, devices=jax.devices()[:1])
 
 
 def test_teacher_log_probs_match_transformers(k3_trainer, teacher):
@@ -92,7 +93,6 @@ def test_step_reports_distillation_metrics(k3_trainer):
     assert np.isfinite(metrics[key]), (key, metrics.get(key))
   # k3 >= 0; with use_task_rewards=False and token-mean the loss is the mean per-token term: within its range.
   assert 0 <= metrics["distillation/loss_min"] <= metrics["distillation/loss"] <= metrics["distillation/loss_max"]
-  assert metrics["distillation/loss_max"] <= 5.0 + 1e-6 or metrics["distillation/loss_max"] > 0
   assert "actor/pg_loss" in metrics
 
 
