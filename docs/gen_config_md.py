@@ -550,6 +550,51 @@ _DOCS = {
     "function name in that file, `f(data_source, solution_str, ground_truth, extra_info)`",
     SAME,
   ),
+  # ----- on-policy distillation
+  "distillation.enabled": (
+    "a frozen teacher scores every sampled response token inside the step; its loss joins the actor's "
+    "(docs/algorithms.md \"On-policy distillation\")",
+    SAME,
+  ),
+  "distillation.distillation_loss.loss_mode": (
+    "`k1`/`kl`, `abs`, `k2`/`mse`, `k3`/`low_var_kl`: reverse-KL estimators at the sampled token (the teacher's "
+    "log-prob of it); `forward_kl_topk`: KL(teacher || student) over the teacher's top-k tokens",
+    SAME,
+  ),
+  "distillation.distillation_loss.topk": (
+    "`forward_kl_topk`: the teacher's k most likely tokens per position (computed by chunks of the LM head)",
+    SAME,
+  ),
+  "distillation.distillation_loss.use_task_rewards": (
+    "True: the PPO loss + `distillation_loss_coef` x the distillation term; False: the distillation term alone",
+    SAME,
+  ),
+  "distillation.distillation_loss.distillation_loss_coef": (
+    "weight of the distillation term beside the PPO loss (read with `use_task_rewards`)",
+    SAME,
+  ),
+  "distillation.distillation_loss.loss_max_clamp": (
+    "per-token loss clamped to [-c, c] before aggregation; None = no clamp",
+    SAME,
+  ),
+  "distillation.distillation_loss.log_prob_min_clamp": (
+    "`forward_kl_topk`: floor of the student's and teacher's top-k log-probs; None = none",
+    SAME,
+  ),
+  "distillation.distillation_loss.use_policy_gradient": (
+    "True: the per-token loss, negated and stopped, is the advantage of a vanilla PPO loss (the KL as a reward); "
+    "False: the loss is minimised directly (`k1` needs True)",
+    SAME,
+  ),
+  "distillation.distillation_loss.policy_loss_mode": ("the PPO loss of `use_policy_gradient`: `vanilla` only", SAME),
+  "distillation.distillation_loss.clip_ratio": ("`use_policy_gradient`: PPO clip range", SAME),
+  "distillation.distillation_loss.clip_ratio_low": ("`use_policy_gradient`: lower clip range", SAME),
+  "distillation.distillation_loss.clip_ratio_high": ("`use_policy_gradient`: upper clip range", SAME),
+  "distillation.teacher_model.model_path": (
+    "the teacher: an HF causal-LM checkpoint directory or Hub id, any size or family jaxrlhf loads, with the "
+    "student's vocabulary; frozen, sharded like the reference policy",
+    "`distillation.teacher_models.teacher_model.model_path` (one teacher)",
+  ),
   # ----- algorithm
   "algorithm.gamma": ("discount (GAE, REINFORCE++); 0.99 is the usual choice for PPO", SAME),
   "algorithm.lam": ("GAE lambda; 0.95 is the usual choice", SAME),
@@ -709,6 +754,7 @@ _SECTION_TITLES = {
   "critic": "Critic",
   "reward_model": "Reward model",
   "custom_reward_function": "Custom reward function",
+  "distillation": "On-policy distillation",
   "algorithm": "Algorithm",
   "trainer": "Trainer",
   "mesh": "Mesh",

@@ -42,10 +42,12 @@ STEP_PREFIX = "global_step"
 
 
 def _without_reference(state):
-  """Frozen models (reference policy, reward model, the actor's base and the critic's backbone under LoRA)
-  are rebuilt from their source, not saved (`RoleState.saved`)."""
+  """Frozen models (reference policy, reward model, distillation teacher, the actor's base and the critic's
+  backbone under LoRA) are rebuilt from their source, not saved (`RoleState.saved`)."""
   critic = state.critic.saved() if state.critic is not None else None
-  return state.replace(ref_params=None, reward_params=None, actor=state.actor.saved(), critic=critic)
+  return state.replace(
+    ref_params=None, reward_params=None, teacher_params=None, actor=state.actor.saved(), critic=critic
+  )
 
 
 # Checkpoints written before the trained roles had one state type (`RoleState`) hold each role's parts at the
@@ -226,6 +228,7 @@ class Checkpointer:
     state = state.replace(
       ref_params=target_state.ref_params,
       reward_params=target_state.reward_params,
+      teacher_params=target_state.teacher_params,
       actor=state.actor.with_frozen(lambda: target_state.actor.params),
       critic=critic,
     )

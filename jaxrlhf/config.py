@@ -298,6 +298,27 @@ def get_base_config() -> ml_collections.ConfigDict:
   # verl keeps the custom reward function at the top level of its tree.
   config.custom_reward_function = dict(path="", name="compute_score")
 
+  # On-policy distillation (verl's `distillation.*`): a frozen teacher scores the student's samples inside the
+  # step (docs/algorithms.md "On-policy distillation").
+  config.distillation = dict(
+    enabled=False,
+    distillation_loss=dict(
+      loss_mode="k3",  # k1/kl, abs, k2/mse, k3/low_var_kl (the sampled token) | forward_kl_topk (teacher's top-k)
+      topk=32,  # forward_kl_topk: the teacher's k most likely tokens per position
+      use_task_rewards=True,  # True: the PPO loss + distillation_loss_coef x the distillation term; False: alone
+      distillation_loss_coef=1.0,
+      loss_max_clamp=_placeholder(float),  # None = no clamp; else the per-token loss is clamped to [-c, c]
+      log_prob_min_clamp=_placeholder(float),  # forward_kl_topk: floor of both log-probs; None = none
+      use_policy_gradient=False,  # True: -loss is a per-token advantage of the vanilla PPO loss
+      policy_loss_mode="vanilla",
+      clip_ratio=0.2,
+      clip_ratio_low=0.2,
+      clip_ratio_high=0.2,
+    ),
+    # One teacher for every row (verl's single `teacher_models.teacher_model`); its vocabulary must be the student's.
+    teacher_model=dict(model_path=""),
+  )
+
   config.algorithm = dict(
     gamma=1.0,
     lam=1.0,
@@ -419,6 +440,8 @@ _CHOICES = {
   "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
   "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": ("left", "right", "middle"),
   "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
+  # verl 0.9.1 supports only the vanilla PPO loss for the distillation reward (DistillationLossConfig).
+  "distillation.distillation_loss.policy_loss_mode": ("vanilla",),
 }
 
 
@@ -437,6 +460,7 @@ def _registry_choices() -> dict[str, list[str]]:
     "actor_rollout_ref.actor.kl_loss_type": kl_types,
     "algorithm.kl_penalty": kl_types,
     "algorithm.kl_ctrl.type": list(algos.KL_CONTROLLERS),
+    "distillation.distillation_loss.loss_mode": list(algos.DISTILLATION_LOSS_MODES),
   }
 
 
@@ -543,6 +567,19 @@ _RANGES = {
       "actor_rollout_ref.rollout.multi_turn.max_user_turns",
       "actor_rollout_ref.rollout.multi_turn.max_parallel_calls",
       "actor_rollout_ref.rollout.multi_turn.max_tool_response_length",
+      "distillation.distillation_loss.topk",
+    )
+  },
+  **{
+    key: _above(0)
+    for key in ("distillation.distillation_loss.loss_max_clamp", "distillation.distillation_loss.clip_ratio")
+  },
+  **{
+    key: _at_least(0)
+    for key in (
+      "distillation.distillation_loss.distillation_loss_coef",
+      "distillation.distillation_loss.clip_ratio_low",
+      "distillation.distillation_loss.clip_ratio_high",
     )
   },
   "actor_rollout_ref.rollout.multi_turn.tool_timeout_s": _above(0),
@@ -661,6 +698,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _check_rollout_correction(config)
   _check_gdpo(config)
   _check_multi_turn(config)
+  _check_distillation(config)
   critic_overrides = [k for k, v in config.critic.model.override_config.items() if v is not None]
   critic_path = config.critic.model.path
   if critic_overrides and (not critic_path or critic_path == config.actor_rollout_ref.model.path):
@@ -725,6 +763,34 @@ def _check_gdpo(config) -> None:
     raise ConfigError(
       "config key 'algorithm.adv_estimator'='gdpo' reads its components from the rule reward; "
       "reward_model.enable=True without reward_model.combine_with_rule has none"
+    )
+
+
+def _check_distillation(config) -> None:
+  distillation = config.distillation
+  if not distillation.enabled:
+    return
+  if not distillation.teacher_model.model_path:
+    raise ConfigError(
+      "distillation.enabled=True needs distillation.teacher_model.model_path (an HF causal-LM checkpoint directory "
+      "with the student's vocabulary)"
+    )
+  loss = distillation.distillation_loss
+  if loss.loss_mode in ("k1", "kl") and not loss.use_policy_gradient:
+    raise ConfigError(
+      f"distillation.distillation_loss.loss_mode={loss.loss_mode!r} needs use_policy_gradient=True: k1's gradient "
+      "does not depend on the teacher (as verl, which refuses it too); use k3 or forward_kl_topk as a loss"
+    )
+  model = config.actor_rollout_ref.model
+  if loss.loss_mode == "forward_kl_topk" and model.use_remove_padding:
+    raise ConfigError(
+      "distillation.distillation_loss.loss_mode='forward_kl_topk' with actor_rollout_ref.model.use_remove_padding="
+      "True: the teacher's top-k reach the student's head on padded rows only; set use_remove_padding=False"
+    )
+  if config.actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1:
+    raise ConfigError(
+      "distillation.enabled=True with actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1: the teacher "
+      "runs without sequence parallelism; set it to 1"
     )
 
 

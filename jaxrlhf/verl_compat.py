@@ -482,7 +482,14 @@ _HF_CONFIG_PATH = "a config.json apart from the weights: jaxrlhf reads the model
 _AS_SUBKEYS = "a whole mapping on one key: set its fields as separate keys (section.field=value)"
 _TILED_MLP = "TiledMLP splits PyTorch's MLP activations into tiles: XLA plans the step's memory (and remat)"
 _PF_PPO = "PF-PPO's reweighting of samples by reward: not in jaxrlhf"
-_DISTILLATION = "on-policy distillation from teacher models: not in jaxrlhf"
+_DISTILLATION = (
+  "several distillation teachers routed by distillation.teacher_key: jaxrlhf distills from one teacher "
+  "(distillation.teacher_models.teacher_model), which serves every row"
+)
+_TEACHER_IN_STEP = (
+  "the teacher runs inside the step on the trainer's mesh, sharded like the reference policy (no inference "
+  "engine, replicas or resource pool of its own); its log-probs use the rollout's temperature and the actor's dtype"
+)
 _TRANSFER_QUEUE = "verl's TransferQueue between its Ray workers: jaxrlhf's data stays in one program"
 _CHECKPOINT_CALLBACK = "a user callback after each checkpoint save: not in jaxrlhf"
 _TRAINER_V1 = (
@@ -1279,6 +1286,25 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
     },
   ),
   (
+    "On-policy distillation",
+    {
+      "distillation.teacher_models.teacher_model.model_path": _rename(
+        "distillation.teacher_model.model_path", "one teacher"
+      ),
+      "distillation.teacher_models.teacher_model.key": Ignored(
+        "with one teacher verl routes every row to it whatever its key; so does jaxrlhf"
+      ),
+      "distillation.teacher_key": Ignored(
+        "the row field that picks a teacher among several: with one teacher (jaxrlhf's) it is not read, as in verl"
+      ),
+      **{
+        f"distillation.{name}": Ignored(_TEACHER_IN_STEP)
+        for name in ("n_gpus_per_node", "nnodes", "teacher_models.teacher_model.num_replicas")
+      },
+      "distillation.teacher_models.teacher_model.inference.*": Ignored(_TEACHER_IN_STEP),
+    },
+  ),
+  (
     "The algorithm",
     {
       "algorithm.filter_groups.metric": Translated(
@@ -1594,12 +1620,8 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "`algorithm.use_pf_ppo=True`",
         "PF-PPO",
       ),
-      "distillation.*": Ignored(
-        "off (distillation.enabled=False)",
-        _refused_when_on("distillation.enabled", _DISTILLATION),
-        "`distillation.enabled=True`",
-        "distillation",
-      ),
+      # Any teacher entry but verl's single `teacher_model` (its keys are read above).
+      "distillation.teacher_models.*": Refused("distillation teachers", _DISTILLATION),
       "transfer_queue.*": Ignored(
         "off (transfer_queue.enable=False): verl's data transfer between Ray workers",
         _refused_when_on("transfer_queue.enable", _TRANSFER_QUEUE),
@@ -1692,7 +1714,7 @@ FAMILIES = {
   "model config": _HF_CONFIG_PATH,
   "whole mappings": _AS_SUBKEYS,
   "PF-PPO": _PF_PPO,
-  "distillation": _DISTILLATION,
+  "distillation teachers": _DISTILLATION,
   "transfer queue": _TRANSFER_QUEUE,
   "checkpoint callback": _CHECKPOINT_CALLBACK,
   "v1": _TRAINER_V1,

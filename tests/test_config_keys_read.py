@@ -35,7 +35,9 @@ READ_ELSEWHERE = {
   "trainer.guard.max_rollbacks": ("jaxrlhf/trainer/guards.py", "a guard rolls back"),
   "trainer.guard.reward_drop": ("jaxrlhf/trainer/guards.py", "a reward window's worth of steps"),
   "actor_rollout_ref.rollout.multi_turn": ("jaxrlhf/trainer/multi_turn.py", "multi-turn rollouts (its enable)"),
+  "distillation.teacher_model.model_path": ("jaxrlhf/trainer/program.py", "distillation.enabled"),
   # A section read whole: every key under it.
+  "distillation.distillation_loss": ("jaxrlhf/trainer/distillation.py", "distillation.enabled (Distillation)"),
   "critic.model.override_config": ("jaxrlhf/models/hf_io.py", "a critic checkpoint of its own (critic.model.path)"),
 }
 

@@ -37,7 +37,7 @@ from jaxrlhf.parallel.report import fmt_bytes, per_device_bytes
 from jaxrlhf.trainer.flops import step_phase_flops
 from jaxrlhf.trainer.judge import JudgeFns
 from jaxrlhf.trainer.phased import PhasedStep
-from jaxrlhf.trainer.program import StepProgram, build_program, model_configs
+from jaxrlhf.trainer.program import StepProgram, build_program, model_configs, teacher_model_config
 from jaxrlhf.trainer.reward import uses_judge
 from jaxrlhf.trainer.state import TrainState
 from jaxrlhf.trainer.step_modes import abstract_batches, generation_mode, step_mode
@@ -207,6 +207,7 @@ def build_abstract_program(config, devices) -> StepProgram:
     )
   model_config, critic_model_config, reward_model_config = model_configs(config)
   eos_ids = _eos_ids(model_path)
+  teacher = teacher_model_config(config, model_config)  # its config.json alone, like the student's
   mesh = mesh_from_config(config, devices)
   return build_program(
     config,
@@ -219,6 +220,7 @@ def build_abstract_program(config, devices) -> StepProgram:
     pad_token_id=eos_ids[0],
     total_steps=config.trainer.total_training_steps or 1,
     judge_fns=_judge_on_device(config) if uses_judge(config.reward_model) else None,
+    teacher_model_config=teacher,
   )
 
 

@@ -161,13 +161,15 @@ def _download(repo_id: str, revision: str | None, key: str, path: str, weights: 
 
 def resolve_model_paths(config, *, weights: bool = True) -> None:
   """Replaces, in place, each model and tokenizer path of a resolved config that is a Hub id by its local
-  snapshot: the actor's, the critic's and the reward model's (of the models the run uses) and
-  `data.tokenizer`. `weights=False` (a compile without weights): config and tokenizer files only."""
+  snapshot: the actor's, the critic's, the reward model's and the distillation teacher's (of the models the run
+  uses) and `data.tokenizer`. `weights=False` (a compile without weights): config and tokenizer files only."""
   sections = [("actor_rollout_ref.model", config.actor_rollout_ref.model, "path", weights)]
   if config.critic.enable:
     sections.append(("critic.model", config.critic.model, "path", weights))
   if config.reward_model.enable:
     sections.append(("reward_model.model", config.reward_model.model, "path", weights))
+  if config.distillation.enabled:
+    sections.append(("distillation.teacher_model", config.distillation.teacher_model, "model_path", weights))
   sections.append(("data", config.data, "tokenizer", False))
   for prefix, section, name, with_weights in sections:
     section[name] = resolve_model_path(section[name], f"{prefix}.{name}", weights=with_weights)

@@ -190,6 +190,7 @@ class StepLayouts:
   # repeated `judge_kv_repeat` times as the actor's are.
   judge_generation: Any = None
   judge_kv_repeat: int = 1
+  teacher_train: Any = None  # the distillation teacher's (frozen, the train layout, as the reference)
   generation_rules: tuple = ()
   # Copies of each key/value head in the generation layout (1, or more where the rollout TP devices
   # outnumber the heads: `layouts.generation_kv_repeat`); the rollout model has K x this many.
@@ -309,7 +310,9 @@ class StepLayouts:
     return _on(self.actor_train, "pinned_host")
 
 
-def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, reward_model_config) -> StepLayouts:
+def build_step_layouts(
+  config, mesh: Mesh, model_config, critic_model_config, reward_model_config, teacher_model_config=None
+) -> StepLayouts:
   """Train and generation shardings of every model of `config` on `mesh` (offload is added by `with_offload`)."""
 
   def train_shardings(decoder_config, head):
@@ -364,6 +367,7 @@ def build_step_layouts(config, mesh: Mesh, model_config, critic_model_config, re
     ),
     judge_generation=judge_generation,
     judge_kv_repeat=judge_kv_repeat,
+    teacher_train=train_shardings(teacher_model_config, "lm") if teacher_model_config is not None else None,
     generation_rules=gen_rules,
     generation_kv_repeat=kv_repeat,
   )

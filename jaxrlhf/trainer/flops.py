@@ -185,6 +185,8 @@ def step_phase_flops(ppo, *, batch_size: int, prompt_len: int, response_len: int
     phases["old_log_prob"] = actor_forward
   if ppo.plan.use_reference:
     phases["ref"] = actor_forward
+  if ppo.teacher is not None:  # on-policy distillation: the teacher's forward over the rollout
+    phases["teacher"] = forward_flops(ppo.teacher.config, rows * seq_len, seq_len, "lm")
   if ppo.plan.use_critic:
     critic_forward = forward_flops(critic, rows * seq_len, seq_len, "value")
     phases["values"] = critic_forward

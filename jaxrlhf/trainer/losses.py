@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from jaxrlhf import algos
 from jaxrlhf.models import moe
+from jaxrlhf.trainer.distillation import TEACHER_TOPK_IDS, Distillation
 from jaxrlhf.trainer.model_outputs import REPLAYED, ModelOutputs
 
 
@@ -27,6 +28,7 @@ def actor_loss(
   on_policy: bool,
   rollout_correction=None,
   first_epoch: bool = False,
+  distillation: Distillation | None = None,
 ):
   """Policy loss - entropy bonus (+ KL loss to the reference). `actor`: the actor's config section.
 
@@ -40,6 +42,8 @@ def actor_loss(
   `first_epoch` (`PhasePlan.old_in_update`): the update's first epoch, on the rollout policy's weights. Its
   log-probs (stopped) are the old ones, and go out per row (`rows["old_log_probs"]`) for the later
   epochs, with the entropy as verl's `actor/entropy` (the old-log-prob phase's metric otherwise).
+  `distillation` (`distillation.enabled`): the teacher's outputs ride in the micro-batch; the PPO loss above gains
+  the distillation term, or gives way to it without `use_task_rewards` (`Distillation.loss`, as verl).
   """
   mask = micro["response_mask"]
   weights = aux["frozen"].with_trained(trained, None)
@@ -52,6 +56,7 @@ def actor_loss(
     ref_params=aux["ref_params"] if full_kl else None,
     router_stats=True,
     replay=True,
+    teacher_topk_ids=micro[TEACHER_TOPK_IDS] if distillation is not None and distillation.uses_topk else None,
   )
   log_prob, entropy = out["log_prob"], out["entropy"]
   old_log_prob = jax.lax.stop_gradient(log_prob) if on_policy or first_epoch else micro["old_log_probs"]
@@ -91,6 +96,14 @@ def actor_loss(
   if first_epoch:
     metrics["actor/entropy"] = entropy_loss
     rows["old_log_probs"] = old_log_prob
+  if actor.use_kl_loss:
+    kl = out["full_kl"] if full_kl else algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
+    kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)
+    loss = loss + aux["kl_gate"] * actor.kl_loss_coef * kl_loss
+    metrics["actor/kl_loss"] = kl_loss
+  if distillation is not None:
+    loss, distill_metrics = distillation.loss(out, micro, old_log_prob, loss, normalizers, actor.loss_agg_mode)
+    metrics.update(distill_metrics)
   if "router_stats" in out:  # experts: HF's load-balancing loss, this micro-batch's share of the mini-batch's
     share = jnp.sum(mask.astype(jnp.float32)) / jnp.maximum(normalizers["global_token_count"], 1.0)
     aux_loss = moe.load_balancing_loss(*out["router_stats"][:3])
@@ -102,11 +115,6 @@ def actor_loss(
       # replayed routes send elsewhere than the update's own router would
       _, _, tokens_Y, differ_Y = out["router_stats"]
       metrics["actor/moe_replay_route_mismatch"] = share * jnp.sum(differ_Y) / jnp.maximum(jnp.sum(tokens_Y), 1.0)
-  if actor.use_kl_loss:
-    kl = out["full_kl"] if full_kl else algos.kl_penalty(log_prob, micro["ref_log_probs"], actor.kl_loss_type)
-    kl_loss = algos.agg_loss(kl, mask, actor.loss_agg_mode, **normalizers)
-    loss = loss + aux["kl_gate"] * actor.kl_loss_coef * kl_loss
-    metrics["actor/kl_loss"] = kl_loss
   return loss, (metrics, rows)
 
 

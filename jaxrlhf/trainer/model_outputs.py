@@ -59,9 +59,16 @@ def lm_token_outputs(
   constrain: Callable = lambda x, logical_axes: x,
   ref=None,
   adapters=None,
+  topk: int = 0,
+  gather_ids_BxLxK=None,
 ) -> dict:
   """{"log_prob": [B, L], and each of `statistics` (TOKEN_STATISTICS names): [B, L]} of `tokens` under
   softmax(head(hidden) / T), fp32.
+
+  Distillation (docs/algorithms.md "On-policy distillation"), both read one chunk of logits at a time, never
+  [B, L, V]: `topk` > 0 (the teacher) adds "topk_log_probs" [B, L, k] and "topk_ids" [B, L, k] of the k most
+  likely tokens; `gather_ids_BxLxK` (the student, the teacher's top-k ids) adds "topk_log_probs" [B, L, K] at
+  those ids and "topk_overlap" [B, L], how many of them are among the student's own top K.
 
   `adapters`: the actor's LoRA adapters (the head reads an "lm_head" adapter; the reference runs without).
   `ref`: (ref_params, ref_hidden_BxLxD) of the reference policy at the same positions; adds
@@ -80,12 +87,17 @@ def lm_token_outputs(
       / temperature
     )
 
-  def outputs(h_BxCxD, tokens_BxC, ref_h_BxCxD=None):
+  def outputs(h_BxCxD, tokens_BxC, ids_BxCxK=None, ref_h_BxCxD=None):
     z_BxCxV = logits(params, h_BxCxD, adapters)
     out = {
       "log_prob": token_log_probs(z_BxCxV, tokens_BxC, 1.0),
       **{name: TOKEN_STATISTICS[name](z_BxCxV) for name in statistics},
     }
+    if topk:
+      out["topk_log_probs"], out["topk_ids"] = algos.topk_log_probs(z_BxCxV, topk)
+    if ids_BxCxK is not None:
+      out["topk_log_probs"] = algos.gather_log_probs(z_BxCxV, ids_BxCxK)
+      out["topk_overlap"] = algos.topk_overlap_count(z_BxCxV, ids_BxCxK)
     if ref_h_BxCxD is not None:
       ref_z_BxCxV = logits(ref[0], ref_h_BxCxD)
       out.update(
@@ -94,7 +106,7 @@ def lm_token_outputs(
     return out
 
   rows, length = tokens_BxL.shape
-  inputs = (hidden_BxLxD, tokens_BxL) + ((ref[1],) if ref is not None else ())
+  inputs = (hidden_BxLxD, tokens_BxL, gather_ids_BxLxK) + ((ref[1],) if ref is not None else ())
   if chunk_len >= length:
     return outputs(*inputs)
   num_chunks = -(-length // chunk_len)
@@ -103,9 +115,11 @@ def lm_token_outputs(
     jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape((rows, num_chunks, chunk_len) + x.shape[2:]), 1, 0
   )
   chunk_outputs = jax.checkpoint(lambda _, chunk: (None, outputs(*chunk)), prevent_cse=False)
-  _, out_KxBxC = jax.lax.scan(chunk_outputs, None, tuple(to_chunks(x) for x in inputs))
+  chunks = tuple(None if x is None else to_chunks(x) for x in inputs)
+  _, out_KxBxC = jax.lax.scan(chunk_outputs, None, chunks)
   return jax.tree.map(
-    lambda x_KxBxC: jnp.moveaxis(x_KxBxC, 0, 1).reshape(rows, num_chunks * chunk_len)[:, :length], out_KxBxC
+    lambda x_KxBxC: jnp.moveaxis(x_KxBxC, 0, 1).reshape((rows, num_chunks * chunk_len) + x_KxBxC.shape[3:])[:, :length],
+    out_KxBxC,
   )
 
 
@@ -188,6 +202,7 @@ class ModelOutputs:
     ref_params=None,
     router_stats: bool = False,
     replay: bool = False,
+    teacher_topk_ids=None,
   ) -> dict:
     """{"log_prob": [N, R] of the response tokens, and each of `statistics` (TOKEN_STATISTICS): [N, R]}.
 
@@ -199,6 +214,8 @@ class ModelOutputs:
     not [N, R], so only a loss asks for it). `replay`: the forward routes by the rollout's record (`REPLAYED`)
     where the micro-batch has one (rollout routing replay): the actor's old-log-prob and update forwards ask for it,
     the reference's forward never does (as verl's, it routes by the reference's own router).
+    `teacher_topk_ids` [N, R, K] (distillation's forward_kl_topk, padded rows only): adds "topk_log_probs"
+    [N, R, K], the log-probs at those ids, and "topk_overlap" [N, R] (`lm_token_outputs`).
     """
     with_stats = router_stats and bool(self.actor.config.num_experts)
     hidden_BxLxD = self._hidden(self.actor, params, micro, adapters, router_stats=with_stats, replay=replay)
@@ -222,9 +239,23 @@ class ModelOutputs:
       self.constrain,
       ref,
       adapters,
+      gather_ids_BxLxK=teacher_topk_ids,
     )
     out = {name: self._to_responses(x, micro) for name, x in out.items()}
     return out if router_stats is None else dict(out, router_stats=router_stats)
+
+  def teacher_outputs(self, teacher: Decoder, params, micro: dict, topk: int = 0) -> dict:
+    """The distillation teacher's view of the response tokens: {"log_prob": [N, R]}, and with `topk` > 0
+    "topk_log_probs" / "topk_ids" [N, R, topk] (padded rows only), at the rollout's temperature like the
+    student's. `teacher`: its module (its own architecture, the student's vocabulary); no gradient."""
+    params = jax.lax.stop_gradient(params)
+    hidden_BxLxD = self._hidden(teacher, params, micro)
+    tokens_BxL = packing.next_tokens(micro["packed"]["input_ids"]) if "packed" in micro else micro["responses"]
+    chunk_len = chunk_length(tokens_BxL.shape[0], tokens_BxL.shape[1], self.chunk_tokens, self.num_batch_shards)
+    out = lm_token_outputs(
+      teacher.config, params, hidden_BxLxD, tokens_BxL, self.temperature, (), chunk_len, self.constrain, topk=topk
+    )
+    return {name: self._to_responses(x, micro) for name, x in out.items()}
 
   def log_probs(self, params, micro: dict, with_entropy: bool = True, adapters=None):
     """(log_prob_NxR, entropy_NxR or None) of the response tokens; logits in fp32 / temperature."""

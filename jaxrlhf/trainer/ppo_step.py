@@ -1,11 +1,12 @@
 """The PPO step (docs/algorithms.md §5) as a composition of phases: `PPOStep(state, batch, rng) -> (state, metrics)`.
 
 Phases: gen (prompts x n -> responses, generation layout) -> reward (rule via host callback, or a
-reward model; DAPO overlong shaping) -> old/ref log-probs and values (train layout) -> adv (KL in
-reward, estimator) -> update_critic -> update_actor (after `critic_warmup`) -> metrics (docs/algorithms.md §7).
+reward model; DAPO overlong shaping) -> old/ref log-probs, the distillation teacher's, values (train layout) ->
+adv (KL in reward, estimator) -> update_critic -> update_actor (after `critic_warmup`) -> metrics
+(docs/algorithms.md §7).
 The fused step (`__call__`) runs them all in one program; phased mode (`phased.PhasedStep`) jits
 them one by one. What each phase computes lives elsewhere, one place each:
-- generation: `generation`; the reward phase: `reward`;
+- generation: `generation`; the reward phase: `reward`; on-policy distillation: `distillation`;
 - model outputs (log-probs + entropy, values; padded or packed): `model_outputs`;
 - which phases run for a config: `phase_plan`; the advantage phase: `advantage`;
 - losses: `losses`; the math they and the phases compose: `jaxrlhf.algos`;
@@ -32,6 +33,7 @@ from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams
 from jaxrlhf.trainer import advantage, flops, losses, reward, update_loop
 from jaxrlhf.trainer.batch_metrics import batch_metrics, rollout_probs_diff
+from jaxrlhf.trainer.distillation import Distillation
 from jaxrlhf.trainer.generation import Generation
 from jaxrlhf.trainer.judge import Judge, JudgeFns
 from jaxrlhf.trainer.model_outputs import ModelOutputs
@@ -60,6 +62,7 @@ class PPOStep:
     critic_model_config: DecoderConfig | None = None,
     reward_model_config: DecoderConfig | None = None,
     judge_fns: JudgeFns | None = None,
+    teacher_model_config: DecoderConfig | None = None,
   ):
     """`judge_fns`: with a generative reward model (`reward_model.generative`), the judge's host side."""
     self.config = config
@@ -80,6 +83,13 @@ class PPOStep:
       self.judge = Judge(config, reward_model_config, layouts, judge_fns)
     elif reward_model_config:
       self.reward_model = Decoder(reward_model_config, head="reward", layout=layout("reward"))
+    # On-policy distillation: the teacher, frozen, runs forward like the reference (its own architecture).
+    self.distillation = Distillation.from_config(config)
+    self.teacher = None
+    if self.distillation is not None:
+      if teacher_model_config is None:
+        raise ValueError("distillation.enabled needs the teacher's model config (program.teacher_model_config)")
+      self.teacher = Decoder(teacher_model_config, head="lm", layout=layout("actor"))
     self.layouts = layouts
     self.kl_warmup_steps = kl_warmup_steps
     self.sampling = SamplingParams.from_rollout_config(
@@ -127,7 +137,12 @@ class PPOStep:
     self.ref_device = layouts.actor.reference_device(layouts.ref_device)
     correction = config.algorithm.rollout_correction if plan.bypass else None
     self.actor_loss = functools.partial(
-      losses.actor_loss, outputs=self.outputs, actor=actor, on_policy=plan.on_policy, rollout_correction=correction
+      losses.actor_loss,
+      outputs=self.outputs,
+      actor=actor,
+      on_policy=plan.on_policy,
+      rollout_correction=correction,
+      distillation=self.distillation,
     )
     self.first_epoch_actor_loss = functools.partial(self.actor_loss, first_epoch=True) if plan.old_in_update else None
     self.critic_loss = functools.partial(losses.critic_loss, outputs=self.outputs, critic=config.critic)
@@ -206,6 +221,15 @@ class PPOStep:
     return self._forward_phase(lambda micro: self.outputs.token_outputs(ref_params, micro), rollout, "actor", "ref")[
       "log_prob"
     ]
+
+  def teacher_log_probs(self, teacher_params, rollout: Rollout) -> dict:
+    """Phase `teacher` (distillation): the teacher's log-probs of the sampled tokens, or its top-k log-probs and
+    ids (`Distillation.teacher_data`), batched like the reference's forward."""
+    topk = self.distillation.topk if self.distillation.uses_topk else 0
+    out = self._forward_phase(
+      lambda micro: self.outputs.teacher_outputs(self.teacher, teacher_params, micro, topk), rollout, "actor", "ref"
+    )
+    return self.distillation.teacher_data(out)
 
   def critic_values(self, critic: RoleState, rollout: Rollout):
     """Phase `values`; `critic`: the critic's weights (`RoleState.weights`)."""
@@ -321,11 +345,14 @@ class PPOStep:
       ref_log_probs = run("ref", self.ref_log_prob, self.reference_params(state), rollout)
     else:
       ref_log_probs = old.ref_log_probs
+    teacher = None
+    if self.distillation is not None:
+      teacher = run("teacher", self.teacher_log_probs, state.teacher_params, rollout)
     values = None
     if plan.use_critic:
       values = run("values", self.critic_values, state.critic.weights, rollout)
     adv = run("adv", self.advantages, state, rollout, scored, old, ref_log_probs, values)
-    data = run(None, update_loop.update_data, rollout, old, ref_log_probs, adv)
+    data = run(None, update_loop.update_data, rollout, old, ref_log_probs, adv, teacher)
     results = {}  # role -> (its new RoleState, metrics)
     if plan.use_critic:
       critic_data = dict(data, values=values, returns=adv.returns)

@@ -26,6 +26,7 @@ from jaxrlhf.models import (
   Decoder,
   DecoderConfig,
   abstract_params,
+  compute_settings,
   critic_config_from,
   load_hf_config,
   model_config_from,
@@ -116,6 +117,8 @@ class StepProgram:
     if state.reward_params is not None:  # a scalar reward model's, or a judge's (its LM head)
       name = "judge" if self.ppo.judge is not None else "reward model"
       counts[f"{name} params"] = per_device_bytes(state.reward_params)
+    if state.teacher_params is not None:
+      counts["teacher params"] = per_device_bytes(state.teacher_params)
     if state.critic is not None:
       counts["critic params"] = per_device_bytes(state.critic.params)
       counts["critic optimizer"] = per_device_bytes(state.critic.opt_state)
@@ -185,6 +188,29 @@ def model_configs(config, tokenizer=None) -> tuple[DecoderConfig, DecoderConfig,
   reward_model_config = load_hf_config(config.reward_model.model.path) if config.reward_model.enable else None
   check_layer_kinds(config, model_config, critic_model_config)
   return model_config, critic_model_config, reward_model_config
+
+
+def teacher_model_config(config, model_config: DecoderConfig) -> DecoderConfig | None:
+  """The distillation teacher's config (`distillation.teacher_model.model_path`), None when distillation is off.
+
+  The teacher scores the student's token ids, so both must index the same vocabulary: a teacher of another
+  vocabulary size is refused here, before any weight is read (a tokenizer that differs at equal size is the
+  user's to rule out, as for the reward model)."""
+  if not config.distillation.enabled:
+    return None
+  path = config.distillation.teacher_model.model_path
+  # The actor's compute settings (dtype, attention, layer scan), without LoRA or gradient checkpointing: the
+  # teacher only runs forward. Its weights are stored in the rollout's dtype, as verl's teacher engine runs in it.
+  model = config.actor_rollout_ref.model
+  settings = dict(compute_settings(model), lora_rank=0, remat_policy="none")
+  settings["param_dtype"] = config.actor_rollout_ref.rollout.dtype or model.dtype
+  teacher = load_hf_config(path, **settings)
+  if teacher.vocab_size != model_config.vocab_size:
+    raise ConfigError(
+      f"distillation.teacher_model.model_path={path!r} has vocab_size={teacher.vocab_size}, the student "
+      f"(actor_rollout_ref.model) {model_config.vocab_size}: the teacher must score the student's token ids"
+    )
+  return teacher
 
 
 def check_layer_kinds(config, model_config: DecoderConfig, critic_model_config: DecoderConfig) -> None:
@@ -270,6 +296,7 @@ class BaseWeights:
   actor: Any  # the actor's whole params, in the train layout
   critic: Any  # the critic's whole params (value head included); None without a critic
   reward: Any  # the reward model's (reward_model.enable; a judge's with its LM head); else None
+  teacher: Any = None  # the distillation teacher's (distillation.enabled); else None
 
 
 def init_train_state(ppo: PPOStep, kl_coef: float, base: BaseWeights, actor_key, critic_key) -> TrainState:
@@ -283,6 +310,7 @@ def init_train_state(ppo: PPOStep, kl_coef: float, base: BaseWeights, actor_key,
     # The reference starts as the actor (with LoRA it is the actor's base, which the actor keeps: no copy).
     ref_params=jax.tree.map(jnp.copy, base.actor) if plan.stores_reference else None,
     reward_params=base.reward,
+    teacher_params=base.teacher,
     kl_coef=jnp.float32(kl_coef),
     lr_scale=jnp.float32(1.0),
   )
@@ -296,6 +324,7 @@ def state_shardings(ppo: PPOStep, layouts: StepLayouts, mesh: Mesh, has_reward_m
     critic=ppo.roles["critic"].state_shardings() if ppo.plan.use_critic else None,
     ref_params=layouts.ref_params if ppo.plan.stores_reference else None,
     reward_params=layouts.reward_train if has_reward_model else None,
+    teacher_params=layouts.teacher_train,
     kl_coef=replicated(mesh),
     lr_scale=replicated(mesh),
   )
@@ -313,6 +342,7 @@ def build_program(
   pad_token_id: int,
   total_steps: int,
   judge_fns: JudgeFns | None = None,
+  teacher_model_config: DecoderConfig | None = None,
 ) -> StepProgram:
   """The step of a resolved `config` on `mesh` (see the module docstring). `judge_fns`: a generative reward
   model's host side (`judge.make_judge_fns`)."""
@@ -320,6 +350,7 @@ def build_program(
   platform = mesh.devices.flat[0].platform
   model_config, critic_model_config = model_config.for_platform(platform), critic_model_config.for_platform(platform)
   reward_model_config = reward_model_config.for_platform(platform) if reward_model_config is not None else None
+  teacher_model_config = teacher_model_config.for_platform(platform) if teacher_model_config is not None else None
   actor_cfg = config.actor_rollout_ref.actor
   optimizers = {
     "actor": make_optimizer(actor_cfg.optim, actor_cfg.grad_clip),
@@ -329,7 +360,9 @@ def build_program(
     "actor": make_lr_schedule(actor_cfg.optim, total_steps),
     "critic": make_lr_schedule(config.critic.optim, total_steps),
   }
-  layouts = build_step_layouts(config, mesh, model_config, critic_model_config, reward_model_config)
+  layouts = build_step_layouts(
+    config, mesh, model_config, critic_model_config, reward_model_config, teacher_model_config
+  )
   # Each optimizer's state is laid out like what it tracks (`RoleLayouts.trained`).
   layouts = layouts.with_optimizers(
     {role: opt_state_shardings(tx, layouts.role(role).trained, replicated(mesh)) for role, tx in optimizers.items()}
@@ -350,6 +383,7 @@ def build_program(
     critic_model_config=critic_model_config,
     reward_model_config=reward_model_config,
     judge_fns=judge_fns,
+    teacher_model_config=teacher_model_config,
   )
   check_micro_batches(config, ppo, num_batch_shards)
   shardings = state_shardings(ppo, layouts, mesh, reward_model_config is not None)
@@ -361,6 +395,7 @@ def build_program(
     reward=(
       abstract_params_of(reward_model_config, reward_model_head(config)) if reward_model_config is not None else None
     ),
+    teacher=abstract_params_of(teacher_model_config, "lm") if teacher_model_config is not None else None,
   )
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
   abstract_state = jax.tree.map(

@@ -98,6 +98,7 @@ class TrainState:
   reward_params: Any  # the reward model's (reward_model.enable), frozen; else None
   kl_coef: jax.Array  # KL-in-reward coefficient beta, updated by the KL controller
   lr_scale: jax.Array  # multiplies both learning-rate schedules; guards lower it after a rollback
+  teacher_params: Any = None  # the distillation teacher's (distillation.enabled), frozen; else None
 
   def role(self, name: str) -> RoleState | None:
     """The state of trained role `name` ("actor" or "critic")."""

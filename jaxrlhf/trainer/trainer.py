@@ -37,7 +37,7 @@ from jaxrlhf.trainer.judge import HostJudging, JudgeFns, JudgeHost, judge_score_
 from jaxrlhf.trainer.multi_turn import MultiTurnGeneration, tools_kwargs_notes
 from jaxrlhf.trainer.phased import PhasedStep, timed
 from jaxrlhf.trainer.preemption import Preempted, StopSignal
-from jaxrlhf.trainer.program import BaseWeights, build_program, model_configs
+from jaxrlhf.trainer.program import BaseWeights, build_program, model_configs, teacher_model_config
 from jaxrlhf.trainer.reward import (
   PREFLIGHT_ROWS,
   host_callback_errors,
@@ -135,6 +135,7 @@ class Trainer:
     data_cfg = config.data
 
     self.model_config, self.critic_model_config, self.reward_model_config = model_configs(config, self.tokenizer)
+    self.teacher_model_config = teacher_model_config(config, self.model_config)
     eos_ids = generation_eos_ids(config.actor_rollout_ref.model.path or None, self.tokenizer)
     pad_id = pad_token_id(self.tokenizer, eos_ids)
     # GDPO's reward components: entries of the dict the reward function returns, one advantage each.
@@ -158,6 +159,7 @@ class Trainer:
       pad_token_id=pad_id,
       total_steps=self.total_steps,
       judge_fns=judge_fns,
+      teacher_model_config=self.teacher_model_config,
     )
     self.ppo, self.layouts = self.program.ppo, self.program.layouts
     state_shardings = self.program.state_shardings
@@ -304,7 +306,15 @@ class Trainer:
         head=reward_model_head(config),
         shardings=shardings.reward_params,
       )
-    base = BaseWeights(actor=actor_params, critic=critic_params, reward=reward_params)
+    teacher_params = None
+    if self.teacher_model_config is not None:
+      teacher_params = load_hf_params(
+        config.distillation.teacher_model.model_path,
+        self.teacher_model_config,
+        head="lm",
+        shardings=shardings.teacher_params,
+      )
+    base = BaseWeights(actor=actor_params, critic=critic_params, reward=reward_params, teacher=teacher_params)
     return self.program.init_state(base, actor_key, critic_key)
 
   def _device_batch(self, arrays):

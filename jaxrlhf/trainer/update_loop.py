@@ -138,6 +138,17 @@ def pack_sequences(data: dict, batching: packing.MicroBatching) -> dict:
 # averaged over the micro-batches that ran. Every other metric is normalised by the mini-batch's counts and
 # summed.
 MICRO_MEAN_PREFIXES = ("rollout_corr/",)
+# Loss metrics that are extremes over the valid tokens (distillation's per-token loss range, as verl's MIN/MAX
+# metrics): the extreme over the micro-batches and then over the step's mini-batches. A micro-batch without
+# valid tokens reports the neutral value (+inf for a minimum).
+EXTREMA = {"distillation/loss_min": (jnp.min, jnp.inf), "distillation/loss_max": (jnp.max, -jnp.inf)}
+
+
+def reduce_metric(key: str, values, count):
+  """One metric over stacked micro-batches (or optimizer steps): summed, averaged or an extreme (above)."""
+  if key in EXTREMA:
+    return EXTREMA[key][0](values)
+  return values.sum() / count if key.startswith(MICRO_MEAN_PREFIXES) else values.sum()
 
 
 def forward_phase(
@@ -224,9 +235,9 @@ def minibatch_gradients(
   def finish(grads, micro_outputs, micro_batches_run):
     # Losses and token-mean metrics are normalised by the mini-batch's counts: they add up exactly.
     micro_metrics, micro_rows = micro_outputs
-    reduce = lambda key, v: v.sum() / micro_batches_run if key.startswith(MICRO_MEAN_PREFIXES) else v.sum()
     join = lambda v: v.reshape((-1,) + v.shape[2:])[: minibatch["responses"].shape[0]]
-    return grads, {k: reduce(k, v) for k, v in micro_metrics.items()}, {k: join(v) for k, v in micro_rows.items()}
+    reduced = {k: reduce_metric(k, v, micro_batches_run) for k, v in micro_metrics.items()}
+    return grads, reduced, {k: join(v) for k, v in micro_rows.items()}
 
   def padded():
     rows = packing.pad_rows(minibatch, batching.num_micro * batching.rows)
@@ -253,7 +264,12 @@ def minibatch_gradients(
       )
       run = lambda: gradients(micro, micro_rng)
       skip_shapes = jax.eval_shape(run)
-      skip = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), skip_shapes)
+
+      def skip():
+        grads, (metrics, rows) = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), skip_shapes)
+        metrics = {k: jnp.full_like(v, EXTREMA[k][1]) if k in EXTREMA else v for k, v in metrics.items()}
+        return grads, (metrics, rows)
+
       grads, outputs = jax.lax.cond(plan["used"][k], run, skip)  # an empty slot costs nothing
       return add(grads_acc, grads), outputs
 
@@ -265,9 +281,12 @@ def minibatch_gradients(
   return grads, dict(metrics, **{"perf/packed": pays.astype(jnp.float32)}), rows
 
 
-def update_data(rollout: Rollout, old: OldLogProbs, ref_log_probs, adv: Advantages) -> dict:
+def update_data(
+  rollout: Rollout, old: OldLogProbs, ref_log_probs, adv: Advantages, teacher: dict | None = None
+) -> dict:
   """What the updates read, per row: the sequences (the response mask after any rollout rejection), old
-  log-probs (unless None), advantages, and the reference's log-probs and rollout correction weights when present."""
+  log-probs (unless None), advantages, and the reference's log-probs and rollout correction weights when present;
+  `teacher`: the distillation teacher's outputs (`Distillation.teacher_data`)."""
   data = dict(rollout.sequences(), response_mask=adv.response_mask, advantages=adv.advantages)
   optional = {
     "old_log_probs": old.log_probs,  # None: the actor update's first epoch gives them (`PhasePlan.old_in_update`)
@@ -276,7 +295,7 @@ def update_data(rollout: Rollout, old: OldLogProbs, ref_log_probs, adv: Advantag
     "rollout_is_weights": adv.rollout_is_weights,
     "ref_log_probs": ref_log_probs,
   }
-  return dict(data, **{key: value for key, value in optional.items() if value is not None})
+  return dict(data, **{key: value for key, value in optional.items() if value is not None}, **(teacher or {}))
 
 
 def ppo_update(
@@ -351,7 +370,7 @@ def ppo_update(
   epoch_rngs = jax.random.split(rng, epochs)
   if first_epoch_loss_fn is None:
     (params, opt_state), metrics = epochs_of(loss_fn, data, (params, opt_state), epoch_rngs)
-    metrics = {k: v.mean() for k, v in metrics.items()}
+    metrics = {k: EXTREMA[k][0](v) if k in EXTREMA else v.mean() for k, v in metrics.items()}
   else:
     carry, (first, rows), order = epoch(first_epoch_loss_fn, data, (params, opt_state), epoch_rngs[0])
     rows = {k: v[0] for k, v in rows.items()}  # the one mini-batch's
@@ -360,9 +379,14 @@ def ppo_update(
       gap = rollout_probs_diff(data["rollout_log_probs"], data["old_log_probs"], data["response_mask"])
       first.update({k: v[None] for k, v in gap.items()})  # as one mini-batch's
     (params, opt_state), rest = epochs_of(loss_fn, data, carry, epoch_rngs[1:]) if epochs > 1 else (carry, {})
-    metrics = {
-      k: (v.sum() + rest[k].sum()) / (v.size + rest[k].size) if k in rest else v.mean() for k, v in first.items()
-    }
+    over_steps = lambda k, v: (
+      EXTREMA[k][0](jnp.concatenate([v.ravel(), rest[k].ravel()]) if k in rest else v)
+      if k in EXTREMA
+      else (v.sum() + rest[k].sum()) / (v.size + rest[k].size)
+      if k in rest
+      else v.mean()
+    )
+    metrics = {k: over_steps(k, v) for k, v in first.items()}
   metrics[f"{prefix}/lr"] = lr
   return params, opt_state, metrics
 

@@ -154,7 +154,7 @@ def test_old_and_new_spellings_set_the_same_key(new, old, target, value):
     ("data.apply_chat_template_kwargs.tools_first=True", "refused (chat template arguments)"),
     ("trainer.v1.trainer_mode=separate_async", "refused (v1)"),
     ("algorithm.use_pf_ppo=True", "refused (PF-PPO)"),
-    ("distillation.enabled=True", "refused (distillation)"),
+    ("+distillation.teacher_models.math_teacher.model_path=/m", "refused (distillation teachers)"),
     ("reward_model.reward_manager=nonesuch", "reward manager 'nonesuch'"),
   ],
 )

@@ -29,7 +29,7 @@ from tests.helpers import VAL_KEY, run_train
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GSM8K_RECIPES = ("ppo_gsm8k_qwen2_5_0_5b", "grpo_gsm8k_qwen2_5_0_5b", "dapo_gsm8k_qwen2_5_1_5b")
-QUICKSTARTS = ("quickstart", "quickstart_grpo", "quickstart_dapo")
+QUICKSTARTS = ("quickstart", "quickstart_grpo", "quickstart_dapo", "quickstart_distill")
 # Recipe: (its architecture file in configs/models/, the GSM8K recipe it keeps the algorithm of,
 # ((aot target, devices), ...)).
 BIG_RECIPES = {
