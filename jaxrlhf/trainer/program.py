@@ -70,6 +70,12 @@ class StepProgram:
   def num_batch_shards(self) -> int:
     return self.mesh.shape["data"] * fsdp_size(self.mesh)
 
+  def jit_admit(self):
+    """The warm-up admission of a colocate_async run (`PPOStep.admit`), jitted with the state donated."""
+    return jax.jit(
+      self.ppo.admit, in_shardings=(self.state_shardings, None), out_shardings=self.state_shardings, donate_argnums=0
+    )
+
   def jit_step(self):
     """The fused step, jitted with the state donated (the trainer's `jitted_step`)."""
     state_shardings, replicated_sharding = self.state_shardings, replicated(self.mesh)
@@ -281,6 +287,7 @@ def init_train_state(ppo: PPOStep, kl_coef: float, base: BaseWeights, actor_key,
     reward_params=base.reward,
     kl_coef=jnp.float32(kl_coef),
     lr_scale=jnp.float32(1.0),
+    carried=ppo.generation.empty_pool() if ppo.generation.carries_rollouts else None,
   )
 
 
@@ -294,6 +301,11 @@ def state_shardings(ppo: PPOStep, layouts: StepLayouts, mesh: Mesh, has_reward_m
     reward_params=layouts.reward_train if has_reward_model else None,
     kl_coef=replicated(mesh),
     lr_scale=replicated(mesh),
+    # The carried pool is replicated: its slots hold max_num_seqs rows, decoded by every device (a per-shard
+    # pool, like the slots' `Shards`, is not built yet).
+    carried=jax.tree.map(lambda _: replicated(mesh), jax.eval_shape(ppo.generation.empty_pool))
+    if ppo.generation.carries_rollouts
+    else None,
   )
 
 

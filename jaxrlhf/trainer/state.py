@@ -98,6 +98,9 @@ class TrainState:
   reward_params: Any  # the reward model's (reward_model.enable), frozen; else None
   kl_coef: jax.Array  # KL-in-reward coefficient beta, updated by the KL controller
   lr_scale: jax.Array  # multiplies both learning-rate schedules; guards lower it after a rollback
+  # trainer.v1.trainer_mode=colocate_async: the rollout carried between steps (`rollout.partial.RolloutPool`:
+  # prompts, tokens, behaviour log-probs, slot cache, policy versions); None in sync mode.
+  carried: Any = None
 
   def role(self, name: str) -> RoleState | None:
     """The state of trained role `name` ("actor" or "critic")."""
