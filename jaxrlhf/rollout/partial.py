@@ -36,7 +36,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxrlhf.models.decoding import DecodeModel
-from jaxrlhf.rollout import cache_rows
 from jaxrlhf.rollout.batch import cache_length
 from jaxrlhf.rollout.decode import DecodeState, Responses, decode, prefill_cache
 from jaxrlhf.rollout.sampler import SamplingParams
@@ -198,7 +197,7 @@ def decode_pool(
   total_len = pool.slots.kv_mask.shape[1]
   inserts = min(inserts_per_step, slots)
 
-  def insert(state: DecodeState, pool: RolloutPool):
+  def insert(state: DecodeState, pool: RolloutPool, inserts: int = inserts):
     """Free slots take the oldest waiting rows (at most `inserts`), prefilled with this step's weights."""
     free = jnp.nonzero(pool.slot_row == rows, size=inserts, fill_value=slots)[0]
     group_of = jnp.arange(rows, dtype=jnp.int32) // n
@@ -214,14 +213,10 @@ def decode_pool(
       cache, kv_mask = prefill_cache(model, params, ids, mask, total_len)
       row_ids = pool.ticket[picked // n] * n + picked % n
       keys = jax.vmap(lambda r: jax.random.key_data(jax.random.fold_in(rng, r)))(row_ids)
-      slot_cache = state.cache
-      for j in range(inserts):
-        slot = jnp.minimum(free[j], slots - 1)
-        slot_cache = cache_rows.put_row(slot_cache, cache_rows.take_rows(cache, axes, j, 1), axes, slot, ok[j])
       at = jnp.where(ok, free, slots)
       put = lambda whole, new: whole.at[at].set(new.astype(whole.dtype), mode="drop")
       state = state.replace(
-        cache=slot_cache,
+        cache=_put_rows(state.cache, cache, axes, at),
         kv_mask=put(state.kv_mask, kv_mask),
         column=put(state.column, jnp.full((inserts,), prompt_len - 1, jnp.int32)),
         token=put(state.token, ids[:, -1]),
@@ -265,7 +260,7 @@ def decode_pool(
     return more & jnp.any(unfinished)
 
   state = pool.slots.replace(steps=jnp.int32(0))
-  state, pool = insert(state, pool)
+  state, pool = insert(state, pool, slots)  # every free slot at once: one prefill
   state, (pool, busy) = decode(
     model,
     params,
@@ -277,6 +272,17 @@ def decode_pool(
     until=going,
   )
   return pool.replace(slots=state), state.steps, busy
+
+
+def _put_rows(cache, new_cache, axes, at_K):
+  """`cache` with `new_cache`'s K rows written into rows `at_K` (an index past the end: not written)."""
+
+  def put(whole, new, names):
+    batch = names.index("batch")
+    moved = jnp.moveaxis(whole, batch, 0).at[at_K].set(jnp.moveaxis(new, batch, 0).astype(whole.dtype), mode="drop")
+    return jnp.moveaxis(moved, 0, batch)
+
+  return jax.tree.map(put, cache, new_cache, axes)
 
 
 def take_trainable(pool: RolloutPool, step, need: int, threshold: int | None = None, strategy: str = "drop"):
