@@ -44,7 +44,8 @@ class Generation:
     v1 = config.trainer.v1
     # trainer.v1.trainer_mode=colocate_async: rollouts carried between steps in a pool (`rollout/partial.py`).
     self.carries_rollouts = v1.trainer_mode == "colocate_async"
-    self.warmup_batches = int(v1.colocate_async.num_warmup_batches) if self.carries_rollouts else 0
+    warmup_batches = int(v1.colocate_async.num_warmup_batches)
+    self.warmup_batches = warmup_batches if self.carries_rollouts else 0
     self.stop = "enough" if v1.colocate_async.partial_rollout else "all"
     self.off_policy_threshold = v1.sampler.max_off_policy_threshold
     self.off_policy_strategy = v1.sampler.max_off_policy_strategy
