@@ -126,3 +126,18 @@ def test_drop_restarts_a_stale_group():
   assert int(dropped) == 2
   assert (np.asarray(pool.status) == pr.WAITING).all() and (np.asarray(pool.admitted) == 3).all()
   assert int(pool.responses.loss_mask.sum()) == 0
+
+
+def test_wait_finishes_groups_at_the_threshold_before_the_step_ends():
+  """`wait` with a threshold of 1: every admitted group spans a version already, so the step waits for all of them
+  (where `enough` alone stops once BATCH groups are trainable)."""
+  model, params, batches = _setup()
+  pool = pr.empty_pool(
+    model, groups=2 * BATCH, n=N, prompt_len=PROMPT, response_len=RESPONSE, slots=SLOTS, pad_token_id=0
+  )
+  pool = pr.admit(pool, *batches[0], 0, 0)
+  pool = pr.admit(pool, *batches[1], 0, 0)
+  pool, _, _ = pr.decode_pool(
+    model, params, pool, jax.random.key(7), SAMPLING, step=0, need=1, threshold=1, strategy="wait"
+  )
+  assert bool(pool.group_done().all())
