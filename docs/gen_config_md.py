@@ -733,6 +733,35 @@ _DOCS = {
     "no KL term (loss or reward) for this fraction of the first steps (suggested: 5%)",
     "— (ours)",
   ),
+  "trainer.v1.trainer_mode": (
+    "sync: each step generates its batch, then trains on it. colocate_async: partial rollouts (verl's mode of "
+    "that name): prompt groups decode in the rollout's max_num_seqs slots in a pool carried from step to step in "
+    "the train state; a step admits its batch, decodes until train_batch_size groups have finished (a group, a "
+    "prompt's n samples, is the unit that finishes), trains on the oldest of them and carries the rest, slot cache "
+    "and behaviour log-probs included (`jaxrlhf/rollout/partial.py`). separate_async: refused (one mesh runs both)",
+    SAME,
+  ),
+  "trainer.v1.colocate_async.num_warmup_batches": (
+    "batches admitted to the pool before the first step (the schedule's first batches; step k then admits batch "
+    "k + this): the pool holds 1 + this many batches of groups. Whole batches only",
+    "same key (verl also takes fractions)",
+  ),
+  "trainer.v1.colocate_async.partial_rollout": (
+    "True: a step stops decoding once enough groups have finished (partial rollout). False: it decodes every "
+    "admitted group to the end and trains on the oldest batch: with 1 warm-up batch, one-step-off-policy (step k "
+    "trains on the batch step k - 1 generated)",
+    "— (ours: verl's colocate_async is always partial)",
+  ),
+  "trainer.v1.sampler.max_off_policy_threshold": (
+    "model versions a trained group may span (step - step admitted + 1); None: no bound. colocate_async only",
+    SAME,
+  ),
+  "trainer.v1.sampler.max_off_policy_strategy": (
+    "drop: a finished group past the threshold is not trained, and its prompt starts again as the newest (verl "
+    "refills with a fresh prompt). wait: the step decodes on until every unfinished group at the threshold has "
+    "finished, and trains it",
+    SAME,
+  ),
   # ----- mesh
   "mesh.data": (
     "devices along the pure data-parallel axis; -1 = fill",

@@ -78,6 +78,12 @@ def _from_flat_roles(flat: dict, like):
   return type(like)(**rest, **roles)
 
 
+def _without_carried(tree) -> dict:
+  """A TrainState (or its flat layout's dict) as a dict of its fields less `carried`."""
+  fields = tree if isinstance(tree, dict) else {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+  return {key: value for key, value in fields.items() if key != "carried"}
+
+
 def nested_roles(tree: dict) -> dict:
   """A saved state tree in today's layout (`{"actor": {"params", "opt_state", "adapters"}, "critic": ...}`),
   from either layout; a run without a critic has `critic` None."""
@@ -207,6 +213,11 @@ class Checkpointer:
       abstract_state, flat = abstract, _is_flat_roles(saved_tree)
       if flat:
         abstract = _flat_roles(abstract)
+      # A checkpoint without a carried rollout (written before trainer.v1's, or by a sync run whose None left no
+      # entry) is read without one.
+      uncarried = isinstance(saved_tree, dict) and "carried" not in saved_tree and abstract_state.carried is None
+      if uncarried:
+        abstract = _without_carried(abstract)
       try:
         restored = self._manager.restore(
           step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
@@ -219,6 +230,8 @@ class Checkpointer:
     state = restored.state
     if flat:
       state = _from_flat_roles(state, abstract_state)
+    elif uncarried:
+      state = type(abstract_state)(**state)
     if convert:
       logging.info("checkpoint step %d has %s layers: converting to %s", step, saved, wanted)
       state = stack_layers(state) if wanted == "stacked" else unstack_layers(state)

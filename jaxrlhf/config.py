@@ -380,6 +380,20 @@ def get_base_config() -> ml_collections.ConfigDict:
       max_rollbacks=3,
       kl_warmup_steps_ratio=0.0,  # no KL term (loss or reward) for this fraction of the first steps
     ),
+    # verl's trainer.v1 modes. sync: each step generates its batch, then trains on it. colocate_async: partial
+    # rollouts in the rollout's max_num_seqs slots carried across steps (rollout/partial.py).
+    v1=dict(
+      trainer_mode="sync",  # sync | colocate_async (separate_async: refused, one mesh runs both)
+      colocate_async=dict(
+        num_warmup_batches=1,  # batches admitted before the first step: the pool holds 1 + this many batches
+        # jaxrlhf: False decodes every admitted group to the end each step (one-step-off with 1 warm-up batch)
+        partial_rollout=True,
+      ),
+      sampler=dict(
+        max_off_policy_threshold=8,  # model versions a trained group may span (step - admitted + 1); None: any
+        max_off_policy_strategy="drop",  # drop: a finished group past it starts again | wait: it finishes first
+      ),
+    ),
   )
 
   config.mesh = dict(data=1, fsdp=-1, tensor=1)
@@ -419,6 +433,8 @@ ATTENTION_IMPLS = ("auto", "xla", "blockwise", "cudnn", "splash")
 REMAT_POLICY_NAMES = ("none", "full", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 _CHOICES = {
+  "trainer.v1.trainer_mode": ("sync", "colocate_async", "separate_async"),
+  "trainer.v1.sampler.max_off_policy_strategy": ("drop", "wait"),
   "data.truncation": ("error", "left", "right", "middle"),
   "reward_model.on_error": ("raise", "zero"),
   "reward_model.reward_manager": ("naive", "dapo", "gdpo", "batch"),
@@ -563,6 +579,8 @@ _RANGES = {
       "reward_model.rollout.max_num_seqs",
       "reward_model.rollout.prompt_length",
       "reward_model.rollout.response_length",
+      "trainer.v1.colocate_async.num_warmup_batches",
+      "trainer.v1.sampler.max_off_policy_threshold",
       "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
       "actor_rollout_ref.rollout.multi_turn.max_user_turns",
       "actor_rollout_ref.rollout.multi_turn.max_parallel_calls",
@@ -699,6 +717,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   _check_gdpo(config)
   _check_multi_turn(config)
   _check_distillation(config)
+  _check_trainer_mode(config)
   critic_overrides = [k for k, v in config.critic.model.override_config.items() if v is not None]
   critic_path = config.critic.model.path
   if critic_overrides and (not critic_path or critic_path == config.actor_rollout_ref.model.path):
@@ -813,6 +832,44 @@ def _check_rollout_correction(config) -> None:
       rollout_correction.parse_rollout_rs(correction.rollout_rs, correction.rollout_rs_threshold)
   except ValueError as error:
     raise ConfigError(f"config key {error}") from None
+
+
+def _check_trainer_mode(config) -> None:
+  """`trainer.v1.trainer_mode=colocate_async` carries rollouts in the rollout's slots between fused steps; what it
+  cannot carry is refused here, one key at a time."""
+  mode = config.trainer.v1.trainer_mode
+  if mode == "separate_async":
+    raise ConfigError(
+      "config key 'trainer.v1.trainer_mode'='separate_async' is not supported: jaxrlhf's step runs generation and "
+      "training on one mesh in one program (disjoint generation and training meshes are not built); use "
+      "'colocate_async' (partial rollouts carried across steps) or 'sync'"
+    )
+  if mode != "colocate_async":
+    return
+  rollout = config.actor_rollout_ref.rollout
+  unsupported = {
+    "actor_rollout_ref.rollout.max_num_seqs": (
+      rollout.max_num_seqs is None,
+      "None: partial rollouts decode in the rollout's slots; set it (e.g. the rows one step decodes at once)",
+    ),
+    "trainer.fuse_step": (not config.trainer.fuse_step, "False: the carried rollout lives in the fused step"),
+    "actor_rollout_ref.rollout.multi_turn.enable": (rollout.multi_turn.enable, "True: turns are not carried"),
+    "algorithm.filter_groups.enable": (
+      config.algorithm.filter_groups.enable,
+      "True: dynamic sampling's rounds draw more prompts per step than the pool admits",
+    ),
+    "algorithm.adv_estimator": (
+      config.algorithm.adv_estimator == "remax",
+      "'remax': its greedy baseline is decoded whole per step",
+    ),
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": (
+      rollout.enable_rollout_routing_replay,
+      "True: routes are not carried with the slots",
+    ),
+  }
+  for key, (bad, why) in unsupported.items():
+    if bad:
+      raise ConfigError(f"config key '{key}' with trainer.v1.trainer_mode='colocate_async': {why}")
 
 
 def _check_sampling(prefix: str, sampling) -> None:

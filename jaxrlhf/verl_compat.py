@@ -493,9 +493,33 @@ _TEACHER_IN_STEP = (
 _TRANSFER_QUEUE = "verl's TransferQueue between its Ray workers: jaxrlhf's data stays in one program"
 _CHECKPOINT_CALLBACK = "a user callback after each checkpoint save: not in jaxrlhf"
 _TRAINER_V1 = (
-  "verl's asynchronous trainer modes (colocate_async, separate_async: generation overlapping training, "
-  "off-policy by some steps): jaxrlhf's step is synchronous (trainer_mode=sync)"
+  "verl's separate_async trainer mode (generation and training on disjoint GPUs, weights synchronised every "
+  "parameter_sync_step steps): jaxrlhf runs both on one mesh in one program; colocate_async (partial rollouts "
+  "carried across steps) and sync are supported"
 )
+
+
+def _trainer_mode(value, overrides, config):
+  """verl's trainer.v1.trainer_mode: sync and colocate_async map; colocate_async decodes in the rollout's slots,
+  so without an explicit max_num_seqs it takes verl's (vLLM's) default of 1024 concurrent sequences."""
+  del config
+  if value == "separate_async":
+    raise UserError(f"refused (v1): {_TRAINER_V1}")
+  out = {"trainer.v1.trainer_mode": value}
+  if value == "colocate_async" and overrides.get("actor_rollout_ref.rollout.max_num_seqs") is None:
+    out["actor_rollout_ref.rollout.max_num_seqs"] = 1024
+  return out
+
+
+def _warmup_batches(value, overrides, config):
+  """verl's fractional warm-up (1.5 batches = one batch and gen_batch_size chunks of another): jaxrlhf's pool
+  admits whole batches."""
+  del overrides, config
+  if isinstance(value, float) and value.is_integer():
+    value = int(value)
+  return {"trainer.v1.colocate_async.num_warmup_batches": _whole_number(value, "num_warmup_batches")}
+
+
 _SKIP_ROLLOUT = "replaying dumped rollouts instead of generating (verl's debugging switch): not in jaxrlhf"
 
 
@@ -1635,11 +1659,15 @@ SECTIONS: list[tuple[str, dict[str, Translated | Ignored | Refused]]] = [
         "null: no callback", _refused_unless(None, "", reason=_CHECKPOINT_CALLBACK), "a class", "checkpoint callback"
       ),
       "trainer.use_v1": Ignored("verl's choice between its trainer implementations: jaxrlhf has one, synchronous"),
-      "trainer.v1.trainer_mode": Ignored(
-        "sync: generate, then train, every step",
-        _refused_unless("sync", reason=_TRAINER_V1),
-        "an asynchronous mode",
-        "v1",
+      "trainer.v1.trainer_mode": Translated(
+        _trainer_mode,
+        "trainer.v1.trainer_mode (sync, colocate_async; separate_async refused); colocate_async without "
+        "actor_rollout_ref.rollout.max_num_seqs also sets it to verl's default, 1024",
+        inputs=("actor_rollout_ref.rollout.max_num_seqs",),
+      ),
+      "trainer.v1.colocate_async.num_warmup_batches": Translated(
+        _warmup_batches,
+        "trainer.v1.colocate_async.num_warmup_batches (whole batches only)",
       ),
       "trainer.v1.*": Ignored("settings of verl's asynchronous trainer modes (trainer.v1.trainer_mode)"),
       "trainer.v1.sampler.custom_sampler.*": Ignored(

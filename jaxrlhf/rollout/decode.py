@@ -255,11 +255,13 @@ def decode(
   budget: int,
   until_step: int | None = None,
   after_step: Callable | None = None,
+  until: Callable | None = None,
   **step_options,
 ):
-  """`step` in a `lax.while_loop` until no row is live (or `until_step` steps have run). After each step,
-  `after_step(state, responses, taken) -> (state, responses)` (default: record each row's token in `responses`):
-  the slots' refill is such a policy. Returns (state, responses)."""
+  """`step` in a `lax.while_loop` until no row is live (or `until_step` steps have run, or `until(state,
+  responses)`, a policy's own test, is False). After each step, `after_step(state, responses, taken) -> (state,
+  responses)` (default: record each row's token in `responses`): the slots' refill is such a policy, and partial
+  rollouts' "enough groups have finished" such a test (`rollout/partial.py`). Returns (state, responses)."""
   after_step = after_step or (lambda state, responses, taken: (state, responses.record(taken)))
 
   def body(carry):
@@ -269,6 +271,8 @@ def decode(
 
   def cond(carry):
     going = jnp.any(carry[0].live)
+    if until is not None:
+      going &= until(*carry)
     return going if until_step is None else going & (carry[0].steps < until_step)
 
   return jax.lax.while_loop(cond, body, (state, responses))

@@ -14,6 +14,7 @@ from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.models.lora import merge_adapters
 from jaxrlhf.parallel.step_layouts import StepLayouts
 from jaxrlhf.rollout import SamplingParams, generate, generate_in_slots
+from jaxrlhf.rollout import partial as partial_rollouts
 from jaxrlhf.trainer.records import Rollout
 
 
@@ -40,6 +41,14 @@ class Generation:
     self.sampling = sampling
     self.layouts = layouts
     self.lora_alpha = model_config.lora_alpha
+    v1 = config.trainer.v1
+    # trainer.v1.trainer_mode=colocate_async: rollouts carried between steps in a pool (`rollout/partial.py`).
+    self.carries_rollouts = v1.trainer_mode == "colocate_async"
+    warmup_batches = int(v1.colocate_async.num_warmup_batches)
+    self.warmup_batches = warmup_batches if self.carries_rollouts else 0
+    self.stop = "enough" if v1.colocate_async.partial_rollout else "all"
+    self.off_policy_threshold = v1.sampler.max_off_policy_threshold
+    self.off_policy_strategy = v1.sampler.max_off_policy_strategy
 
   def generation_params(self, actor):
     """The actor's weights (`RoleState.weights`) in the generation layout and the rollout dtype; LoRA adapters
@@ -73,6 +82,72 @@ class Generation:
   def constrain_cache(self, cache):
     """The rollout model's cache pinned in the generation layout."""
     return self.layouts.constrain_cache(cache, self.decode_model.cache_axes)
+
+  # ----- trainer.v1.trainer_mode=colocate_async: the carried pool -----------------------------------------
+
+  def empty_pool(self) -> partial_rollouts.RolloutPool:
+    """The carried rollout of a fresh run: room for `1 + num_warmup_batches` batches of prompt groups."""
+    data, rollout = self.config.data, self.config.actor_rollout_ref.rollout
+    return partial_rollouts.empty_pool(
+      self.decode_model,
+      groups=(1 + self.warmup_batches) * data.train_batch_size,
+      n=rollout.n,
+      prompt_len=data.max_prompt_length,
+      response_len=data.max_response_length,
+      slots=rollout.max_num_seqs,
+      pad_token_id=self.sampling.pad_token_id,
+    )
+
+  def admit(self, pool, batch, step):
+    """`pool` with `batch`'s prompts admitted at `step` (left-padded to the pool's prompt width)."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    pad = pool.prompts.shape[1] - ids.shape[1]
+    ids, mask = (jnp.pad(x, ((0, 0), (pad, 0))) for x in (ids, mask))
+    return partial_rollouts.admit(pool, ids, mask, batch["sample_index"], step, self.sampling.pad_token_id)
+
+  def partial_rollout(self, actor, pool, batch, rng, step):
+    """Phase `gen` of a colocate_async step: the batch admitted, the pool decoded with this step's weights until
+    `train_batch_size` groups are trainable (or, without partial rollout, until every admitted row has ended), the
+    oldest of them taken. Returns (Rollout, the pool carried on, metrics)."""
+    batch_size, n = batch["input_ids"].shape[0], self.config.actor_rollout_ref.rollout.n
+    threshold, strategy = self.off_policy_threshold, self.off_policy_strategy
+    params = self.generation_params(actor)
+    pool = self.admit(pool, batch, step)
+    dropped = jnp.int32(0)
+    if threshold is not None and strategy == "drop":
+      pool, dropped = partial_rollouts.drop_stale(pool, step, threshold, self.sampling.pad_token_id)
+    pool, loop_steps, busy = partial_rollouts.decode_pool(
+      self.decode_model,
+      params,
+      pool,
+      rng,
+      self.sampling,
+      step=step,
+      need=batch_size,
+      stop=self.stop,
+      threshold=threshold,
+      strategy=strategy,
+    )
+    pool, taken = partial_rollouts.take_trainable(pool, step, batch_size, threshold, strategy)
+    staleness = taken["staleness"].astype(jnp.float32)
+    slots = pool.slot_row.shape[0]
+    metrics = {
+      "rollout/staleness_mean": staleness.mean(),
+      "rollout/staleness_max": staleness.max(),
+      "rollout/carried_trajectories": pool.row_valid().sum().astype(jnp.float32),
+      "rollout/carried_in_slots": (pool.slot_row < pool.prompts.shape[0]).sum().astype(jnp.float32),
+      "rollout/slot_utilization": busy.astype(jnp.float32) / jnp.maximum(loop_steps * slots, 1).astype(jnp.float32),
+      "rollout/dropped_groups": dropped.astype(jnp.float32),
+    }
+    fields = ("prompts", "prompt_mask", "responses", "response_mask", "rollout_log_probs")
+    moved = self.layouts.to_train(tuple(taken[name] for name in fields))
+    rollout = Rollout(
+      **dict(zip(fields, moved)),
+      sample_index=taken["sample_index"],
+      group_index=jnp.repeat(jnp.arange(batch_size, dtype=jnp.int32), n),
+      decode_steps=loop_steps,
+    )
+    return rollout, pool, metrics
 
   def rollout(self, actor, batch, rng) -> Rollout:
     """Prompts x n (interleaved, group ids) -> responses and the sampler's log-probs of them (what rollout

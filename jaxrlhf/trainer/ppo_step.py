@@ -375,9 +375,21 @@ class PPOStep:
     return state.replace(step=state.step + 1, kl_coef=adv.kl_coef, **roles), metrics
 
   def __call__(self, state: TrainState, batch: dict[str, jax.Array], rng) -> tuple[TrainState, dict]:
-    """The fused step: every phase in one program."""
-    rollout, scored = self.generate_and_score(state, batch, rng)
-    return self.train_on_rollout(state, rollout, scored, rng)
+    """The fused step: every phase in one program. With a carried rollout (trainer.v1.trainer_mode=colocate_async)
+    the batch joins the pool and the step trains on the groups the pool has finished (`Generation.partial_rollout`)."""
+    if state.carried is None:
+      rollout, scored = self.generate_and_score(state, batch, rng)
+      return self.train_on_rollout(state, rollout, scored, rng)
+    rollout, carried, gen_metrics = self.generation.partial_rollout(
+      state.actor.weights, state.carried, batch, self.split_rng(rng)["gen"], state.step
+    )
+    scored = self.score(rollout, state.reward_params)
+    state, metrics = self.train_on_rollout(state.replace(carried=carried), rollout, scored, rng)
+    return state, {**metrics, **gen_metrics}
+
+  def admit(self, state: TrainState, batch: dict[str, jax.Array]) -> TrainState:
+    """A warm-up batch (verl's `num_warmup_batches`) admitted to the carried pool before the first step."""
+    return state.replace(carried=self.generation.admit(state.carried, batch, state.step))
 
 
 def inline(name, fn, *args):

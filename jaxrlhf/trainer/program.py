@@ -72,6 +72,12 @@ class StepProgram:
   def num_batch_shards(self) -> int:
     return self.mesh.shape["data"] * fsdp_size(self.mesh)
 
+  def jit_admit(self):
+    """The warm-up admission of a colocate_async run (`PPOStep.admit`), jitted with the state donated."""
+    return jax.jit(
+      self.ppo.admit, in_shardings=(self.state_shardings, None), out_shardings=self.state_shardings, donate_argnums=0
+    )
+
   def jit_step(self):
     """The fused step, jitted with the state donated (the trainer's `jitted_step`)."""
     state_shardings, replicated_sharding = self.state_shardings, replicated(self.mesh)
@@ -313,6 +319,7 @@ def init_train_state(ppo: PPOStep, kl_coef: float, base: BaseWeights, actor_key,
     teacher_params=base.teacher,
     kl_coef=jnp.float32(kl_coef),
     lr_scale=jnp.float32(1.0),
+    carried=ppo.generation.empty_pool() if ppo.generation.carries_rollouts else None,
   )
 
 
@@ -327,6 +334,11 @@ def state_shardings(ppo: PPOStep, layouts: StepLayouts, mesh: Mesh, has_reward_m
     teacher_params=layouts.teacher_train,
     kl_coef=replicated(mesh),
     lr_scale=replicated(mesh),
+    # The carried pool is replicated: its slots hold max_num_seqs rows, decoded by every device (a per-shard
+    # pool, like the slots' `Shards`, is not built yet).
+    carried=jax.tree.map(lambda _: replicated(mesh), jax.eval_shape(ppo.generation.empty_pool))
+    if ppo.generation.carries_rollouts
+    else None,
   )
 
 

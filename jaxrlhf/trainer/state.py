@@ -99,6 +99,9 @@ class TrainState:
   kl_coef: jax.Array  # KL-in-reward coefficient beta, updated by the KL controller
   lr_scale: jax.Array  # multiplies both learning-rate schedules; guards lower it after a rollback
   teacher_params: Any = None  # the distillation teacher's (distillation.enabled), frozen; else None
+  # trainer.v1.trainer_mode=colocate_async: the rollout carried between steps (`rollout.partial.RolloutPool`:
+  # prompts, tokens, behaviour log-probs, slot cache, policy versions); None in sync mode.
+  carried: Any = None
 
   def role(self, name: str) -> RoleState | None:
     """The state of trained role `name` ("actor" or "critic")."""

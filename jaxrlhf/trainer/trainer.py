@@ -350,8 +350,18 @@ class Trainer:
     return self._load_batch(self.train_data, self.schedule.indices(step))
 
   def step_batches(self, step: int) -> StepBatches:
-    """Where step `step` draws its prompts: batch `step` of the schedule, or dynamic sampling's rounds."""
-    return StepBatches(train=lambda: self.train_batch(step), gen_round=self._next_gen_round)
+    """Where step `step` draws its prompts: batch `step` of the schedule (with colocate_async's warm-up batches
+    the schedule's first batches were admitted before step 0: batch `step + num_warmup_batches`), or dynamic
+    sampling's rounds."""
+    ahead = self.ppo.generation.warmup_batches
+    return StepBatches(train=lambda: self.train_batch(step + ahead), gen_round=self._next_gen_round)
+
+  def warm_up_pool(self) -> None:
+    """trainer.v1.trainer_mode=colocate_async on a fresh run: batches 0 .. num_warmup_batches - 1 admitted to the
+    carried pool before step 0 (verl's warm-up batches; a resumed run's pool comes back with its checkpoint)."""
+    admit = self.program.jit_admit()
+    for batch in range(self.ppo.generation.warmup_batches):
+      self.state = admit(self.state, self.train_batch(batch))
 
   def _next_gen_round(self) -> dict[str, jax.Array]:
     """The next round of dynamic sampling (`data.gen_batch_size` prompts): the generation cursor moves on."""
@@ -605,6 +615,8 @@ class Trainer:
       prometheus_port=config.prometheus_port,
       start_step=start_step,
     )
+    if start_step == 0:
+      self.warm_up_pool()
     guard = Guard(config.guard)
     if guard.enabled and checkpointer.latest_step() is None:
       self.save(checkpointer, start_step)  # a rollback needs somewhere to go back to

@@ -776,3 +776,22 @@ def test_printed_command_and_verl_args_both_train(tmp_path):
     last_line = result.stdout.strip().splitlines()[-1]
     assert last_line.startswith("done: 1 records, none written to a file"), result.stdout[-2000:]
     assert not (runs / name / "metrics.jsonl").exists()
+
+
+def test_trainer_v1_modes_translate():
+  """colocate_async maps (with verl's max_num_seqs default when the script sets none), whole warm-up batches map,
+  the sampler's keys are jaxrlhf's own; a fractional warm-up is refused by key."""
+  assignments = verl_compat.plan(
+    [
+      "trainer.v1.trainer_mode=colocate_async",
+      "trainer.v1.colocate_async.num_warmup_batches=2.0",
+      "trainer.v1.sampler.max_off_policy_strategy=wait",
+    ],
+    get_base_config(),
+  ).assignments
+  assert assignments["trainer.v1.trainer_mode"] == "colocate_async"
+  assert assignments["actor_rollout_ref.rollout.max_num_seqs"] == 1024
+  assert assignments["trainer.v1.colocate_async.num_warmup_batches"] == 2
+  assert assignments["trainer.v1.sampler.max_off_policy_strategy"] == "wait"
+  with pytest.raises(UserError, match="num_warmup_batches"):
+    verl_compat.plan(["trainer.v1.colocate_async.num_warmup_batches=1.5"], get_base_config())
