@@ -78,10 +78,16 @@ def _from_flat_roles(flat: dict, like):
   return type(like)(**rest, **roles)
 
 
-def _without_carried(tree) -> dict:
-  """A TrainState (or its flat layout's dict) as a dict of its fields less `carried`."""
+# TrainState fields newer than some checkpoints, None in most runs: a carried rollout (trainer.v1's colocate_async)
+# and a distillation teacher (frozen: never saved). A checkpoint written before them, or whose None left no entry,
+# is read without them.
+_OPTIONAL_FIELDS = ("carried", "teacher_params")
+
+
+def _without(tree, names) -> dict:
+  """A TrainState (or its flat layout's dict) as a dict of its fields less `names`."""
   fields = tree if isinstance(tree, dict) else {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
-  return {key: value for key, value in fields.items() if key != "carried"}
+  return {key: value for key, value in fields.items() if key not in names}
 
 
 def nested_roles(tree: dict) -> dict:
@@ -213,11 +219,13 @@ class Checkpointer:
       abstract_state, flat = abstract, _is_flat_roles(saved_tree)
       if flat:
         abstract = _flat_roles(abstract)
-      # A checkpoint without a carried rollout (written before trainer.v1's, or by a sync run whose None left no
-      # entry) is read without one.
-      uncarried = isinstance(saved_tree, dict) and "carried" not in saved_tree and abstract_state.carried is None
-      if uncarried:
-        abstract = _without_carried(abstract)
+      absent = [
+        name
+        for name in _OPTIONAL_FIELDS
+        if isinstance(saved_tree, dict) and name not in saved_tree and getattr(abstract_state, name) is None
+      ]
+      if absent:
+        abstract = _without(abstract, absent)
       try:
         restored = self._manager.restore(
           step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
@@ -228,9 +236,11 @@ class Checkpointer:
           raise mismatch from e
         raise
     state = restored.state
+    if absent:
+      state = {**state, **dict.fromkeys(absent)}
     if flat:
       state = _from_flat_roles(state, abstract_state)
-    elif uncarried:
+    elif absent:
       state = type(abstract_state)(**state)
     if convert:
       logging.info("checkpoint step %d has %s layers: converting to %s", step, saved, wanted)
