@@ -229,7 +229,7 @@ class Router(nn.Module):
     cfg, param_dtype = self.config, DTYPES[self.config.param_dtype]
     kernel = self.param(
       "kernel",
-      logical_init(nn.initializers.normal(INIT_STD), ("embed", "experts")),
+      logical_init(nn.initializers.normal(INIT_STD), ("embed", None)),
       (cfg.hidden_size, cfg.num_experts),
       param_dtype,
     )

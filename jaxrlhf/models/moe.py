@@ -17,7 +17,8 @@ Load balancing (`load_balance_stats`): each call sows, per layer, the tokens eac
 of each expert's router probability over the call's valid tokens; `load_balancing_loss` turns the layers' sums into
 HF's `load_balancing_loss_func` (Switch Transformer's auxiliary loss) and the trainer into its expert-load metrics.
 
-Parameter axes: the router `gate/kernel` [D, E] ("embed", "experts"); the experts' `experts/{gate,up}_proj` [E, D, F]
+Parameter axes: the router `gate/kernel` [D, E] ("embed", None: whole on its expert dim, which `experts` would
+split over fsdp as embed is); the experts' `experts/{gate,up}_proj` [E, D, F]
 and `experts/down_proj` [E, F, D] ("experts", "expert_embed", "expert_mlp"): names of their own, so that a layout
 can split the experts over devices (expert parallelism) where the dense layers split their embed dim
 (`parallel/layouts.py`).
@@ -256,7 +257,7 @@ class SparseMoeBlock(nn.Module):
     dtype = DTYPES[cfg.dtype]
     batch, length, hidden = x_BxLxD.shape
     x_TxD = x_BxLxD.reshape(-1, hidden)
-    router_DxE = Weight((hidden, cfg.num_experts), ("embed", "experts"), cfg.param_dtype, name="gate")()
+    router_DxE = Weight((hidden, cfg.num_experts), ("embed", None), cfg.param_dtype, name="gate")()
     logits_TxE = x_TxD.astype(jnp.float32) @ router_DxE.astype(jnp.float32)
     replay_Txk = None if replay_BxLxk is None else replay_BxLxk.reshape(-1, cfg.num_experts_per_tok)
     weights_Txk, experts_Txk, probs_TxE = route(logits_TxE, cfg.num_experts_per_tok, cfg.norm_topk_prob, replay_Txk)
