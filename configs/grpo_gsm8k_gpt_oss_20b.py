@@ -24,8 +24,9 @@ the generation cache) with full attention, each with learned attention sinks, an
 experts (docs/architecture.md); generation splits it over the node's 8 GPUs (`rollout.tensor_model_parallel_size=8`:
 the 8 KV heads divide by 8) in 128 slots.
 
-Measured ahead of time (h100x8, 2026-12-07): 86.3 GiB per GPU against 79.1, not a fit yet: the experts' pair buffers
-of a whole micro-batch on every device (benchmarks/README.md, "Scale").
+Measured ahead of time (h100x8, jax 0.10.2, 2026-12-07): fits at 73.0 GiB per GPU against 79.1 (86.3 before the
+experts ran on each device's own tokens, `ActivationLayout.experts`); the peak is the update's optimizer step, Adam's
+elementwise temporaries over the stacked experts (benchmarks/README.md, "Scale").
 """
 
 import os

@@ -20,9 +20,11 @@ memory (`optimizer_offload`, as verl's FSDP recipes for this model offload): the
 reference are 488 GB, 61 GB a GPU, before any activation. Micro-batches of 2 rows of 4096 tokens per GPU.
 
 Measured ahead of time (h100x8, jax 0.10.2, 2026-12-07): 98.0 GiB per GPU against 79.1, counting the offloaded
-Adam moments (28.4 GiB) in device memory (the cuda target compiled on a CPU has no host memory), 69.6 without: not
-shown to fit yet; the peak is the update's, whose largest buffers are the experts' fp32 gradients and their copies
-(benchmarks/README.md, "Scale").
+Adam moments (28.4 GiB) in device memory (the cuda target compiled on a CPU has no host memory): not shown to fit yet.
+The peak is the update's optimizer step: with the experts split over fsdp on E (`parallel/layouts.py`) the transposed
+copies of the stacked expert weights, gradients and moments are gone, and what remains is Adam's elementwise
+temporaries over the stacked `f32[48, 16, 768, 2048]` experts (benchmarks/README.md, "Scale"). 128 slots or
+`model.logits_chunk_size=512` leave the number where it is, so the recipe keeps 256 slots and the default chunk.
 """
 
 import os

@@ -101,24 +101,35 @@ class ActivationLayout:
       window_on,
     )
 
-  def experts(self, local: Callable, x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD):
-    """`local(x, experts, weights, gate, up, down) -> [T, D]` (`moe.grouped_swiglu`) on each device's own tokens:
-    the sort by expert and the grouped matmul's loop, which XLA would otherwise run on every token on every device.
-    The experts' weights enter whole over fsdp (gathered, as a dense layer's are) and split over `tensor` on their
-    hidden dim; the partial outputs of the tensor devices are summed."""
+  def experts(self, local: Callable, x_TxD, experts_Txk, weights_Txk, kernels: dict, kernel_axes: dict):
+    """`local(x, experts, weights, kernels) -> [T, D]` (`moe.grouped_experts` around a family's expert function) on
+    each device's own tokens: the sort by expert and the grouped matmul's loop, which XLA would otherwise run on every
+    token on every device. `kernels` {name: [E, ...]} with their logical axes `kernel_axes` {name: tuple}: they enter
+    whole over fsdp (gathered, as a dense layer's are) and split over `tensor` on their hidden dim (`expert_mlp`), so
+    each tensor device computes a part of every pair's output and the parts are summed. A kernel without an
+    `expert_mlp` dim (a bias on the output) enters whole on every tensor device: `local` must add it once, not on
+    each part (gpt-oss adds its output bias outside)."""
     if self.mesh.size == 1:
-      return local(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD)
+      return local(x_TxD, experts_Txk, weights_Txk, kernels)
     rows = self._rows(x_TxD.shape[0])
-    split = TENSOR_AXIS if gate_ExDxF.shape[-1] % self.mesh.shape[TENSOR_AXIS] == 0 else None
+    # Every kernel's hidden dim splits, or none does: the parts must hold the same hidden units.
+    hidden_dims = [
+      dim for name in kernels for axis, dim in zip(kernel_axes[name], kernels[name].shape) if axis == "expert_mlp"
+    ]
+    split = all(dim % self.mesh.shape[TENSOR_AXIS] == 0 for dim in hidden_dims)
+    kernel_specs = {
+      name: PartitionSpec(*(TENSOR_AXIS if split and axis == "expert_mlp" else None for axis in kernel_axes[name]))
+      for name in kernels
+    }
 
-    def body(x, experts, weights, gate, up, down):
-      out = local(x, experts, weights, gate, up, down)
-      return out if split is None else jax.lax.psum(out, TENSOR_AXIS)
+    def body(x, experts, weights, kernels):
+      out = local(x, experts, weights, kernels)
+      return jax.lax.psum(out, TENSOR_AXIS) if split else out
 
     tokens = PartitionSpec(rows, None)
-    specs = (tokens,) * 3 + (PartitionSpec(None, None, split),) * 2 + (PartitionSpec(None, split, None),)
+    specs = (tokens,) * 3 + (kernel_specs,)
     return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=tokens, check_vma=False)(
-      x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD
+      x_TxD, experts_Txk, weights_Txk, kernels
     )
 
   def _shard_attention(

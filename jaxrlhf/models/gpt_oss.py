@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -171,13 +172,27 @@ def clamped_swiglu(gate_up_Px2F, alpha: float, limit: float):
   return (up_PxF + 1) * (gate_PxF * jax.nn.sigmoid(gate_PxF * alpha))
 
 
+def clamped_swiglu_experts(x_TxD, experts_Txk, weights_Txk, kernels, *, alpha: float, limit: float):
+  """The dropless experts of gpt-oss without their output bias (`GptOssMLP` adds it): `moe.grouped_experts` around
+  (x gate_up + b) -> clamped SwiGLU -> down, `kernels` {gate_up_proj [E, D, 2F], gate_up_proj_bias [E, 2F], down_proj
+  [E, F, D]} in the compute dtype; [T, D] fp32."""
+
+  def expert_fn(x_PxD, group_sizes_E, expert_P):
+    grouped = lambda lhs, rhs: moe.grouped_matmul(lhs, rhs, group_sizes_E)
+    gate_up_Px2F = grouped(x_PxD, kernels["gate_up_proj"]) + jnp.take(kernels["gate_up_proj_bias"], expert_P, axis=0)
+    return grouped(clamped_swiglu(gate_up_Px2F, alpha, limit), kernels["down_proj"])
+
+  dtype, num_experts = kernels["down_proj"].dtype, kernels["down_proj"].shape[0]
+  return moe.grouped_experts(x_TxD, experts_Txk, weights_Txk, expert_fn, dtype, num_experts)
+
+
 class GptOssMLP(nn.Module):
   """x [B, L, D] -> (the experts' output [B, L, D], the experts each token was routed to [B, L, k] int32), as
   `moe.SparseMoeBlock` (its `valid_BxL` and `replay_BxLxk` alike). Parameters by HF's names: `router/{kernel,bias}`
   and `experts/{gate_up_proj,gate_up_proj_bias,down_proj,down_proj_bias}`."""
 
   config: Any  # the model's DecoderConfig
-  layout: Any = None  # unused: XLA partitions the experts (the per-device grouped matmul is `SparseMoeBlock`'s)
+  layout: Any = None  # a cache-free call's ActivationLayout: the experts then run on each device's own tokens
 
   @nn.compact
   def __call__(self, x_BxLxD, valid_BxL=None, replay_BxLxk=None):
@@ -195,14 +210,12 @@ class GptOssMLP(nn.Module):
       stats = moe.load_balance_stats(experts_Txk, probs_TxE, valid_BxL.reshape(-1), native_Txk)
       self.sow("intermediates", moe.STATS, stats)
     weights = {name: w.astype(dtype) for name, w in Experts(cfg, name="experts")().items()}
-
-    def expert_fn(x_PxD, group_sizes_E, expert_P):
-      grouped = lambda lhs, rhs: moe.grouped_matmul(lhs, rhs, group_sizes_E)
-      gate_up_Px2F = grouped(x_PxD, weights["gate_up_proj"]) + jnp.take(weights["gate_up_proj_bias"], expert_P, axis=0)
-      hidden_PxF = clamped_swiglu(gate_up_Px2F, cfg.swiglu_alpha, cfg.swiglu_limit)
-      return grouped(hidden_PxF, weights["down_proj"]) + jnp.take(weights["down_proj_bias"], expert_P, axis=0)
-
-    out_TxD = moe.grouped_experts(x_TxD.astype(dtype), experts_Txk, weights_Txk, expert_fn, dtype, cfg.num_experts)
+    out_bias_ExD = weights.pop("down_proj_bias")
+    local = functools.partial(clamped_swiglu_experts, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
+    out_TxD = moe.run_experts(self.layout, local, x_TxD.astype(dtype), experts_Txk, weights_Txk, weights, EXPERT_AXES)
+    # The output bias once per pair, outside the per-device experts (whose tensor parts are summed): sum_j w_j b_{e_j}.
+    for j in range(top_k):
+      out_TxD = out_TxD + (jnp.take(out_bias_ExD, experts_Txk[:, j], axis=0) * weights_Txk[:, j, None].astype(dtype))
     return out_TxD.astype(dtype).reshape(batch, length, hidden), experts_Txk.reshape(batch, length, -1)
 
 
@@ -216,7 +229,7 @@ class Router(nn.Module):
     cfg, param_dtype = self.config, DTYPES[self.config.param_dtype]
     kernel = self.param(
       "kernel",
-      logical_init(nn.initializers.normal(INIT_STD), ("embed", "experts")),
+      logical_init(nn.initializers.normal(INIT_STD), ("embed", None)),
       (cfg.hidden_size, cfg.num_experts),
       param_dtype,
     )

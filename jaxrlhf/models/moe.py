@@ -17,7 +17,8 @@ Load balancing (`load_balance_stats`): each call sows, per layer, the tokens eac
 of each expert's router probability over the call's valid tokens; `load_balancing_loss` turns the layers' sums into
 HF's `load_balancing_loss_func` (Switch Transformer's auxiliary loss) and the trainer into its expert-load metrics.
 
-Parameter axes: the router `gate/kernel` [D, E] ("embed", "experts"); the experts' `experts/{gate,up}_proj` [E, D, F]
+Parameter axes: the router `gate/kernel` [D, E] ("embed", None: whole on its expert dim, which `experts` would
+split over fsdp as embed is); the experts' `experts/{gate,up}_proj` [E, D, F]
 and `experts/down_proj` [E, F, D] ("experts", "expert_embed", "expert_mlp"): names of their own, so that a layout
 can split the experts over devices (expert parallelism) where the dense layers split their embed dim
 (`parallel/layouts.py`).
@@ -38,6 +39,7 @@ from jaxrlhf.models.layers import DTYPES, INIT_STD, logical_init
 STATS = "load_balance"  # the sown collection's entry: per layer (tokens per expert [E], router probability [E], tokens)
 EXPERT_AXES = {"gate_proj": ("expert_embed", "expert_mlp"), "up_proj": ("expert_embed", "expert_mlp")}
 EXPERT_AXES["down_proj"] = ("expert_mlp", "expert_embed")
+KERNEL_AXES = {name: ("experts",) + axes for name, axes in EXPERT_AXES.items()}  # the whole [E, ...] kernels'
 
 
 def route(logits_TxE, top_k: int, norm_topk_prob: bool, replay_Txk=None):
@@ -144,18 +146,20 @@ def _grouped_matmul_bwd(tile, residuals, d_out_PxN):
 grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
 
 
-def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, gate_ExDxF, up_ExDxF, down_ExFxD):
+def grouped_swiglu(x_TxD, experts_Txk, weights_Txk, kernels):
   """sum_j weights[t, j] * expert_{experts[t, j]}(x[t]) for each token t: the dropless experts (module docstring).
 
-  The experts' SwiGLU: down(silu(x gate) * up). Matmuls in the weights' dtype, accumulated in fp32, their outputs in
-  the weights' dtype (fp32 pair buffers of a bf16 model were the largest of Qwen3-30B-A3B's step, 16 GiB each)."""
+  The experts' SwiGLU: down(silu(x gate) * up), `kernels` {gate_proj, up_proj: [E, D, F], down_proj: [E, F, D]}.
+  Matmuls in the weights' dtype, accumulated in fp32, their outputs in the weights' dtype (fp32 pair buffers of a bf16
+  model were the largest of Qwen3-30B-A3B's step, 16 GiB each)."""
 
   def swiglu(x_PxD, group_sizes_E, expert_P):
     del expert_P
-    grouped = lambda lhs, rhs: grouped_matmul(lhs, rhs, group_sizes_E)
-    gate_PxF, up_PxF = grouped(x_PxD, gate_ExDxF), grouped(x_PxD, up_ExDxF)
-    return grouped(jax.nn.silu(gate_PxF) * up_PxF, down_ExFxD)  # in the compute dtype, as a dense MLP's
+    grouped = lambda lhs, name: grouped_matmul(lhs, kernels[name], group_sizes_E)
+    gate_PxF, up_PxF = grouped(x_PxD, "gate_proj"), grouped(x_PxD, "up_proj")
+    return grouped(jax.nn.silu(gate_PxF) * up_PxF, "down_proj")  # in the compute dtype, as a dense MLP's
 
+  gate_ExDxF = kernels["gate_proj"]
   return grouped_experts(x_TxD, experts_Txk, weights_Txk, swiglu, gate_ExDxF.dtype, gate_ExDxF.shape[0])
 
 
@@ -179,6 +183,15 @@ def grouped_experts(x_TxD, experts_Txk, weights_Txk, expert_fn, dtype, num_exper
     choice_TxD = jnp.take(out_PxD, inverse_Txk[:, j], axis=0) * weights_Txk[:, j, None].astype(dtype)
     out_TxD = out_TxD + choice_TxD.astype(jnp.float32)
   return out_TxD
+
+
+def run_experts(layout, local, x_TxD, experts_Txk, weights_Txk, kernels, kernel_axes):
+  """`local(x, experts, weights, kernels) -> [T, D]` on the call's tokens: in a cache-free forward on a mesh on each
+  device's own tokens (`ActivationLayout.experts`, `layout`), else on all of them at once (decode calls, one device).
+  `kernel_axes` {name: the kernel's logical axes}."""
+  if layout is None:
+    return local(x_TxD, experts_Txk, weights_Txk, kernels)
+  return layout.experts(local, x_TxD, experts_Txk, weights_Txk, kernels, kernel_axes)
 
 
 def load_balance_stats(experts_Txk, probs_TxE, valid_T, native_Txk=None):
@@ -244,21 +257,18 @@ class SparseMoeBlock(nn.Module):
     dtype = DTYPES[cfg.dtype]
     batch, length, hidden = x_BxLxD.shape
     x_TxD = x_BxLxD.reshape(-1, hidden)
-    router_DxE = Weight((hidden, cfg.num_experts), ("embed", "experts"), cfg.param_dtype, name="gate")()
+    router_DxE = Weight((hidden, cfg.num_experts), ("embed", None), cfg.param_dtype, name="gate")()
     logits_TxE = x_TxD.astype(jnp.float32) @ router_DxE.astype(jnp.float32)
     replay_Txk = None if replay_BxLxk is None else replay_BxLxk.reshape(-1, cfg.num_experts_per_tok)
     weights_Txk, experts_Txk, probs_TxE = route(logits_TxE, cfg.num_experts_per_tok, cfg.norm_topk_prob, replay_Txk)
     if valid_BxL is not None:
       native_Txk = None if replay_Txk is None else jax.lax.top_k(probs_TxE, cfg.num_experts_per_tok)[1]
       self.sow("intermediates", STATS, load_balance_stats(experts_Txk, probs_TxE, valid_BxL.reshape(-1), native_Txk))
-    kernels = ExpertWeights(cfg, name="experts")()
-    run = grouped_swiglu if self.layout is None else functools.partial(self.layout.experts, grouped_swiglu)
-    out_TxD = run(
-      x_TxD.astype(dtype),
-      experts_Txk,
-      weights_Txk,
-      *(kernels[name].astype(dtype) for name in ("gate_proj", "up_proj", "down_proj")),
-    ).astype(dtype)
+    kernels = {name: kernel.astype(dtype) for name, kernel in ExpertWeights(cfg, name="experts")().items()}
+    out_TxD = run_experts(
+      self.layout, grouped_swiglu, x_TxD.astype(dtype), experts_Txk, weights_Txk, kernels, KERNEL_AXES
+    )
+    out_TxD = out_TxD.astype(dtype)
     if cfg.shared_expert_intermediate_size:
       gate_Tx1 = layers.dense(cfg, "shared_expert_gate", (1,), ("embed",), (None,), False)(x_TxD)
       shared_TxD = SharedExpert(cfg, name="shared_expert")(x_TxD)

@@ -53,11 +53,14 @@ TRAIN_RULES = (
   # q, k and v: XLA moves them between the conv and the delta rule (a layer's activations, not its weights).
   ("linear_heads", "tensor"),
   ("conv_channels", "tensor"),
-  # Mixture of experts (`models/moe.py`): each expert's weights split as a dense MLP's (its embed dim over fsdp, its
-  # hidden dim over tensor), every device holding a slice of every expert. Not yet expert parallelism (the experts
-  # themselves over fsdp, tokens moved to them by an all-to-all): docs/architecture.md, "Mixture of experts".
-  ("experts", None),
-  ("expert_embed", "fsdp"),
+  # Mixture of experts (`models/moe.py`): the experts themselves over fsdp (each device stores E / fsdp whole experts,
+  # their hidden dim over tensor). The forward still gathers a layer's experts over fsdp (`ActivationLayout.experts`
+  # runs each device's own tokens through all of them): split on E, the leading dim of a layer's [E, D, F], the gather
+  # and the gradient's reduce-scatter move contiguous blocks, where split on D (as a dense MLP's embed dim) XLA laid
+  # the stacked weights, gradients and Adam moments out D-major for them and transposed copies of each (five 4.5 GiB
+  # copies in Qwen3-30B-A3B's update). No all-to-all of tokens (docs/architecture.md, "Mixture of experts").
+  ("experts", "fsdp"),
+  ("expert_embed", None),
   ("expert_mlp", "tensor"),
   ("head_dim", None),
   ("length", None),
@@ -91,10 +94,10 @@ def with_rules(rules, **changes):
 # its partitioner gathers each whole parameter on every device first, "involuntary full rematerialization"):
 # first the rollout TP part of fsdp moves from the embed dim to the heads / mlp / vocab dim (an all-to-all,
 # each device still holding 1 / fsdp of a weight), then the rest of fsdp is gathered (an all-gather).
-GENERATION_STAGING_RULES = with_rules(GENERATION_RULES, embed=ROLLOUT_DP, expert_embed=ROLLOUT_DP)
+GENERATION_STAGING_RULES = with_rules(GENERATION_RULES, embed=ROLLOUT_DP, experts=ROLLOUT_DP)
 # Key/value weights whose heads generation repeats (`generation_kv_repeat`) are first gathered over the rollout
 # TP part of fsdp (their heads split only over tensor, as in training), then repeated.
-GENERATION_KV_STAGING_RULES = with_rules(GENERATION_RULES, embed=ROLLOUT_DP, expert_embed=ROLLOUT_DP, kv_heads="tensor")
+GENERATION_KV_STAGING_RULES = with_rules(GENERATION_RULES, embed=ROLLOUT_DP, experts=ROLLOUT_DP, kv_heads="tensor")
 
 
 class ShardingError(UserError, ValueError):

@@ -221,6 +221,23 @@ def test_export_reloads_in_transformers_with_the_same_logits(causal_lm, tmp_path
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_the_experts_run_per_device_on_a_mesh_with_transformers_logits(causal_lm):
+  """On a (1, 4, 2) mesh the experts run in `ActivationLayout.experts`' shard_map: each device sorts and multiplies
+  its own 2 rows' (token, expert) pairs with its half of every expert's hidden units (the fused gate|up columns split
+  in pairs), the halves summed over `tensor`, the output bias added once outside. Logits stay transformers' (fp32)."""
+  from jaxrlhf.models.activation_layout import ActivationLayout
+  from jaxrlhf.models.decoder import model_variables
+  from jaxrlhf.parallel.mesh import make_mesh
+
+  ids, mask = _batch()
+  decoder = Decoder(causal_lm["config"], head="lm", layout=ActivationLayout(make_mesh((1, 4, 2))))
+  forward = jax.jit(lambda params, ids, mask: decoder.apply(params, ids, positions_from_mask(mask), mask)[0])
+  args = (model_variables(causal_lm["params"]), jnp.asarray(ids), jnp.asarray(mask))
+  assert "manual_computation" in forward.lower(*args).as_text()  # the experts' shard_map (attention is XLA's here)
+  got = np.asarray(forward(*args))
+  np.testing.assert_allclose(got[mask > 0], _hf_logits(causal_lm["hf"], ids, mask)[mask > 0], atol=1e-4)
+
+
 def test_load_balancing_loss_matches_transformers(causal_lm):
   from jaxrlhf.models.moe import load_balancing_loss, router_stats
 

@@ -213,6 +213,10 @@ def _dense_reference(x_TxD, experts_Txk, weights_Txk, gate, up, down):
   return jnp.einsum("te,etd->td", chosen_TxE, out_ExTxD)
 
 
+def _grouped(x, chosen, weights, gate, up, down):
+  return grouped_swiglu(x, chosen, weights, {"gate_proj": gate, "up_proj": up, "down_proj": down})
+
+
 def test_the_grouped_matmul_equals_a_dense_per_expert_reference_gradients_included():
   keys = jax.random.split(jax.random.key(0), 5)
   tokens, hidden, ffn, experts, top_k = 37, 16, 12, 8, 3
@@ -228,17 +232,17 @@ def test_the_grouped_matmul_equals_a_dense_per_expert_reference_gradients_includ
 
     return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))(x, gate, up, down, logits)
 
-  (got, got_grads), (want, want_grads) = through(grouped_swiglu), through(_dense_reference)
+  (got, got_grads), (want, want_grads) = through(_grouped), through(_dense_reference)
   np.testing.assert_allclose(got, want, atol=1e-4)  # a sum of 592 sines: fp32 summation order
   weights, chosen, _ = route(logits, top_k, norm_topk_prob=True)
   np.testing.assert_allclose(
-    grouped_swiglu(x, chosen, weights, gate, up, down), _dense_reference(x, chosen, weights, gate, up, down), atol=1e-5
+    _grouped(x, chosen, weights, gate, up, down), _dense_reference(x, chosen, weights, gate, up, down), atol=1e-5
   )
   for a, b in zip(got_grads, want_grads):
     np.testing.assert_allclose(a, b, atol=1e-5)
   # some expert gets no token: its group is empty, its weights' gradient zero
   weights, chosen, _ = route(logits.at[:, 0].set(-1e9), top_k, norm_topk_prob=False)
-  grad = jax.grad(lambda g: jnp.sum(grouped_swiglu(x, chosen, weights, g, up, down)))(gate)
+  grad = jax.grad(lambda g: jnp.sum(_grouped(x, chosen, weights, g, up, down)))(gate)
   assert not np.any(np.asarray(chosen) == 0) and np.all(np.asarray(grad[0]) == 0) and np.any(np.asarray(grad[1]))
 
 
