@@ -154,7 +154,25 @@ class HFTokenizer(_TokenizerBase):
     )
 
   def decode(self, token_ids, **unused) -> str:
-    return self.tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=True)
+    """The text of `token_ids`. JetStream streams a response one token at a time and joins the pieces; a token
+    decoded alone loses the space a word-level tokenizer (the built-in tasks') or SentencePiece puts before it, so
+    a single token is decoded after an anchor token and the anchor's text cut off (the pieces then join to the
+    whole response's decode)."""
+    ids = [int(t) for t in token_ids]
+    if len(ids) != 1:
+      return self.tokenizer.decode(ids, skip_special_tokens=True)
+    anchor = self._anchor_id()
+    head = self.tokenizer.decode([anchor], skip_special_tokens=True)
+    text = self.tokenizer.decode([anchor, *ids], skip_special_tokens=True)
+    return text[len(head) :] if head and text.startswith(head) else self.tokenizer.decode(ids, skip_special_tokens=True)
+
+  def _anchor_id(self) -> int:
+    """The lowest id that is no special token and decodes to text."""
+    if not hasattr(self, "_anchor"):
+      special = set(self.tokenizer.all_special_ids)
+      candidates = (i for i in range(len(self.tokenizer)) if i not in special)
+      self._anchor = next((i for i in candidates if self.tokenizer.decode([i]).strip()), 0)
+    return self._anchor
 
   @property
   def pad_id(self) -> int:
