@@ -23,6 +23,23 @@ _QUICKSTART = os.path.join(ROOT, "configs", "quickstart.py")
 VAL_KEY = "val-core/jaxrlhf/recall/reward/mean@1"  # the built-in recall task's greedy validation reward
 
 
+def tiny_fp32_model():
+  """The rollout tests' model: conftest's tiny config computed in fp32, so that code paths compare exactly."""
+  from jaxrlhf.models import DecoderConfig
+
+  return DecoderConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=10000.0,
+    dtype="float32",
+    param_dtype="float32",
+  )
+
+
 def small_config(tmp_path, **overrides):
   config = load_config_file(_QUICKSTART)
   config.data.train_batch_size = 8

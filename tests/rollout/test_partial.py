@@ -8,22 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrlhf.models import Decoder, DecoderConfig, init_params
+from jaxrlhf.models import Decoder, init_params
 from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.rollout import SamplingParams, generate_in_slots
 from jaxrlhf.rollout import partial as pr
+from tests.helpers import tiny_fp32_model
 
-MODEL = DecoderConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_hidden_layers=2,
-  num_attention_heads=4,
-  num_key_value_heads=2,
-  rope_theta=10000.0,
-  dtype="float32",
-  param_dtype="float32",
-)
+MODEL = tiny_fp32_model()
 BATCH, N, PROMPT, RESPONSE, SLOTS = 3, 2, 5, 12, 3
 EOS = (3, 5, 7, 9)
 SAMPLING = SamplingParams(

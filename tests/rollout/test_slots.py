@@ -13,26 +13,16 @@ import numpy as np
 import pytest
 
 from jaxrlhf.config import resolve_config
-from jaxrlhf.models import Decoder, DecoderConfig, init_params, positions_from_mask
+from jaxrlhf.models import Decoder, init_params, positions_from_mask
 from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.parallel.mesh import mesh_from_config
 from jaxrlhf.parallel.step_layouts import build_step_layouts
 from jaxrlhf.rollout import SamplingParams, generate, generate_in_slots, row_keys, token_log_probs
 from jaxrlhf.trainer.generation import Generation
 from jaxrlhf.trainer.state import RoleState
-from tests.helpers import small_config
+from tests.helpers import small_config, tiny_fp32_model
 
-MODEL = DecoderConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_hidden_layers=2,
-  num_attention_heads=4,
-  num_key_value_heads=2,
-  rope_theta=10000.0,
-  dtype="float32",
-  param_dtype="float32",
-)
+MODEL = tiny_fp32_model()
 ROWS, PROMPT, RESPONSE = 12, 6, 10
 # Six EOS ids of 64: responses end anywhere from the first token to the limit.
 EOS = (3, 5, 7, 9, 11, 13)

@@ -8,22 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrlhf.models import Decoder, DecoderConfig, init_params, positions_from_mask
+from jaxrlhf.models import Decoder, init_params, positions_from_mask
 from jaxrlhf.models.decoding import decode_model
 from jaxrlhf.rollout import SamplingParams, generate_in_slots, token_log_probs
 from jaxrlhf.rollout.turns import run_turn, start_turns
+from tests.helpers import tiny_fp32_model
 
-MODEL = DecoderConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_hidden_layers=2,
-  num_attention_heads=4,
-  num_key_value_heads=2,
-  rope_theta=10000.0,
-  dtype="float32",
-  param_dtype="float32",
-)
+MODEL = tiny_fp32_model()
 ROWS, PROMPT, RESPONSE, FORCED = 8, 6, 16, 5
 EOS = (3, 5, 7, 9)
 SAMPLING = SamplingParams(max_new_tokens=RESPONSE, eos_token_ids=EOS, pad_token_id=0, temperature=0.9)
